@@ -1,0 +1,251 @@
+//! HTTP API models (the contract in DESIGN.md). Requests reject unknown fields so a typo is a 400,
+//! never a silently ignored option.
+
+use serde::{Deserialize, Serialize};
+
+/// Error codes of the contract. The string form is what clients match on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ErrorCode {
+    /// Body is not valid JSON or does not have the expected shape.
+    MalformedJson,
+    /// A field has a value outside its domain (empty name, reserved prefix, id out of range...).
+    InvalidArgument,
+    /// Unknown signal kind.
+    UnknownSignalKind,
+    /// Embedding has the wrong dimension.
+    DimensionMismatch,
+    /// Embedding holds NaN or infinity.
+    InvalidVector,
+    /// A number that must be finite is not.
+    NonFiniteNumber,
+    /// Body over the size limit.
+    PayloadTooLarge,
+    /// No such item / resource.
+    NotFound,
+    /// Missing or bad bearer token.
+    Unauthorized,
+    /// Token lacks the scope the route needs.
+    Forbidden,
+    /// The node cannot take writes right now (retryable).
+    NotReady,
+    /// The write queue is full (retryable, back off).
+    Overloaded,
+    /// A read with `min_seqno` waited too long (retryable).
+    NotCaughtUp,
+    /// An idempotency key was reused with a different request.
+    IdempotencyConflict,
+    /// The route exists in the contract but this build does not serve it yet.
+    NotImplemented,
+    /// Something failed inside the node; the outcome of a write is unknown.
+    Internal,
+}
+
+impl ErrorCode {
+    /// The wire string.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ErrorCode::MalformedJson => "malformed_json",
+            ErrorCode::InvalidArgument => "invalid_argument",
+            ErrorCode::UnknownSignalKind => "unknown_signal_kind",
+            ErrorCode::DimensionMismatch => "dimension_mismatch",
+            ErrorCode::InvalidVector => "invalid_vector",
+            ErrorCode::NonFiniteNumber => "non_finite_number",
+            ErrorCode::PayloadTooLarge => "payload_too_large",
+            ErrorCode::NotFound => "not_found",
+            ErrorCode::Unauthorized => "unauthorized",
+            ErrorCode::Forbidden => "forbidden",
+            ErrorCode::NotReady => "not_ready",
+            ErrorCode::Overloaded => "overloaded",
+            ErrorCode::NotCaughtUp => "not_caught_up",
+            ErrorCode::IdempotencyConflict => "idempotency_conflict",
+            ErrorCode::NotImplemented => "not_implemented",
+            ErrorCode::Internal => "internal",
+        }
+    }
+}
+
+/// `{"error": {"code", "message"}}`.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct ErrorBody {
+    /// The error.
+    pub error: ErrorDetail,
+}
+
+/// The inside of [`ErrorBody`].
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct ErrorDetail {
+    /// One of [`ErrorCode`]'s strings.
+    pub code: String,
+    /// Human-readable explanation.
+    pub message: String,
+}
+
+/// One signal in `POST /v1/signals`.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct SignalIn {
+    /// User id (non-empty, not reserved).
+    pub user: String,
+    /// Item id.
+    pub item: u64,
+    /// Signal kind, one of the configured kinds.
+    pub kind: String,
+    /// Weight; defaults to the kind's configured weight.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub weight: Option<f64>,
+    /// Event time (unix ms); defaults to the batch's logged time.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ts: Option<i64>,
+}
+
+/// Body of `POST /v1/signals`.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct SignalsRequest {
+    /// The signals; one request is one batch.
+    pub signals: Vec<SignalIn>,
+}
+
+/// Body of `PUT /v1/items/{id}`.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ItemPut {
+    /// Arbitrary JSON metadata.
+    pub metadata: serde_json::Value,
+}
+
+/// Body of `PUT /v1/items/{id}/embedding`.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct EmbeddingPut {
+    /// The vector; must have the database's dimension and be finite.
+    pub vector: Vec<f64>,
+}
+
+/// Reply to every write: the last seqno it consumed.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq)]
+pub struct WriteReply {
+    /// Last seqno the write consumed.
+    pub seqno: u64,
+}
+
+/// `GET /v1/items/{id}`.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct ItemView {
+    /// Item id.
+    pub id: u64,
+    /// Metadata as stored.
+    pub metadata: serde_json::Value,
+    /// Whether an embedding is stored.
+    pub has_embedding: bool,
+    /// Seqno of the write that last changed the metadata.
+    pub seqno: u64,
+}
+
+/// `GET /v1/items/{id}/embedding`.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct EmbeddingView {
+    /// Item id.
+    pub id: u64,
+    /// The vector.
+    pub vector: Vec<f32>,
+    /// Seqno of the write that stored it.
+    pub seqno: u64,
+}
+
+/// One entry of a ranked list (feed, similar, trending).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct RankedItem {
+    /// Item id.
+    pub item: u64,
+    /// Combined score.
+    pub score: f64,
+    /// Cosine similarity part.
+    pub similarity: f64,
+    /// Trending part.
+    pub trending: f64,
+}
+
+/// A ranked list with the applied frontier it was computed at.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct RankedList {
+    /// Items, best first; ties broken by item id.
+    pub items: Vec<RankedItem>,
+    /// Applied seqno of the state that produced the list.
+    pub applied_seqno: u64,
+}
+
+/// Body of `POST /v1/users/{user}/negatives`.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct NegativeAdd {
+    /// Item the user is not interested in.
+    pub item: u64,
+}
+
+/// Reply of the negatives writes.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct Accepted {
+    /// Always true.
+    pub accepted: bool,
+}
+
+/// `GET /v1/users/{user}/negatives`.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct NegativesView {
+    /// User id.
+    pub user: String,
+    /// Items, ascending.
+    pub items: Vec<u64>,
+}
+
+/// `GET /cluster/digest`.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct DigestView {
+    /// Node id.
+    pub node_id: u64,
+    /// Applied frontier the digest was taken at.
+    pub applied_seqno: u64,
+    /// Hex BLAKE3 of the log-derived state.
+    pub digest: String,
+    /// Hex BLAKE3 of the hard negatives.
+    pub negatives_digest: String,
+}
+
+/// One node in `GET /cluster/status`.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct NodeStatus {
+    /// Node id.
+    pub id: u64,
+    /// `leader`, `follower` or `candidate`.
+    pub role: String,
+    /// HTTP address.
+    pub http: String,
+    /// Durable frontier.
+    pub durable_seqno: u64,
+    /// Applied frontier.
+    pub applied_seqno: u64,
+    /// Replication lag in ms (0 for the leader itself).
+    pub lag_ms: u64,
+}
+
+/// `GET /cluster/status`.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct ClusterStatus {
+    /// This node.
+    pub node_id: u64,
+    /// This node's role.
+    pub role: String,
+    /// Current term.
+    pub term: u64,
+    /// Leader, if known.
+    pub leader_id: Option<u64>,
+    /// Durable frontier.
+    pub durable_seqno: u64,
+    /// Commit frontier.
+    pub commit_seqno: u64,
+    /// Applied frontier.
+    pub applied_seqno: u64,
+    /// Every node.
+    pub nodes: Vec<NodeStatus>,
+}
