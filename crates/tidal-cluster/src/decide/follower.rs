@@ -1,0 +1,417 @@
+//! The follower's acceptance rules for a ship or a pulled chunk (PROTOCOL.md, "Shipping and pulling").
+//!
+//! `decide_ship` runs under the follower's term lock with a view of its log (appended, not necessarily
+//! fsynced). It returns a [`Verdict`]; the caller performs the steps (quarantine, append), fsyncs
+//! OUTSIDE the lock, re-checks under the lock that its term is unchanged, and only then acks
+//! `matched`. Delicate:
+//! - a refusal is an answer (Fenced, NotYet, Gap, Diverged, Refuse), never an error;
+//! - a batch that starts inside one of our batches refuses the WHOLE message: nothing is half-applied;
+//! - in quorum mode quarantining at or below our commit frontier would drop committed data: that is
+//!   a protocol bug, so the verdict is Halt, loudly.
+
+use tidal_types::{Seqno, Term, TermSeqno};
+
+/// What the decision needs to know about the follower's log.
+pub trait LogView {
+    /// The follower's persisted term (openraft's vote term).
+    fn term(&self) -> Term;
+    /// Last appended position; `(0, 0)` for an empty log.
+    fn last(&self) -> TermSeqno;
+    /// Where `seqno` sits in our log.
+    fn locate(&self, seqno: Seqno) -> Located;
+    /// Position of the installed snapshot, if the log starts after one.
+    fn snapshot_position(&self) -> Option<TermSeqno>;
+    /// Commit frontier.
+    fn commit(&self) -> Seqno;
+}
+
+/// Where a seqno sits in a follower's log.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Located {
+    /// Inside our batch `first..=last` of `term`.
+    In {
+        /// Term of that batch.
+        term: Term,
+        /// Its first seqno.
+        first: Seqno,
+        /// Its last seqno.
+        last: Seqno,
+    },
+    /// Past our last seqno.
+    Beyond,
+    /// Below our purge point or snapshot: the term is no longer known.
+    Purged,
+}
+
+/// The position-relevant fields of one shipped batch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BatchMeta {
+    /// First seqno.
+    pub first: Seqno,
+    /// Last seqno.
+    pub last: Seqno,
+    /// Term of the leader that wrote it.
+    pub term: Term,
+}
+
+/// The position-relevant fields of a ship or pulled chunk.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ShipMeta {
+    /// The sender's term.
+    pub term: Term,
+    /// Position just before the first batch.
+    pub prev: TermSeqno,
+    /// Batches in seqno order.
+    pub batches: Vec<BatchMeta>,
+    /// Sender's commit frontier.
+    pub commit: Seqno,
+}
+
+/// What the follower does with one batch of an accepted message.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Step {
+    /// Already held with the same term: nothing to write.
+    Skip(usize),
+    /// Move our WAL from this seqno on into quarantine (another term held it), then append.
+    QuarantineFrom(Seqno),
+    /// Append batch `i` of the message.
+    Append(usize),
+}
+
+/// The follower's answer to a message.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    /// The sender's term is below ours.
+    Fenced {
+        /// Our term.
+        term: Term,
+    },
+    /// The sender's term is above ours: openraft has not told us yet; the sender retries.
+    NotYet {
+        /// Our term.
+        term: Term,
+    },
+    /// We do not hold `prev`: pull from our last position.
+    Gap {
+        /// Our last position.
+        last: TermSeqno,
+    },
+    /// We hold `prev.seqno` with another term: the sender computes the divergence point from our
+    /// term history.
+    Diverged,
+    /// Malformed or misaligned message; nothing written. An aligned ship or pull re-delivers.
+    Refuse {
+        /// Why.
+        reason: String,
+    },
+    /// Accepting would break a safety rule; the receiver must stop loudly.
+    Halt {
+        /// Why.
+        reason: String,
+    },
+    /// Perform `steps` in order, fsync, re-check the term, then ack `matched` and advance commit to
+    /// `commit`.
+    Accept {
+        /// What to write.
+        steps: Vec<Step>,
+        /// The last position this message verified or appended.
+        matched: TermSeqno,
+        /// New commit frontier: `max(ours, min(sender's, matched))`.
+        commit: Seqno,
+    },
+}
+
+/// Checks that the message is internally consistent: contiguous batches after `prev`, terms not
+/// decreasing and not above the sender's term.
+fn check_shape(ship: &ShipMeta) -> Result<(), String> {
+    let mut expected_first = ship.prev.seqno.next();
+    let mut previous_term = ship.prev.term;
+    for (i, batch) in ship.batches.iter().enumerate() {
+        if batch.first != expected_first || batch.last < batch.first {
+            return Err(format!(
+                "batch {i} covers {}..={} but {} was expected next",
+                batch.first, batch.last, expected_first
+            ));
+        }
+        if batch.term < previous_term || batch.term > ship.term {
+            return Err(format!(
+                "batch {i} has term {} after term {} in a message of term {}",
+                batch.term, previous_term, ship.term
+            ));
+        }
+        previous_term = batch.term;
+        expected_first = batch.last.next();
+    }
+    Ok(())
+}
+
+fn holds_prev(log: &impl LogView, prev: TermSeqno) -> Result<(), Verdict> {
+    if prev.seqno == Seqno::ZERO || log.snapshot_position() == Some(prev) {
+        return Ok(());
+    }
+    match log.locate(prev.seqno) {
+        Located::Beyond => Err(Verdict::Gap { last: log.last() }),
+        Located::Purged => Err(Verdict::Gap { last: log.last() }),
+        Located::In { term, last, .. } if last == prev.seqno => {
+            if term == prev.term {
+                Ok(())
+            } else {
+                Err(Verdict::Diverged)
+            }
+        }
+        Located::In { term, .. } => {
+            if term == prev.term {
+                // prev is in the middle of one of our batches of the same term: batches of one term are
+                // byte-identical on every node, so the sender cannot mean this position.
+                Err(Verdict::Refuse { reason: format!("prev {prev} is not the end of one of our batches") })
+            } else {
+                Err(Verdict::Diverged)
+            }
+        }
+    }
+}
+
+/// Decides what to do with a ship or pulled chunk. `quorum` is the durability mode.
+pub fn decide_ship(log: &impl LogView, ship: &ShipMeta, quorum: bool) -> Verdict {
+    let our_term = log.term();
+    if ship.term < our_term {
+        return Verdict::Fenced { term: our_term };
+    }
+    if ship.term > our_term {
+        return Verdict::NotYet { term: our_term };
+    }
+    if let Err(reason) = check_shape(ship) {
+        return Verdict::Refuse { reason };
+    }
+    if let Err(verdict) = holds_prev(log, ship.prev) {
+        return verdict;
+    }
+    let mut steps = Vec::with_capacity(ship.batches.len());
+    let mut appending = false;
+    for (i, batch) in ship.batches.iter().enumerate() {
+        if appending {
+            steps.push(Step::Append(i));
+            continue;
+        }
+        match log.locate(batch.first) {
+            Located::In { term, first, last } if first == batch.first && term == batch.term => {
+                if last != batch.last {
+                    return Verdict::Halt {
+                        reason: format!(
+                            "our batch at {} of term {term} ends at {last}, the sender's at {}: one term, two logs",
+                            batch.first, batch.last
+                        ),
+                    };
+                }
+                steps.push(Step::Skip(i));
+            }
+            Located::In { term, first, .. } if first == batch.first => {
+                if quorum && batch.first <= log.commit() {
+                    return Verdict::Halt {
+                        reason: format!(
+                            "would quarantine committed seqno {} (commit {}) held with term {term}, sender has {}",
+                            batch.first,
+                            log.commit(),
+                            batch.term
+                        ),
+                    };
+                }
+                steps.push(Step::QuarantineFrom(batch.first));
+                steps.push(Step::Append(i));
+                appending = true;
+            }
+            Located::In { .. } => {
+                return Verdict::Refuse {
+                    reason: format!("batch {i} starts at {} inside one of our batches", batch.first),
+                };
+            }
+            Located::Purged => {
+                // Below our snapshot or purge point: we hold it in applied state; nothing to write.
+                steps.push(Step::Skip(i));
+            }
+            Located::Beyond => {
+                steps.push(Step::Append(i));
+                appending = true;
+            }
+        }
+    }
+    let matched = match ship.batches.last() {
+        Some(batch) => TermSeqno { term: batch.term, seqno: batch.last },
+        None => ship.prev,
+    };
+    let commit = std::cmp::max(log.commit(), std::cmp::min(ship.commit, matched.seqno));
+    Verdict::Accept { steps, matched, commit }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A log as a list of batches (first, last, term), for tests.
+    struct TestLog {
+        term: Term,
+        batches: Vec<BatchMeta>,
+        commit: Seqno,
+        snapshot: Option<TermSeqno>,
+    }
+
+    impl LogView for TestLog {
+        fn term(&self) -> Term {
+            self.term
+        }
+        fn last(&self) -> TermSeqno {
+            self.batches
+                .last()
+                .map(|b| TermSeqno { term: b.term, seqno: b.last })
+                .or(self.snapshot)
+                .unwrap_or_default()
+        }
+        fn locate(&self, seqno: Seqno) -> Located {
+            for batch in &self.batches {
+                if batch.first <= seqno && seqno <= batch.last {
+                    return Located::In { term: batch.term, first: batch.first, last: batch.last };
+                }
+            }
+            match self.batches.first() {
+                Some(first) if seqno < first.first => Located::Purged,
+                None if self.snapshot.is_some_and(|s| seqno <= s.seqno) => Located::Purged,
+                _ => Located::Beyond,
+            }
+        }
+        fn snapshot_position(&self) -> Option<TermSeqno> {
+            self.snapshot
+        }
+        fn commit(&self) -> Seqno {
+            self.commit
+        }
+    }
+
+    fn b(first: u64, last: u64, term: u64) -> BatchMeta {
+        BatchMeta { first: Seqno(first), last: Seqno(last), term: Term(term) }
+    }
+
+    fn pos(term: u64, seqno: u64) -> TermSeqno {
+        TermSeqno { term: Term(term), seqno: Seqno(seqno) }
+    }
+
+    fn log(term: u64, batches: Vec<BatchMeta>, commit: u64) -> TestLog {
+        TestLog { term: Term(term), batches, commit: Seqno(commit), snapshot: None }
+    }
+
+    fn ship(term: u64, prev: TermSeqno, batches: Vec<BatchMeta>, commit: u64) -> ShipMeta {
+        ShipMeta { term: Term(term), prev, batches, commit: Seqno(commit) }
+    }
+
+    #[test]
+    fn terms_fence_and_wait() {
+        let l = log(2, vec![b(1, 10, 1)], 10);
+        assert_eq!(
+            decide_ship(&l, &ship(1, pos(1, 10), vec![], 10), true),
+            Verdict::Fenced { term: Term(2) }
+        );
+        assert_eq!(
+            decide_ship(&l, &ship(3, pos(1, 10), vec![], 10), true),
+            Verdict::NotYet { term: Term(2) }
+        );
+    }
+
+    #[test]
+    fn appends_contiguous_batches_and_advances_commit_to_matched() {
+        let l = log(1, vec![b(1, 10, 1)], 5);
+        let verdict = decide_ship(&l, &ship(1, pos(1, 10), vec![b(11, 15, 1), b(16, 16, 1)], 20), true);
+        assert_eq!(
+            verdict,
+            Verdict::Accept {
+                steps: vec![Step::Append(0), Step::Append(1)],
+                matched: pos(1, 16),
+                commit: Seqno(16)
+            }
+        );
+    }
+
+    #[test]
+    fn empty_ship_is_a_heartbeat_carrying_commit() {
+        let l = log(1, vec![b(1, 10, 1)], 5);
+        let verdict = decide_ship(&l, &ship(1, pos(1, 10), vec![], 9), true);
+        assert_eq!(verdict, Verdict::Accept { steps: vec![], matched: pos(1, 10), commit: Seqno(9) });
+    }
+
+    #[test]
+    fn commit_never_decreases() {
+        let l = log(1, vec![b(1, 10, 1)], 8);
+        let verdict = decide_ship(&l, &ship(1, pos(1, 10), vec![], 3), true);
+        assert!(matches!(verdict, Verdict::Accept { commit: Seqno(8), .. }));
+    }
+
+    #[test]
+    fn gap_and_divergence_at_prev() {
+        let l = log(2, vec![b(1, 10, 1)], 10);
+        assert_eq!(
+            decide_ship(&l, &ship(2, pos(1, 12), vec![b(13, 13, 2)], 0), true),
+            Verdict::Gap { last: pos(1, 10) }
+        );
+        let l = log(2, vec![b(1, 10, 1), b(11, 12, 1)], 10);
+        assert_eq!(decide_ship(&l, &ship(2, pos(2, 12), vec![b(13, 13, 2)], 0), true), Verdict::Diverged);
+    }
+
+    #[test]
+    fn held_batches_are_skipped_and_a_conflicting_suffix_is_quarantined() {
+        // The worked history "a cut-off leader": n1 holds 101..105 of t1 beyond the committed 100.
+        let l = log(2, vec![b(1, 100, 1), b(101, 103, 1), b(104, 105, 1)], 100);
+        let verdict = decide_ship(&l, &ship(2, pos(1, 100), vec![b(101, 101, 2), b(102, 110, 2)], 101), true);
+        assert_eq!(
+            verdict,
+            Verdict::Accept {
+                steps: vec![Step::QuarantineFrom(Seqno(101)), Step::Append(0), Step::Append(1)],
+                matched: pos(2, 110),
+                commit: Seqno(101)
+            }
+        );
+        let l = log(1, vec![b(1, 100, 1), b(101, 103, 1)], 100);
+        let verdict = decide_ship(&l, &ship(1, pos(1, 100), vec![b(101, 103, 1), b(104, 104, 1)], 104), true);
+        assert_eq!(
+            verdict,
+            Verdict::Accept {
+                steps: vec![Step::Skip(0), Step::Append(1)],
+                matched: pos(1, 104),
+                commit: Seqno(104)
+            }
+        );
+    }
+
+    #[test]
+    fn quarantine_of_committed_data_halts_in_quorum_mode_only() {
+        let l = log(2, vec![b(1, 100, 1), b(101, 105, 1)], 105);
+        let s = ship(2, pos(1, 100), vec![b(101, 101, 2)], 101);
+        assert!(matches!(decide_ship(&l, &s, true), Verdict::Halt { .. }));
+        assert!(matches!(decide_ship(&l, &s, false), Verdict::Accept { .. }));
+    }
+
+    #[test]
+    fn a_batch_starting_inside_ours_refuses_the_whole_message() {
+        let l = log(1, vec![b(1, 10, 1), b(11, 20, 1)], 0);
+        let verdict = decide_ship(&l, &ship(1, pos(1, 10), vec![b(11, 15, 1)], 0), true);
+        assert!(matches!(verdict, Verdict::Halt { .. }), "same term, different boundaries: {verdict:?}");
+        let l = log(2, vec![b(1, 10, 1), b(11, 20, 1)], 0);
+        let verdict = decide_ship(&l, &ship(2, pos(1, 5), vec![b(6, 15, 2)], 0), true);
+        assert!(matches!(verdict, Verdict::Refuse { .. }), "{verdict:?}");
+    }
+
+    #[test]
+    fn malformed_messages_are_refused() {
+        let l = log(1, vec![b(1, 10, 1)], 0);
+        for batches in
+            [vec![b(12, 12, 1)], vec![b(11, 12, 1), b(12, 13, 1)], vec![b(11, 12, 2)], vec![b(11, 10, 1)]]
+        {
+            let verdict = decide_ship(&l, &ship(1, pos(1, 10), batches.clone(), 0), true);
+            assert!(matches!(verdict, Verdict::Refuse { .. }), "{batches:?}: {verdict:?}");
+        }
+    }
+
+    #[test]
+    fn a_snapshot_position_counts_as_held() {
+        let l = TestLog { term: Term(3), batches: vec![], commit: Seqno(50), snapshot: Some(pos(2, 50)) };
+        let verdict = decide_ship(&l, &ship(3, pos(2, 50), vec![b(51, 51, 3)], 51), true);
+        assert!(matches!(verdict, Verdict::Accept { .. }), "{verdict:?}");
+    }
+}

@@ -1,0 +1,8 @@
+//! Protocol decisions without I/O (PROTOCOL.md). Each function takes what a node knows and a message,
+//! and returns what to do; it never performs it.
+
+pub mod commit;
+pub mod follower;
+
+pub use commit::{commit_frontier, Quorum};
+pub use follower::{decide_ship, BatchMeta, LogView, ShipMeta, Step, Verdict};

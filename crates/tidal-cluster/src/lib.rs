@@ -1,0 +1,9 @@
+//! Tidal replication.
+//!
+//! This stage holds the I/O-free decision core (`decide`): the follower's acceptance rules and the
+//! leader's commit rule from PROTOCOL.md, as functions from state and message to a verdict. The
+//! receiver, ShipQueue and leader runtime (next stage) call these functions and only perform what they
+//! decide (append, fsync, send, apply); the model check drives the same functions.
+#![deny(missing_docs)]
+
+pub mod decide;
