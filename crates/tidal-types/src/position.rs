@@ -15,6 +15,7 @@ impl Seqno {
     pub const ZERO: Seqno = Seqno(0);
 
     /// The seqno `n` positions later.
+    #[allow(clippy::should_implement_trait)] // an inherent method reads better at call sites than `+ n`
     pub fn add(self, n: u64) -> Seqno {
         Seqno(self.0.checked_add(n).expect("seqno space is 2^64 events: it cannot overflow"))
     }
