@@ -1,8 +1,50 @@
-//! Tidal's write-ahead log.
+//! Tidal's write-ahead log: segment files of BLAKE3-sealed batches, a group-commit writer thread,
+//! recovery that tells a torn tail from corruption, read-back for catch-up, and purge.
+//!
+//! # Layout
+//!
+//! - [`batch`]: the binding 64-byte batch header, encode/decode.
+//! - [`Wal`] (`wal.rs`): the handle; [`writer`]: the sequencer thread; [`recovery`]: open-time scan;
+//!   [`WalReader`]: read-back; [`wal_meta`]: term history and purge point (`wal.meta`);
+//!   [`segment`]: file naming and the verifying scan.
+//! - [`FileIo`] / [`StdIo`] / [`SimIo`]: file I/O behind a trait, with an in-memory, fault-injecting
+//!   implementation for tests and the simulation.
+//!
+//! # Non-goals
+//!
+//! It is not: a replication protocol (it only stores what it is given and says what is durable), an
+//! index (read-back is a sequential scan from a segment boundary), or a store of client-visible
+//! state. Payloads are opaque, except their first 8 bytes: the logged time the writer stamps.
 #![deny(missing_docs)]
+#![deny(unsafe_code)]
+#![deny(clippy::unwrap_used)]
 
 pub mod batch;
+pub mod clock;
+pub mod config;
+pub mod error;
+pub mod io;
+pub mod reader;
+pub mod recovery;
+pub mod segment;
+mod shared;
+pub mod sim_io;
+pub mod stats;
+pub mod wal;
+pub mod wal_meta;
+pub mod writer;
 
 pub use batch::{
     decode_batch, decode_header, encode_batch, Batch, BatchHeader, BatchRef, DecodeError, HEADER_LEN,
 };
+pub use clock::{Clock, ManualClock, SystemClock};
+pub use config::WalConfig;
+pub use error::{Error, SubmitError};
+pub use io::{FileIo, StdIo, WalFile};
+pub use reader::WalReader;
+pub use recovery::{Recovery, TornTail};
+pub use segment::SegmentInfo;
+pub use sim_io::{CrashMode, SimIo};
+pub use stats::WalStats;
+pub use wal::{PurgeReport, Wal};
+pub use writer::{AppendRequest, Appended, Completion, FlushedHook, NoopHook};

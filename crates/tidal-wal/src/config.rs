@@ -1,0 +1,47 @@
+//! [`WalConfig`]: where the WAL lives and the bounds of its writer.
+//!
+//! Every queue and drain is bounded, but each bound always admits at least one whole batch: a batch
+//! that could never be written would be a livelock.
+
+use std::path::PathBuf;
+
+/// Default segment size: 64 MiB keeps the file count small while purge can still free space in
+/// reasonably fine steps, and one segment still fits comfortably in memory for a read-back scan.
+pub const SEGMENT_BYTES_MAX_DEFAULT: u64 = 64 * 1024 * 1024;
+/// Default bound on queued, not yet written requests: enough to absorb bursts of thousands of
+/// concurrent writers, small enough that their completions are bounded.
+pub const QUEUE_BATCHES_MAX_DEFAULT: usize = 4096;
+/// Default bound on queued payload bytes: four maximal (64 MiB) batches.
+pub const QUEUE_BYTES_MAX_DEFAULT: usize = 256 * 1024 * 1024;
+/// Default bound on one drain (one fsync): 16 MiB amortises the fsync well while one slow drain does
+/// not delay the next writers for long.
+pub const DRAIN_BYTES_MAX_DEFAULT: usize = 16 * 1024 * 1024;
+
+/// Where the WAL lives and how its writer is bounded.
+#[derive(Clone, Debug)]
+pub struct WalConfig {
+    /// Directory holding the segments and `wal.meta`.
+    pub dir: PathBuf,
+    /// Rotate when the active segment has reached this size (checked at batch boundaries, so a
+    /// segment may exceed it by one batch).
+    pub segment_bytes_max: u64,
+    /// Pushback bound on queued, not yet written requests.
+    pub queue_batches_max: usize,
+    /// Pushback bound on queued payload bytes (one request is always admitted into an empty queue).
+    pub queue_bytes_max: usize,
+    /// Bound on the encoded bytes of one drain (one fsync); a drain always takes at least one batch.
+    pub drain_bytes_max: usize,
+}
+
+impl WalConfig {
+    /// The defaults, in `dir`.
+    pub fn new(dir: impl Into<PathBuf>) -> Self {
+        WalConfig {
+            dir: dir.into(),
+            segment_bytes_max: SEGMENT_BYTES_MAX_DEFAULT,
+            queue_batches_max: QUEUE_BATCHES_MAX_DEFAULT,
+            queue_bytes_max: QUEUE_BYTES_MAX_DEFAULT,
+            drain_bytes_max: DRAIN_BYTES_MAX_DEFAULT,
+        }
+    }
+}

@@ -1,0 +1,108 @@
+//! File I/O behind a small trait, so tests and the simulation can inject faults ([`crate::SimIo`]),
+//! and its real implementation over `std::fs` ([`StdIo`]).
+//!
+//! Delicate: durability is only what these calls promise. `WalFile::sync_data` must be a real
+//! fdatasync, and a newly created or renamed file is durable only after `FileIo::sync_dir` of its
+//! directory. Callers never retry a failed sync (the kernel may have dropped the pages, so a later
+//! success proves nothing): they poison.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+
+/// File-system operations the WAL needs.
+pub trait FileIo: Send + Sync + 'static {
+    /// Creates a directory and its parents.
+    fn create_dir_all(&self, path: &Path) -> io::Result<()>;
+    /// Paths of the regular files directly in a directory, in no particular order.
+    fn list_dir(&self, path: &Path) -> io::Result<Vec<PathBuf>>;
+    /// Opens a file for appending, creating it if missing; writes go to its end.
+    fn open_append(&self, path: &Path) -> io::Result<Box<dyn WalFile>>;
+    /// Reads a whole file.
+    fn read_all(&self, path: &Path) -> io::Result<Vec<u8>>;
+    /// Removes a file (durable after `sync_dir`).
+    fn remove_file(&self, path: &Path) -> io::Result<()>;
+    /// Renames a file, replacing `to` (durable after `sync_dir`).
+    fn rename(&self, from: &Path, to: &Path) -> io::Result<()>;
+    /// Makes the directory's entries (creations, renames, removals) durable.
+    fn sync_dir(&self, path: &Path) -> io::Result<()>;
+}
+
+/// An open file written at its end.
+// `len` is fallible I/O, not a collection size; an `is_empty` would add nothing.
+#[allow(clippy::len_without_is_empty)]
+pub trait WalFile: Send {
+    /// Appends all of `buf`.
+    fn write_all(&mut self, buf: &[u8]) -> io::Result<()>;
+    /// Makes the written bytes durable (fdatasync).
+    fn sync_data(&mut self) -> io::Result<()>;
+    /// Cuts the file to `len` bytes; later writes append after them.
+    fn truncate(&mut self, len: u64) -> io::Result<()>;
+    /// Current length in bytes.
+    fn len(&self) -> io::Result<u64>;
+}
+
+/// Real files through `std::fs`; `sync_data` is `File::sync_data` (fdatasync).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct StdIo;
+
+struct StdFile {
+    file: File,
+}
+
+impl FileIo for StdIo {
+    fn create_dir_all(&self, path: &Path) -> io::Result<()> {
+        fs::create_dir_all(path)
+    }
+
+    fn list_dir(&self, path: &Path) -> io::Result<Vec<PathBuf>> {
+        let mut paths = Vec::new();
+        for entry in fs::read_dir(path)? {
+            let entry = entry?;
+            if entry.file_type()?.is_file() {
+                paths.push(entry.path());
+            }
+        }
+        Ok(paths)
+    }
+
+    fn open_append(&self, path: &Path) -> io::Result<Box<dyn WalFile>> {
+        let file = OpenOptions::new().create(true).append(true).open(path)?;
+        Ok(Box::new(StdFile { file }))
+    }
+
+    fn read_all(&self, path: &Path) -> io::Result<Vec<u8>> {
+        fs::read(path)
+    }
+
+    fn remove_file(&self, path: &Path) -> io::Result<()> {
+        fs::remove_file(path)
+    }
+
+    fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
+        fs::rename(from, to)
+    }
+
+    fn sync_dir(&self, path: &Path) -> io::Result<()> {
+        File::open(path)?.sync_all()
+    }
+}
+
+impl WalFile for StdFile {
+    fn write_all(&mut self, buf: &[u8]) -> io::Result<()> {
+        self.file.write_all(buf)
+    }
+
+    fn sync_data(&mut self) -> io::Result<()> {
+        self.file.sync_data()
+    }
+
+    fn truncate(&mut self, len: u64) -> io::Result<()> {
+        // The file is opened with O_APPEND, so later writes land at the new end.
+        self.file.set_len(len)
+    }
+
+    fn len(&self) -> io::Result<u64> {
+        Ok(self.file.metadata()?.len())
+    }
+}

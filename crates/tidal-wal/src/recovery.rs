@@ -1,0 +1,236 @@
+//! Recovery on open: scan every retained segment, verify every batch and the seqno chain, cut a torn
+//! tail of the last segment, and rebuild what the writer needs to continue.
+//!
+//! Delicate:
+//! - Only the end of the LAST segment may be torn (see [`crate::segment`]); anything else that fails
+//!   to verify is corruption and the WAL refuses to open, naming the file and offset.
+//! - The last segment is fsynced after the scan: bytes that were written but never fsynced before a
+//!   process crash may still sit in the page cache, and are only durable once we fsync them.
+//! - `wal.meta` holds the term history and purge point. Segments wholly at or below the purge point
+//!   are leftovers of an interrupted purge and are removed. The term history is rebuilt from the scan
+//!   for the retained range (the scan is the truth there) and kept from the file below it.
+
+use std::path::PathBuf;
+
+use tidal_types::{Seqno, Term, TermSeqno};
+
+use crate::config::WalConfig;
+use crate::error::Error;
+use crate::io::{FileIo, WalFile};
+use crate::segment::{parse_segment_file_name, scan_segment, segment_file_name, ScanEnd, SegmentInfo};
+use crate::wal_meta::{WalMeta, META_FILE_NAME, META_TMP_FILE_NAME};
+
+/// What recovery found.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Recovery {
+    /// The durable frontier: last seqno of the last verified batch (or the purge point if none).
+    pub durable: Seqno,
+    /// Term of the last batch (or of the purge point, or of the last history entry).
+    pub last_term: Term,
+    /// Logged time of the last batch (0 if no batch is retained).
+    pub last_time_ms: u64,
+    /// Retained segments.
+    pub segments: usize,
+    /// Verified batches.
+    pub batches: u64,
+    /// Bytes of verified batches.
+    pub bytes: u64,
+    /// The torn tail that was cut, if any.
+    pub truncated: Option<TornTail>,
+}
+
+/// A torn tail cut from the last segment.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TornTail {
+    /// The segment.
+    pub path: PathBuf,
+    /// Where the torn bytes started (the new length of the file).
+    pub offset: u64,
+    /// How many bytes were cut.
+    pub bytes_dropped: u64,
+}
+
+/// Everything the writer and the handles start from.
+pub(crate) struct Recovered {
+    pub(crate) recovery: Recovery,
+    pub(crate) segments: Vec<SegmentInfo>,
+    pub(crate) meta: WalMeta,
+    pub(crate) active: Box<dyn WalFile>,
+    pub(crate) next_seqno: Seqno,
+}
+
+/// What scanning the segments found.
+struct ScanTotals {
+    segments: Vec<SegmentInfo>,
+    next_seqno: Seqno,
+    last_term: Term,
+    last_time_ms: u64,
+    batches: u64,
+    term_starts: Vec<TermSeqno>,
+    torn: Option<TornTail>,
+}
+
+pub(crate) fn recover(config: &WalConfig, io: &dyn FileIo) -> Result<Recovered, Error> {
+    let dir = &config.dir;
+    io.create_dir_all(dir).map_err(|err| Error::io("create WAL directory", dir, err))?;
+    let paths = io.list_dir(dir).map_err(|err| Error::io("list WAL directory", dir, err))?;
+    let tmp = dir.join(META_TMP_FILE_NAME);
+    if paths.contains(&tmp) {
+        io.remove_file(&tmp).map_err(|err| Error::io("remove leftover meta file", &tmp, err))?;
+    }
+    let mut segment_paths: Vec<(Seqno, PathBuf)> = paths
+        .into_iter()
+        .filter_map(|path| parse_segment_file_name(&path).map(|first| (first, path)))
+        .collect();
+    segment_paths.sort();
+    let stored_meta = WalMeta::load(io, dir)?;
+    let mut meta = stored_meta.clone().unwrap_or_default();
+    remove_purged_leftovers(io, config, &mut segment_paths, meta.purged.seqno)?;
+    check_start(config, &segment_paths, &meta, stored_meta.is_some())?;
+
+    let totals = scan_segments(io, &segment_paths, &meta)?;
+    let active = open_active(io, config, &totals)?;
+
+    let retained_first = totals.segments.first().map_or(totals.next_seqno, |segment| segment.first_seqno);
+    let mut term_history: Vec<TermSeqno> =
+        meta.term_history.iter().copied().filter(|entry| entry.seqno < retained_first).collect();
+    term_history.extend_from_slice(&totals.term_starts);
+    if stored_meta.is_none() || term_history != meta.term_history {
+        if stored_meta.is_some() {
+            tracing::warn!(?term_history, stored = ?meta.term_history, "rebuilt the term history from the segments");
+        }
+        meta.term_history = term_history;
+        meta.store(io, dir)?;
+    }
+    let last_term = totals.last_term.max(meta.term_history.last().map_or(Term(0), |entry| entry.term));
+    let segments = totals.segments;
+    let recovery = Recovery {
+        durable: Seqno(totals.next_seqno.get() - 1),
+        last_term,
+        last_time_ms: totals.last_time_ms,
+        segments: segments.len(),
+        batches: totals.batches,
+        bytes: segments.iter().map(|segment| segment.bytes).sum(),
+        truncated: totals.torn,
+    };
+    Ok(Recovered { recovery, segments, meta, active, next_seqno: totals.next_seqno })
+}
+
+/// Removes segments wholly at or below the purge point (an interrupted purge); never the last one.
+fn remove_purged_leftovers(
+    io: &dyn FileIo,
+    config: &WalConfig,
+    segment_paths: &mut Vec<(Seqno, PathBuf)>,
+    purged: Seqno,
+) -> Result<(), Error> {
+    let mut removed = 0;
+    while segment_paths.len() > removed + 1 && segment_paths[removed + 1].0 <= purged.next() {
+        let path = &segment_paths[removed].1;
+        tracing::info!(segment = %path.display(), "removing a segment left over by an interrupted purge");
+        io.remove_file(path).map_err(|err| Error::io("remove purged segment", path, err))?;
+        removed += 1;
+    }
+    if removed > 0 {
+        segment_paths.drain(..removed);
+        io.sync_dir(&config.dir).map_err(|err| Error::fatal("fsync WAL directory", &config.dir, err))?;
+    }
+    Ok(())
+}
+
+/// The first segment must start right after the purge point.
+fn check_start(
+    config: &WalConfig,
+    segment_paths: &[(Seqno, PathBuf)],
+    meta: &WalMeta,
+    meta_exists: bool,
+) -> Result<(), Error> {
+    let Some((first, path)) = segment_paths.first() else {
+        return Ok(());
+    };
+    let expected = meta.purged.seqno.next();
+    if !meta_exists && *first != Seqno(1) {
+        let reason = format!("{META_FILE_NAME} is missing but the first segment starts at seqno {first}");
+        return Err(Error::corrupt(config.dir.join(META_FILE_NAME), 0, reason));
+    }
+    if *first != expected {
+        let reason = format!(
+            "the first segment starts at seqno {first} but the purge point is {}: segments are missing",
+            meta.purged.seqno
+        );
+        return Err(Error::corrupt(path, 0, reason));
+    }
+    Ok(())
+}
+
+fn scan_segments(
+    io: &dyn FileIo,
+    segment_paths: &[(Seqno, PathBuf)],
+    meta: &WalMeta,
+) -> Result<ScanTotals, Error> {
+    let mut totals = ScanTotals {
+        segments: Vec::with_capacity(segment_paths.len()),
+        next_seqno: meta.purged.seqno.next(),
+        last_term: if meta.purged.seqno > Seqno::ZERO { meta.purged.term } else { Term(0) },
+        last_time_ms: 0,
+        batches: 0,
+        term_starts: Vec::new(),
+        torn: None,
+    };
+    for (index, (first, path)) in segment_paths.iter().enumerate() {
+        if *first != totals.next_seqno {
+            let reason =
+                format!("segment name says seqno {first} but the WAL continues at {}", totals.next_seqno);
+            return Err(Error::corrupt(path, 0, reason));
+        }
+        let is_last = index + 1 == segment_paths.len();
+        let bytes = io.read_all(path).map_err(|err| Error::io("read segment", path, err))?;
+        let scan = scan_segment(&bytes, totals.next_seqno, totals.last_term, is_last);
+        match scan.end {
+            ScanEnd::Clean => {}
+            ScanEnd::Torn { offset } => {
+                totals.torn =
+                    Some(TornTail { path: path.clone(), offset, bytes_dropped: bytes.len() as u64 - offset });
+            }
+            ScanEnd::Corrupt { offset, reason } => return Err(Error::corrupt(path, offset, reason)),
+        }
+        if !is_last && scan.batches == 0 {
+            return Err(Error::corrupt(path, 0, "empty segment before the last one"));
+        }
+        let last_seqno = (scan.batches > 0).then(|| Seqno(scan.next_seqno.get() - 1));
+        totals.segments.push(SegmentInfo {
+            path: path.clone(),
+            first_seqno: *first,
+            last_seqno,
+            bytes: scan.valid_len,
+        });
+        totals.next_seqno = scan.next_seqno;
+        totals.last_term = scan.last_term;
+        totals.last_time_ms = scan.last_time_ms.unwrap_or(totals.last_time_ms);
+        totals.batches += scan.batches;
+        totals.term_starts.extend(scan.term_starts);
+    }
+    Ok(totals)
+}
+
+/// Opens the last segment for appending (cutting a torn tail, then fsyncing), or creates the first.
+fn open_active(io: &dyn FileIo, config: &WalConfig, totals: &ScanTotals) -> Result<Box<dyn WalFile>, Error> {
+    let Some(last) = totals.segments.last() else {
+        let path = config.dir.join(segment_file_name(totals.next_seqno));
+        let file = io.open_append(&path).map_err(|err| Error::io("create segment", &path, err))?;
+        io.sync_dir(&config.dir).map_err(|err| Error::fatal("fsync WAL directory", &config.dir, err))?;
+        return Ok(file);
+    };
+    let path = &last.path;
+    let mut file = io.open_append(path).map_err(|err| Error::io("open segment", path, err))?;
+    if let Some(torn) = &totals.torn {
+        tracing::warn!(
+            segment = %torn.path.display(),
+            offset = torn.offset,
+            bytes_dropped = torn.bytes_dropped,
+            "truncating a torn write at the end of the WAL"
+        );
+        file.truncate(torn.offset).map_err(|err| Error::fatal("truncate torn segment tail", path, err))?;
+    }
+    file.sync_data().map_err(|err| Error::fatal("fsync segment", path, err))?;
+    Ok(file)
+}

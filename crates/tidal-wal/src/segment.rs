@@ -1,0 +1,227 @@
+//! Segment files: naming (`<first seqno, 20 digits>.seg`), [`SegmentInfo`], and the verifying scan
+//! that recovery runs over a segment's bytes.
+//!
+//! Delicate: the scan is what decides between a torn tail (truncate and go on) and corruption (refuse
+//! to open). Only the end of the LAST segment may be torn, and only as an incomplete batch or an
+//! all-zero tail; an "incomplete" batch that is followed by a later valid batch is a damaged length
+//! field, not a torn write, and is corruption. Everything else that fails to verify is corruption.
+
+use std::path::{Path, PathBuf};
+
+use tidal_types::{Seqno, Term, TermSeqno};
+
+use crate::batch::{decode_batch, decode_header, DecodeError, MAGIC};
+
+/// Suffix of segment file names.
+pub const SEGMENT_SUFFIX: &str = ".seg";
+/// Digits of the zero-padded first seqno in a segment file name (u64::MAX has 20).
+const SEGMENT_NAME_DIGITS: usize = 20;
+
+/// One segment file as the WAL knows it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SegmentInfo {
+    /// The file.
+    pub path: PathBuf,
+    /// Seqno of its first batch (the file name).
+    pub first_seqno: Seqno,
+    /// Last durable seqno in it; `None` while it holds no batch.
+    pub last_seqno: Option<Seqno>,
+    /// Durable length in bytes.
+    pub bytes: u64,
+}
+
+/// The file name of the segment whose first seqno is `first`.
+pub fn segment_file_name(first: Seqno) -> String {
+    format!("{:0width$}{SEGMENT_SUFFIX}", first.0, width = SEGMENT_NAME_DIGITS)
+}
+
+/// The first seqno a segment file name carries, or `None` if the path is not a segment.
+pub fn parse_segment_file_name(path: &Path) -> Option<Seqno> {
+    let name = path.file_name()?.to_str()?;
+    let digits = name.strip_suffix(SEGMENT_SUFFIX)?;
+    if digits.len() != SEGMENT_NAME_DIGITS || !digits.bytes().all(|byte| byte.is_ascii_digit()) {
+        return None;
+    }
+    digits.parse().ok().map(Seqno)
+}
+
+/// How a segment scan ended.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ScanEnd {
+    /// Every byte belongs to a whole, verified batch.
+    Clean,
+    /// A torn tail starts at `offset` (only reported when scanning the last segment).
+    Torn {
+        /// Where the torn bytes start.
+        offset: u64,
+    },
+    /// Damage at `offset`.
+    Corrupt {
+        /// Where the bad batch starts.
+        offset: u64,
+        /// What is wrong.
+        reason: String,
+    },
+}
+
+/// What a scan of one segment's bytes found.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SegmentScan {
+    /// Whole verified batches before the end.
+    pub batches: u64,
+    /// Bytes of those batches.
+    pub valid_len: u64,
+    /// Seqno after the last verified batch.
+    pub next_seqno: Seqno,
+    /// Term of the last verified batch (the `term` passed in if none).
+    pub last_term: Term,
+    /// Logged time of the last verified batch, if any.
+    pub last_time_ms: Option<u64>,
+    /// First position of every term met that is above the `term` passed in, in order.
+    pub term_starts: Vec<TermSeqno>,
+    /// How the scan ended.
+    pub end: ScanEnd,
+}
+
+/// Scans `bytes` as a segment whose first batch must start at `next_seqno` and whose terms may not
+/// go below `term`. Never panics, whatever the bytes. With `is_last`, a torn tail ends the scan as
+/// [`ScanEnd::Torn`]; otherwise it is corruption.
+pub fn scan_segment(bytes: &[u8], next_seqno: Seqno, term: Term, is_last: bool) -> SegmentScan {
+    let mut scan = SegmentScan {
+        batches: 0,
+        valid_len: 0,
+        next_seqno,
+        last_term: term,
+        last_time_ms: None,
+        term_starts: Vec::new(),
+        end: ScanEnd::Clean,
+    };
+    let mut offset = 0usize;
+    while offset < bytes.len() {
+        let rest = &bytes[offset..];
+        let batch = match decode_batch(rest) {
+            Ok(batch) => batch,
+            Err(err) => {
+                scan.end = classify_failure(rest, &err, offset as u64, is_last);
+                return scan;
+            }
+        };
+        let header = batch.header;
+        if header.first_seqno != scan.next_seqno {
+            let reason =
+                format!("batch starts at seqno {}, expected {}", header.first_seqno, scan.next_seqno);
+            scan.end = ScanEnd::Corrupt { offset: offset as u64, reason };
+            return scan;
+        }
+        if header.term < scan.last_term {
+            let reason = format!("batch term {} is below the previous term {}", header.term, scan.last_term);
+            scan.end = ScanEnd::Corrupt { offset: offset as u64, reason };
+            return scan;
+        }
+        if header.term > scan.last_term {
+            scan.term_starts.push(TermSeqno { term: header.term, seqno: header.first_seqno });
+        }
+        scan.last_term = header.term;
+        scan.last_time_ms = logged_time_ms(batch.payload).or(scan.last_time_ms);
+        scan.next_seqno = header.last_seqno().next();
+        scan.batches += 1;
+        offset += batch.encoded.len();
+        scan.valid_len = offset as u64;
+    }
+    scan
+}
+
+/// The logged time in a payload's envelope (its first 8 bytes, u64 LE), if it has one.
+pub fn logged_time_ms(payload: &[u8]) -> Option<u64> {
+    let slot: [u8; 8] = payload.get(0..8)?.try_into().ok()?;
+    Some(u64::from_le_bytes(slot))
+}
+
+fn classify_failure(rest: &[u8], err: &DecodeError, offset: u64, is_last: bool) -> ScanEnd {
+    let torn = match err {
+        DecodeError::Truncated { .. } => !followed_by_later_batch(rest),
+        _ => rest.iter().all(|byte| *byte == 0),
+    };
+    if torn && is_last {
+        ScanEnd::Torn { offset }
+    } else if torn {
+        ScanEnd::Corrupt { offset, reason: format!("{err} in a segment that is not the last") }
+    } else {
+        ScanEnd::Corrupt { offset, reason: err.to_string() }
+    }
+}
+
+/// Whether a verified batch with a later first seqno starts anywhere inside `rest`, whose own header
+/// claims to run past the end: then that claim is a damaged length, not a torn write.
+fn followed_by_later_batch(rest: &[u8]) -> bool {
+    let Ok(header) = decode_header(rest) else {
+        return false;
+    };
+    (1..rest.len().saturating_sub(3)).any(|at| {
+        rest[at..at + 4] == MAGIC
+            && decode_batch(&rest[at..]).is_ok_and(|later| later.header.first_seqno > header.first_seqno)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::batch::encode_batch;
+    use tidal_types::RecordKind;
+
+    fn two_batches() -> Vec<u8> {
+        let mut bytes = encode_batch(RecordKind::Signal, Term(1), Seqno(5), 3, &[7u8; 20]);
+        bytes.extend(encode_batch(RecordKind::Control, Term(2), Seqno(8), 1, &[9u8; 12]));
+        bytes
+    }
+
+    #[test]
+    fn names_round_trip_and_strangers_are_not_segments() {
+        let name = segment_file_name(Seqno(42));
+        assert_eq!(name, "00000000000000000042.seg");
+        assert_eq!(parse_segment_file_name(Path::new(&name)), Some(Seqno(42)));
+        assert_eq!(parse_segment_file_name(Path::new("42.seg")), None);
+        assert_eq!(parse_segment_file_name(Path::new("wal.meta")), None);
+        assert_eq!(parse_segment_file_name(Path::new("0000000000000000004x.seg")), None);
+    }
+
+    #[test]
+    fn clean_scan_reports_terms_and_frontier() {
+        let scan = scan_segment(&two_batches(), Seqno(5), Term(0), true);
+        assert_eq!(scan.end, ScanEnd::Clean);
+        assert_eq!(scan.batches, 2);
+        assert_eq!(scan.next_seqno, Seqno(9));
+        assert_eq!(scan.last_term, Term(2));
+        assert_eq!(
+            scan.term_starts,
+            vec![TermSeqno { term: Term(1), seqno: Seqno(5) }, TermSeqno { term: Term(2), seqno: Seqno(8) }]
+        );
+    }
+
+    #[test]
+    fn a_gap_and_a_lower_term_are_corruption() {
+        assert!(matches!(scan_segment(&two_batches(), Seqno(4), Term(0), true).end, ScanEnd::Corrupt { .. }));
+        assert!(matches!(scan_segment(&two_batches(), Seqno(5), Term(3), true).end, ScanEnd::Corrupt { .. }));
+    }
+
+    #[test]
+    fn torn_tails_only_in_the_last_segment() {
+        let bytes = two_batches();
+        let cut = &bytes[..bytes.len() - 1];
+        assert_eq!(scan_segment(cut, Seqno(5), Term(0), true).end, ScanEnd::Torn { offset: 84 });
+        assert!(matches!(scan_segment(cut, Seqno(5), Term(0), false).end, ScanEnd::Corrupt { .. }));
+        let mut zeros = bytes.clone();
+        zeros.extend([0u8; 100]);
+        assert_eq!(scan_segment(&zeros, Seqno(5), Term(0), true).end, ScanEnd::Torn { offset: 160 });
+    }
+
+    #[test]
+    fn a_grown_length_field_before_a_valid_batch_is_corruption() {
+        let mut bytes = two_batches();
+        bytes[28 + 2] ^= 1; // payload_len of the first batch grows past the end of the file
+        assert!(matches!(
+            scan_segment(&bytes, Seqno(5), Term(0), true).end,
+            ScanEnd::Corrupt { offset: 0, .. }
+        ));
+    }
+}

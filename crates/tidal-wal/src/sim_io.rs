@@ -1,0 +1,409 @@
+//! [`SimIo`]: an in-memory file system that models what a power loss keeps, for tests and the
+//! simulation.
+//!
+//! Model: a file (inode) holds synced bytes followed by unsynced bytes; `sync_data` moves the
+//! unsynced bytes to synced. Directory entries (create, rename, remove) are durable only after
+//! `sync_dir` of their parent. [`SimIo::crash`] reverts the namespace to its durable form, drops (or
+//! keeps a prefix of) every file's unsynced bytes, and invalidates every open handle, as a power loss
+//! and restart would. Truncation is modelled as immediately durable (the WAL fsyncs right after it).
+//!
+//! Delicate: a failed sync leaves the unsynced bytes in place (the page cache may still show them to a
+//! reader) but never makes them durable; only a crash tells the two apart.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use crate::io::{FileIo, WalFile};
+
+/// What a crash does to bytes written but not yet synced.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CrashMode {
+    /// Every unsynced byte is lost.
+    LoseUnsynced,
+    /// Of each file's unsynced bytes, the first `keep` reach the disk (a torn write).
+    TornUnsynced {
+        /// How many unsynced bytes of each file survive.
+        keep: usize,
+    },
+}
+
+/// In-memory file system with fault knobs. Cloning gives another handle to the same files.
+#[derive(Clone, Default)]
+pub struct SimIo {
+    state: Arc<Mutex<SimState>>,
+}
+
+#[derive(Default)]
+struct SimState {
+    inodes: HashMap<u64, Inode>,
+    inode_next: u64,
+    /// The namespace as processes see it.
+    entries: BTreeMap<PathBuf, u64>,
+    /// The namespace as it would be after a crash.
+    entries_durable: BTreeMap<PathBuf, u64>,
+    dirs: BTreeSet<PathBuf>,
+    /// Bumped by every crash; handles of an older epoch fail.
+    epoch: u64,
+    fail_next_sync: bool,
+    fail_syncs: bool,
+    fail_next_write: bool,
+    /// Mutating operations so far (writes, syncs, truncations, creations, renames, removals).
+    ops: u64,
+    /// Crash when `ops` reaches this count.
+    crash_at_op: Option<(u64, CrashMode)>,
+    sync_delay: Duration,
+    data_syncs: u64,
+    dir_syncs: u64,
+}
+
+#[derive(Default)]
+struct Inode {
+    synced: Vec<u8>,
+    unsynced: Vec<u8>,
+}
+
+struct SimFile {
+    state: Arc<Mutex<SimState>>,
+    inode: u64,
+    epoch: u64,
+}
+
+fn not_found(path: &Path) -> io::Error {
+    io::Error::new(io::ErrorKind::NotFound, format!("{} not found", path.display()))
+}
+
+fn parent_of(path: &Path) -> PathBuf {
+    path.parent().map(Path::to_path_buf).unwrap_or_default()
+}
+
+impl Inode {
+    fn bytes(&self) -> Vec<u8> {
+        let mut bytes = self.synced.clone();
+        bytes.extend_from_slice(&self.unsynced);
+        bytes
+    }
+
+    fn truncate(&mut self, len: usize) {
+        if len <= self.synced.len() {
+            self.synced.truncate(len);
+            self.unsynced.clear();
+        } else {
+            self.unsynced.truncate(len - self.synced.len());
+        }
+    }
+}
+
+impl SimState {
+    /// Counts one mutating operation; at the planned point, crashes and fails the operation.
+    fn tick(&mut self) -> io::Result<()> {
+        self.ops += 1;
+        match self.crash_at_op {
+            Some((at, mode)) if self.ops >= at => {
+                self.crash_at_op = None;
+                self.crash(mode);
+                Err(io::Error::other("simulated power loss"))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    fn crash(&mut self, mode: CrashMode) {
+        for inode in self.inodes.values_mut() {
+            let unsynced = std::mem::take(&mut inode.unsynced);
+            if let CrashMode::TornUnsynced { keep } = mode {
+                inode.synced.extend_from_slice(&unsynced[..keep.min(unsynced.len())]);
+            }
+        }
+        self.entries = self.entries_durable.clone();
+        let live: BTreeSet<u64> = self.entries.values().copied().collect();
+        self.inodes.retain(|id, _| live.contains(id));
+        self.epoch += 1;
+        self.fail_next_sync = false;
+        self.fail_syncs = false;
+        self.fail_next_write = false;
+    }
+
+    fn take_sync_fault(&mut self) -> io::Result<()> {
+        if self.fail_syncs || std::mem::take(&mut self.fail_next_sync) {
+            return Err(io::Error::other("injected fsync failure"));
+        }
+        Ok(())
+    }
+
+    fn inode_of(&mut self, path: &Path) -> io::Result<&mut Inode> {
+        let id = *self.entries.get(path).ok_or_else(|| not_found(path))?;
+        self.inodes.get_mut(&id).ok_or_else(|| not_found(path))
+    }
+}
+
+impl SimIo {
+    /// An empty file system.
+    pub fn new() -> SimIo {
+        SimIo::default()
+    }
+
+    fn lock(&self) -> MutexGuard<'_, SimState> {
+        // A panicking test thread must not hide the state from the others.
+        self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// The next data or directory sync fails.
+    pub fn fail_next_sync(&self) {
+        self.lock().fail_next_sync = true;
+    }
+
+    /// While `fail` is set, every data and directory sync fails.
+    pub fn fail_syncs(&self, fail: bool) {
+        self.lock().fail_syncs = fail;
+    }
+
+    /// The next `write_all` fails without writing anything.
+    pub fn fail_next_write(&self) {
+        self.lock().fail_next_write = true;
+    }
+
+    /// Simulates a power loss and restart (see the module docs). Old handles fail from now on.
+    pub fn crash(&self, mode: CrashMode) {
+        self.lock().crash(mode);
+    }
+
+    /// Plans a crash: the `n`-th mutating operation from now (1-based; writes, syncs, truncations,
+    /// file creations, renames, removals) crashes with `mode` instead. A crashing write first appends
+    /// its bytes, so `TornUnsynced` can keep part of it. The operation then fails.
+    pub fn crash_at_op(&self, n: u64, mode: CrashMode) {
+        let mut state = self.lock();
+        state.crash_at_op = Some((state.ops + n, mode));
+    }
+
+    /// Whether a planned crash is still pending.
+    pub fn crash_pending(&self) -> bool {
+        self.lock().crash_at_op.is_some()
+    }
+
+    /// Mutating operations performed so far.
+    pub fn op_count(&self) -> u64 {
+        self.lock().ops
+    }
+
+    /// Makes every data sync take at least `delay` (outside the file system's lock), like a disk.
+    pub fn set_sync_delay(&self, delay: Duration) {
+        self.lock().sync_delay = delay;
+    }
+
+    /// Flips one bit of a file (bit `bit_index % 8` of byte `bit_index / 8`), durably.
+    pub fn flip_bit(&self, path: &Path, bit_index: u64) -> io::Result<()> {
+        let mut state = self.lock();
+        let inode = state.inode_of(path)?;
+        let byte = usize::try_from(bit_index / 8).map_err(io::Error::other)?;
+        let synced_len = inode.synced.len();
+        let target = if byte < synced_len {
+            inode.synced.get_mut(byte)
+        } else {
+            inode.unsynced.get_mut(byte - synced_len)
+        };
+        let target = target.ok_or_else(|| io::Error::other("bit index past the end of the file"))?;
+        *target ^= 1 << (bit_index % 8);
+        Ok(())
+    }
+
+    /// Cuts a file to `len` bytes, durably.
+    pub fn truncate_file(&self, path: &Path, len: u64) -> io::Result<()> {
+        let len = usize::try_from(len).map_err(io::Error::other)?;
+        self.lock().inode_of(path)?.truncate(len);
+        Ok(())
+    }
+
+    /// The file's bytes as a reader sees them (synced then unsynced).
+    pub fn file_bytes(&self, path: &Path) -> io::Result<Vec<u8>> {
+        Ok(self.lock().inode_of(path)?.bytes())
+    }
+
+    /// Only the file's synced bytes.
+    pub fn synced_bytes(&self, path: &Path) -> io::Result<Vec<u8>> {
+        Ok(self.lock().inode_of(path)?.synced.clone())
+    }
+
+    /// Whether the file's directory entry would survive a crash.
+    pub fn is_entry_durable(&self, path: &Path) -> bool {
+        let state = self.lock();
+        let durable = state.entries_durable.get(path);
+        durable.is_some() && durable == state.entries.get(path)
+    }
+
+    /// Creates or replaces a file with `bytes`, all of it durable (entry included); creates parents.
+    pub fn write_file(&self, path: &Path, bytes: &[u8]) {
+        let mut state = self.lock();
+        let mut dir = parent_of(path);
+        loop {
+            state.dirs.insert(dir.clone());
+            match dir.parent() {
+                Some(parent) => dir = parent.to_path_buf(),
+                None => break,
+            }
+        }
+        let id = state.inode_next;
+        state.inode_next += 1;
+        state.inodes.insert(id, Inode { synced: bytes.to_vec(), unsynced: Vec::new() });
+        state.entries.insert(path.to_path_buf(), id);
+        state.entries_durable.insert(path.to_path_buf(), id);
+    }
+
+    /// Every file path, sorted.
+    pub fn paths(&self) -> Vec<PathBuf> {
+        self.lock().entries.keys().cloned().collect()
+    }
+
+    /// Data syncs that succeeded so far.
+    pub fn data_sync_count(&self) -> u64 {
+        self.lock().data_syncs
+    }
+
+    /// Directory syncs that succeeded so far.
+    pub fn dir_sync_count(&self) -> u64 {
+        self.lock().dir_syncs
+    }
+}
+
+impl FileIo for SimIo {
+    fn create_dir_all(&self, path: &Path) -> io::Result<()> {
+        let mut state = self.lock();
+        let mut dir = path.to_path_buf();
+        loop {
+            state.dirs.insert(dir.clone());
+            match dir.parent() {
+                Some(parent) => dir = parent.to_path_buf(),
+                None => break,
+            }
+        }
+        Ok(())
+    }
+
+    fn list_dir(&self, path: &Path) -> io::Result<Vec<PathBuf>> {
+        let state = self.lock();
+        if !state.dirs.contains(path) {
+            return Err(not_found(path));
+        }
+        Ok(state.entries.keys().filter(|entry| entry.parent() == Some(path)).cloned().collect())
+    }
+
+    fn open_append(&self, path: &Path) -> io::Result<Box<dyn WalFile>> {
+        let mut state = self.lock();
+        let id = match state.entries.get(path) {
+            Some(id) => *id,
+            None => {
+                if !state.dirs.contains(&parent_of(path)) {
+                    return Err(not_found(&parent_of(path)));
+                }
+                state.tick()?;
+                let id = state.inode_next;
+                state.inode_next += 1;
+                state.inodes.insert(id, Inode::default());
+                state.entries.insert(path.to_path_buf(), id);
+                id
+            }
+        };
+        Ok(Box::new(SimFile { state: self.state.clone(), inode: id, epoch: state.epoch }))
+    }
+
+    fn read_all(&self, path: &Path) -> io::Result<Vec<u8>> {
+        self.file_bytes(path)
+    }
+
+    fn remove_file(&self, path: &Path) -> io::Result<()> {
+        let mut state = self.lock();
+        if !state.entries.contains_key(path) {
+            return Err(not_found(path));
+        }
+        state.tick()?;
+        state.entries.remove(path);
+        Ok(())
+    }
+
+    fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
+        let mut state = self.lock();
+        if !state.entries.contains_key(from) {
+            return Err(not_found(from));
+        }
+        state.tick()?;
+        let id = state.entries.remove(from).ok_or_else(|| not_found(from))?;
+        state.entries.insert(to.to_path_buf(), id);
+        Ok(())
+    }
+
+    fn sync_dir(&self, path: &Path) -> io::Result<()> {
+        let mut state = self.lock();
+        if !state.dirs.contains(path) {
+            return Err(not_found(path));
+        }
+        state.tick()?;
+        state.take_sync_fault()?;
+        let in_dir = |entry: &PathBuf| entry.parent() == Some(path);
+        let current: Vec<(PathBuf, u64)> =
+            state.entries.iter().filter(|(entry, _)| in_dir(entry)).map(|(p, id)| (p.clone(), *id)).collect();
+        state.entries_durable.retain(|entry, _| !in_dir(entry));
+        state.entries_durable.extend(current);
+        state.dir_syncs += 1;
+        Ok(())
+    }
+}
+
+impl SimFile {
+    fn with_inode<T>(&self, op: impl FnOnce(&mut SimState, u64) -> io::Result<T>) -> io::Result<T> {
+        let mut state = self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if state.epoch != self.epoch {
+            return Err(io::Error::other("file handle from before a crash"));
+        }
+        op(&mut state, self.inode)
+    }
+}
+
+fn inode_mut(state: &mut SimState, id: u64) -> io::Result<&mut Inode> {
+    state.inodes.get_mut(&id).ok_or_else(|| io::Error::other("file was removed"))
+}
+
+impl WalFile for SimFile {
+    fn write_all(&mut self, buf: &[u8]) -> io::Result<()> {
+        self.with_inode(|state, id| {
+            if std::mem::take(&mut state.fail_next_write) {
+                return Err(io::Error::other("injected write failure"));
+            }
+            inode_mut(state, id)?.unsynced.extend_from_slice(buf);
+            state.tick()
+        })
+    }
+
+    fn sync_data(&mut self) -> io::Result<()> {
+        let delay = self.with_inode(|state, _| Ok(state.sync_delay))?;
+        if !delay.is_zero() {
+            std::thread::sleep(delay);
+        }
+        self.with_inode(|state, id| {
+            state.tick()?;
+            state.take_sync_fault()?;
+            let inode = inode_mut(state, id)?;
+            let unsynced = std::mem::take(&mut inode.unsynced);
+            inode.synced.extend_from_slice(&unsynced);
+            state.data_syncs += 1;
+            Ok(())
+        })
+    }
+
+    fn truncate(&mut self, len: u64) -> io::Result<()> {
+        let len = usize::try_from(len).map_err(io::Error::other)?;
+        self.with_inode(|state, id| {
+            state.tick()?;
+            inode_mut(state, id)?.truncate(len);
+            Ok(())
+        })
+    }
+
+    fn len(&self) -> io::Result<u64> {
+        self.with_inode(|state, id| {
+            let inode = inode_mut(state, id)?;
+            Ok((inode.synced.len() + inode.unsynced.len()) as u64)
+        })
+    }
+}

@@ -1,0 +1,350 @@
+//! [`Wal`]: the handle to one write-ahead log — open (with recovery), submit, read back, purge,
+//! shut down.
+//!
+//! Delicate:
+//! - `submit` never blocks: a full queue hands the request back. The writer thread owns the files;
+//!   handles only queue requests and read fsynced bytes.
+//! - `purge_below` records the new purge point in `wal.meta` BEFORE it deletes anything, so a crash
+//!   halfway leaves files that the next open recognises as leftovers and removes.
+//! - Dropping the last handle shuts the WAL down (drains and fsyncs what is queued). Doing so from a
+//!   completion or hook (the writer thread) does not wait for the thread: it cannot join itself.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc;
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::{JoinHandle, ThreadId};
+use std::time::Duration;
+
+use tidal_types::{Seqno, Term, TermSeqno};
+
+use crate::batch::PAYLOAD_LEN_MAX;
+use crate::clock::Clock;
+use crate::config::WalConfig;
+use crate::error::{Error, SubmitError};
+use crate::io::FileIo;
+use crate::reader::WalReader;
+use crate::recovery::{recover, Recovery};
+use crate::segment::SegmentInfo;
+use crate::shared::{LogState, Queue, Queued, Shared};
+use crate::stats::{StatsCounters, WalStats};
+use crate::writer::{AppendRequest, Appended, Completion, FlushedHook, Writer, LOGGED_TIME_LEN};
+
+/// How long `append_blocking` waits for queue space before it tries again; a wake-up normally comes
+/// much sooner, from the writer taking a drain.
+const QUEUE_FULL_RETRY_WAIT: Duration = Duration::from_millis(10);
+
+/// What a purge did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PurgeReport {
+    /// Segments deleted.
+    pub segments_removed: usize,
+    /// Their bytes.
+    pub bytes_removed: u64,
+    /// The purge point now (the last purged position; seqno 0 if nothing was ever purged).
+    pub purged: TermSeqno,
+    /// The first seqno still retained.
+    pub first_retained: Seqno,
+}
+
+/// Handle to a write-ahead log. Cheap to clone; the last handle dropped shuts the WAL down.
+#[derive(Clone)]
+pub struct Wal {
+    inner: Arc<WalInner>,
+}
+
+struct WalInner {
+    shared: Arc<Shared>,
+    writer: Mutex<Option<JoinHandle<()>>>,
+    writer_thread: ThreadId,
+}
+
+impl Wal {
+    /// Opens (recovering) or creates the WAL in `config.dir` and starts its writer thread.
+    pub fn open(
+        config: WalConfig,
+        io: Arc<dyn FileIo>,
+        clock: Arc<dyn Clock>,
+        hook: Box<dyn FlushedHook>,
+    ) -> Result<(Wal, Recovery), Error> {
+        let recovered = recover(&config, io.as_ref())?;
+        let recovery = recovered.recovery.clone();
+        let history_term = recovered.meta.term_history.last().map_or(Term(0), |entry| entry.term);
+        let active_info = recovered.segments.last().cloned().unwrap_or_else(|| SegmentInfo {
+            path: config.dir.join(crate::segment::segment_file_name(recovered.next_seqno)),
+            first_seqno: recovered.next_seqno,
+            last_seqno: None,
+            bytes: 0,
+        });
+        let segments =
+            if recovered.segments.is_empty() { vec![active_info.clone()] } else { recovered.segments };
+        let shared = Arc::new(Shared {
+            config,
+            io,
+            clock,
+            queue: Mutex::new(Queue::default()),
+            queue_ready: Condvar::new(),
+            queue_space: Condvar::new(),
+            log: Mutex::new(LogState { segments, meta: recovered.meta }),
+            term: AtomicU64::new(recovery.last_term.get()),
+            durable: AtomicU64::new(recovery.durable.get()),
+            poisoned: AtomicBool::new(false),
+            stats: StatsCounters::default(),
+        });
+        let writer = Writer {
+            shared: shared.clone(),
+            hook,
+            active: recovered.active,
+            active_info,
+            next_seqno: recovered.next_seqno,
+            last_time_ms: recovery.last_time_ms,
+            history_term,
+        };
+        let handle = std::thread::Builder::new()
+            .name("tidal-wal-writer".to_string())
+            .spawn(move || writer.run())
+            .map_err(|err| Error::Spawn(Arc::new(err)))?;
+        let writer_thread = handle.thread().id();
+        tracing::info!(
+            dir = %shared.config.dir.display(),
+            durable = %recovery.durable,
+            segments = recovery.segments,
+            batches = recovery.batches,
+            "opened WAL"
+        );
+        let inner = WalInner { shared, writer: Mutex::new(Some(handle)), writer_thread };
+        Ok((Wal { inner: Arc::new(inner) }, recovery))
+    }
+
+    fn shared(&self) -> &Shared {
+        &self.inner.shared
+    }
+
+    /// Queues a request; `done` is called once it is durable (or failed). Never blocks.
+    pub fn submit(&self, request: AppendRequest, done: Completion) -> Result<(), SubmitError> {
+        validate(&request)?;
+        let shared = self.shared();
+        if shared.is_poisoned() {
+            return Err(SubmitError::Poisoned);
+        }
+        let mut queue = shared.lock_queue();
+        if queue.closed {
+            return Err(SubmitError::Closed);
+        }
+        if shared.is_poisoned() {
+            return Err(SubmitError::Poisoned);
+        }
+        let payload_len = request.payload.len();
+        let full = queue.requests.len() >= shared.config.queue_batches_max
+            || (!queue.requests.is_empty()
+                && queue.bytes.saturating_add(payload_len) > shared.config.queue_bytes_max);
+        if full {
+            return Err(SubmitError::QueueFull(request));
+        }
+        queue.bytes += payload_len;
+        queue.requests.push_back(Queued { request, done });
+        drop(queue);
+        shared.queue_ready.notify_one();
+        Ok(())
+    }
+
+    /// Submits and waits until the request is durable. Waits for queue space instead of failing.
+    pub fn append_blocking(&self, request: AppendRequest) -> Result<Appended, Error> {
+        let (sender, receiver) = mpsc::sync_channel(1);
+        let mut request = request;
+        loop {
+            let sender = sender.clone();
+            let done: Completion = Box::new(move |result| {
+                // The receiver only goes away if the caller stopped waiting; nothing to tell then.
+                let _ = sender.send(result);
+            });
+            match self.submit(request, done) {
+                Ok(()) => break,
+                Err(SubmitError::QueueFull(back)) => {
+                    request = back;
+                    let queue = self.shared().lock_queue();
+                    let _ = self.shared().queue_space.wait_timeout(queue, QUEUE_FULL_RETRY_WAIT);
+                }
+                Err(SubmitError::Poisoned) => return Err(Error::Poisoned),
+                Err(SubmitError::Closed) => return Err(Error::Closed),
+                Err(SubmitError::Invalid(reason)) => return Err(Error::Invalid(reason)),
+            }
+        }
+        drop(sender);
+        // A dropped completion means the writer thread died: report the WAL as poisoned.
+        receiver.recv().unwrap_or(Err(Error::Poisoned))
+    }
+
+    /// Sets the term stamped into batches written from now on. A lower term is ignored.
+    pub fn set_term(&self, term: Term) {
+        self.shared().term.fetch_max(term.get(), Ordering::SeqCst);
+    }
+
+    /// The term stamped into batches written from now on.
+    pub fn term(&self) -> Term {
+        Term(self.shared().term.load(Ordering::SeqCst))
+    }
+
+    /// The durable frontier: highest fsynced seqno.
+    pub fn durable_seqno(&self) -> Seqno {
+        self.shared().durable_seqno()
+    }
+
+    /// Whether a write or fsync failure has poisoned the WAL.
+    pub fn is_poisoned(&self) -> bool {
+        self.shared().is_poisoned()
+    }
+
+    /// The term history `[(term, first seqno of that term)]` (terms above 0 only).
+    pub fn term_history(&self) -> Vec<TermSeqno> {
+        self.shared().lock_log().meta.term_history.clone()
+    }
+
+    /// The purge point: the last purged position (seqno 0 if nothing was purged).
+    pub fn purged(&self) -> TermSeqno {
+        self.shared().lock_log().meta.purged
+    }
+
+    /// The retained segments, oldest first, with their durable extent.
+    pub fn list_segments(&self) -> Result<Vec<SegmentInfo>, Error> {
+        Ok(self.shared().lock_log().segments.clone())
+    }
+
+    /// Reads durable batches, starting with the one that contains `from` (seqno 0 reads as 1).
+    /// [`Error::Purged`] if `from` is below the retained segments.
+    pub fn read_from(&self, from: Seqno) -> Result<WalReader, Error> {
+        let from = from.max(Seqno(1));
+        let (segments, durable) = {
+            let log = self.shared().lock_log();
+            (log.segments.clone(), self.shared().durable_seqno())
+        };
+        let first_retained = segments.first().map_or(durable.next(), |segment| segment.first_seqno);
+        if from < first_retained {
+            return Err(Error::Purged { requested: from, first_retained });
+        }
+        let segments: Vec<SegmentInfo> = segments
+            .into_iter()
+            .filter(|segment| segment.last_seqno.is_some_and(|last| last >= from))
+            .collect();
+        Ok(WalReader::new(self.inner.shared.clone(), segments, from, durable))
+    }
+
+    /// Deletes whole segments whose every seqno is below `horizon`, never the active one, after
+    /// recording the new purge point in `wal.meta`. A failed fsync of the meta file poisons the WAL.
+    pub fn purge_below(&self, horizon: Seqno) -> Result<PurgeReport, Error> {
+        let shared = self.shared();
+        if shared.is_poisoned() {
+            return Err(Error::Poisoned);
+        }
+        let mut log = shared.lock_log();
+        let removable = log.segments[..log.segments.len().saturating_sub(1)]
+            .iter()
+            .take_while(|segment| segment.last_seqno.is_some_and(|last| last < horizon))
+            .count();
+        let first_retained =
+            |log: &LogState| log.segments.first().map_or(Seqno(1), |segment| segment.first_seqno);
+        if removable == 0 {
+            return Ok(PurgeReport {
+                segments_removed: 0,
+                bytes_removed: 0,
+                purged: log.meta.purged,
+                first_retained: first_retained(&log),
+            });
+        }
+        let purged_seqno = log.segments[removable - 1].last_seqno.unwrap_or(Seqno::ZERO);
+        let mut meta = log.meta.clone();
+        meta.purged = TermSeqno { term: meta.term_at(purged_seqno), seqno: purged_seqno };
+        if let Err(err) = meta.store(shared.io.as_ref(), &shared.config.dir) {
+            tracing::error!("failed to {err:#}");
+            shared.poison();
+            return Err(err);
+        }
+        log.meta = meta;
+        let removed: Vec<SegmentInfo> = log.segments.drain(..removable).collect();
+        let report = PurgeReport {
+            segments_removed: removed.len(),
+            bytes_removed: removed.iter().map(|segment| segment.bytes).sum(),
+            purged: log.meta.purged,
+            first_retained: first_retained(&log),
+        };
+        drop(log);
+        for segment in &removed {
+            // The purge point is already durable: a file left behind is removed by the next open.
+            shared
+                .io
+                .remove_file(&segment.path)
+                .map_err(|err| Error::io("remove purged segment", &segment.path, err))?;
+        }
+        shared
+            .io
+            .sync_dir(&shared.config.dir)
+            .map_err(|err| Error::io("fsync WAL directory", &shared.config.dir, err))?;
+        tracing::info!(purged = %report.purged, segments = report.segments_removed, "purged WAL segments");
+        Ok(report)
+    }
+
+    /// Stops taking requests, writes and fsyncs what is queued, completes it, and joins the writer
+    /// thread. Idempotent.
+    pub fn shutdown(&self) {
+        self.inner.shutdown();
+    }
+
+    /// A snapshot of the writer's counters.
+    pub fn stats(&self) -> WalStats {
+        let shared = self.shared();
+        let mut stats = shared.stats.snapshot();
+        {
+            let queue = shared.lock_queue();
+            stats.queue_batches = queue.requests.len();
+            stats.queue_bytes = queue.bytes;
+        }
+        stats.durable_seqno = shared.durable_seqno().get();
+        stats
+    }
+
+    /// The configuration the WAL was opened with.
+    pub fn config(&self) -> &WalConfig {
+        &self.shared().config
+    }
+}
+
+impl WalInner {
+    fn shutdown(&self) {
+        self.shared.lock_queue().closed = true;
+        self.shared.queue_ready.notify_all();
+        self.shared.queue_space.notify_all();
+        if std::thread::current().id() == self.writer_thread {
+            return;
+        }
+        let handle = self.writer.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).take();
+        if let Some(handle) = handle {
+            if handle.join().is_err() {
+                tracing::error!("the WAL writer thread panicked");
+            }
+        }
+    }
+}
+
+impl Drop for WalInner {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+fn validate(request: &AppendRequest) -> Result<(), SubmitError> {
+    if request.event_count == 0 {
+        return Err(SubmitError::Invalid("a batch consumes at least one seqno".to_string()));
+    }
+    if request.payload.len() < LOGGED_TIME_LEN {
+        return Err(SubmitError::Invalid(format!(
+            "payload of {} bytes has no room for the {LOGGED_TIME_LEN}-byte logged time",
+            request.payload.len()
+        )));
+    }
+    if request.payload.len() > PAYLOAD_LEN_MAX as usize {
+        return Err(SubmitError::Invalid(format!(
+            "payload of {} bytes is over the maximum of {PAYLOAD_LEN_MAX}",
+            request.payload.len()
+        )));
+    }
+    Ok(())
+}
