@@ -1,6 +1,8 @@
 //! Helpers shared by the integration tests: a WAL over `SimIo` with a manual clock, request
 //! builders, a recording hook, and read-back.
 #![allow(dead_code)]
+// Helpers of tests: a failed unwrap is a failed test.
+#![allow(clippy::unwrap_used)]
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
