@@ -251,6 +251,13 @@ impl SimIo {
         state.entries_durable.insert(path.to_path_buf(), id);
     }
 
+    /// Removes a file, durably (entry included).
+    pub fn remove_file_for_test(&self, path: &Path) {
+        let mut state = self.lock();
+        state.entries.remove(path);
+        state.entries_durable.remove(path);
+    }
+
     /// Every file path, sorted.
     pub fn paths(&self) -> Vec<PathBuf> {
         self.lock().entries.keys().cloned().collect()
