@@ -1,5 +1,8 @@
 //! Basics: seqno assignment, restart, read-back, rotation, purge, terms, logged time, refusals.
 
+// Test code: a failed unwrap is a failed test.
+#![allow(clippy::unwrap_used)]
+
 mod common;
 
 use std::sync::Arc;

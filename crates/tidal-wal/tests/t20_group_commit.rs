@@ -1,5 +1,8 @@
 //! Group commit: many concurrent writers, one fsync per drain, nothing completes before its fsync.
 
+// Test code: a failed unwrap is a failed test.
+#![allow(clippy::unwrap_used)]
+
 mod common;
 
 use std::sync::{Arc, Mutex};

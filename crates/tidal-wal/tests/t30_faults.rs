@@ -1,6 +1,9 @@
 //! Faults: fsync and write failures poison; damaged files refuse to open, naming file and offset;
 //! torn tails are cut; interrupted purges are finished on open.
 
+// Test code: a failed unwrap is a failed test.
+#![allow(clippy::unwrap_used)]
+
 mod common;
 
 use std::path::PathBuf;
