@@ -17,6 +17,9 @@ const SEGMENT_BYTES_MAX: u64 = 400;
 const BLOCKING_APPENDS: usize = 24;
 const BURST: usize = 8;
 
+/// An acknowledged write and the body it carried.
+type Acked = (Appended, Vec<u8>);
+
 fn body(index: usize) -> Vec<u8> {
     let len = 10 + (index * 37) % 120;
     let mut body = format!("request {index:03}:").into_bytes();
@@ -30,7 +33,7 @@ fn submitted() -> Vec<Vec<u8>> {
 }
 
 /// Runs the workload until the first failure; returns the acknowledged writes.
-fn workload(wal: &Wal) -> Vec<(Appended, Vec<u8>)> {
+fn workload(wal: &Wal) -> Vec<Acked> {
     let mut acked = Vec::new();
     for index in 0..BLOCKING_APPENDS {
         if index == 8 {
@@ -45,7 +48,7 @@ fn workload(wal: &Wal) -> Vec<(Appended, Vec<u8>)> {
             Err(_) => return acked,
         }
     }
-    let burst_acked: Arc<Mutex<Vec<(Appended, Vec<u8>)>>> = Arc::default();
+    let burst_acked: Arc<Mutex<Vec<Acked>>> = Arc::default();
     let (sender, receiver) = std::sync::mpsc::channel::<()>();
     for index in BLOCKING_APPENDS..BLOCKING_APPENDS + BURST {
         let (burst_acked, sender) = (burst_acked.clone(), sender.clone());
@@ -66,7 +69,7 @@ fn workload(wal: &Wal) -> Vec<(Appended, Vec<u8>)> {
 }
 
 /// Checks the reopened WAL against what was submitted and acknowledged.
-fn check_recovered(io: &SimIo, acked: &[(Appended, Vec<u8>)], label: &str) {
+fn check_recovered(io: &SimIo, acked: &[Acked], label: &str) {
     let clock = Arc::new(ManualClock::new(1_000));
     let (wal, recovery, _) = try_open(io, small_config(SEGMENT_BYTES_MAX), &clock)
         .unwrap_or_else(|err| panic!("{label}: reopen failed: {err}"));
