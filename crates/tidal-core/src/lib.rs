@@ -1,1 +1,50 @@
-//! placeholder
+//! Tidal's engine: folds WAL batches into fjall and serves ranked reads.
+//!
+//! fjall is a materialization of the log, never the source of truth: each [`TidalDb::apply`]
+//! writes its data and the new applied seqno in one atomic fjall batch, and after a crash the
+//! caller replays the WAL from [`TidalDb::applied_seqno`] + 1. The fold is deterministic (same log ⇒
+//! bit-identical state and [`TidalDb::digest`]); time is only ever the logged time.
+//!
+//! # Layout
+//! - [`record`]: the payload codec (envelope + records), binding for every node.
+//! - `db`: [`TidalDb`], the one apply path and the reads.
+//! - `fold`: what a batch changes; `idempotency`: the replicated idempotency table.
+//! - `feed_index`, `ranked`: the in-memory ranking index and the feed / similar / trending loops.
+//! - `negatives`: the hard negatives ORSWOT (outside the log); `digest`: state digests.
+//!
+//! Non-goals: this crate does no networking, reads no clock and knows no WAL files; it takes
+//! batches. fjall is named only here, and fjall's sequence numbers never leave it.
+#![deny(missing_docs)]
+#![deny(unsafe_code)]
+#![deny(clippy::unwrap_used)]
+
+mod config;
+mod db;
+mod digest;
+mod error;
+mod feed_index;
+mod fold;
+mod idempotency;
+mod keys;
+mod negatives;
+mod ranked;
+pub mod record;
+mod record_error;
+mod stores;
+mod trend;
+
+pub use config::{
+    EngineConfig, DIMENSION_DEFAULT, DIMENSION_MAX, HALF_LIFE_MS_DEFAULT, IDEMPOTENCY_KEYS_MAX_DEFAULT,
+    IDEMPOTENCY_WINDOW_MS_DEFAULT, PROFILE_HALF_LIFE_MS_DEFAULT,
+};
+pub use db::{ApplyOutcome, EngineStats, ItemState, TidalDb};
+pub use error::Error;
+pub use idempotency::{IdempotencyRecord, PRUNE_PER_APPLY_MAX};
+pub use negatives::{Actor, NegativesState, NEGATIVES_PER_USER_MAX};
+pub use ranked::{Ranked, RankedEntry, RANKED_LIMIT_MAX};
+pub use record::{
+    decode_payload, encode_payload, records_fingerprint, ControlRecord, EncodedPayload, Envelope, Records,
+    SignalEvent,
+};
+pub use record_error::RecordError;
+pub use trend::Trend;

@@ -1,0 +1,83 @@
+//! Engine configuration: [`EngineConfig`].
+//!
+//! Delicate: every field except `node_actor` shapes the log-derived state (decay, pruning), so all
+//! nodes of a cluster MUST run with equal values, or their digests and feeds diverge. `dimension` is
+//! persisted on first open and checked on every later open; the others are the operator's job.
+
+use crate::error::Error;
+
+/// Largest embedding dimension: bounds every vector the engine allocates and keeps one embedding
+/// (16 KiB at f32) far below any batch limit.
+pub const DIMENSION_MAX: u32 = 4096;
+/// Default embedding dimension.
+pub const DIMENSION_DEFAULT: u32 = 128;
+/// Default trending half-life: 6 hours.
+pub const HALF_LIFE_MS_DEFAULT: u64 = 6 * 60 * 60 * 1000;
+/// Default profile half-life: 7 days.
+pub const PROFILE_HALF_LIFE_MS_DEFAULT: u64 = 7 * 24 * 60 * 60 * 1000;
+/// Default idempotency window: 24 hours.
+pub const IDEMPOTENCY_WINDOW_MS_DEFAULT: u64 = 24 * 60 * 60 * 1000;
+/// Default bound on idempotency keys kept per principal.
+pub const IDEMPOTENCY_KEYS_MAX_DEFAULT: usize = 100_000;
+
+/// How the engine folds and ranks.
+#[derive(Clone, Debug, PartialEq)]
+pub struct EngineConfig {
+    /// Embedding dimension, fixed per database: persisted on first open, a mismatch on reopen is an error.
+    pub dimension: u32,
+    /// Trending decay half-life (ms), > 0.
+    pub half_life_ms: u64,
+    /// Profile decay half-life (ms), > 0.
+    pub profile_half_life_ms: u64,
+    /// Weight `a` of the cosine similarity in the feed score.
+    pub similarity_weight: f64,
+    /// Weight `b` of the trending term in the feed score.
+    pub trending_weight: f64,
+    /// How long (logged time) an idempotency key is remembered.
+    pub idempotency_window_ms: u64,
+    /// Most idempotency keys remembered per principal (>= 1); the oldest go first.
+    pub idempotency_keys_max: usize,
+    /// `(node id, incarnation)`: this node's actor in the hard negatives CRDT. The incarnation must
+    /// change whenever the node starts on a wiped data dir, so a dot is never reused.
+    pub node_actor: (u64, u64),
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        EngineConfig {
+            dimension: DIMENSION_DEFAULT,
+            half_life_ms: HALF_LIFE_MS_DEFAULT,
+            profile_half_life_ms: PROFILE_HALF_LIFE_MS_DEFAULT,
+            similarity_weight: 1.0,
+            trending_weight: 0.1,
+            idempotency_window_ms: IDEMPOTENCY_WINDOW_MS_DEFAULT,
+            idempotency_keys_max: IDEMPOTENCY_KEYS_MAX_DEFAULT,
+            node_actor: (0, 0),
+        }
+    }
+}
+
+impl EngineConfig {
+    /// The defaults with another dimension.
+    pub fn with_dimension(dimension: u32) -> Self {
+        EngineConfig { dimension, ..EngineConfig::default() }
+    }
+
+    /// Checks every field's domain.
+    pub fn validate(&self) -> Result<(), Error> {
+        let bad = |reason: String| Err(Error::Config { reason });
+        if self.dimension == 0 || self.dimension > DIMENSION_MAX {
+            return bad(format!("dimension {} outside 1..={DIMENSION_MAX}", self.dimension));
+        }
+        if self.half_life_ms == 0 || self.profile_half_life_ms == 0 {
+            return bad("half-lives must be > 0".into());
+        }
+        if !self.similarity_weight.is_finite() || !self.trending_weight.is_finite() {
+            return bad("score weights must be finite".into());
+        }
+        if self.idempotency_keys_max == 0 {
+            return bad("idempotency_keys_max must be >= 1".into());
+        }
+        Ok(())
+    }
+}

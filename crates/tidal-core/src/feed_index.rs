@@ -1,0 +1,242 @@
+//! The in-memory ranking index, [`FeedIndex`]: every embedding in one contiguous f32 matrix, and
+//! every trending score, mirrored from fjall.
+//!
+//! Delicate:
+//! - It is a cache of fjall, never a source: rebuilt from fjall on open, and changed only by
+//!   `apply`, under the index write lock, right after the fjall batch holding the same change
+//!   commits. A reader holding the read lock therefore sees fjall and the index at the same applied
+//!   seqno.
+//! - Row order depends on history (removal swaps the last row in), so nothing may depend on it:
+//!   every ranking sorts by (score, item id).
+//! - Vectors are kept raw (not normalized), with the inverse norm beside them, so the fold can add
+//!   the exact logged embedding to a profile while ranking still costs one dot product per row.
+
+use std::collections::HashMap;
+
+use crate::trend::Trend;
+
+/// One change to the index, produced by the fold and applied after the fjall commit.
+#[derive(Clone, Debug, PartialEq)]
+pub enum IndexChange {
+    /// Insert or replace an item's embedding.
+    Embedding {
+        /// Item id.
+        item: u64,
+        /// The raw vector (`dimension` long).
+        vector: Vec<f32>,
+    },
+    /// Set an item's trending score.
+    Trend {
+        /// Item id.
+        item: u64,
+        /// The new score.
+        trend: Trend,
+    },
+    /// Drop everything about an item.
+    RemoveItem {
+        /// Item id.
+        item: u64,
+    },
+}
+
+/// Embeddings and trending scores for ranking.
+#[derive(Debug)]
+pub struct FeedIndex {
+    dimension: usize,
+    /// Item id of each row.
+    ids: Vec<u64>,
+    /// Row of each item id.
+    rows: HashMap<u64, usize>,
+    /// `ids.len() x dimension` raw embedding values.
+    matrix: Vec<f32>,
+    /// `1 / |row|`, or 0 for a zero vector (its cosine with anything is 0).
+    inv_norms: Vec<f64>,
+    /// Trending score of every item that has one.
+    trending: HashMap<u64, Trend>,
+}
+
+impl FeedIndex {
+    /// An empty index for vectors of `dimension`.
+    pub fn new(dimension: usize) -> FeedIndex {
+        FeedIndex {
+            dimension,
+            ids: Vec::new(),
+            rows: HashMap::new(),
+            matrix: Vec::new(),
+            inv_norms: Vec::new(),
+            trending: HashMap::new(),
+        }
+    }
+
+    /// Applies changes in order.
+    pub fn apply(&mut self, changes: Vec<IndexChange>) {
+        for change in changes {
+            match change {
+                IndexChange::Embedding { item, vector } => self.set_embedding(item, &vector),
+                IndexChange::Trend { item, trend } => {
+                    self.trending.insert(item, trend);
+                }
+                IndexChange::RemoveItem { item } => {
+                    self.remove_embedding(item);
+                    self.trending.remove(&item);
+                }
+            }
+        }
+    }
+
+    /// Inserts or replaces an embedding.
+    pub fn set_embedding(&mut self, item: u64, vector: &[f32]) {
+        assert_eq!(
+            vector.len(),
+            self.dimension,
+            "embedding of item {item} has {} values, index dimension {}",
+            vector.len(),
+            self.dimension
+        );
+        let inv_norm = inverse_norm(vector);
+        match self.rows.get(&item) {
+            Some(&row) => {
+                self.row_mut(row).copy_from_slice(vector);
+                self.inv_norms[row] = inv_norm;
+            }
+            None => {
+                self.rows.insert(item, self.ids.len());
+                self.ids.push(item);
+                self.matrix.extend_from_slice(vector);
+                self.inv_norms.push(inv_norm);
+            }
+        }
+    }
+
+    /// Sets a trending score (used when loading from fjall).
+    pub fn set_trend(&mut self, item: u64, trend: Trend) {
+        self.trending.insert(item, trend);
+    }
+
+    /// The raw embedding of an item.
+    pub fn embedding(&self, item: u64) -> Option<&[f32]> {
+        self.rows.get(&item).map(|&row| self.row(row))
+    }
+
+    /// The trending score of an item.
+    pub fn trend(&self, item: u64) -> Option<Trend> {
+        self.trending.get(&item).copied()
+    }
+
+    /// Number of embeddings.
+    pub fn embeddings(&self) -> usize {
+        self.ids.len()
+    }
+
+    /// Number of items with a trending score.
+    pub fn trending_items(&self) -> usize {
+        self.trending.len()
+    }
+
+    /// Every trending score, in no particular order.
+    pub fn trends(&self) -> impl Iterator<Item = (u64, Trend)> + '_ {
+        self.trending.iter().map(|(item, trend)| (*item, *trend))
+    }
+
+    /// Every row as (item id, raw vector, inverse norm), in row order (not meaningful).
+    pub fn rows(&self) -> impl Iterator<Item = (u64, &[f32], f64)> + '_ {
+        self.ids
+            .iter()
+            .zip(self.matrix.chunks_exact(self.dimension.max(1)))
+            .zip(self.inv_norms.iter())
+            .map(|((id, row), inv)| (*id, row, *inv))
+    }
+
+    /// Inverse norm of an item's embedding.
+    pub fn inverse_norm_of(&self, item: u64) -> Option<f64> {
+        self.rows.get(&item).map(|&row| self.inv_norms[row])
+    }
+
+    fn remove_embedding(&mut self, item: u64) {
+        let Some(row) = self.rows.remove(&item) else { return };
+        let last = self.ids.len() - 1;
+        if row != last {
+            let moved = self.ids[last];
+            let (head, tail) = self.matrix.split_at_mut(last * self.dimension);
+            head[row * self.dimension..(row + 1) * self.dimension].copy_from_slice(&tail[..self.dimension]);
+            self.ids[row] = moved;
+            self.inv_norms[row] = self.inv_norms[last];
+            self.rows.insert(moved, row);
+        }
+        self.ids.truncate(last);
+        self.inv_norms.truncate(last);
+        self.matrix.truncate(last * self.dimension);
+    }
+
+    fn row(&self, row: usize) -> &[f32] {
+        &self.matrix[row * self.dimension..(row + 1) * self.dimension]
+    }
+
+    fn row_mut(&mut self, row: usize) -> &mut [f32] {
+        &mut self.matrix[row * self.dimension..(row + 1) * self.dimension]
+    }
+}
+
+/// `1 / |v|` computed in f64, or 0 for a zero vector.
+pub fn inverse_norm(vector: &[f32]) -> f64 {
+    let squared: f64 = vector.iter().map(|v| f64::from(*v) * f64::from(*v)).sum();
+    if squared > 0.0 {
+        1.0 / squared.sqrt()
+    } else {
+        0.0
+    }
+}
+
+/// Dot product with eight independent f32 lanes, so the compiler vectorizes it. The summation order
+/// is fixed by this code, so every node computes the same bits.
+pub fn dot(a: &[f32], b: &[f32]) -> f32 {
+    const LANES: usize = 8;
+    let mut acc = [0f32; LANES];
+    let chunks_a = a.chunks_exact(LANES);
+    let chunks_b = b.chunks_exact(LANES);
+    let (rest_a, rest_b) = (chunks_a.remainder(), chunks_b.remainder());
+    for (x, y) in chunks_a.zip(chunks_b) {
+        for lane in 0..LANES {
+            acc[lane] += x[lane] * y[lane];
+        }
+    }
+    let mut sum = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+    for (x, y) in rest_a.iter().zip(rest_b) {
+        sum += x * y;
+    }
+    sum
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn removal_keeps_rows_consistent() {
+        let mut index = FeedIndex::new(2);
+        for item in 0..5u64 {
+            index.set_embedding(item, &[item as f32, 1.0]);
+        }
+        index.apply(vec![IndexChange::RemoveItem { item: 1 }, IndexChange::RemoveItem { item: 4 }]);
+        index.set_embedding(2, &[9.0, 9.0]);
+        assert_eq!(index.embeddings(), 3);
+        assert_eq!(index.embedding(0), Some(&[0.0, 1.0][..]));
+        assert_eq!(index.embedding(2), Some(&[9.0, 9.0][..]));
+        assert_eq!(index.embedding(3), Some(&[3.0, 1.0][..]));
+        assert_eq!(index.embedding(1), None);
+        for (item, row, inv) in index.rows() {
+            assert_eq!(index.embedding(item), Some(row));
+            assert_eq!(inv, inverse_norm(row));
+        }
+    }
+
+    #[test]
+    fn dot_matches_the_naive_sum_on_small_integers() {
+        let a: Vec<f32> = (0..19).map(|v| v as f32).collect();
+        let b: Vec<f32> = (0..19).map(|v| (v % 3) as f32).collect();
+        let naive: f32 = a.iter().zip(&b).map(|(x, y)| x * y).sum();
+        assert_eq!(dot(&a, &b), naive);
+        assert_eq!(inverse_norm(&[0.0, 0.0]), 0.0);
+        assert_eq!(inverse_norm(&[3.0, 4.0]), 0.2);
+    }
+}

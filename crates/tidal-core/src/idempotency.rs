@@ -1,0 +1,291 @@
+//! The replicated idempotency table: (principal, key) → [`IdempotencyRecord`], folded from batch
+//! envelopes and pruned deterministically during apply.
+//!
+//! ```text
+//! idempotency keyspace (one concern, four kinds of keys, tagged by their first byte):
+//!   'r' | u16 BE len | principal | key                   → IdempotencyRecord (56 bytes LE)
+//!   't' | time u64 BE | u16 BE len | principal | key      → (empty)   all keys by logged time
+//!   'p' | u16 BE len | principal | time u64 BE | key      → (empty)   one principal's keys by time
+//!   'c' | u16 BE len | principal                          → count u64 LE
+//! ```
+//!
+//! Delicate:
+//! - Everything here is log-derived and part of the digest, so pruning is a pure function of the
+//!   committed state and the batch: "now" is the batch's logged time, the order is key order, and
+//!   the work per apply is bounded by [`PRUNE_PER_APPLY_MAX`]. The window and the per-principal bound
+//!   are configuration that every node must share.
+//! - The fold reads committed fjall state while its own writes sit in an uncommitted batch: the one
+//!   new key of the batch is skipped by the pruning scans, so a batch never deletes what it writes.
+//! - A lookup treats an entry older than the window as absent even before it is pruned.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use fjall::{Keyspace, OwnedWriteBatch};
+use tidal_types::Seqno;
+
+use crate::error::Error;
+
+/// Most expired or over-bound entries removed per apply: each apply adds at most one key, so a
+/// handful per apply catches up after any burst while keeping every apply's work bounded.
+pub const PRUNE_PER_APPLY_MAX: usize = 16;
+
+const TAG_RECORD: u8 = b'r';
+const TAG_TIME: u8 = b't';
+const TAG_PRINCIPAL: u8 = b'p';
+const TAG_COUNT: u8 = b'c';
+const RECORD_LEN: usize = 8 + 8 + 32 + 8;
+const KEYSPACE: &str = "idempotency";
+
+/// What the log remembers of a write that carried an Idempotency-Key.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct IdempotencyRecord {
+    /// Last seqno the write consumed (what the write returned).
+    pub last_seqno: Seqno,
+    /// First seqno of the write.
+    pub first_seqno: Seqno,
+    /// [`crate::records_fingerprint`] of the write's payload.
+    pub fingerprint: [u8; 32],
+    /// Logged time of the write.
+    pub time_ms: u64,
+}
+
+impl IdempotencyRecord {
+    fn encode(&self) -> [u8; RECORD_LEN] {
+        let mut out = [0u8; RECORD_LEN];
+        out[0..8].copy_from_slice(&self.last_seqno.0.to_le_bytes());
+        out[8..16].copy_from_slice(&self.first_seqno.0.to_le_bytes());
+        out[16..48].copy_from_slice(&self.fingerprint);
+        out[48..56].copy_from_slice(&self.time_ms.to_le_bytes());
+        out
+    }
+
+    fn decode(bytes: &[u8]) -> Result<IdempotencyRecord, Error> {
+        let corrupt =
+            || Error::Corrupt { keyspace: KEYSPACE, reason: format!("record of {} bytes", bytes.len()) };
+        if bytes.len() != RECORD_LEN {
+            return Err(corrupt());
+        }
+        let u64_at = |at: usize| bytes[at..at + 8].try_into().map(u64::from_le_bytes).map_err(|_| corrupt());
+        let mut fingerprint = [0u8; 32];
+        fingerprint.copy_from_slice(&bytes[16..48]);
+        Ok(IdempotencyRecord {
+            last_seqno: Seqno(u64_at(0)?),
+            first_seqno: Seqno(u64_at(8)?),
+            fingerprint,
+            time_ms: u64_at(48)?,
+        })
+    }
+}
+
+/// The key a batch records: `(principal, idempotency key, record)`.
+pub struct NewKey<'a> {
+    /// Principal of the envelope.
+    pub principal: &'a str,
+    /// Idempotency key of the envelope (non-empty).
+    pub key: &'a str,
+    /// What to remember.
+    pub record: IdempotencyRecord,
+}
+
+/// Bounds of the table.
+#[derive(Clone, Copy)]
+pub struct Window {
+    /// Logged ms an entry lives.
+    pub window_ms: u64,
+    /// Entries kept per principal.
+    pub keys_max: usize,
+}
+
+/// The entry for `(principal, key)`, unless absent or older than the window at `now_ms`.
+pub fn lookup(
+    keyspace: &Keyspace,
+    principal: &str,
+    key: &str,
+    now_ms: u64,
+    window: Window,
+) -> Result<Option<IdempotencyRecord>, Error> {
+    let Some(bytes) = keyspace.get(record_key(principal.as_bytes(), key.as_bytes()))? else {
+        return Ok(None);
+    };
+    let record = IdempotencyRecord::decode(&bytes)?;
+    Ok((!expired(record.time_ms, now_ms, window)).then_some(record))
+}
+
+/// Folds one batch into the table: records `new` (if any), then prunes what expired at `now_ms` and
+/// what is over the bound of `new`'s principal. Writes go to `writes`; nothing is committed here.
+pub fn fold(
+    keyspace: &Keyspace,
+    writes: &mut OwnedWriteBatch,
+    new: Option<&NewKey<'_>>,
+    now_ms: u64,
+    window: Window,
+) -> Result<(), Error> {
+    let mut deltas: BTreeMap<Vec<u8>, i64> = BTreeMap::new();
+    let mut removed: BTreeSet<(Vec<u8>, Vec<u8>)> = BTreeSet::new();
+    let new_id = new.map(|n| (n.principal.as_bytes().to_vec(), n.key.as_bytes().to_vec()));
+    if let Some(new) = new {
+        record_new(keyspace, writes, new, &mut deltas)?;
+    }
+    // Expired entries, oldest first.
+    for guard in keyspace.prefix([TAG_TIME]).take(PRUNE_PER_APPLY_MAX) {
+        let (key, _) = guard.into_inner()?;
+        let (time_ms, principal, idem_key) = parse_time_key(&key)?;
+        if !expired(time_ms, now_ms, window) {
+            break;
+        }
+        let id = (principal.to_vec(), idem_key.to_vec());
+        if Some(&id) == new_id.as_ref() {
+            continue;
+        }
+        remove_entry(writes, keyspace, time_ms, &id.0, &id.1);
+        *deltas.entry(id.0.clone()).or_default() -= 1;
+        removed.insert(id);
+    }
+    if let Some((principal, new_key)) = &new_id {
+        prune_over_bound(keyspace, writes, principal, new_key, window, &mut deltas, &mut removed)?;
+    }
+    for (principal, delta) in deltas {
+        let count = committed_count(keyspace, &principal)? as i64 + delta;
+        if count > 0 {
+            writes.insert(keyspace, count_key(&principal), (count as u64).to_le_bytes());
+        } else {
+            writes.remove(keyspace, count_key(&principal));
+        }
+    }
+    Ok(())
+}
+
+fn record_new(
+    keyspace: &Keyspace,
+    writes: &mut OwnedWriteBatch,
+    new: &NewKey<'_>,
+    deltas: &mut BTreeMap<Vec<u8>, i64>,
+) -> Result<(), Error> {
+    let (principal, key) = (new.principal.as_bytes(), new.key.as_bytes());
+    let record_key = record_key(principal, key);
+    match keyspace.get(&record_key)? {
+        // A reused key (the leader found the old one expired): replace it, the count is unchanged.
+        Some(old) => {
+            let old = IdempotencyRecord::decode(&old)?;
+            writes.remove(keyspace, time_key(old.time_ms, principal, key));
+            writes.remove(keyspace, principal_time_key(principal, old.time_ms, key));
+        }
+        None => *deltas.entry(principal.to_vec()).or_default() += 1,
+    }
+    writes.insert(keyspace, record_key, new.record.encode());
+    writes.insert(keyspace, time_key(new.record.time_ms, principal, key), []);
+    writes.insert(keyspace, principal_time_key(principal, new.record.time_ms, key), []);
+    Ok(())
+}
+
+fn prune_over_bound(
+    keyspace: &Keyspace,
+    writes: &mut OwnedWriteBatch,
+    principal: &[u8],
+    new_key: &[u8],
+    window: Window,
+    deltas: &mut BTreeMap<Vec<u8>, i64>,
+    removed: &mut BTreeSet<(Vec<u8>, Vec<u8>)>,
+) -> Result<(), Error> {
+    let delta = deltas.get(principal).copied().unwrap_or(0);
+    let mut count = committed_count(keyspace, principal)? as i64 + delta;
+    let limit = i64::try_from(window.keys_max).unwrap_or(i64::MAX);
+    if count <= limit {
+        return Ok(());
+    }
+    let prefix = principal_prefix(TAG_PRINCIPAL, principal);
+    for guard in keyspace.prefix(&prefix).take(PRUNE_PER_APPLY_MAX) {
+        if count <= limit {
+            break;
+        }
+        let (key, _) = guard.into_inner()?;
+        let (time_ms, idem_key) = parse_principal_time_key(&key, prefix.len())?;
+        let id = (principal.to_vec(), idem_key.to_vec());
+        if idem_key == new_key || removed.contains(&id) {
+            continue;
+        }
+        remove_entry(writes, keyspace, time_ms, principal, idem_key);
+        *deltas.entry(principal.to_vec()).or_default() -= 1;
+        count -= 1;
+        removed.insert(id);
+    }
+    Ok(())
+}
+
+fn expired(time_ms: u64, now_ms: u64, window: Window) -> bool {
+    time_ms < now_ms.saturating_sub(window.window_ms)
+}
+
+fn remove_entry(
+    writes: &mut OwnedWriteBatch,
+    keyspace: &Keyspace,
+    time_ms: u64,
+    principal: &[u8],
+    key: &[u8],
+) {
+    writes.remove(keyspace, record_key(principal, key));
+    writes.remove(keyspace, time_key(time_ms, principal, key));
+    writes.remove(keyspace, principal_time_key(principal, time_ms, key));
+}
+
+fn committed_count(keyspace: &Keyspace, principal: &[u8]) -> Result<u64, Error> {
+    match keyspace.get(count_key(principal))? {
+        None => Ok(0),
+        Some(bytes) => crate::keys::u64_value(&bytes)
+            .ok_or_else(|| Error::Corrupt { keyspace: KEYSPACE, reason: "count is not a u64".into() }),
+    }
+}
+
+fn principal_prefix(tag: u8, principal: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(3 + principal.len() + 8 + 16);
+    out.push(tag);
+    // The codec bounds principals to u16::MAX bytes.
+    out.extend_from_slice(&u16::try_from(principal.len()).unwrap_or(u16::MAX).to_be_bytes());
+    out.extend_from_slice(principal);
+    out
+}
+
+fn record_key(principal: &[u8], key: &[u8]) -> Vec<u8> {
+    let mut out = principal_prefix(TAG_RECORD, principal);
+    out.extend_from_slice(key);
+    out
+}
+
+fn count_key(principal: &[u8]) -> Vec<u8> {
+    principal_prefix(TAG_COUNT, principal)
+}
+
+fn time_key(time_ms: u64, principal: &[u8], key: &[u8]) -> Vec<u8> {
+    let mut out = vec![TAG_TIME];
+    out.extend_from_slice(&time_ms.to_be_bytes());
+    out.extend_from_slice(&principal_prefix(0, principal)[1..]);
+    out.extend_from_slice(key);
+    out
+}
+
+fn principal_time_key(principal: &[u8], time_ms: u64, key: &[u8]) -> Vec<u8> {
+    let mut out = principal_prefix(TAG_PRINCIPAL, principal);
+    out.extend_from_slice(&time_ms.to_be_bytes());
+    out.extend_from_slice(key);
+    out
+}
+
+fn bad_key() -> Error {
+    Error::Corrupt { keyspace: KEYSPACE, reason: "malformed index key".into() }
+}
+
+/// `(time, principal, key)` of a 't' key.
+fn parse_time_key(key: &[u8]) -> Result<(u64, &[u8], &[u8]), Error> {
+    let time_ms = u64::from_be_bytes(key.get(1..9).ok_or_else(bad_key)?.try_into().map_err(|_| bad_key())?);
+    let len = u16::from_be_bytes(key.get(9..11).ok_or_else(bad_key)?.try_into().map_err(|_| bad_key())?);
+    let end = 11 + usize::from(len);
+    let principal = key.get(11..end).ok_or_else(bad_key)?;
+    Ok((time_ms, principal, &key[end..]))
+}
+
+/// `(time, key)` of a 'p' key whose principal prefix is `prefix_len` bytes.
+fn parse_principal_time_key(key: &[u8], prefix_len: usize) -> Result<(u64, &[u8]), Error> {
+    let time = key.get(prefix_len..prefix_len + 8).ok_or_else(bad_key)?;
+    let time_ms = u64::from_be_bytes(time.try_into().map_err(|_| bad_key())?);
+    Ok((time_ms, &key[prefix_len + 8..]))
+}

@@ -1,0 +1,149 @@
+//! Key and value layouts of the engine's fjall keyspaces.
+//!
+//! ```text
+//! keyspace     key                                   value
+//! meta         name (ASCII)                          u64 / u32 LE
+//! items        item u64 BE                           seqno u64 LE | metadata JSON
+//! embeddings   item u64 BE                           seqno u64 LE | f32 x dimension LE
+//! trending     item u64 BE                           score f64 LE | ref_ms i64 LE
+//! counters     item u64 BE | kind name               count u64 LE
+//! profiles     user                                  ref_ms i64 LE | f32 x dimension LE
+//! seen         u16 BE len | user | item u64 BE       (empty)
+//! idempotency  see idempotency.rs
+//! negatives    user                                  NegativesState bytes
+//! ```
+//!
+//! Delicate: integers in keys are big-endian so fjall's byte order is numeric order; variable-length
+//! parts that are followed by more key bytes carry a length prefix so one user's prefix never matches
+//! another's ("ab" vs "abc"). These layouts are on disk: changing one needs a format version bump.
+
+use tidal_types::Seqno;
+
+/// meta key: applied frontier (u64 LE).
+pub const META_APPLIED_SEQNO: &[u8] = b"applied_seqno";
+/// meta key: logged time of the last applied batch (u64 LE).
+pub const META_LAST_TIME_MS: &[u8] = b"last_time_ms";
+/// meta key: the database's embedding dimension (u32 LE), written on first open.
+pub const META_DIMENSION: &[u8] = b"dimension";
+/// meta key: the last LeaderStart folded: term u64 | leader u64 | baseline u64, LE.
+pub const META_LEADER_START: &[u8] = b"leader_start";
+
+/// Key of an item (items, embeddings, trending).
+pub fn item_key(item: u64) -> [u8; 8] {
+    item.to_be_bytes()
+}
+
+/// Item id of an item key.
+pub fn item_of_key(key: &[u8]) -> Option<u64> {
+    Some(u64::from_be_bytes(key.try_into().ok()?))
+}
+
+/// Key of a per (item, signal kind) counter.
+pub fn counter_key(item: u64, kind: &str) -> Vec<u8> {
+    let mut key = Vec::with_capacity(8 + kind.len());
+    key.extend_from_slice(&item.to_be_bytes());
+    key.extend_from_slice(kind.as_bytes());
+    key
+}
+
+/// Prefix of one user's seen set.
+pub fn seen_prefix(user: &str) -> Vec<u8> {
+    let mut key = Vec::with_capacity(2 + user.len() + 8);
+    // The codec bounds users to u16::MAX bytes, so the length always fits.
+    let len = u16::try_from(user.len()).unwrap_or(u16::MAX);
+    key.extend_from_slice(&len.to_be_bytes());
+    key.extend_from_slice(user.as_bytes());
+    key
+}
+
+/// Key of one (user, item) in the seen set.
+pub fn seen_key(user: &str, item: u64) -> Vec<u8> {
+    let mut key = seen_prefix(user);
+    key.extend_from_slice(&item.to_be_bytes());
+    key
+}
+
+/// Value with a leading seqno (items, embeddings).
+pub fn seqno_value(seqno: Seqno, rest: &[u8]) -> Vec<u8> {
+    let mut value = Vec::with_capacity(8 + rest.len());
+    value.extend_from_slice(&seqno.0.to_le_bytes());
+    value.extend_from_slice(rest);
+    value
+}
+
+/// Splits a value with a leading seqno.
+pub fn split_seqno_value(value: &[u8]) -> Option<(Seqno, &[u8])> {
+    let seqno = u64::from_le_bytes(value.get(..8)?.try_into().ok()?);
+    Some((Seqno(seqno), &value[8..]))
+}
+
+/// f32 values, little-endian.
+pub fn f32s_to_bytes(values: &[f32], out: &mut Vec<u8>) {
+    out.reserve(values.len() * 4);
+    for value in values {
+        out.extend_from_slice(&value.to_le_bytes());
+    }
+}
+
+/// Parses exactly `dimension` little-endian f32 values.
+pub fn f32s_from_bytes(bytes: &[u8], dimension: usize) -> Option<Vec<f32>> {
+    if bytes.len() != dimension.checked_mul(4)? {
+        return None;
+    }
+    Some(bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect())
+}
+
+/// A u64 LE value.
+pub fn u64_value(bytes: &[u8]) -> Option<u64> {
+    Some(u64::from_le_bytes(bytes.try_into().ok()?))
+}
+
+/// A user's profile: decayed weighted sum of the embeddings of items they interacted with.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Profile {
+    /// Reference time (logged unix ms) of `vector`.
+    pub ref_ms: i64,
+    /// The vector at `ref_ms`, `dimension` long.
+    pub vector: Vec<f32>,
+}
+
+impl Profile {
+    /// Bytes for fjall.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(8 + self.vector.len() * 4);
+        out.extend_from_slice(&self.ref_ms.to_le_bytes());
+        f32s_to_bytes(&self.vector, &mut out);
+        out
+    }
+
+    /// Parses [`Profile::encode`]'s bytes.
+    pub fn decode(bytes: &[u8], dimension: usize) -> Option<Profile> {
+        let ref_ms = i64::from_le_bytes(bytes.get(..8)?.try_into().ok()?);
+        let vector = f32s_from_bytes(&bytes[8..], dimension)?;
+        Some(Profile { ref_ms, vector })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_sort_numerically_and_prefixes_do_not_collide() {
+        assert!(item_key(255) < item_key(256));
+        assert!(!seen_key("abc", 1).starts_with(&seen_prefix("ab")));
+        assert!(seen_key("ab", 1).starts_with(&seen_prefix("ab")));
+        assert_eq!(item_of_key(&item_key(77)), Some(77));
+        assert_eq!(item_of_key(b"short"), None);
+    }
+
+    #[test]
+    fn values_round_trip() {
+        let profile = Profile { ref_ms: -4, vector: vec![1.0, -2.5] };
+        assert_eq!(Profile::decode(&profile.encode(), 2), Some(profile.clone()));
+        assert_eq!(Profile::decode(&profile.encode(), 3), None);
+        let value = seqno_value(Seqno(9), b"{}");
+        assert_eq!(split_seqno_value(&value), Some((Seqno(9), &b"{}"[..])));
+        assert_eq!(split_seqno_value(b"1234567"), None);
+    }
+}

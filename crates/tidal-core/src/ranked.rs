@@ -1,0 +1,185 @@
+//! Ranked lists ([`Ranked`]) and the ranking loops over a [`FeedIndex`]: feed, similar, trending.
+//!
+//! Delicate: feed parity. Two nodes at the same applied seqno must return the same list with equal
+//! scores, so "now" is the logged time of the last applied batch (never a clock), ties are broken by
+//! item id, and the arithmetic is fixed (f32 dot products in a fixed lane order, the rest in f64).
+//! The loops touch every row: keep them free of allocation and hashing where possible.
+
+use std::cmp::Ordering;
+use std::collections::{BinaryHeap, HashSet};
+
+use tidal_types::Seqno;
+
+use crate::feed_index::{dot, inverse_norm, FeedIndex};
+use crate::trend::Trend;
+
+/// Most entries any ranked list returns: bounds the heap and the reply.
+pub const RANKED_LIMIT_MAX: usize = 1000;
+
+/// One entry of a ranked list.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct RankedEntry {
+    /// Item id.
+    pub item: u64,
+    /// The combined score the list is sorted by.
+    pub score: f64,
+    /// Cosine similarity part (0 where it does not apply).
+    pub similarity: f64,
+    /// Trending part (0 where it does not apply).
+    pub trending: f64,
+}
+
+/// A ranked list, best first, with the applied frontier it was computed at.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Ranked {
+    /// Entries, by score descending then item id ascending.
+    pub items: Vec<RankedEntry>,
+    /// Applied seqno of the state that produced the list.
+    pub applied_seqno: Seqno,
+}
+
+/// What a ranking needs besides the index.
+pub struct RankParams<'a> {
+    /// "now": logged time of the last applied batch.
+    pub now_ms: i64,
+    /// Trending half-life.
+    pub half_life_ms: u64,
+    /// `a`.
+    pub similarity_weight: f64,
+    /// `b`.
+    pub trending_weight: f64,
+    /// Items never to return.
+    pub excluded: &'a HashSet<u64>,
+    /// Entries wanted (already capped).
+    pub limit: usize,
+}
+
+/// Feed: every item with an embedding, scored `a * cosine(profile, e) + b * trending term`.
+pub fn rank_feed(index: &FeedIndex, profile: Option<&[f32]>, params: &RankParams<'_>) -> Vec<RankedEntry> {
+    let profile_inv = profile.map(inverse_norm).unwrap_or(0.0);
+    let mut top = TopK::new(params.limit);
+    for (item, row, row_inv) in index.rows() {
+        if params.excluded.contains(&item) {
+            continue;
+        }
+        let similarity = match profile {
+            Some(profile) if profile_inv > 0.0 => f64::from(dot(profile, row)) * row_inv * profile_inv,
+            _ => 0.0,
+        };
+        let trending = index
+            .trend(item)
+            .map(|trend| Trend::term(trend.score_at(params.now_ms, params.half_life_ms)))
+            .unwrap_or(0.0);
+        let score = params.similarity_weight * similarity + params.trending_weight * trending;
+        top.push(RankedEntry { item, score, similarity, trending });
+    }
+    top.into_sorted()
+}
+
+/// Nearest neighbours of `item` by cosine; `None` if it has no embedding.
+pub fn rank_similar(index: &FeedIndex, item: u64, limit: usize) -> Option<Vec<RankedEntry>> {
+    let query = index.embedding(item)?;
+    let query_inv = index.inverse_norm_of(item)?;
+    let mut top = TopK::new(limit);
+    for (other, row, row_inv) in index.rows() {
+        if other == item {
+            continue;
+        }
+        let similarity = f64::from(dot(query, row)) * row_inv * query_inv;
+        top.push(RankedEntry { item: other, score: similarity, similarity, trending: 0.0 });
+    }
+    Some(top.into_sorted())
+}
+
+/// Items by trending term at `now_ms`.
+pub fn rank_trending(index: &FeedIndex, now_ms: i64, half_life_ms: u64, limit: usize) -> Vec<RankedEntry> {
+    let mut top = TopK::new(limit);
+    for (item, trend) in index.trends() {
+        let trending = Trend::term(trend.score_at(now_ms, half_life_ms));
+        top.push(RankedEntry { item, score: trending, similarity: 0.0, trending });
+    }
+    top.into_sorted()
+}
+
+/// Keeps the best `limit` entries seen; the heap's top is the worst kept.
+struct TopK {
+    limit: usize,
+    heap: BinaryHeap<Worst>,
+}
+
+impl TopK {
+    fn new(limit: usize) -> TopK {
+        let limit = limit.min(RANKED_LIMIT_MAX);
+        TopK { limit, heap: BinaryHeap::with_capacity(limit + 1) }
+    }
+
+    fn push(&mut self, entry: RankedEntry) {
+        if self.limit == 0 {
+            return;
+        }
+        if self.heap.len() == self.limit {
+            let ranks_before_worst = self.heap.peek().is_some_and(|worst| Worst(entry) < *worst);
+            if !ranks_before_worst {
+                return;
+            }
+            self.heap.pop();
+        }
+        self.heap.push(Worst(entry));
+    }
+
+    fn into_sorted(self) -> Vec<RankedEntry> {
+        // into_sorted_vec is ascending by Worst's order: best first.
+        self.heap.into_sorted_vec().into_iter().map(|w| w.0).collect()
+    }
+}
+
+/// Orders entries so the worst is the greatest: `Worst(a) < Worst(b)` iff `a` ranks before `b`
+/// (higher score, then lower item id).
+struct Worst(RankedEntry);
+
+impl PartialEq for Worst {
+    fn eq(&self, other: &Self) -> bool {
+        self.cmp(other) == Ordering::Equal
+    }
+}
+
+impl Eq for Worst {}
+
+impl PartialOrd for Worst {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for Worst {
+    fn cmp(&self, other: &Self) -> Ordering {
+        other.0.score.total_cmp(&self.0.score).then(self.0.item.cmp(&other.0.item))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(item: u64, score: f64) -> RankedEntry {
+        RankedEntry { item, score, similarity: 0.0, trending: 0.0 }
+    }
+
+    #[test]
+    fn top_k_sorts_by_score_then_id() {
+        let mut top = TopK::new(3);
+        for (item, score) in [(5, 1.0), (3, 2.0), (4, 1.0), (1, 1.0), (2, 0.5), (9, 2.0)] {
+            top.push(entry(item, score));
+        }
+        let items: Vec<u64> = top.into_sorted().iter().map(|e| e.item).collect();
+        assert_eq!(items, vec![3, 9, 1]);
+    }
+
+    #[test]
+    fn limit_zero_and_cap() {
+        let mut top = TopK::new(0);
+        top.push(entry(1, 1.0));
+        assert!(top.into_sorted().is_empty());
+        assert_eq!(TopK::new(usize::MAX).limit, RANKED_LIMIT_MAX);
+    }
+}

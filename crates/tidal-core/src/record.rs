@@ -1,0 +1,590 @@
+//! The payload codec: envelope + records of one WAL batch, encoded by the server and decoded by
+//! every node.
+//!
+//! ```text
+//! envelope: time_ms u64 | principal: u16 len + UTF-8 | idempotency_key: u16 len + UTF-8 (may be empty)
+//! kind 0 Signal:        count u32, then per event:
+//!                       user u16 len + UTF-8 | item u64 | kind-name u8 len + UTF-8 | weight f64 | ts_ms i64
+//! kind 1 ItemMetadata:  item u64 | metadata (compact JSON text, the rest of the payload)
+//! kind 2 ItemEmbedding: item u64 | dim u32 | f32 x dim
+//! kind 3 ItemDelete:    item u64
+//! kind 4 Control:       tag u8 (1 = LeaderStart: term u64 | leader u64 | baseline u64)
+//! kinds 5..8:           no applier yet: RecordError::NoApplier
+//! ```
+//!
+//! All integers and floats are little-endian.
+//!
+//! Delicate:
+//! - `time_ms` MUST stay at bytes 0..8: the WAL writer overwrites that slot with the logged time when
+//!   it sequences the batch ([`ENVELOPE_TIME_RANGE`]).
+//! - Decoding takes untrusted bytes and never panics: every length is checked before it is used,
+//!   counts are checked against the bytes left before anything is allocated, trailing bytes, bad
+//!   UTF-8 and non-finite floats are errors.
+//! - `ts_ms == i64::MIN` means "absent" on the wire; [`SignalEvent::ts_ms`] is `None` then. An event
+//!   whose own `ts_ms` is `i64::MIN` cannot be expressed, which the API never needs.
+//! - This format is binding across nodes and versions: changing it needs a decision record.
+
+use tidal_types::{NodeId, RecordKind, Seqno, Term};
+
+use crate::record_error::RecordError;
+
+/// Byte range of the envelope time inside every payload; the WAL writer stamps it.
+pub const ENVELOPE_TIME_RANGE: std::ops::Range<usize> = 0..8;
+/// Longest principal, idempotency key or user id: the wire length field is a u16.
+pub const STRING_LEN_MAX: usize = u16::MAX as usize;
+/// Longest signal kind name: the wire length field is a u8.
+pub const SIGNAL_KIND_LEN_MAX: usize = u8::MAX as usize;
+/// Wire value of an absent signal timestamp.
+pub const TS_ABSENT: i64 = i64::MIN;
+/// Control tag of [`ControlRecord::LeaderStart`].
+pub const CONTROL_TAG_LEADER_START: u8 = 1;
+
+/// Smallest encoded signal event (empty user and kind): lets the decoder reject an impossible count
+/// before allocating for it.
+const SIGNAL_EVENT_LEN_MIN: usize = 2 + 8 + 1 + 8 + 8;
+
+/// The head of every payload.
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub struct Envelope {
+    /// Logged time (unix ms); the WAL writer overwrites it when it sequences the batch.
+    pub time_ms: u64,
+    /// Who wrote the batch.
+    pub principal: String,
+    /// The Idempotency-Key of the write; empty when none.
+    pub idempotency_key: String,
+}
+
+/// One user–item interaction.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SignalEvent {
+    /// User id.
+    pub user: String,
+    /// Item id.
+    pub item: u64,
+    /// Signal kind name (view, click...).
+    pub kind: String,
+    /// Weight; finite.
+    pub weight: f64,
+    /// Event time (unix ms); `None` means the envelope time.
+    pub ts_ms: Option<i64>,
+}
+
+/// A control marker.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ControlRecord {
+    /// First batch of a term: the leader took office.
+    LeaderStart {
+        /// The new term.
+        term: Term,
+        /// The leader's node id.
+        leader: NodeId,
+        /// Stream baseline B(term): the seqno after which this leader writes.
+        baseline: Seqno,
+    },
+}
+
+/// The records of one payload, by kind.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Records {
+    /// Kind 0: signal events (at least one).
+    Signals(Vec<SignalEvent>),
+    /// Kind 1: item metadata upsert.
+    ItemMetadata {
+        /// Item id.
+        item: u64,
+        /// Compact JSON text.
+        metadata: Vec<u8>,
+    },
+    /// Kind 2: item embedding upsert.
+    ItemEmbedding {
+        /// Item id.
+        item: u64,
+        /// The vector; finite.
+        vector: Vec<f32>,
+    },
+    /// Kind 3: item delete.
+    ItemDelete {
+        /// Item id.
+        item: u64,
+    },
+    /// Kind 4: control marker.
+    Control(ControlRecord),
+}
+
+impl Records {
+    /// The record kind these records are logged as.
+    pub fn kind(&self) -> RecordKind {
+        match self {
+            Records::Signals(_) => RecordKind::Signal,
+            Records::ItemMetadata { .. } => RecordKind::ItemMetadata,
+            Records::ItemEmbedding { .. } => RecordKind::ItemEmbedding,
+            Records::ItemDelete { .. } => RecordKind::ItemDelete,
+            Records::Control(_) => RecordKind::Control,
+        }
+    }
+
+    /// Seqnos the records consume: one per signal event, one for any other kind.
+    pub fn event_count(&self) -> u64 {
+        match self {
+            Records::Signals(events) => events.len() as u64,
+            _ => 1,
+        }
+    }
+}
+
+/// What [`encode_payload`] returns: everything needed to build the batch.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EncodedPayload {
+    /// Kind byte of the batch.
+    pub kind: RecordKind,
+    /// Seqnos the batch consumes.
+    pub event_count: u32,
+    /// The payload bytes.
+    pub payload: Vec<u8>,
+}
+
+/// Encodes an envelope and its records.
+///
+/// Panics if a string is longer than its length field ([`STRING_LEN_MAX`], [`SIGNAL_KIND_LEN_MAX`]),
+/// if a signal batch is empty or holds more than `u32::MAX` events, or if an embedding is longer than
+/// `u32::MAX`: the API validates client input against these limits long before.
+pub fn encode_payload(envelope: &Envelope, records: &Records) -> EncodedPayload {
+    let mut out = Vec::with_capacity(64);
+    out.extend_from_slice(&envelope.time_ms.to_le_bytes());
+    put_str16(&mut out, &envelope.principal);
+    put_str16(&mut out, &envelope.idempotency_key);
+    let event_count = match records {
+        Records::Signals(events) => {
+            assert!(!events.is_empty(), "a signal batch holds at least one event");
+            let count = u32::try_from(events.len()).expect("signal count checked by the API");
+            out.extend_from_slice(&count.to_le_bytes());
+            for event in events {
+                put_event(&mut out, event);
+            }
+            count
+        }
+        Records::ItemMetadata { item, metadata } => {
+            out.extend_from_slice(&item.to_le_bytes());
+            out.extend_from_slice(metadata);
+            1
+        }
+        Records::ItemEmbedding { item, vector } => {
+            out.extend_from_slice(&item.to_le_bytes());
+            let dim = u32::try_from(vector.len()).expect("dimension checked by the API");
+            out.extend_from_slice(&dim.to_le_bytes());
+            for value in vector {
+                out.extend_from_slice(&value.to_le_bytes());
+            }
+            1
+        }
+        Records::ItemDelete { item } => {
+            out.extend_from_slice(&item.to_le_bytes());
+            1
+        }
+        Records::Control(ControlRecord::LeaderStart { term, leader, baseline }) => {
+            out.push(CONTROL_TAG_LEADER_START);
+            out.extend_from_slice(&term.0.to_le_bytes());
+            out.extend_from_slice(&leader.0.to_le_bytes());
+            out.extend_from_slice(&baseline.0.to_le_bytes());
+            1
+        }
+    };
+    EncodedPayload { kind: records.kind(), event_count, payload: out }
+}
+
+/// Decodes a payload of `kind`. Never panics; see the module docs for what is checked.
+pub fn decode_payload(kind: RecordKind, payload: &[u8]) -> Result<(Envelope, Records), RecordError> {
+    let mut reader = Reader { buf: payload, at: 0 };
+    let envelope = decode_envelope(&mut reader)?;
+    let records = match kind {
+        RecordKind::Signal => decode_signals(&mut reader)?,
+        RecordKind::ItemMetadata => {
+            let item = reader.u64("item id")?;
+            let metadata = reader.rest().to_vec();
+            if let Err(e) = serde_json::from_slice::<serde::de::IgnoredAny>(&metadata) {
+                return Err(RecordError::BadMetadata { reason: e.to_string() });
+            }
+            Records::ItemMetadata { item, metadata }
+        }
+        RecordKind::ItemEmbedding => {
+            let item = reader.u64("item id")?;
+            let dim = reader.u32("embedding dimension")? as usize;
+            let bytes = reader.take("embedding values", dim.saturating_mul(4))?;
+            let mut vector = Vec::with_capacity(dim);
+            for chunk in bytes.chunks_exact(4) {
+                let value = f32::from_le_bytes([chunk[0], chunk[1], chunk[2], chunk[3]]);
+                if !value.is_finite() {
+                    return Err(RecordError::NonFinite { field: "embedding value" });
+                }
+                vector.push(value);
+            }
+            Records::ItemEmbedding { item, vector }
+        }
+        RecordKind::ItemDelete => Records::ItemDelete { item: reader.u64("item id")? },
+        RecordKind::Control => decode_control(&mut reader)?,
+        RecordKind::StreamEvents
+        | RecordKind::StreamControl
+        | RecordKind::InboxSend
+        | RecordKind::InboxConsume => return Err(RecordError::NoApplier(kind)),
+    };
+    reader.finish()?;
+    Ok((envelope, records))
+}
+
+/// BLAKE3 of the payload after the envelope: equal for two writes with the same records, whatever
+/// their time, principal or key. Tells an idempotent retry from a key reused with another body.
+///
+/// If the envelope itself does not decode, the whole payload is hashed (callers pass payloads they
+/// just encoded, so this only keeps the function total).
+pub fn records_fingerprint(payload: &[u8]) -> [u8; 32] {
+    let mut reader = Reader { buf: payload, at: 0 };
+    let records = match decode_envelope(&mut reader) {
+        Ok(_) => reader.rest(),
+        Err(_) => payload,
+    };
+    *blake3::hash(records).as_bytes()
+}
+
+fn put_str16(out: &mut Vec<u8>, value: &str) {
+    let len = u16::try_from(value.len())
+        .unwrap_or_else(|_| panic!("string of {} bytes over STRING_LEN_MAX", value.len()));
+    out.extend_from_slice(&len.to_le_bytes());
+    out.extend_from_slice(value.as_bytes());
+}
+
+fn put_event(out: &mut Vec<u8>, event: &SignalEvent) {
+    put_str16(out, &event.user);
+    out.extend_from_slice(&event.item.to_le_bytes());
+    let kind_len = u8::try_from(event.kind.len())
+        .unwrap_or_else(|_| panic!("signal kind of {} bytes over SIGNAL_KIND_LEN_MAX", event.kind.len()));
+    out.push(kind_len);
+    out.extend_from_slice(event.kind.as_bytes());
+    out.extend_from_slice(&event.weight.to_le_bytes());
+    out.extend_from_slice(&event.ts_ms.unwrap_or(TS_ABSENT).to_le_bytes());
+}
+
+fn decode_envelope(reader: &mut Reader<'_>) -> Result<Envelope, RecordError> {
+    let time_ms = reader.u64("envelope time")?;
+    let principal = reader.str16("principal")?;
+    let idempotency_key = reader.str16("idempotency key")?;
+    Ok(Envelope { time_ms, principal, idempotency_key })
+}
+
+fn decode_signals(reader: &mut Reader<'_>) -> Result<Records, RecordError> {
+    let count = reader.u32("signal count")? as usize;
+    if count == 0 {
+        return Err(RecordError::NoEvents);
+    }
+    let available = reader.remaining();
+    if count.saturating_mul(SIGNAL_EVENT_LEN_MIN) > available {
+        return Err(RecordError::Truncated {
+            field: "signal events",
+            offset: reader.at,
+            needed: count.saturating_mul(SIGNAL_EVENT_LEN_MIN),
+            available,
+        });
+    }
+    let mut events = Vec::with_capacity(count);
+    for _ in 0..count {
+        let user = reader.str16("signal user")?;
+        let item = reader.u64("signal item")?;
+        let kind_len = usize::from(reader.u8("signal kind length")?);
+        let kind = utf8(reader.take("signal kind", kind_len)?, "signal kind")?;
+        let weight = reader.f64("signal weight")?;
+        if !weight.is_finite() {
+            return Err(RecordError::NonFinite { field: "signal weight" });
+        }
+        let ts = reader.i64("signal ts")?;
+        let ts_ms = (ts != TS_ABSENT).then_some(ts);
+        events.push(SignalEvent { user, item, kind, weight, ts_ms });
+    }
+    Ok(Records::Signals(events))
+}
+
+fn decode_control(reader: &mut Reader<'_>) -> Result<Records, RecordError> {
+    match reader.u8("control tag")? {
+        CONTROL_TAG_LEADER_START => {
+            let term = Term(reader.u64("leader start term")?);
+            let leader = NodeId(reader.u64("leader start leader")?);
+            let baseline = Seqno(reader.u64("leader start baseline")?);
+            Ok(Records::Control(ControlRecord::LeaderStart { term, leader, baseline }))
+        }
+        tag => Err(RecordError::UnknownControlTag(tag)),
+    }
+}
+
+fn utf8(bytes: &[u8], field: &'static str) -> Result<String, RecordError> {
+    std::str::from_utf8(bytes).map(str::to_owned).map_err(|_| RecordError::NotUtf8 { field })
+}
+
+/// A cursor over untrusted bytes; every read checks the length first.
+struct Reader<'a> {
+    buf: &'a [u8],
+    at: usize,
+}
+
+impl<'a> Reader<'a> {
+    fn remaining(&self) -> usize {
+        self.buf.len().saturating_sub(self.at)
+    }
+
+    fn take(&mut self, field: &'static str, len: usize) -> Result<&'a [u8], RecordError> {
+        let available = self.remaining();
+        if len > available {
+            return Err(RecordError::Truncated { field, offset: self.at, needed: len, available });
+        }
+        let bytes = &self.buf[self.at..self.at + len];
+        self.at += len;
+        Ok(bytes)
+    }
+
+    fn array<const N: usize>(&mut self, field: &'static str) -> Result<[u8; N], RecordError> {
+        let mut out = [0u8; N];
+        out.copy_from_slice(self.take(field, N)?);
+        Ok(out)
+    }
+
+    fn u8(&mut self, field: &'static str) -> Result<u8, RecordError> {
+        Ok(self.array::<1>(field)?[0])
+    }
+
+    fn u32(&mut self, field: &'static str) -> Result<u32, RecordError> {
+        Ok(u32::from_le_bytes(self.array(field)?))
+    }
+
+    fn u64(&mut self, field: &'static str) -> Result<u64, RecordError> {
+        Ok(u64::from_le_bytes(self.array(field)?))
+    }
+
+    fn i64(&mut self, field: &'static str) -> Result<i64, RecordError> {
+        Ok(i64::from_le_bytes(self.array(field)?))
+    }
+
+    fn f64(&mut self, field: &'static str) -> Result<f64, RecordError> {
+        Ok(f64::from_le_bytes(self.array(field)?))
+    }
+
+    fn str16(&mut self, field: &'static str) -> Result<String, RecordError> {
+        let len = usize::from(u16::from_le_bytes(self.array(field)?));
+        utf8(self.take(field, len)?, field)
+    }
+
+    fn rest(&mut self) -> &'a [u8] {
+        let rest = &self.buf[self.at.min(self.buf.len())..];
+        self.at = self.buf.len();
+        rest
+    }
+
+    fn finish(&self) -> Result<(), RecordError> {
+        match self.remaining() {
+            0 => Ok(()),
+            count => Err(RecordError::TrailingBytes { count }),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn envelope() -> Envelope {
+        Envelope { time_ms: 1_700_000_000_000, principal: "svc".into(), idempotency_key: "k-1".into() }
+    }
+
+    #[test]
+    fn time_is_at_bytes_0_to_8() {
+        let encoded = encode_payload(&envelope(), &Records::ItemDelete { item: 7 });
+        assert_eq!(&encoded.payload[ENVELOPE_TIME_RANGE], &1_700_000_000_000u64.to_le_bytes());
+        assert_eq!(encoded.kind, RecordKind::ItemDelete);
+        assert_eq!(encoded.event_count, 1);
+    }
+
+    #[test]
+    fn each_kind_round_trips() {
+        let all = [
+            Records::Signals(vec![
+                SignalEvent { user: "u1".into(), item: 1, kind: "click".into(), weight: 1.5, ts_ms: None },
+                SignalEvent {
+                    user: "ü".into(),
+                    item: u64::MAX,
+                    kind: String::new(),
+                    weight: -2.0,
+                    ts_ms: Some(-5),
+                },
+            ]),
+            Records::ItemMetadata { item: 3, metadata: br#"{"a":[1,2]}"#.to_vec() },
+            Records::ItemEmbedding { item: 4, vector: vec![0.5, -1.0, 3.25] },
+            Records::ItemEmbedding { item: 4, vector: vec![] },
+            Records::ItemDelete { item: 5 },
+            Records::Control(ControlRecord::LeaderStart {
+                term: Term(2),
+                leader: NodeId(3),
+                baseline: Seqno(100),
+            }),
+        ];
+        for records in all {
+            let encoded = encode_payload(&envelope(), &records);
+            assert_eq!(u64::from(encoded.event_count), records.event_count());
+            let (env, back) = decode_payload(encoded.kind, &encoded.payload).unwrap();
+            assert_eq!(env, envelope());
+            assert_eq!(back, records);
+        }
+    }
+
+    #[test]
+    fn errors_are_specific() {
+        let encoded = encode_payload(&envelope(), &Records::ItemDelete { item: 5 });
+        let mut longer = encoded.payload.clone();
+        longer.push(0);
+        assert_eq!(
+            decode_payload(RecordKind::ItemDelete, &longer),
+            Err(RecordError::TrailingBytes { count: 1 })
+        );
+        assert!(matches!(
+            decode_payload(RecordKind::ItemDelete, &encoded.payload[..encoded.payload.len() - 1]),
+            Err(RecordError::Truncated { .. })
+        ));
+        for kind in [
+            RecordKind::StreamEvents,
+            RecordKind::StreamControl,
+            RecordKind::InboxSend,
+            RecordKind::InboxConsume,
+        ] {
+            assert_eq!(decode_payload(kind, &encoded.payload), Err(RecordError::NoApplier(kind)));
+        }
+        let nan = encode_payload(
+            &envelope(),
+            &Records::Signals(vec![SignalEvent {
+                user: "u".into(),
+                item: 1,
+                kind: "k".into(),
+                weight: f64::NAN,
+                ts_ms: None,
+            }]),
+        );
+        assert_eq!(
+            decode_payload(RecordKind::Signal, &nan.payload),
+            Err(RecordError::NonFinite { field: "signal weight" })
+        );
+        let inf =
+            encode_payload(&envelope(), &Records::ItemEmbedding { item: 1, vector: vec![f32::INFINITY] });
+        assert!(matches!(
+            decode_payload(RecordKind::ItemEmbedding, &inf.payload),
+            Err(RecordError::NonFinite { .. })
+        ));
+        let bad_json =
+            encode_payload(&envelope(), &Records::ItemMetadata { item: 1, metadata: b"{".to_vec() });
+        assert!(matches!(
+            decode_payload(RecordKind::ItemMetadata, &bad_json.payload),
+            Err(RecordError::BadMetadata { .. })
+        ));
+        let mut bad_utf8 = encode_payload(&envelope(), &Records::ItemDelete { item: 1 }).payload;
+        bad_utf8[10] = 0xff; // first byte of the principal
+        assert_eq!(
+            decode_payload(RecordKind::ItemDelete, &bad_utf8),
+            Err(RecordError::NotUtf8 { field: "principal" })
+        );
+        let mut bad_tag = encode_payload(
+            &envelope(),
+            &Records::Control(ControlRecord::LeaderStart {
+                term: Term(1),
+                leader: NodeId(1),
+                baseline: Seqno(0),
+            }),
+        )
+        .payload;
+        let tag_at = 8 + 2 + 3 + 2 + 3;
+        bad_tag[tag_at] = 9;
+        assert_eq!(decode_payload(RecordKind::Control, &bad_tag), Err(RecordError::UnknownControlTag(9)));
+    }
+
+    #[test]
+    fn huge_counts_are_refused_before_allocating() {
+        let mut payload = encode_payload(&Envelope::default(), &Records::ItemDelete { item: 0 }).payload;
+        payload.truncate(12); // time + two empty strings
+        payload.extend_from_slice(&u32::MAX.to_le_bytes());
+        assert!(matches!(decode_payload(RecordKind::Signal, &payload), Err(RecordError::Truncated { .. })));
+        let mut embedding = payload[..12].to_vec();
+        embedding.extend_from_slice(&1u64.to_le_bytes());
+        embedding.extend_from_slice(&u32::MAX.to_le_bytes());
+        assert!(matches!(
+            decode_payload(RecordKind::ItemEmbedding, &embedding),
+            Err(RecordError::Truncated { .. })
+        ));
+    }
+
+    #[test]
+    fn fingerprint_ignores_the_envelope_only() {
+        let records = Records::ItemDelete { item: 9 };
+        let a = encode_payload(&envelope(), &records).payload;
+        let b = encode_payload(&Envelope::default(), &records).payload;
+        let c = encode_payload(&envelope(), &Records::ItemDelete { item: 10 }).payload;
+        assert_eq!(records_fingerprint(&a), records_fingerprint(&b));
+        assert_ne!(records_fingerprint(&a), records_fingerprint(&c));
+    }
+
+    fn any_event() -> impl Strategy<Value = SignalEvent> {
+        (
+            "[a-zé]{0,12}",
+            any::<u64>(),
+            "[a-z]{0,8}",
+            -1e9f64..1e9,
+            prop::option::of(any::<i64>().prop_filter("absent marker", |ts| *ts != TS_ABSENT)),
+        )
+            .prop_map(|(user, item, kind, weight, ts_ms)| SignalEvent {
+                user,
+                item,
+                kind,
+                weight,
+                ts_ms,
+            })
+    }
+
+    fn any_records() -> impl Strategy<Value = Records> {
+        prop_oneof![
+            prop::collection::vec(any_event(), 1..20).prop_map(Records::Signals),
+            (any::<u64>(), "[a-z0-9]{0,10}").prop_map(|(item, text)| Records::ItemMetadata {
+                item,
+                metadata: serde_json::to_vec(&serde_json::json!({ "t": text })).unwrap(),
+            }),
+            (any::<u64>(), prop::collection::vec(-1e6f32..1e6, 0..64))
+                .prop_map(|(item, vector)| Records::ItemEmbedding { item, vector }),
+            any::<u64>().prop_map(|item| Records::ItemDelete { item }),
+            (any::<u64>(), any::<u64>(), any::<u64>()).prop_map(|(t, l, b)| Records::Control(
+                ControlRecord::LeaderStart { term: Term(t), leader: NodeId(l), baseline: Seqno(b) }
+            )),
+        ]
+    }
+
+    proptest! {
+        #[test]
+        fn round_trip(time_ms in any::<u64>(), principal in "[a-z]{0,10}", key in "[a-z0-9-]{0,10}", records in any_records()) {
+            let envelope = Envelope { time_ms, principal, idempotency_key: key };
+            let encoded = encode_payload(&envelope, &records);
+            let (env, back) = decode_payload(encoded.kind, &encoded.payload).unwrap();
+            prop_assert_eq!(env, envelope);
+            prop_assert_eq!(back, records);
+        }
+
+        #[test]
+        fn garbage_never_panics(kind in 0u8..9, bytes in prop::collection::vec(any::<u8>(), 0..256)) {
+            let kind = RecordKind::from_byte(kind).unwrap();
+            let _ = decode_payload(kind, &bytes);
+            let _ = records_fingerprint(&bytes);
+        }
+
+        #[test]
+        fn mutated_payloads_never_panic(records in any_records(), flips in prop::collection::vec((any::<prop::sample::Index>(), any::<u8>()), 1..8), cut in any::<prop::sample::Index>()) {
+            let encoded = encode_payload(&envelope(), &records);
+            let mut bytes = encoded.payload.clone();
+            for (at, value) in flips {
+                let i = at.index(bytes.len());
+                bytes[i] = value;
+            }
+            let _ = decode_payload(encoded.kind, &bytes);
+            let len = cut.index(bytes.len() + 1);
+            let _ = decode_payload(encoded.kind, &bytes[..len]);
+        }
+    }
+}

@@ -1,0 +1,111 @@
+//! Exponential decay in logged time: the trending score [`Trend`] and the profile decay factor.
+//!
+//! A decayed value is stored as `(value at ref_ms, ref_ms)`. Adding `w` at time `t`:
+//! - `t >= ref`: `s = s * 2^(-(t - ref) / half_life) + w`, `ref = t` (move the reference forward);
+//! - `t < ref` (a late event): `s += w * 2^(-(ref - t) / half_life)` (decay the event to `ref`).
+//!
+//! Delicate: every node must compute bit-identical values, so the operations and their order are
+//! fixed here, in f64, from logged times only; never reorder the arithmetic. Reading a score at a
+//! "now" before its reference time returns it undecayed: we never extrapolate backwards.
+
+/// Decay multiplier for `delta_ms` of elapsed logged time: `2^(-delta / half_life)`.
+pub fn decay_factor(delta_ms: u64, half_life_ms: u64) -> f64 {
+    (-(delta_ms as f64) / half_life_ms as f64).exp2()
+}
+
+/// `|a - b|` of two logged times, in ms.
+pub fn distance_ms(a: i64, b: i64) -> u64 {
+    a.abs_diff(b)
+}
+
+/// An item's decayed trending score.
+#[derive(Clone, Copy, Debug, PartialEq, Default)]
+pub struct Trend {
+    /// Score at `ref_ms`.
+    pub score: f64,
+    /// Reference time (logged unix ms).
+    pub ref_ms: i64,
+}
+
+/// Encoded size of a [`Trend`]: score f64 LE | ref_ms i64 LE.
+pub const TREND_LEN: usize = 16;
+
+impl Trend {
+    /// A trend created by its first event.
+    pub fn first(t_ms: i64, weight: f64) -> Trend {
+        Trend { score: weight, ref_ms: t_ms }
+    }
+
+    /// Folds an event of `weight` at `t_ms`.
+    pub fn add(&mut self, t_ms: i64, weight: f64, half_life_ms: u64) {
+        let factor = decay_factor(distance_ms(t_ms, self.ref_ms), half_life_ms);
+        if t_ms >= self.ref_ms {
+            self.score = self.score * factor + weight;
+            self.ref_ms = t_ms;
+        } else {
+            self.score += weight * factor;
+        }
+    }
+
+    /// The score decayed to `now_ms` (undecayed if `now_ms` is before the reference).
+    pub fn score_at(&self, now_ms: i64, half_life_ms: u64) -> f64 {
+        if now_ms <= self.ref_ms {
+            return self.score;
+        }
+        self.score * decay_factor(distance_ms(now_ms, self.ref_ms), half_life_ms)
+    }
+
+    /// The ranking term of a score: `sign(s) * ln(1 + |s|)`, which tames heavy hitters.
+    pub fn term(score: f64) -> f64 {
+        score.signum() * score.abs().ln_1p()
+    }
+
+    /// Bytes for fjall.
+    pub fn encode(&self) -> [u8; TREND_LEN] {
+        let mut out = [0u8; TREND_LEN];
+        out[..8].copy_from_slice(&self.score.to_le_bytes());
+        out[8..].copy_from_slice(&self.ref_ms.to_le_bytes());
+        out
+    }
+
+    /// Parses [`Trend::encode`]'s bytes.
+    pub fn decode(bytes: &[u8]) -> Option<Trend> {
+        let score = f64::from_le_bytes(bytes.get(..8)?.try_into().ok()?);
+        let ref_ms = i64::from_le_bytes(bytes.get(8..16)?.try_into().ok()?);
+        (bytes.len() == TREND_LEN).then_some(Trend { score, ref_ms })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const HOUR: u64 = 3_600_000;
+
+    #[test]
+    fn one_half_life_halves_the_score() {
+        let mut trend = Trend::first(0, 1.0);
+        assert_eq!(trend.score_at(HOUR as i64, HOUR), 0.5);
+        trend.add(2 * HOUR as i64, 1.0, HOUR);
+        assert_eq!(trend, Trend { score: 1.25, ref_ms: 2 * HOUR as i64 });
+        // A late event is decayed to the reference time.
+        trend.add(HOUR as i64, 2.0, HOUR);
+        assert_eq!(trend.score, 2.25);
+        assert_eq!(trend.score_at(HOUR as i64, HOUR), 2.25, "no backwards extrapolation");
+    }
+
+    #[test]
+    fn term_is_signed_log() {
+        assert_eq!(Trend::term(0.0), 0.0);
+        assert_eq!(Trend::term(std::f64::consts::E - 1.0), 1.0);
+        assert_eq!(Trend::term(-(std::f64::consts::E - 1.0)), -1.0);
+    }
+
+    #[test]
+    fn bytes_round_trip() {
+        let trend = Trend { score: -3.5, ref_ms: -7 };
+        assert_eq!(Trend::decode(&trend.encode()), Some(trend));
+        assert_eq!(Trend::decode(&[0; 15]), None);
+        assert_eq!(Trend::decode(&[0; 17]), None);
+    }
+}
