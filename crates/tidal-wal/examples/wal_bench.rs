@@ -1,0 +1,227 @@
+//! WAL benchmark against real files (StdIo): raw append+fdatasync vs the group-commit writer.
+//!
+//! `cargo run --release -p tidal-wal --example wal_bench -- --help`
+//!
+//! Phases, each bounded by `--seconds` and `--count`:
+//! - raw 100 B / raw 4 KiB: a loop of write + fdatasync on a plain file (one event per fsync);
+//! - (b) writer, 1 thread of 100-byte events (append_blocking);
+//! - (c) writer, `--threads` concurrent threads of 100-byte events;
+//! - raw 64 KiB: sequential 64 KiB write + fdatasync bandwidth;
+//! - (d) writer, `--big-writers` threads of 64 KiB records.
+//!
+//! Numbers depend entirely on the disk: run it on the disk the data will live on.
+
+// A benchmark binary: failing loudly on a broken setup is what we want.
+#![allow(clippy::unwrap_used)]
+
+use std::fs::OpenOptions;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tidal_types::RecordKind;
+use tidal_wal::{AppendRequest, NoopHook, StdIo, SystemClock, Wal, WalConfig};
+
+const USAGE: &str = "\
+wal_bench: measure raw fdatasync rates and the tidal-wal group-commit writer on real files
+
+USAGE: wal_bench [--dir DIR] [--seconds N] [--count N] [--threads N] [--big-writers N]
+
+  --dir DIR          where to create the scratch directory (default: current directory)
+  --seconds N        time bound of each phase (default 3)
+  --count N          bound on writes per phase (default 1000000)
+  --threads N        concurrent writers of phase (c) (default 64)
+  --big-writers N    concurrent writers of 64 KiB records in phase (d) (default 4)
+  --help             this text";
+
+struct Args {
+    dir: PathBuf,
+    seconds: u64,
+    count: u64,
+    threads: usize,
+    big_writers: usize,
+}
+
+fn parse_args() -> Result<Args, String> {
+    let mut args =
+        Args { dir: PathBuf::from("."), seconds: 3, count: 1_000_000, threads: 64, big_writers: 4 };
+    let mut it = std::env::args().skip(1);
+    while let Some(flag) = it.next() {
+        if flag == "--help" || flag == "-h" {
+            println!("{USAGE}");
+            std::process::exit(0);
+        }
+        let value = it.next().ok_or_else(|| format!("{flag} needs a value"))?;
+        let number = || value.parse::<u64>().map_err(|err| format!("{flag} {value}: {err}"));
+        match flag.as_str() {
+            "--dir" => args.dir = PathBuf::from(&value),
+            "--seconds" => args.seconds = number()?,
+            "--count" => args.count = number()?,
+            "--threads" => args.threads = number()?.max(1) as usize,
+            "--big-writers" => args.big_writers = number()?.max(1) as usize,
+            other => return Err(format!("unknown argument {other}\n\n{USAGE}")),
+        }
+    }
+    Ok(args)
+}
+
+/// One row of the result table.
+struct Row {
+    name: String,
+    events: u64,
+    fsyncs: u64,
+    bytes: u64,
+    elapsed: Duration,
+    latencies_us: Vec<u32>,
+}
+
+impl Row {
+    fn events_per_s(&self) -> f64 {
+        self.events as f64 / self.elapsed.as_secs_f64()
+    }
+
+    fn mb_per_s(&self) -> f64 {
+        self.bytes as f64 / self.elapsed.as_secs_f64() / 1e6
+    }
+
+    fn percentile_us(&mut self, p: f64) -> u32 {
+        if self.latencies_us.is_empty() {
+            return 0;
+        }
+        self.latencies_us.sort_unstable();
+        let rank = ((self.latencies_us.len() as f64 * p).ceil() as usize).clamp(1, self.latencies_us.len());
+        self.latencies_us[rank - 1]
+    }
+}
+
+fn micros(elapsed: Duration) -> u32 {
+    u32::try_from(elapsed.as_micros()).unwrap_or(u32::MAX)
+}
+
+/// A loop of write + fdatasync of `size` bytes on a plain file.
+fn raw(dir: &Path, name: &str, size: usize, args: &Args) -> Row {
+    let path = dir.join(format!("raw-{size}.dat"));
+    let mut file = OpenOptions::new().create(true).append(true).open(&path).unwrap();
+    let buf = vec![0xAB_u8; size];
+    let deadline = Instant::now() + Duration::from_secs(args.seconds);
+    let started = Instant::now();
+    let mut latencies_us = Vec::new();
+    let mut writes = 0u64;
+    while writes < args.count && Instant::now() < deadline {
+        let op = Instant::now();
+        file.write_all(&buf).unwrap();
+        file.sync_data().unwrap();
+        latencies_us.push(micros(op.elapsed()));
+        writes += 1;
+    }
+    let elapsed = started.elapsed();
+    drop(file);
+    std::fs::remove_file(&path).unwrap();
+    Row {
+        name: name.to_string(),
+        events: writes,
+        fsyncs: writes,
+        bytes: writes * size as u64,
+        elapsed,
+        latencies_us,
+    }
+}
+
+/// `threads` threads each appending `size`-byte records with append_blocking.
+fn writer(dir: &Path, name: &str, threads: usize, size: usize, args: &Args) -> Row {
+    let wal_dir = dir.join(name.replace(|c: char| !c.is_ascii_alphanumeric(), "_"));
+    let config = WalConfig::new(&wal_dir);
+    let (wal, _) = Wal::open(config, Arc::new(StdIo), Arc::new(SystemClock), Box::new(NoopHook)).unwrap();
+    let issued = Arc::new(AtomicU64::new(0));
+    let deadline = Instant::now() + Duration::from_secs(args.seconds);
+    let started = Instant::now();
+    let handles: Vec<_> = (0..threads)
+        .map(|_| {
+            let (wal, issued, count) = (wal.clone(), issued.clone(), args.count);
+            std::thread::spawn(move || {
+                let mut latencies_us = Vec::new();
+                while Instant::now() < deadline && issued.fetch_add(1, Ordering::Relaxed) < count {
+                    let request =
+                        AppendRequest { kind: RecordKind::Signal, event_count: 1, payload: vec![0x5A; size] };
+                    let op = Instant::now();
+                    wal.append_blocking(request).unwrap();
+                    latencies_us.push(micros(op.elapsed()));
+                }
+                latencies_us
+            })
+        })
+        .collect();
+    let mut latencies_us = Vec::new();
+    for handle in handles {
+        latencies_us.extend(handle.join().unwrap());
+    }
+    let elapsed = started.elapsed();
+    let stats = wal.stats();
+    wal.shutdown();
+    drop(wal);
+    std::fs::remove_dir_all(&wal_dir).unwrap();
+    Row {
+        name: name.to_string(),
+        events: stats.events,
+        fsyncs: stats.fsyncs,
+        bytes: stats.bytes,
+        elapsed,
+        latencies_us,
+    }
+}
+
+fn main() {
+    let args = match parse_args() {
+        Ok(args) => args,
+        Err(message) => {
+            eprintln!("{message}");
+            std::process::exit(2);
+        }
+    };
+    let scratch = args.dir.join(format!("wal-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&scratch).unwrap();
+    println!(
+        "wal_bench in {} ({} s and at most {} writes per phase)",
+        scratch.display(),
+        args.seconds,
+        args.count
+    );
+    let mut rows = vec![
+        raw(&scratch, "raw write+fdatasync 100 B", 100, &args),
+        raw(&scratch, "raw write+fdatasync 4 KiB", 4096, &args),
+        writer(&scratch, "(b) wal 1 thread 100 B", 1, 100, &args),
+        writer(&scratch, &format!("(c) wal {} threads 100 B", args.threads), args.threads, 100, &args),
+        raw(&scratch, "raw write+fdatasync 64 KiB", 64 * 1024, &args),
+        writer(
+            &scratch,
+            &format!("(d) wal {} threads 64 KiB", args.big_writers),
+            args.big_writers,
+            64 * 1024,
+            &args,
+        ),
+    ];
+    std::fs::remove_dir_all(&scratch).unwrap();
+    println!(
+        "{:<30} {:>11} {:>10} {:>10} {:>9} {:>10} {:>10}",
+        "phase", "events/s", "fsyncs/s", "ev/fsync", "MB/s", "p50 ack", "p99 ack"
+    );
+    for row in &mut rows {
+        let seconds = row.elapsed.as_secs_f64();
+        let (p50, p99) = (row.percentile_us(0.50), row.percentile_us(0.99));
+        println!(
+            "{:<30} {:>11.0} {:>10.0} {:>10.1} {:>9.2} {:>8}us {:>8}us",
+            row.name,
+            row.events_per_s(),
+            row.fsyncs as f64 / seconds,
+            row.events as f64 / row.fsyncs.max(1) as f64,
+            row.mb_per_s(),
+            p50,
+            p99
+        );
+    }
+    let (b, c, raw64, d) = (&rows[2], &rows[3], &rows[4], &rows[5]);
+    println!("ratio (c)/(b) events/s: {:.1}x", c.events_per_s() / b.events_per_s());
+    println!("ratio (d)/raw 64 KiB MB/s: {:.2}", d.mb_per_s() / raw64.mb_per_s());
+}
