@@ -295,3 +295,39 @@ fn std_io_round_trip_in_a_temp_dir() {
     assert!(matches!(wal.read_from(Seqno(1)), Err(Error::Purged { .. })));
     assert_eq!(read_all(&wal, 50)[0].payload()[8..], [24u8; 60]);
 }
+
+#[test]
+fn the_hook_sees_a_batch_before_its_completion_runs() {
+    let io = SimIo::new();
+    let clock = Arc::new(ManualClock::new(5));
+    let (wal, _, recorded) = open(&io, small_config(1 << 20), &clock);
+    let (sender, receiver) = std::sync::mpsc::channel();
+    for index in 0..20u8 {
+        let (recorded, sender) = (recorded.clone(), sender.clone());
+        let done = Box::new(move |result: Result<tidal_wal::Appended, Error>| {
+            let appended = result.unwrap();
+            let seen = recorded.batches().iter().any(|batch| batch.first_seqno() == appended.first);
+            sender.send(seen).unwrap();
+        });
+        wal.submit(request(RecordKind::Signal, 1, &[index]), done).unwrap();
+    }
+    drop(sender);
+    let seen: Vec<bool> = receiver.iter().collect();
+    assert_eq!(seen.len(), 20);
+    assert!(seen.iter().all(|seen| *seen));
+}
+
+#[test]
+fn a_reader_whose_segment_is_purged_meanwhile_reports_purged() {
+    let io = SimIo::new();
+    let clock = Arc::new(ManualClock::new(5));
+    let (wal, _, _) = open(&io, small_config(200), &clock);
+    for index in 0..20u8 {
+        wal.append_blocking(request(RecordKind::Signal, 1, &[index; 40])).unwrap();
+    }
+    let mut reader = wal.read_from(Seqno(1)).unwrap();
+    assert_eq!(reader.next().unwrap().unwrap().first_seqno(), Seqno(1));
+    wal.purge_below(Seqno(15)).unwrap();
+    let rest: Vec<_> = reader.collect();
+    assert!(matches!(rest.last(), Some(Err(Error::Purged { .. }))), "{rest:?}");
+}
