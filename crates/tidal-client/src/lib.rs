@@ -1,1 +1,172 @@
-//! placeholder
+//! HTTP client for the Tidal API (the contract in DESIGN.md).
+//!
+//! A thin, typed layer over reqwest: every call maps a non-2xx reply to [`Error::Api`] carrying the
+//! contract's error code, so callers branch on codes, not on message text. It holds no state beyond a
+//! connection pool and is cheap to clone.
+#![deny(missing_docs)]
+
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use std::time::Duration;
+use tidal_types::{
+    ClusterStatus, DigestView, EmbeddingPut, ErrorBody, ItemPut, ItemView, RankedList, SignalIn,
+    SignalsRequest, WriteReply,
+};
+
+/// What went wrong with a call.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The node answered with an error body.
+    #[error("{status} {code}: {message}")]
+    Api {
+        /// HTTP status.
+        status: u16,
+        /// Contract error code.
+        code: String,
+        /// Message.
+        message: String,
+    },
+    /// Transport failure or undecodable reply; the outcome of a write is unknown.
+    #[error(transparent)]
+    Transport(#[from] reqwest::Error),
+}
+
+impl Error {
+    /// The contract error code, if the node sent one.
+    pub fn code(&self) -> Option<&str> {
+        match self {
+            Error::Api { code, .. } => Some(code),
+            Error::Transport(_) => None,
+        }
+    }
+}
+
+/// A client for one node.
+#[derive(Clone, Debug)]
+pub struct Client {
+    base: String,
+    token: Option<String>,
+    http: reqwest::Client,
+}
+
+impl Client {
+    /// A client for the node at `base` (e.g. `http://127.0.0.1:7070`).
+    pub fn new(base: impl Into<String>, token: Option<String>) -> Client {
+        let http = reqwest::Client::builder()
+            .timeout(Duration::from_secs(30))
+            .pool_max_idle_per_host(256)
+            .build()
+            .expect("a client with only a timeout and pool size always builds");
+        Client { base: base.into().trim_end_matches('/').to_string(), token, http }
+    }
+
+    /// Base URL.
+    pub fn base(&self) -> &str {
+        &self.base
+    }
+
+    fn request(&self, method: reqwest::Method, path: &str) -> reqwest::RequestBuilder {
+        let builder = self.http.request(method, format!("{}{}", self.base, path));
+        match &self.token {
+            Some(token) => builder.bearer_auth(token),
+            None => builder,
+        }
+    }
+
+    async fn send<T: DeserializeOwned>(builder: reqwest::RequestBuilder) -> Result<T, Error> {
+        let reply = builder.send().await?;
+        let status = reply.status();
+        if status.is_success() {
+            return Ok(reply.json::<T>().await?);
+        }
+        let bytes = reply.bytes().await?;
+        let (code, message) = match serde_json::from_slice::<ErrorBody>(&bytes) {
+            Ok(body) => (body.error.code, body.error.message),
+            Err(_) => ("http".to_string(), String::from_utf8_lossy(&bytes).into_owned()),
+        };
+        Err(Error::Api { status: status.as_u16(), code, message })
+    }
+
+    fn with_key(builder: reqwest::RequestBuilder, idempotency_key: Option<&str>) -> reqwest::RequestBuilder {
+        match idempotency_key {
+            Some(key) => builder.header("Idempotency-Key", key),
+            None => builder,
+        }
+    }
+
+    /// `POST /v1/signals`: one batch.
+    pub async fn post_signals(
+        &self,
+        signals: Vec<SignalIn>,
+        idempotency_key: Option<&str>,
+    ) -> Result<WriteReply, Error> {
+        let builder = self.request(reqwest::Method::POST, "/v1/signals").json(&SignalsRequest { signals });
+        Self::send(Self::with_key(builder, idempotency_key)).await
+    }
+
+    /// `PUT /v1/items/{id}`.
+    pub async fn put_item(
+        &self,
+        id: u64,
+        metadata: serde_json::Value,
+        idempotency_key: Option<&str>,
+    ) -> Result<WriteReply, Error> {
+        let builder =
+            self.request(reqwest::Method::PUT, &format!("/v1/items/{id}")).json(&ItemPut { metadata });
+        Self::send(Self::with_key(builder, idempotency_key)).await
+    }
+
+    /// `GET /v1/items/{id}`.
+    pub async fn get_item(&self, id: u64) -> Result<ItemView, Error> {
+        Self::send(self.request(reqwest::Method::GET, &format!("/v1/items/{id}"))).await
+    }
+
+    /// `DELETE /v1/items/{id}`.
+    pub async fn delete_item(&self, id: u64) -> Result<WriteReply, Error> {
+        Self::send(self.request(reqwest::Method::DELETE, &format!("/v1/items/{id}"))).await
+    }
+
+    /// `PUT /v1/items/{id}/embedding`.
+    pub async fn put_embedding(&self, id: u64, vector: Vec<f64>) -> Result<WriteReply, Error> {
+        let builder = self
+            .request(reqwest::Method::PUT, &format!("/v1/items/{id}/embedding"))
+            .json(&EmbeddingPut { vector });
+        Self::send(builder).await
+    }
+
+    /// `GET /v1/users/{user}/feed?limit=N`.
+    pub async fn feed(&self, user: &str, limit: usize) -> Result<RankedList, Error> {
+        let path = format!("/v1/users/{user}/feed?limit={limit}");
+        Self::send(self.request(reqwest::Method::GET, &path)).await
+    }
+
+    /// `GET /v1/trending?limit=N`.
+    pub async fn trending(&self, limit: usize) -> Result<RankedList, Error> {
+        Self::send(self.request(reqwest::Method::GET, &format!("/v1/trending?limit={limit}"))).await
+    }
+
+    /// `GET /cluster/status`.
+    pub async fn status(&self) -> Result<ClusterStatus, Error> {
+        Self::send(self.request(reqwest::Method::GET, "/cluster/status")).await
+    }
+
+    /// `GET /cluster/digest`.
+    pub async fn digest(&self) -> Result<DigestView, Error> {
+        Self::send(self.request(reqwest::Method::GET, "/cluster/digest")).await
+    }
+
+    /// Any JSON request, for routes without a typed method.
+    pub async fn json<B: Serialize, T: DeserializeOwned>(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<&B>,
+    ) -> Result<T, Error> {
+        let builder = self.request(method, path);
+        let builder = match body {
+            Some(body) => builder.json(body),
+            None => builder,
+        };
+        Self::send(builder).await
+    }
+}

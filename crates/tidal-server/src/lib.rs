@@ -1,1 +1,85 @@
-//! placeholder
+//! The Tidal server: configuration, the HTTP API and the wiring of WAL, engine and applier.
+//!
+//! # Layout
+//! - `config`: command line / environment / TOML file.
+//! - `auth`: bearer tokens with scopes.
+//! - `node`: the WAL, the engine, the applier thread and the write path.
+//! - `http`: the axum router (the API contract).
+//! - `metrics`: Prometheus text.
+//! - `bench`: the `tidal bench` load generator.
+//!
+//! Library code takes its listener and shutdown signal from the caller (`run`), so tests and the
+//! simulation can drive it; only `main.rs` binds sockets from configuration and reads signals.
+#![deny(missing_docs)]
+
+pub mod auth;
+pub mod bench;
+pub mod config;
+pub mod error;
+pub mod http;
+pub mod metrics;
+pub mod node;
+
+use anyhow::Context;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Whether a node may serve on `addr` with the given token setting.
+pub fn check_bind_policy(addr: std::net::SocketAddr, has_tokens: bool, insecure: bool) -> anyhow::Result<()> {
+    if !addr.ip().is_loopback() && !has_tokens && !insecure {
+        anyhow::bail!(
+            "refusing to serve on non-loopback address {addr} without a token file: every route would be \
+             open to the network. Pass --token-file FILE, or --insecure if that is really what you want"
+        );
+    }
+    Ok(())
+}
+
+/// Runs a node on `listener` until `shutdown` resolves, then drains writes and checkpoints.
+pub async fn run(
+    config: config::ServeConfig,
+    listener: tokio::net::TcpListener,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    let tokens = config.token_file.as_deref().map(auth::Tokens::load).transpose()?;
+    check_bind_policy(listener.local_addr()?, tokens.is_some(), config.insecure)?;
+    let open_config = config.clone();
+    let (node, replay) = tokio::task::spawn_blocking(move || node::Node::open(open_config))
+        .await
+        .context("open node task")??;
+    if replay.batches > 0 {
+        tracing::info!(
+            batches = replay.batches,
+            mb_per_s = replay.bytes as f64 / 1e6 / replay.elapsed.as_secs_f64().max(1e-9),
+            "startup replay"
+        );
+    }
+    let state = Arc::new(http::AppState { node: node.clone(), tokens, metrics: Default::default() });
+    let checkpointer = spawn_checkpointer(node.clone());
+    tracing::info!(addr = %listener.local_addr()?, data_dir = %config.data_dir.display(), "serving");
+    let served = axum::serve(listener, http::router(state)).with_graceful_shutdown(shutdown).await;
+    checkpointer.abort();
+    tracing::info!("shutting down: draining the WAL writer");
+    let closing = node.clone();
+    tokio::task::spawn_blocking(move || closing.shutdown()).await.context("shutdown task")?;
+    served.context("HTTP server")?;
+    Ok(())
+}
+
+fn spawn_checkpointer(node: Arc<node::Node>) -> tokio::task::JoinHandle<()> {
+    let interval = Duration::from_millis(node.config().checkpoint_interval_ms.max(100));
+    tokio::spawn(async move {
+        let mut ticker = tokio::time::interval(interval);
+        ticker.tick().await;
+        loop {
+            ticker.tick().await;
+            let node = node.clone();
+            match tokio::task::spawn_blocking(move || node.checkpoint_and_purge()).await {
+                Ok(Ok(())) => {}
+                Ok(Err(error)) => tracing::error!("failed to checkpoint: {error:#}"),
+                Err(error) => tracing::error!("failed to checkpoint: {error}"),
+            }
+        }
+    })
+}

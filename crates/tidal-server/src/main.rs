@@ -1,1 +1,74 @@
-fn main() {}
+//! The `tidal` command: `serve` runs a node, `bench` drives one with load.
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+use tidal_server::{bench, config};
+
+#[derive(Parser)]
+#[command(
+    name = "tidal",
+    version,
+    about = "Tidal: a replicated data server with a durable, group-committed log"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run a node.
+    Serve(config::ServeArgs),
+    /// Drive a node with bounded load and print throughput and ack latency.
+    Bench(bench::BenchArgs),
+}
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "info,fjall=warn,lsm_tree=warn".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let runtime =
+        tokio::runtime::Builder::new_multi_thread().enable_all().build().context("start tokio runtime")?;
+    match cli.command {
+        Command::Serve(args) => runtime.block_on(serve(args)),
+        Command::Bench(args) => runtime.block_on(bench::run(args)),
+    }
+}
+
+async fn serve(args: config::ServeArgs) -> anyhow::Result<()> {
+    let config = config::ServeConfig::resolve(&args)?;
+    let listener = tokio::net::TcpListener::bind(config.http)
+        .await
+        .with_context(|| format!("bind HTTP address {}", config.http))?;
+    tidal_server::run(config, listener, shutdown_signal()).await
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        if let Err(error) = tokio::signal::ctrl_c().await {
+            tracing::error!("failed to listen for ctrl-c: {error}");
+            std::future::pending::<()>().await;
+        }
+    };
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => {
+                signal.recv().await;
+            }
+            Err(error) => {
+                tracing::error!("failed to listen for SIGTERM: {error}");
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    tokio::select! {
+        () = ctrl_c => {},
+        () = term => {},
+    }
+    tracing::info!("shutdown signal received");
+}

@@ -1,0 +1,41 @@
+# Tidal: build, test, bench. `make verify` is the read-only gate CI runs; `make fix` mutates.
+CARGO ?= cargo
+BENCH_SECONDS ?= 10
+
+.PHONY: build run test verify fix lint bench bench-wal bench-feed clean
+
+build:
+	$(CARGO) build --release --bin tidal
+
+# The quick start: one node on its defaults (data in ./tidal-data, HTTP on 127.0.0.1:7070).
+run:
+	$(CARGO) run --release --bin tidal -- serve
+
+# Every test in the workspace (unit, crate integration, recovery, golden fixture, HTTP end to end).
+test:
+	$(CARGO) nextest run --workspace --no-fail-fast
+
+lint:
+	$(CARGO) fmt --all -- --check
+	$(CARGO) clippy --workspace --all-targets -- -D warnings
+
+verify: lint test
+
+fix:
+	$(CARGO) fmt --all
+	$(CARGO) clippy --workspace --all-targets --fix --allow-dirty -- -D warnings
+
+# Benchmarks print numbers; tests never time anything.
+bench: build bench-wal bench-feed
+	./target/release/tidal bench --spawn --workload signals --batch 1000 --concurrency 16 --seconds $(BENCH_SECONDS)
+	./target/release/tidal bench --spawn --workload items --concurrency 64 --seconds $(BENCH_SECONDS)
+	./target/release/tidal bench --spawn --workload embeddings --concurrency 64 --seconds $(BENCH_SECONDS)
+
+bench-wal:
+	$(CARGO) run --release -p tidal-wal --example wal_bench -- --seconds 3
+
+bench-feed:
+	$(CARGO) run --release -p tidal-core --example feed_bench
+
+clean:
+	$(CARGO) clean

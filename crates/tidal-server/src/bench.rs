@@ -1,0 +1,360 @@
+//! `tidal bench`: a bounded load generator that prints throughput and acknowledgement latency.
+//!
+//! Every run is bounded twice: by `--seconds` and by `--requests-max`. With `--spawn` it starts its
+//! own node in-process on a loopback port in a temporary data dir (removed afterwards), so one
+//! command measures a fresh node; otherwise it drives `--url`. Latencies are client-observed, from
+//! sending the request to receiving the acknowledgement (after fsync and apply).
+
+use crate::config::{ServeArgs, ServeConfig};
+use anyhow::Context;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tidal_client::Client;
+use tidal_types::SignalIn;
+
+/// Most latencies kept per worker: bounds the bench's own memory on long runs.
+const LATENCIES_PER_WORKER_MAX: usize = 2_000_000;
+
+/// What to write.
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+pub enum Workload {
+    /// POST /v1/signals with `--batch` signals per request.
+    Signals,
+    /// PUT /v1/items/{id} with small metadata.
+    Items,
+    /// PUT /v1/items/{id}/embedding with `--dim` floats.
+    Embeddings,
+    /// GET /v1/users/{user}/feed after loading `--items` items with embeddings and some signals.
+    Feed,
+}
+
+/// `tidal bench` options.
+#[derive(Clone, Debug, clap::Args)]
+pub struct BenchArgs {
+    /// Node to drive (ignored with --spawn).
+    #[arg(long, default_value = "http://127.0.0.1:7070")]
+    pub url: String,
+    /// Start a fresh node in-process in a temporary dir and drive it.
+    #[arg(long)]
+    pub spawn: bool,
+    /// Bearer token.
+    #[arg(long, env = "TIDAL_TOKEN")]
+    pub token: Option<String>,
+    /// What to write.
+    #[arg(long, value_enum, default_value = "signals")]
+    pub workload: Workload,
+    /// Signals per request (signals workload).
+    #[arg(long, default_value_t = 1000)]
+    pub batch: usize,
+    /// Concurrent requests.
+    #[arg(long, default_value_t = 16)]
+    pub concurrency: usize,
+    /// Duration bound.
+    #[arg(long, default_value_t = 10)]
+    pub seconds: u64,
+    /// Request count bound.
+    #[arg(long, default_value_t = 1_000_000)]
+    pub requests_max: u64,
+    /// Embedding dimension (embeddings and feed workloads; must match the node).
+    #[arg(long, default_value_t = 128)]
+    pub dim: usize,
+    /// Items to load first (feed workload).
+    #[arg(long, default_value_t = 100_000)]
+    pub items: u64,
+    /// Distinct users.
+    #[arg(long, default_value_t = 10_000)]
+    pub users: u64,
+}
+
+/// Runs the bench and prints its table.
+pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
+    anyhow::ensure!(args.concurrency >= 1 && args.concurrency <= 4096, "concurrency must be 1..=4096");
+    anyhow::ensure!(args.batch >= 1, "batch must be at least 1");
+    let mut spawned = None;
+    let url = if args.spawn {
+        let (url, handle) = spawn_node(args.dim as u32).await?;
+        spawned = Some(handle);
+        url
+    } else {
+        args.url.clone()
+    };
+    let client = Client::new(url.clone(), args.token.clone());
+    if let Workload::Feed = args.workload {
+        preload(&client, &args).await?;
+    }
+    eprintln!(
+        "bench: {:?} against {url}, concurrency {}, {} s or {} requests",
+        args.workload, args.concurrency, args.seconds, args.requests_max
+    );
+    let report = drive(&client, &args).await;
+    if let Some(handle) = spawned {
+        handle.stop().await?;
+    }
+    report?.print(&args);
+    Ok(())
+}
+
+struct SpawnedNode {
+    shutdown: tokio::sync::oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<anyhow::Result<()>>,
+    _dir: tempfile_dir::TempDir,
+}
+
+impl SpawnedNode {
+    async fn stop(self) -> anyhow::Result<()> {
+        let _ = self.shutdown.send(());
+        self.task.await.context("spawned node task")?
+    }
+}
+
+async fn spawn_node(dim: u32) -> anyhow::Result<(String, SpawnedNode)> {
+    let dir = tempfile_dir::TempDir::new("tidal-bench")?;
+    let args =
+        ServeArgs { data_dir: Some(dir.path().to_path_buf()), dimension: Some(dim), ..Default::default() };
+    let config = ServeConfig::resolve(&args)?;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.context("bind bench node")?;
+    let url = format!("http://{}", listener.local_addr()?);
+    let (shutdown, on_shutdown) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(crate::run(config, listener, async move {
+        let _ = on_shutdown.await;
+    }));
+    let client = Client::new(url.clone(), None);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while client.status().await.is_err() {
+        anyhow::ensure!(Instant::now() < deadline, "spawned node did not come up within 30 s");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Ok((url, SpawnedNode { shutdown, task, _dir: dir }))
+}
+
+/// A tiny self-removing temporary directory (the bench must not depend on a test-only crate).
+mod tempfile_dir {
+    use std::path::{Path, PathBuf};
+
+    pub struct TempDir(PathBuf);
+
+    impl TempDir {
+        pub fn new(prefix: &str) -> std::io::Result<TempDir> {
+            let nanos = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos());
+            let path = std::env::temp_dir().join(format!("{prefix}-{}-{nanos}", std::process::id()));
+            std::fs::create_dir_all(&path)?;
+            Ok(TempDir(path))
+        }
+
+        pub fn path(&self) -> &Path {
+            &self.0
+        }
+    }
+
+    impl Drop for TempDir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+}
+
+fn embedding(seed: u64, dim: usize) -> Vec<f64> {
+    // SplitMix64: deterministic pseudo-random vectors without a dependency.
+    let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    (0..dim)
+        .map(|_| {
+            state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+            let mut z = state;
+            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+            z ^= z >> 31;
+            (z >> 11) as f64 / (1u64 << 53) as f64 * 2.0 - 1.0
+        })
+        .collect()
+}
+
+async fn preload(client: &Client, args: &BenchArgs) -> anyhow::Result<()> {
+    eprintln!("bench: loading {} items with {}-dim embeddings", args.items, args.dim);
+    let next = Arc::new(AtomicU64::new(0));
+    let mut tasks = Vec::new();
+    for _ in 0..args.concurrency.min(64) {
+        let client = client.clone();
+        let next = next.clone();
+        let (items, dim) = (args.items, args.dim);
+        tasks.push(tokio::spawn(async move {
+            loop {
+                let id = next.fetch_add(1, Ordering::Relaxed);
+                if id >= items {
+                    return Ok::<(), anyhow::Error>(());
+                }
+                client.put_embedding(id, embedding(id, dim)).await.context("preload embedding")?;
+            }
+        }));
+    }
+    for task in tasks {
+        task.await??;
+    }
+    let users = args.users.max(1);
+    for chunk in 0..(users / 100).max(1) {
+        let signals = (0..1000u64)
+            .map(|i| SignalIn {
+                user: format!("u{}", (chunk * 100 + i % 100) % users),
+                item: (i * 7919 + chunk) % args.items.max(1),
+                kind: "click".into(),
+                weight: None,
+                ts: None,
+            })
+            .collect();
+        client.post_signals(signals, None).await.context("preload signals")?;
+    }
+    Ok(())
+}
+
+struct Report {
+    requests: u64,
+    events: u64,
+    errors: u64,
+    elapsed: Duration,
+    latencies_us: Vec<u32>,
+}
+
+async fn drive(client: &Client, args: &BenchArgs) -> anyhow::Result<Report> {
+    let issued = Arc::new(AtomicU64::new(0));
+    let done = Arc::new(AtomicU64::new(0));
+    let events = Arc::new(AtomicU64::new(0));
+    let errors = Arc::new(AtomicU64::new(0));
+    let stop = Arc::new(AtomicBool::new(false));
+    let started = Instant::now();
+    let deadline = started + Duration::from_secs(args.seconds);
+    let mut workers = Vec::new();
+    for worker in 0..args.concurrency {
+        let (client, args) = (client.clone(), args.clone());
+        let (issued, done, events, errors, stop) =
+            (issued.clone(), done.clone(), events.clone(), errors.clone(), stop.clone());
+        workers.push(tokio::spawn(async move {
+            let mut latencies = Vec::new();
+            loop {
+                let n = issued.fetch_add(1, Ordering::Relaxed);
+                if n >= args.requests_max || Instant::now() >= deadline || stop.load(Ordering::Relaxed) {
+                    return latencies;
+                }
+                let sent = Instant::now();
+                let result = one_request(&client, &args, worker as u64, n).await;
+                let micros = u32::try_from(sent.elapsed().as_micros()).unwrap_or(u32::MAX);
+                match result {
+                    Ok(count) => {
+                        events.fetch_add(count, Ordering::Relaxed);
+                        if latencies.len() < LATENCIES_PER_WORKER_MAX {
+                            latencies.push(micros);
+                        }
+                    }
+                    Err(error) => {
+                        if errors.fetch_add(1, Ordering::Relaxed) < 5 {
+                            eprintln!("\nbench: request failed: {error}");
+                        }
+                    }
+                }
+                done.fetch_add(1, Ordering::Relaxed);
+            }
+        }));
+    }
+    let progress = {
+        let (done, events, stop) = (done.clone(), events.clone(), stop.clone());
+        tokio::spawn(async move {
+            let mut last = (Instant::now(), 0u64);
+            while !stop.load(Ordering::Relaxed) {
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                let now = Instant::now();
+                let total = events.load(Ordering::Relaxed);
+                let rate = (total - last.1) as f64 / (now - last.0).as_secs_f64();
+                last = (now, total);
+                eprint!(
+                    "\r[{:>4.0} s] {:>10} requests {:>12} events {:>12.0} events/s   ",
+                    (now - started).as_secs_f64(),
+                    done.load(Ordering::Relaxed),
+                    total,
+                    rate
+                );
+            }
+        })
+    };
+    let mut latencies_us = Vec::new();
+    for worker in workers {
+        latencies_us.extend(worker.await.context("bench worker")?);
+    }
+    stop.store(true, Ordering::Relaxed);
+    let elapsed = started.elapsed();
+    progress.abort();
+    eprintln!();
+    Ok(Report {
+        requests: done.load(Ordering::Relaxed),
+        events: events.load(Ordering::Relaxed),
+        errors: errors.load(Ordering::Relaxed),
+        elapsed,
+        latencies_us,
+    })
+}
+
+async fn one_request(
+    client: &Client,
+    args: &BenchArgs,
+    worker: u64,
+    n: u64,
+) -> Result<u64, tidal_client::Error> {
+    match args.workload {
+        Workload::Signals => {
+            let signals = (0..args.batch as u64)
+                .map(|i| SignalIn {
+                    user: format!("u{}", (n * 31 + i) % args.users.max(1)),
+                    item: (n * 1_000_003 + i * 7919) % 1_000_000,
+                    kind: "click".into(),
+                    weight: None,
+                    ts: None,
+                })
+                .collect();
+            client.post_signals(signals, None).await?;
+            Ok(args.batch as u64)
+        }
+        Workload::Items => {
+            let metadata = serde_json::json!({"title": format!("item {n}"), "worker": worker});
+            client.put_item(n, metadata, None).await?;
+            Ok(1)
+        }
+        Workload::Embeddings => {
+            client.put_embedding(n, embedding(n, args.dim)).await?;
+            Ok(1)
+        }
+        Workload::Feed => {
+            client.feed(&format!("u{}", (n * 7) % args.users.max(1)), 20).await?;
+            Ok(1)
+        }
+    }
+}
+
+impl Report {
+    fn print(mut self, args: &BenchArgs) {
+        self.latencies_us.sort_unstable();
+        let percentile = |p: f64| -> f64 {
+            if self.latencies_us.is_empty() {
+                return 0.0;
+            }
+            let index = ((self.latencies_us.len() as f64 - 1.0) * p).round() as usize;
+            f64::from(self.latencies_us[index]) / 1000.0
+        };
+        let seconds = self.elapsed.as_secs_f64().max(1e-9);
+        println!("| workload | concurrency | batch | requests | errors | seconds | requests/s | events/s | p50 ms | p99 ms | max ms |");
+        println!("|---|---|---|---|---|---|---|---|---|---|---|");
+        println!(
+            "| {:?} | {} | {} | {} | {} | {:.1} | {:.0} | {:.0} | {:.2} | {:.2} | {:.2} |",
+            args.workload,
+            args.concurrency,
+            if matches!(args.workload, Workload::Signals) { args.batch } else { 1 },
+            self.requests,
+            self.errors,
+            seconds,
+            self.requests as f64 / seconds,
+            self.events as f64 / seconds,
+            percentile(0.50),
+            percentile(0.99),
+            percentile(1.0),
+        );
+    }
+}

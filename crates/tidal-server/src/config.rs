@@ -1,0 +1,204 @@
+//! Serve configuration: command line, environment and a TOML file, merged in that order of precedence.
+//!
+//! Every knob has a default that works on a laptop; the file lets operators keep them in one place.
+//! Unknown keys in the file are an error, so a typo is never silently ignored.
+
+use anyhow::Context;
+use serde::Deserialize;
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+/// Default signal kinds and weights. Weights are resolved at the API and logged, so changing them
+/// later never changes how existing log entries fold.
+pub const DEFAULT_SIGNAL_KINDS: [(&str, f64); 6] =
+    [("view", 0.2), ("click", 1.0), ("like", 2.0), ("share", 3.0), ("purchase", 5.0), ("skip", -0.5)];
+
+/// The `tidal serve` options that may also come from the config file or the environment.
+#[derive(Debug, Default, Clone, clap::Args)]
+pub struct ServeArgs {
+    /// Data directory (WAL and state).
+    #[arg(long, env = "TIDAL_DATA_DIR")]
+    pub data_dir: Option<PathBuf>,
+    /// HTTP listen address.
+    #[arg(long, env = "TIDAL_HTTP")]
+    pub http: Option<SocketAddr>,
+    /// TOML config file (command line and environment override it).
+    #[arg(long, env = "TIDAL_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// Token file (TOML: [[token]] name, token, scopes).
+    #[arg(long, env = "TIDAL_TOKEN_FILE")]
+    pub token_file: Option<PathBuf>,
+    /// Allow a non-loopback bind without tokens.
+    #[arg(long)]
+    pub insecure: bool,
+    /// Embedding dimension (fixed per database).
+    #[arg(long, env = "TIDAL_DIMENSION")]
+    pub dimension: Option<u32>,
+}
+
+/// The config file. Every field optional; the command line wins.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileConfig {
+    data_dir: Option<PathBuf>,
+    http: Option<SocketAddr>,
+    token_file: Option<PathBuf>,
+    insecure: Option<bool>,
+    dimension: Option<u32>,
+    half_life_ms: Option<u64>,
+    profile_half_life_ms: Option<u64>,
+    similarity_weight: Option<f64>,
+    trending_weight: Option<f64>,
+    body_bytes_max: Option<usize>,
+    signals_per_request_max: Option<usize>,
+    segment_bytes_max: Option<u64>,
+    write_inflight_bytes_max: Option<usize>,
+    wal_retention_bytes: Option<u64>,
+    read_wait_ms_max: Option<u64>,
+    checkpoint_interval_ms: Option<u64>,
+    signal_kinds: Option<BTreeMap<String, f64>>,
+}
+
+/// The resolved configuration of a node.
+#[derive(Debug, Clone)]
+pub struct ServeConfig {
+    /// Data directory.
+    pub data_dir: PathBuf,
+    /// HTTP listen address.
+    pub http: SocketAddr,
+    /// Token file, if any.
+    pub token_file: Option<PathBuf>,
+    /// Allow a non-loopback bind without tokens.
+    pub insecure: bool,
+    /// Embedding dimension.
+    pub dimension: u32,
+    /// Trending half-life.
+    pub half_life_ms: u64,
+    /// Profile half-life.
+    pub profile_half_life_ms: u64,
+    /// Feed weight of similarity.
+    pub similarity_weight: f64,
+    /// Feed weight of trending.
+    pub trending_weight: f64,
+    /// Largest accepted request body.
+    pub body_bytes_max: usize,
+    /// Most signals in one POST (one batch).
+    pub signals_per_request_max: usize,
+    /// WAL segment size.
+    pub segment_bytes_max: u64,
+    /// Bound on payload bytes submitted and not yet acknowledged; writers wait beyond it.
+    pub write_inflight_bytes_max: usize,
+    /// WAL bytes kept below the checkpoint before whole segments are purged.
+    pub wal_retention_bytes: u64,
+    /// Longest a read with `min_seqno` waits.
+    pub read_wait_ms_max: u64,
+    /// How often the engine state is checkpointed (fsynced) so the WAL can be purged.
+    pub checkpoint_interval_ms: u64,
+    /// Signal kinds and their default weights.
+    pub signal_kinds: BTreeMap<String, f64>,
+}
+
+impl ServeConfig {
+    /// Resolves the configuration: command line (and environment) over file over defaults.
+    pub fn resolve(args: &ServeArgs) -> anyhow::Result<ServeConfig> {
+        let file = match &args.config {
+            Some(path) => load_file(path)?,
+            None => FileConfig::default(),
+        };
+        let signal_kinds = file.signal_kinds.unwrap_or_else(|| {
+            DEFAULT_SIGNAL_KINDS.iter().map(|(name, weight)| (name.to_string(), *weight)).collect()
+        });
+        for (name, weight) in &signal_kinds {
+            anyhow::ensure!(
+                !name.is_empty() && name.len() <= 64,
+                "signal kind name {name:?} must be 1..=64 bytes"
+            );
+            anyhow::ensure!(weight.is_finite(), "signal kind {name} has a non-finite weight");
+        }
+        let config = ServeConfig {
+            data_dir: args
+                .data_dir
+                .clone()
+                .or(file.data_dir)
+                .unwrap_or_else(|| PathBuf::from("./tidal-data")),
+            http: args.http.or(file.http).unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 7070))),
+            token_file: args.token_file.clone().or(file.token_file),
+            insecure: args.insecure || file.insecure.unwrap_or(false),
+            dimension: args.dimension.or(file.dimension).unwrap_or(128),
+            half_life_ms: file.half_life_ms.unwrap_or(6 * 3600 * 1000),
+            profile_half_life_ms: file.profile_half_life_ms.unwrap_or(7 * 24 * 3600 * 1000),
+            similarity_weight: file.similarity_weight.unwrap_or(1.0),
+            trending_weight: file.trending_weight.unwrap_or(0.1),
+            body_bytes_max: file.body_bytes_max.unwrap_or(16 * 1024 * 1024),
+            signals_per_request_max: file.signals_per_request_max.unwrap_or(10_000),
+            segment_bytes_max: file.segment_bytes_max.unwrap_or(64 * 1024 * 1024),
+            write_inflight_bytes_max: file.write_inflight_bytes_max.unwrap_or(128 * 1024 * 1024),
+            wal_retention_bytes: file.wal_retention_bytes.unwrap_or(1024 * 1024 * 1024),
+            read_wait_ms_max: file.read_wait_ms_max.unwrap_or(10_000),
+            checkpoint_interval_ms: file.checkpoint_interval_ms.unwrap_or(30_000),
+            signal_kinds,
+        };
+        config.validate()?;
+        Ok(config)
+    }
+
+    fn validate(&self) -> anyhow::Result<()> {
+        anyhow::ensure!(
+            (1..=4096).contains(&self.dimension),
+            "dimension must be 1..=4096, got {}",
+            self.dimension
+        );
+        anyhow::ensure!(
+            self.half_life_ms > 0 && self.profile_half_life_ms > 0,
+            "half-lives must be positive"
+        );
+        anyhow::ensure!(
+            self.similarity_weight.is_finite() && self.trending_weight.is_finite(),
+            "feed weights must be finite"
+        );
+        anyhow::ensure!(self.body_bytes_max >= 1024, "body_bytes_max must be at least 1024");
+        anyhow::ensure!(
+            self.write_inflight_bytes_max >= self.body_bytes_max,
+            "write_inflight_bytes_max must hold at least one whole body"
+        );
+        anyhow::ensure!(self.segment_bytes_max >= 4096, "segment_bytes_max must be at least 4096");
+        Ok(())
+    }
+}
+
+fn load_file(path: &Path) -> anyhow::Result<FileConfig> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("read config file {}", path.display()))?;
+    toml::from_str(&text).with_context(|| format!("parse config file {}", path.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn command_line_overrides_file_and_file_overrides_defaults() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("tidal.toml");
+        std::fs::write(&path, "http = \"127.0.0.1:9000\"\ndimension = 8\n[signal_kinds]\nclick = 2.5\n")
+            .unwrap();
+        let args = ServeArgs { config: Some(path.clone()), dimension: Some(16), ..Default::default() };
+        let config = ServeConfig::resolve(&args).unwrap();
+        assert_eq!(config.http.port(), 9000);
+        assert_eq!(config.dimension, 16);
+        assert_eq!(config.signal_kinds.len(), 1);
+        assert_eq!(config.data_dir, PathBuf::from("./tidal-data"));
+    }
+
+    #[test]
+    fn unknown_keys_and_bad_values_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("tidal.toml");
+        std::fs::write(&path, "dimenson = 8\n").unwrap();
+        let args = ServeArgs { config: Some(path.clone()), ..Default::default() };
+        assert!(ServeConfig::resolve(&args).is_err());
+        std::fs::write(&path, "dimension = 0\n").unwrap();
+        assert!(ServeConfig::resolve(&args).is_err());
+    }
+}

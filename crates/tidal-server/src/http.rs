@@ -1,0 +1,632 @@
+//! The HTTP API (the contract in DESIGN.md), served by axum.
+//!
+//! Every handler validates its whole input before anything is submitted, so a 4xx means nothing was
+//! or will be written. Bodies are read with an explicit size limit and parsed by hand (not axum's
+//! `Json` extractor) so every failure maps to a contract error code. Reads report the applied frontier
+//! in `Tidal-Applied-Seqno` and honour `min_seqno` (read-your-writes).
+
+use crate::auth::{AuthError, Principal, Scope, Tokens};
+use crate::error::ApiError;
+use crate::metrics::{render_histogram, render_single};
+use crate::node::Node;
+use axum::extract::{MatchedPath, Path, RawQuery, Request, State};
+use axum::http::{HeaderMap, HeaderValue, Method, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post, put};
+use axum::{Extension, Json, Router};
+use serde::de::DeserializeOwned;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tidal_core::{Records, SignalEvent};
+use tidal_types::{
+    Accepted, ClusterStatus, DigestView, EmbeddingView, ErrorCode, ItemPut, ItemView, NegativeAdd,
+    NegativesView, NodeStatus, RankedItem, RankedList, SignalsRequest, WriteReply, RESERVED_PREFIX,
+};
+
+/// Longest user id, in bytes.
+const USER_BYTES_MAX: usize = 256;
+/// Largest metadata document, in bytes: metadata is a catalogue entry, not a blob store.
+const METADATA_BYTES_MAX: usize = 1024 * 1024;
+/// Largest `limit` on ranked reads.
+const LIMIT_MAX: usize = 1000;
+/// Most ids in a feed's `exclude` list.
+const EXCLUDE_MAX: usize = 10_000;
+/// Longest Idempotency-Key.
+const IDEMPOTENCY_KEY_BYTES_MAX: usize = 256;
+/// Accepted signal time range: 1970 .. year 2200 in unix ms; anything else is a unit mistake.
+const SIGNAL_TS_MAX_MS: i64 = 7_258_118_400_000;
+
+/// Shared state of the HTTP layer.
+pub struct AppState {
+    /// The node.
+    pub node: Arc<Node>,
+    /// Accepted tokens; `None` means an open node.
+    pub tokens: Option<Tokens>,
+    /// HTTP metrics.
+    pub metrics: crate::metrics::HttpMetrics,
+}
+
+type AppResult<T> = Result<T, ApiError>;
+
+/// Builds the router.
+pub fn router(state: Arc<AppState>) -> Router {
+    Router::new()
+        .route("/v1/signals", post(post_signals))
+        .route("/v1/items/{id}", put(put_item).get(get_item).delete(delete_item))
+        .route("/v1/items/{id}/embedding", put(put_embedding).get(get_embedding))
+        .route("/v1/items/{id}/similar", get(get_similar))
+        .route("/v1/users/{user}/feed", get(get_feed))
+        .route("/v1/trending", get(get_trending))
+        .route("/v1/users/{user}/negatives", post(post_negative).get(get_negatives))
+        .route("/v1/users/{user}/negatives/{item}", axum::routing::delete(delete_negative))
+        .route("/v1/streams/{*rest}", axum::routing::any(not_implemented))
+        .route("/v1/inboxes/{*rest}", axum::routing::any(not_implemented))
+        .route("/cluster/status", get(get_status))
+        .route("/cluster/digest", get(get_digest))
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
+        .fallback(fallback)
+        .layer(axum::middleware::from_fn_with_state(state.clone(), authenticate))
+        .with_state(state)
+}
+
+fn scope_for(method: &Method, path: &str) -> Option<Scope> {
+    if path == "/healthz" || path == "/readyz" {
+        None
+    } else if path.starts_with("/cluster/") {
+        Some(Scope::Admin)
+    } else if method == Method::GET || method == Method::HEAD {
+        Some(Scope::Read)
+    } else {
+        Some(Scope::Write)
+    }
+}
+
+async fn authenticate(State(state): State<Arc<AppState>>, mut request: Request, next: Next) -> Response {
+    let started = Instant::now();
+    let method = request.method().clone();
+    let route = request
+        .extensions()
+        .get::<MatchedPath>()
+        .map(|path| path.as_str().to_string())
+        .unwrap_or_else(|| "unmatched".to_string());
+    let principal = match (&state.tokens, scope_for(&method, request.uri().path())) {
+        (None, _) | (_, None) => Ok(Principal::anonymous()),
+        (Some(tokens), Some(scope)) => {
+            let header =
+                request.headers().get(axum::http::header::AUTHORIZATION).and_then(|v| v.to_str().ok());
+            tokens.check(header, scope)
+        }
+    };
+    let response = match principal {
+        Ok(principal) => {
+            request.extensions_mut().insert(principal);
+            next.run(request).await
+        }
+        Err(AuthError::Unauthorized) => ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            ErrorCode::Unauthorized,
+            "missing or unknown bearer token",
+        )
+        .into_response(),
+        Err(AuthError::Forbidden) => {
+            ApiError::new(StatusCode::FORBIDDEN, ErrorCode::Forbidden, "token lacks the scope for this route")
+                .into_response()
+        }
+    };
+    state.metrics.record(
+        method.as_str(),
+        &route,
+        response.status().as_u16(),
+        started.elapsed().as_secs_f64(),
+    );
+    response
+}
+
+/// Reads and parses a JSON body with the node's size limit, mapping every failure to a contract code.
+async fn json_body<T: DeserializeOwned>(state: &AppState, body: axum::body::Body) -> AppResult<T> {
+    parse_json(&read_body(state, body).await?)
+}
+
+async fn read_body(state: &AppState, body: axum::body::Body) -> AppResult<axum::body::Bytes> {
+    let limit = state.node.config().body_bytes_max;
+    axum::body::to_bytes(body, limit).await.map_err(|_| {
+        ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            ErrorCode::PayloadTooLarge,
+            format!("request body over {limit} bytes"),
+        )
+    })
+}
+
+fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> AppResult<T> {
+    serde_json::from_slice(bytes).map_err(json_error)
+}
+
+/// Shape errors (wrong types, unknown fields, ids out of range) are `invalid_argument`; syntax errors
+/// are `malformed_json`.
+fn json_error(error: serde_json::Error) -> ApiError {
+    match error.classify() {
+        serde_json::error::Category::Data => ApiError::invalid(format!("invalid request: {error}")),
+        _ => ApiError::bad_request(ErrorCode::MalformedJson, format!("malformed JSON: {error}")),
+    }
+}
+
+fn query_param<'a>(query: &'a Option<String>, name: &str) -> Option<&'a str> {
+    query.as_deref()?.split('&').find_map(|pair| {
+        let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+        (key == name).then_some(value)
+    })
+}
+
+fn query_u64(query: &Option<String>, name: &str) -> AppResult<Option<u64>> {
+    query_param(query, name)
+        .map(|value| {
+            value.parse::<u64>().map_err(|_| ApiError::invalid(format!("{name} must be an unsigned integer")))
+        })
+        .transpose()
+}
+
+fn query_limit(query: &Option<String>, default: usize) -> AppResult<usize> {
+    let limit = query_u64(query, "limit")?.map(|n| n as usize).unwrap_or(default);
+    if limit == 0 || limit > LIMIT_MAX {
+        return Err(ApiError::invalid(format!("limit must be 1..={LIMIT_MAX}")));
+    }
+    Ok(limit)
+}
+
+/// Honours `min_seqno`: waits (bounded) until the node has applied it. Returns the applied seqno.
+async fn read_barrier(state: &AppState, query: &Option<String>) -> AppResult<u64> {
+    let node = &state.node;
+    if let Some(min) = query_u64(query, "min_seqno")? {
+        let timeout = Duration::from_millis(node.config().read_wait_ms_max);
+        node.wait_applied(min, Some(timeout)).await?;
+    }
+    Ok(node.applied_seqno())
+}
+
+fn with_applied<T: IntoResponse>(applied: u64, body: T) -> Response {
+    let mut response = body.into_response();
+    response.headers_mut().insert("Tidal-Applied-Seqno", HeaderValue::from(applied));
+    response
+}
+
+fn parse_item_id(raw: &str) -> AppResult<u64> {
+    raw.parse::<u64>()
+        .map_err(|_| ApiError::invalid(format!("item id {raw:?} is not an unsigned 64-bit integer")))
+}
+
+fn check_name(what: &str, name: &str, max: usize) -> AppResult<()> {
+    if name.is_empty() {
+        return Err(ApiError::invalid(format!("{what} must not be empty")));
+    }
+    if name.len() > max {
+        return Err(ApiError::invalid(format!("{what} is longer than {max} bytes")));
+    }
+    if name.starts_with(RESERVED_PREFIX) {
+        return Err(ApiError::invalid(format!("{what} {name:?} uses the reserved prefix {RESERVED_PREFIX}")));
+    }
+    if name.chars().any(char::is_control) {
+        return Err(ApiError::invalid(format!("{what} contains control characters")));
+    }
+    Ok(())
+}
+
+fn idempotency_key(headers: &HeaderMap) -> AppResult<Option<String>> {
+    let Some(value) = headers.get("Idempotency-Key") else {
+        return Ok(None);
+    };
+    let key = value.to_str().map_err(|_| ApiError::invalid("Idempotency-Key must be visible ASCII"))?;
+    if key.is_empty() || key.len() > IDEMPOTENCY_KEY_BYTES_MAX {
+        return Err(ApiError::invalid(format!(
+            "Idempotency-Key must be 1..={IDEMPOTENCY_KEY_BYTES_MAX} bytes"
+        )));
+    }
+    Ok(Some(key.to_string()))
+}
+
+async fn post_signals(
+    State(state): State<Arc<AppState>>,
+    Extension(principal): Extension<Principal>,
+    headers: HeaderMap,
+    body: axum::body::Body,
+) -> AppResult<Json<WriteReply>> {
+    let key = idempotency_key(&headers)?;
+    let request: SignalsRequest = json_body(&state, body).await?;
+    let config = state.node.config();
+    if request.signals.is_empty() {
+        return Err(ApiError::invalid("signals must not be empty"));
+    }
+    if request.signals.len() > config.signals_per_request_max {
+        return Err(ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            ErrorCode::PayloadTooLarge,
+            format!("at most {} signals per request", config.signals_per_request_max),
+        ));
+    }
+    let mut events = Vec::with_capacity(request.signals.len());
+    for (i, signal) in request.signals.into_iter().enumerate() {
+        check_name("user", &signal.user, USER_BYTES_MAX).map_err(|e| prefix(e, i))?;
+        let Some(default_weight) = config.signal_kinds.get(&signal.kind) else {
+            return Err(ApiError::bad_request(
+                ErrorCode::UnknownSignalKind,
+                format!("signals[{i}]: unknown signal kind {:?}", signal.kind),
+            ));
+        };
+        let weight = signal.weight.unwrap_or(*default_weight);
+        if !weight.is_finite() {
+            return Err(ApiError::bad_request(
+                ErrorCode::NonFiniteNumber,
+                format!("signals[{i}]: weight is not finite"),
+            ));
+        }
+        if let Some(ts) = signal.ts {
+            if !(0..=SIGNAL_TS_MAX_MS).contains(&ts) {
+                return Err(ApiError::invalid(format!("signals[{i}]: ts {ts} is not a unix time in ms")));
+            }
+        }
+        events.push(SignalEvent {
+            user: signal.user,
+            item: signal.item,
+            kind: signal.kind,
+            weight,
+            ts_ms: signal.ts,
+        });
+    }
+    let seqno = state.node.write(&principal, key, Records::Signals(events)).await?;
+    Ok(Json(WriteReply { seqno }))
+}
+
+fn prefix(mut error: ApiError, index: usize) -> ApiError {
+    error.message = format!("signals[{index}]: {}", error.message);
+    error
+}
+
+async fn put_item(
+    State(state): State<Arc<AppState>>,
+    Extension(principal): Extension<Principal>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    body: axum::body::Body,
+) -> AppResult<Json<WriteReply>> {
+    let item = parse_item_id(&id)?;
+    let key = idempotency_key(&headers)?;
+    let request: ItemPut = json_body(&state, body).await?;
+    let metadata = serde_json::to_vec(&request.metadata).map_err(|e| ApiError::invalid(e.to_string()))?;
+    if metadata.len() > METADATA_BYTES_MAX {
+        return Err(ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            ErrorCode::PayloadTooLarge,
+            format!("metadata over {METADATA_BYTES_MAX} bytes"),
+        ));
+    }
+    let seqno = state.node.write(&principal, key, Records::ItemMetadata { item, metadata }).await?;
+    Ok(Json(WriteReply { seqno }))
+}
+
+async fn get_item(
+    State(state): State<Arc<AppState>>,
+    Path(id): Path<String>,
+    RawQuery(query): RawQuery,
+) -> AppResult<Response> {
+    let item = parse_item_id(&id)?;
+    let applied = read_barrier(&state, &query).await?;
+    let Some(found) = state.node.db().get_item(item)? else {
+        return Err(ApiError::not_found(format!("item {item} not found")));
+    };
+    let metadata: serde_json::Value = serde_json::from_slice(&found.metadata)
+        .map_err(|e| ApiError::internal(format!("stored metadata of item {item} is not JSON: {e}")))?;
+    let view = ItemView { id: item, metadata, has_embedding: found.has_embedding, seqno: found.seqno.get() };
+    Ok(with_applied(applied, Json(view)))
+}
+
+async fn delete_item(
+    State(state): State<Arc<AppState>>,
+    Extension(principal): Extension<Principal>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+) -> AppResult<Json<WriteReply>> {
+    let item = parse_item_id(&id)?;
+    let key = idempotency_key(&headers)?;
+    let seqno = state.node.write(&principal, key, Records::ItemDelete { item }).await?;
+    Ok(Json(WriteReply { seqno }))
+}
+
+async fn put_embedding(
+    State(state): State<Arc<AppState>>,
+    Extension(principal): Extension<Principal>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    body: axum::body::Body,
+) -> AppResult<Json<WriteReply>> {
+    let item = parse_item_id(&id)?;
+    let key = idempotency_key(&headers)?;
+    let vector = parse_vector(&state, body).await?;
+    let seqno = state.node.write(&principal, key, Records::ItemEmbedding { item, vector }).await?;
+    Ok(Json(WriteReply { seqno }))
+}
+
+async fn get_embedding(
+    State(state): State<Arc<AppState>>,
+    Path(id): Path<String>,
+    RawQuery(query): RawQuery,
+) -> AppResult<Response> {
+    let item = parse_item_id(&id)?;
+    let applied = read_barrier(&state, &query).await?;
+    let Some((vector, seqno)) = state.node.db().get_embedding(item)? else {
+        return Err(ApiError::not_found(format!("item {item} has no embedding")));
+    };
+    Ok(with_applied(applied, Json(EmbeddingView { id: item, vector, seqno: seqno.get() })))
+}
+
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct EmbeddingBody {
+    vector: Vec<serde_json::Value>,
+}
+
+/// Parses an embedding body. JSON has no NaN or infinity: clients send them as `null` (JavaScript's
+/// `JSON.stringify`), as strings, or as an out-of-range literal such as `1e999`; each is
+/// `invalid_vector`, not a generic parse error.
+async fn parse_vector(state: &AppState, body: axum::body::Body) -> AppResult<Vec<f32>> {
+    let invalid = |message: String| ApiError::bad_request(ErrorCode::InvalidVector, message);
+    let bytes = read_body(state, body).await?;
+    let parsed: EmbeddingBody = match serde_json::from_slice(&bytes) {
+        Ok(parsed) => parsed,
+        Err(error) if error.to_string().contains("number out of range") => {
+            return Err(invalid(format!("vector holds a number that is not finite: {error}")))
+        }
+        Err(error) => return Err(json_error(error)),
+    };
+    let dimension = state.node.config().dimension as usize;
+    if parsed.vector.len() != dimension {
+        return Err(ApiError::bad_request(
+            ErrorCode::DimensionMismatch,
+            format!("vector has {} dimensions, this database has {dimension}", parsed.vector.len()),
+        ));
+    }
+    let mut vector = Vec::with_capacity(dimension);
+    for (i, value) in parsed.vector.iter().enumerate() {
+        let number =
+            value.as_f64().ok_or_else(|| invalid(format!("vector[{i}] = {value} is not a finite number")))?;
+        let narrowed = number as f32;
+        if !number.is_finite() || !narrowed.is_finite() {
+            return Err(invalid(format!("vector[{i}] = {number} is not a finite f32")));
+        }
+        vector.push(narrowed);
+    }
+    Ok(vector)
+}
+
+fn ranked(list: tidal_core::Ranked) -> RankedList {
+    RankedList {
+        items: list
+            .items
+            .into_iter()
+            .map(|entry| RankedItem {
+                item: entry.item,
+                score: entry.score,
+                similarity: entry.similarity,
+                trending: entry.trending,
+            })
+            .collect(),
+        applied_seqno: list.applied_seqno.get(),
+    }
+}
+
+async fn get_feed(
+    State(state): State<Arc<AppState>>,
+    Path(user): Path<String>,
+    RawQuery(query): RawQuery,
+) -> AppResult<Response> {
+    check_name("user", &user, USER_BYTES_MAX)?;
+    let limit = query_limit(&query, 20)?;
+    let exclude = match query_param(&query, "exclude") {
+        None | Some("") => Vec::new(),
+        Some(list) => {
+            list.split(',').map(|id| parse_item_id(id.trim())).collect::<AppResult<Vec<u64>>>().and_then(
+                |ids| {
+                    if ids.len() > EXCLUDE_MAX {
+                        Err(ApiError::invalid(format!("exclude lists at most {EXCLUDE_MAX} ids")))
+                    } else {
+                        Ok(ids)
+                    }
+                },
+            )?
+        }
+    };
+    let applied = read_barrier(&state, &query).await?;
+    let list = state.node.db().feed(&user, limit, &exclude)?;
+    Ok(with_applied(applied, Json(ranked(list))))
+}
+
+async fn get_similar(
+    State(state): State<Arc<AppState>>,
+    Path(id): Path<String>,
+    RawQuery(query): RawQuery,
+) -> AppResult<Response> {
+    let item = parse_item_id(&id)?;
+    let limit = query_limit(&query, 10)?;
+    let applied = read_barrier(&state, &query).await?;
+    let Some(list) = state.node.db().similar(item, limit)? else {
+        return Err(ApiError::not_found(format!("item {item} has no embedding")));
+    };
+    Ok(with_applied(applied, Json(ranked(list))))
+}
+
+async fn get_trending(State(state): State<Arc<AppState>>, RawQuery(query): RawQuery) -> AppResult<Response> {
+    let limit = query_limit(&query, 20)?;
+    let applied = read_barrier(&state, &query).await?;
+    let list = state.node.db().trending(limit)?;
+    Ok(with_applied(applied, Json(ranked(list))))
+}
+
+async fn post_negative(
+    State(state): State<Arc<AppState>>,
+    Path(user): Path<String>,
+    body: axum::body::Body,
+) -> AppResult<Json<Accepted>> {
+    check_name("user", &user, USER_BYTES_MAX)?;
+    let request: NegativeAdd = json_body(&state, body).await?;
+    state.node.db().negatives_add(&user, request.item)?;
+    Ok(Json(Accepted { accepted: true }))
+}
+
+async fn delete_negative(
+    State(state): State<Arc<AppState>>,
+    Path((user, item)): Path<(String, String)>,
+) -> AppResult<Json<Accepted>> {
+    check_name("user", &user, USER_BYTES_MAX)?;
+    let item = parse_item_id(&item)?;
+    state.node.db().negatives_remove(&user, item)?;
+    Ok(Json(Accepted { accepted: true }))
+}
+
+async fn get_negatives(
+    State(state): State<Arc<AppState>>,
+    Path(user): Path<String>,
+    RawQuery(query): RawQuery,
+) -> AppResult<Response> {
+    check_name("user", &user, USER_BYTES_MAX)?;
+    let applied = read_barrier(&state, &query).await?;
+    let items = state.node.db().negatives(&user)?;
+    Ok(with_applied(applied, Json(NegativesView { user, items })))
+}
+
+async fn get_status(
+    State(state): State<Arc<AppState>>,
+    RawQuery(query): RawQuery,
+) -> AppResult<Json<ClusterStatus>> {
+    let applied = read_barrier(&state, &query).await?;
+    let node = &state.node;
+    let durable = node.wal().durable_seqno().get();
+    let http = node.config().http.to_string();
+    Ok(Json(ClusterStatus {
+        node_id: 1,
+        role: "leader".into(),
+        term: node.wal().term().get(),
+        leader_id: Some(1),
+        durable_seqno: durable,
+        commit_seqno: durable,
+        applied_seqno: applied,
+        nodes: vec![NodeStatus {
+            id: 1,
+            role: "leader".into(),
+            http,
+            durable_seqno: durable,
+            applied_seqno: applied,
+            lag_ms: 0,
+        }],
+    }))
+}
+
+async fn get_digest(
+    State(state): State<Arc<AppState>>,
+    RawQuery(query): RawQuery,
+) -> AppResult<Json<DigestView>> {
+    read_barrier(&state, &query).await?;
+    let db = state.node.db();
+    let (applied, digest) = db.digest()?;
+    let negatives = db.negatives_digest()?;
+    Ok(Json(DigestView {
+        node_id: 1,
+        applied_seqno: applied.get(),
+        digest: hex(&digest),
+        negatives_digest: hex(&negatives),
+    }))
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+async fn healthz() -> &'static str {
+    "ok\n"
+}
+
+async fn readyz(State(state): State<Arc<AppState>>) -> Response {
+    match state.node.fatal() {
+        None => (StatusCode::OK, "ready\n").into_response(),
+        Some(why) => ApiError::unavailable(ErrorCode::NotReady, why).into_response(),
+    }
+}
+
+async fn metrics(State(state): State<Arc<AppState>>) -> Response {
+    let node = &state.node;
+    let mut out = String::with_capacity(8192);
+    let wal = node.wal().stats();
+    // The last bucket of the WAL's histogram is a catch-all (u64::MAX): Prometheus' +Inf covers it.
+    let bounds_us = &tidal_wal::stats::FSYNC_LATENCY_BUCKETS_US;
+    let bounds_s: Vec<f64> = bounds_us[..bounds_us.len() - 1].iter().map(|us| *us as f64 / 1e6).collect();
+    render_histogram(
+        &mut out,
+        "tidal_wal_fsync_seconds",
+        "WAL fsync (fdatasync) latency.",
+        &bounds_s,
+        &wal.fsync_latency_us_buckets,
+        wal.fsync_latency_us_sum as f64 / 1e6,
+    );
+    render_single(
+        &mut out,
+        "tidal_wal_batches_total",
+        "counter",
+        "Batches written to the WAL.",
+        wal.batches as f64,
+    );
+    render_single(
+        &mut out,
+        "tidal_wal_bytes_total",
+        "counter",
+        "Bytes written to the WAL.",
+        wal.bytes as f64,
+    );
+    render_single(&mut out, "tidal_wal_fsyncs_total", "counter", "WAL fsyncs.", wal.fsyncs as f64);
+    render_single(
+        &mut out,
+        "tidal_wal_queue_depth",
+        "gauge",
+        "Writes queued for the WAL writer.",
+        wal.queue_batches as f64,
+    );
+    let durable = node.wal().durable_seqno().get() as f64;
+    render_single(&mut out, "tidal_durable_seqno", "gauge", "Durable frontier.", durable);
+    render_single(&mut out, "tidal_commit_seqno", "gauge", "Commit frontier.", durable);
+    render_single(&mut out, "tidal_applied_seqno", "gauge", "Applied frontier.", node.applied_seqno() as f64);
+    render_single(
+        &mut out,
+        "tidal_checkpoint_seqno",
+        "gauge",
+        "Engine checkpoint.",
+        node.checkpoint_seqno() as f64,
+    );
+    render_single(
+        &mut out,
+        "tidal_up",
+        "gauge",
+        "1 while the node can take writes.",
+        f64::from(node.fatal().is_none()),
+    );
+    render_single(
+        &mut out,
+        "tidal_uptime_seconds",
+        "gauge",
+        "Seconds since start.",
+        node.uptime().as_secs_f64(),
+    );
+    state.metrics.render(&mut out);
+    ([(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4")], out).into_response()
+}
+
+async fn not_implemented() -> ApiError {
+    ApiError::new(
+        StatusCode::NOT_IMPLEMENTED,
+        ErrorCode::NotImplemented,
+        "streams and inboxes are not built yet",
+    )
+}
+
+async fn fallback() -> ApiError {
+    ApiError::not_found("no such route")
+}

@@ -1,0 +1,481 @@
+//! A single Tidal node: the WAL, the engine, the applier, and the write path that ties them.
+//!
+//! Write path: the handler encodes one payload (one client write = one batch) and submits it to the
+//! WAL's group-commit writer, which assigns seqnos, stamps the logged time, writes and fsyncs. After
+//! the fsync the writer hands the batches to the applier thread (through `ApplyFeed`), which folds
+//! them into the engine through the ONE apply path and publishes the applied frontier. A write is
+//! acknowledged once its last seqno is applied, so a client that got `{"seqno": N}` can read it back
+//! here at once.
+//!
+//! Delicate:
+//! - Nothing is acknowledged before its fsync: the WAL calls completions only after it.
+//! - Apply errors are fatal for the node: the frontier stops, waiting writes fail with 503 and
+//!   `/readyz` fails. A restart replays the WAL from the engine's applied seqno.
+//! - Memory is bounded: in-flight write bytes and requests are capped by semaphores (writers wait,
+//!   then get 503 `overloaded`), the WAL queue is capped, and the apply channel is bounded (the writer
+//!   thread waits for the applier rather than buffering without limit).
+//! - Idempotency: a key is registered as in flight BEFORE the engine's table is consulted, and the
+//!   registration is removed only after the write is applied, so two racing requests with one key
+//!   never both write. The write runs in its own task, so a client hanging up does not cancel it.
+
+use crate::auth::Principal;
+use crate::config::ServeConfig;
+use crate::error::ApiError;
+use anyhow::Context;
+use std::collections::HashMap;
+use std::fs::File;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tidal_core::{EngineConfig, Envelope, Records, TidalDb};
+use tidal_types::{ErrorCode, Seqno, Term};
+use tidal_wal::{AppendRequest, Batch, FlushedHook, StdIo, SubmitError, SystemClock, Wal, WalConfig};
+use tokio::sync::{watch, Semaphore};
+
+/// Flushed batches waiting for the applier. Each entry is one drain (one fsync); bounding entries
+/// bounds memory because a drain is itself bounded in bytes.
+const APPLY_CHANNEL_DRAINS_MAX: usize = 64;
+/// Most writes submitted and not yet acknowledged; matches the WAL queue bound with room to spare.
+const WRITES_INFLIGHT_MAX: usize = 2048;
+/// How long a write waits for room in the in-flight budget before it is refused with `overloaded`.
+const WRITE_ADMIT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Outcome of a finished write as seen by requests waiting on the same idempotency key.
+type WriteOutcome = Result<u64, ApiError>;
+
+struct InFlight {
+    fingerprint: [u8; 32],
+    done: watch::Receiver<Option<WriteOutcome>>,
+}
+
+/// A running node.
+pub struct Node {
+    config: ServeConfig,
+    wal: Wal,
+    db: Arc<TidalDb>,
+    applied: watch::Receiver<u64>,
+    fatal: Arc<Mutex<Option<String>>>,
+    write_bytes: Arc<Semaphore>,
+    write_slots: Arc<Semaphore>,
+    inflight: Mutex<HashMap<(String, String), InFlight>>,
+    applier: Mutex<Option<std::thread::JoinHandle<()>>>,
+    /// Engine checkpoint: WAL purge never passes it.
+    checkpoint_seqno: AtomicU64,
+    started: Instant,
+    _lock: File,
+}
+
+/// Hands flushed batches to the applier thread.
+struct ApplyFeed(std::sync::mpsc::SyncSender<Vec<Batch>>);
+
+impl FlushedHook for ApplyFeed {
+    fn flushed(&mut self, batches: &[Batch]) {
+        // A send fails only when the applier has stopped after a fatal error: then nothing more may be
+        // acknowledged, and the frontier no longer moves, so dropping the batches here is safe (they
+        // are durable in the WAL and a restart replays them).
+        let _ = self.0.send(batches.to_vec());
+    }
+}
+
+/// What startup replay did.
+#[derive(Debug, Clone, Copy)]
+pub struct ReplayReport {
+    /// Batches applied.
+    pub batches: u64,
+    /// Encoded bytes applied.
+    pub bytes: u64,
+    /// Wall time.
+    pub elapsed: Duration,
+}
+
+impl Node {
+    /// Opens the data directory: recovers the WAL, opens the engine, replays the WAL past the
+    /// engine's applied seqno, and starts the applier.
+    pub fn open(config: ServeConfig) -> anyhow::Result<(Arc<Node>, ReplayReport)> {
+        std::fs::create_dir_all(&config.data_dir)
+            .with_context(|| format!("create data dir {}", config.data_dir.display()))?;
+        let lock = lock_data_dir(&config.data_dir)?;
+        let (apply_tx, apply_rx) = std::sync::mpsc::sync_channel::<Vec<Batch>>(APPLY_CHANNEL_DRAINS_MAX);
+        let mut wal_config = WalConfig::new(config.data_dir.join("wal"));
+        wal_config.segment_bytes_max = config.segment_bytes_max;
+        let (wal, recovery) =
+            Wal::open(wal_config, Arc::new(StdIo), Arc::new(SystemClock), Box::new(ApplyFeed(apply_tx)))
+                .context("open WAL")?;
+        if let Some(torn) = &recovery.truncated {
+            tracing::warn!(?torn, "WAL had a torn tail; truncated");
+        }
+        tracing::info!(
+            durable = %recovery.durable, segments = recovery.segments, batches = recovery.batches,
+            "WAL recovered"
+        );
+        let db =
+            TidalDb::open(&config.data_dir.join("state"), engine_config(&config)).context("open engine")?;
+        let db = Arc::new(db);
+        let applied = db.applied_seqno();
+        anyhow::ensure!(
+            applied <= recovery.durable,
+            "engine state is at seqno {applied} but the WAL ends at {}: the WAL in {} was lost or replaced; \
+             refusing to start (restore the WAL or wipe the data dir)",
+            recovery.durable,
+            config.data_dir.display()
+        );
+        let replay = replay(&wal, &db, recovery.durable)?;
+        wal.set_term(std::cmp::max(recovery.last_term, Term(1)));
+        let (applied_tx, applied_rx) = watch::channel(db.applied_seqno().get());
+        let fatal = Arc::new(Mutex::new(None));
+        let applier = spawn_applier(db.clone(), apply_rx, applied_tx, fatal.clone())?;
+        let checkpoint = db.applied_seqno().get();
+        let node = Node {
+            write_bytes: Arc::new(Semaphore::new(config.write_inflight_bytes_max)),
+            write_slots: Arc::new(Semaphore::new(WRITES_INFLIGHT_MAX)),
+            config,
+            wal,
+            db,
+            applied: applied_rx,
+            fatal,
+            inflight: Mutex::new(HashMap::new()),
+            applier: Mutex::new(Some(applier)),
+            checkpoint_seqno: AtomicU64::new(checkpoint),
+            started: Instant::now(),
+            _lock: lock,
+        };
+        Ok((Arc::new(node), replay))
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &ServeConfig {
+        &self.config
+    }
+
+    /// The engine, for reads.
+    pub fn db(&self) -> &TidalDb {
+        &self.db
+    }
+
+    /// The WAL, for stats.
+    pub fn wal(&self) -> &Wal {
+        &self.wal
+    }
+
+    /// Applied frontier.
+    pub fn applied_seqno(&self) -> u64 {
+        *self.applied.borrow()
+    }
+
+    /// The fatal error that stopped the node, if any.
+    pub fn fatal(&self) -> Option<String> {
+        if self.wal.is_poisoned() {
+            return Some("WAL is poisoned by a failed write or fsync; restart the node".into());
+        }
+        self.fatal.lock().expect("fatal lock is never held across a panic").clone()
+    }
+
+    /// Seconds since start.
+    pub fn uptime(&self) -> Duration {
+        self.started.elapsed()
+    }
+
+    /// Last engine checkpoint.
+    pub fn checkpoint_seqno(&self) -> u64 {
+        self.checkpoint_seqno.load(Ordering::Relaxed)
+    }
+
+    /// Writes one batch and returns its last seqno once it is durable and applied.
+    pub async fn write(
+        self: &Arc<Self>,
+        principal: &Principal,
+        idempotency_key: Option<String>,
+        records: Records,
+    ) -> Result<u64, ApiError> {
+        let envelope = Envelope {
+            time_ms: 0,
+            principal: principal.name.clone(),
+            idempotency_key: idempotency_key.clone().unwrap_or_default(),
+        };
+        let encoded = tidal_core::encode_payload(&envelope, &records);
+        let request =
+            AppendRequest { kind: encoded.kind, event_count: encoded.event_count, payload: encoded.payload };
+        let node = self.clone();
+        let principal = principal.name.clone();
+        // The whole write runs in its own task: a client hanging up must not cancel it half way.
+        tokio::spawn(async move {
+            match idempotency_key {
+                None => node.write_inner(request).await,
+                Some(key) => node.write_idempotent(principal, key, request).await,
+            }
+        })
+        .await
+        .unwrap_or_else(|error| Err(ApiError::internal(format!("write task failed: {error}"))))
+    }
+
+    async fn write_idempotent(
+        self: Arc<Self>,
+        principal: String,
+        key: String,
+        request: AppendRequest,
+    ) -> Result<u64, ApiError> {
+        let fingerprint = tidal_core::records_fingerprint(&request.payload);
+        let slot = (principal, key);
+        let done_tx = loop {
+            let waiting = {
+                let mut inflight = self.inflight.lock().expect("inflight lock is never held across a panic");
+                match inflight.get(&slot) {
+                    Some(entry) => (entry.fingerprint, entry.done.clone()),
+                    None => {
+                        let (done_tx, done_rx) = watch::channel(None);
+                        inflight.insert(slot.clone(), InFlight { fingerprint, done: done_rx });
+                        break done_tx;
+                    }
+                }
+            };
+            let (other_fingerprint, mut done) = waiting;
+            if other_fingerprint != fingerprint {
+                return Err(idempotency_conflict());
+            }
+            // The first attempt is in flight: its result is ours.
+            let outcome =
+                done.wait_for(|outcome| outcome.is_some()).await.ok().and_then(|outcome| outcome.clone());
+            if let Some(result) = outcome {
+                return result;
+            }
+            // The first attempt ended without an outcome (its guard removed the entry): try again.
+        };
+        let _guard = InFlightGuard { node: &self, slot: &slot };
+        // Registered first, looked up second: a write that finished before we registered is in the
+        // engine's table by now (entries are removed only after apply).
+        let result = match self.db.idempotency_lookup(&slot.0, &slot.1) {
+            Err(error) => Err(ApiError::from(error)),
+            Ok(Some(record)) if record.fingerprint == fingerprint => Ok(record.last_seqno.get()),
+            Ok(Some(_)) => Err(idempotency_conflict()),
+            Ok(None) => self.clone().write_inner(request).await,
+        };
+        let _ = done_tx.send(Some(result.clone()));
+        result
+    }
+
+    async fn write_inner(self: Arc<Self>, request: AppendRequest) -> Result<u64, ApiError> {
+        let bytes = u32::try_from(request.payload.len().max(1)).unwrap_or(u32::MAX);
+        let admit = async {
+            let slot = self.write_slots.clone().acquire_owned().await;
+            let bytes = self.write_bytes.clone().acquire_many_owned(bytes).await;
+            (slot, bytes)
+        };
+        let (Ok(_slot), Ok(_bytes)) = tokio::time::timeout(WRITE_ADMIT_TIMEOUT, admit)
+            .await
+            .map_err(|_| ApiError::unavailable(ErrorCode::Overloaded, "write queue is full; retry later"))?
+        else {
+            return Err(ApiError::internal("write admission closed"));
+        };
+        if let Some(fatal) = self.fatal() {
+            return Err(ApiError::unavailable(ErrorCode::NotReady, fatal));
+        }
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        match self.wal.submit(request, Box::new(move |result| drop(tx.send(result)))) {
+            Ok(()) => {}
+            Err(SubmitError::QueueFull(_)) => {
+                return Err(ApiError::unavailable(ErrorCode::Overloaded, "WAL queue is full; retry later"))
+            }
+            Err(SubmitError::Invalid(why)) => {
+                return Err(ApiError::internal(format!("invalid append: {why}")))
+            }
+            Err(error) => {
+                return Err(ApiError::unavailable(ErrorCode::NotReady, format!("WAL refused: {error:?}")))
+            }
+        }
+        let appended = match rx.await {
+            Ok(Ok(appended)) => appended,
+            Ok(Err(error)) => {
+                tracing::error!("failed to append: {error:#}");
+                return Err(ApiError::unavailable(
+                    ErrorCode::NotReady,
+                    format!("WAL append failed: {error}"),
+                ));
+            }
+            Err(_) => return Err(ApiError::internal("WAL writer stopped; the outcome is unknown")),
+        };
+        self.wait_applied(appended.last.get(), None).await?;
+        Ok(appended.last.get())
+    }
+
+    /// Waits until the applied frontier reaches `seqno`; `timeout` None waits as long as it takes
+    /// (writes), else fails with 504 `not_caught_up`.
+    pub async fn wait_applied(&self, seqno: u64, timeout: Option<Duration>) -> Result<u64, ApiError> {
+        let mut applied = self.applied.clone();
+        let wait = applied.wait_for(|applied| *applied >= seqno);
+        let reached = match timeout {
+            None => wait.await.map(|value| *value),
+            Some(timeout) => match tokio::time::timeout(timeout, wait).await {
+                Ok(reached) => reached.map(|value| *value),
+                Err(_) => {
+                    return Err(ApiError::new(
+                        axum::http::StatusCode::GATEWAY_TIMEOUT,
+                        ErrorCode::NotCaughtUp,
+                        format!("applied seqno is {} after waiting for {seqno}", self.applied_seqno()),
+                    ))
+                }
+            },
+        };
+        reached.map_err(|_| {
+            ApiError::unavailable(
+                ErrorCode::NotReady,
+                self.fatal().unwrap_or_else(|| "applier stopped".into()),
+            )
+        })
+    }
+
+    /// Checkpoints the engine and purges WAL segments that are below the checkpoint and beyond the
+    /// retention budget. Blocking: run it off the async workers.
+    pub fn checkpoint_and_purge(&self) -> anyhow::Result<()> {
+        let checkpoint = self.db.checkpoint().context("checkpoint engine")?;
+        self.checkpoint_seqno.store(checkpoint.get(), Ordering::Relaxed);
+        let segments = self.wal.list_segments().context("list WAL segments")?;
+        // Newest first: keep segments until the retention budget is spent; the oldest kept segment's
+        // first seqno is the horizon, never past the checkpoint.
+        let mut kept_bytes = 0u64;
+        let mut horizon = None;
+        for segment in segments.iter().rev() {
+            kept_bytes += segment.bytes;
+            if kept_bytes > self.config.wal_retention_bytes {
+                break;
+            }
+            horizon = Some(segment.first_seqno);
+        }
+        if let Some(horizon) = horizon {
+            let horizon = std::cmp::min(horizon, checkpoint.next());
+            let report = self.wal.purge_below(horizon).context("purge WAL")?;
+            tracing::debug!(?report, "WAL purge");
+        }
+        Ok(())
+    }
+
+    /// Stops taking writes, drains the WAL, waits for the applier, checkpoints. Idempotent.
+    pub fn shutdown(&self) {
+        self.wal.shutdown();
+        let applier = self.applier.lock().expect("applier lock is never held across a panic").take();
+        if let Some(applier) = applier {
+            // The writer thread owned the feed's sender; with it gone the applier drains and exits.
+            if applier.join().is_err() {
+                tracing::error!("applier thread panicked");
+            }
+        }
+        match self.db.checkpoint() {
+            Ok(seqno) => tracing::info!(%seqno, "engine checkpointed at shutdown"),
+            Err(error) => tracing::error!("failed to checkpoint at shutdown: {error:#}"),
+        }
+    }
+
+    /// The data directory.
+    pub fn data_dir(&self) -> PathBuf {
+        self.config.data_dir.clone()
+    }
+}
+
+fn idempotency_conflict() -> ApiError {
+    ApiError::new(
+        axum::http::StatusCode::UNPROCESSABLE_ENTITY,
+        ErrorCode::IdempotencyConflict,
+        "this Idempotency-Key was used with a different request",
+    )
+}
+
+/// Removes an idempotency key's in-flight entry however the write ends.
+struct InFlightGuard<'a> {
+    node: &'a Node,
+    slot: &'a (String, String),
+}
+
+impl Drop for InFlightGuard<'_> {
+    fn drop(&mut self) {
+        self.node.inflight.lock().expect("inflight lock is never held across a panic").remove(self.slot);
+    }
+}
+
+fn engine_config(config: &ServeConfig) -> EngineConfig {
+    EngineConfig {
+        dimension: config.dimension,
+        half_life_ms: config.half_life_ms,
+        profile_half_life_ms: config.profile_half_life_ms,
+        similarity_weight: config.similarity_weight,
+        trending_weight: config.trending_weight,
+        ..EngineConfig::default()
+    }
+}
+
+fn lock_data_dir(dir: &std::path::Path) -> anyhow::Result<File> {
+    let path = dir.join("LOCK");
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .with_context(|| format!("open {}", path.display()))?;
+    file.try_lock().map_err(|_| {
+        anyhow::anyhow!(
+            "data dir {} is in use by another tidal process (lock held on {})",
+            dir.display(),
+            path.display()
+        )
+    })?;
+    Ok(file)
+}
+
+fn replay(wal: &Wal, db: &TidalDb, durable: Seqno) -> anyhow::Result<ReplayReport> {
+    let started = Instant::now();
+    let mut report = ReplayReport { batches: 0, bytes: 0, elapsed: Duration::ZERO };
+    let from = db.applied_seqno().next();
+    if from > durable {
+        return Ok(report);
+    }
+    tracing::info!(%from, %durable, "replaying WAL into the engine");
+    let mut last_progress = Instant::now();
+    for batch in wal.read_from(from).context("read WAL for replay")? {
+        let batch = batch.context("read WAL batch for replay")?;
+        db.apply(&batch).with_context(|| format!("replay batch at seqno {}", batch.first_seqno()))?;
+        report.batches += 1;
+        report.bytes += batch.encoded().len() as u64;
+        if last_progress.elapsed() > Duration::from_secs(2) {
+            last_progress = Instant::now();
+            tracing::info!(applied = %batch.last_seqno(), %durable, mb = report.bytes / 1_000_000, "replay progress");
+        }
+    }
+    report.elapsed = started.elapsed();
+    anyhow::ensure!(
+        db.applied_seqno() == durable,
+        "replay ended at seqno {} but the WAL is durable to {durable}",
+        db.applied_seqno()
+    );
+    tracing::info!(
+        batches = report.batches,
+        mb = report.bytes as f64 / 1e6,
+        seconds = report.elapsed.as_secs_f64(),
+        "replay done"
+    );
+    Ok(report)
+}
+
+fn spawn_applier(
+    db: Arc<TidalDb>,
+    feed: std::sync::mpsc::Receiver<Vec<Batch>>,
+    applied: watch::Sender<u64>,
+    fatal: Arc<Mutex<Option<String>>>,
+) -> anyhow::Result<std::thread::JoinHandle<()>> {
+    std::thread::Builder::new()
+        .name("tidal-applier".into())
+        .spawn(move || {
+            for drain in feed {
+                for batch in &drain {
+                    if let Err(error) = db.apply(batch) {
+                        let message =
+                            format!("apply of batch at seqno {} failed: {error}", batch.first_seqno());
+                        tracing::error!("{message}; the node stops acknowledging writes");
+                        *fatal.lock().expect("fatal lock is never held across a panic") = Some(message);
+                        // Dropping `applied` wakes every waiter with an error.
+                        return;
+                    }
+                }
+                applied.send_replace(db.applied_seqno().get());
+            }
+        })
+        .context("spawn applier thread")
+}

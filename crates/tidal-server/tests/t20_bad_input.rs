@@ -1,0 +1,132 @@
+//! Bad input gets a 4xx with the contract's code, and nothing is written (the applied seqno and the
+//! state digest do not move).
+
+#![allow(clippy::unwrap_used)] // tests may unwrap; helpers outside #[test] are not covered by allow-unwrap-in-tests
+
+mod common;
+
+use common::{config, error_code, TestNode};
+use reqwest::Method;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_requests_are_refused_with_codes_and_write_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = config(dir.path(), 3);
+    config.body_bytes_max = 64 * 1024;
+    config.write_inflight_bytes_max = 1024 * 1024;
+    let node = TestNode::start(config).await;
+    node.client.put_item(1, serde_json::json!({"ok": true}), None).await.unwrap();
+    let before = node.client.digest().await.unwrap();
+    let big = format!(r#"{{"metadata":{{"blob":"{}"}}}}"#, "x".repeat(70 * 1024));
+    let many =
+        format!(r#"{{"signals":[{}]}}"#, vec![r#"{"user":"u","item":1,"kind":"click"}"#; 10_001].join(","));
+    let cases: Vec<(Method, &str, String, u16, &str)> = vec![
+        (Method::POST, "/v1/signals", "{not json".into(), 400, "malformed_json"),
+        (Method::POST, "/v1/signals", "".into(), 400, "malformed_json"),
+        (Method::POST, "/v1/signals", r#"{"signals":[]}"#.into(), 400, "invalid_argument"),
+        (
+            Method::POST,
+            "/v1/signals",
+            r#"{"signals":[{"user":"u","item":1,"kind":"teleport"}]}"#.into(),
+            400,
+            "unknown_signal_kind",
+        ),
+        (
+            Method::POST,
+            "/v1/signals",
+            r#"{"signals":[{"user":"","item":1,"kind":"click"}]}"#.into(),
+            400,
+            "invalid_argument",
+        ),
+        (
+            Method::POST,
+            "/v1/signals",
+            r#"{"signals":[{"user":"__tidal_x","item":1,"kind":"click"}]}"#.into(),
+            400,
+            "invalid_argument",
+        ),
+        (
+            Method::POST,
+            "/v1/signals",
+            r#"{"signals":[{"user":"u","item":-1,"kind":"click"}]}"#.into(),
+            400,
+            "invalid_argument",
+        ),
+        (
+            Method::POST,
+            "/v1/signals",
+            r#"{"signals":[{"user":"u","item":18446744073709551616,"kind":"click"}]}"#.into(),
+            400,
+            "invalid_argument",
+        ),
+        (
+            Method::POST,
+            "/v1/signals",
+            r#"{"signals":[{"user":"u","item":1,"kind":"click","weight":1e999}]}"#.into(),
+            400,
+            "malformed_json",
+        ),
+        (
+            Method::POST,
+            "/v1/signals",
+            r#"{"signals":[{"user":"u","item":1,"kind":"click","ts":-5}]}"#.into(),
+            400,
+            "invalid_argument",
+        ),
+        (
+            Method::POST,
+            "/v1/signals",
+            r#"{"signals":[{"user":"u","item":1,"kind":"click","colour":"red"}]}"#.into(),
+            400,
+            "invalid_argument",
+        ),
+        (
+            Method::POST,
+            "/v1/signals",
+            r#"{"signals":[{"user":"u","item":1,"kind":"click"},{"user":"u","item":2,"kind":"nope"}]}"#
+                .into(),
+            400,
+            "unknown_signal_kind",
+        ),
+        (Method::POST, "/v1/signals", many, 413, "payload_too_large"),
+        (Method::PUT, "/v1/items/1", big, 413, "payload_too_large"),
+        (Method::PUT, "/v1/items/abc", r#"{"metadata":{}}"#.into(), 400, "invalid_argument"),
+        (Method::PUT, "/v1/items/18446744073709551616", r#"{"metadata":{}}"#.into(), 400, "invalid_argument"),
+        (Method::PUT, "/v1/items/1", r#"{"meta":{}}"#.into(), 400, "invalid_argument"),
+        (Method::PUT, "/v1/items/1/embedding", r#"{"vector":[1,2]}"#.into(), 400, "dimension_mismatch"),
+        (Method::PUT, "/v1/items/1/embedding", r#"{"vector":[1,2,3,4]}"#.into(), 400, "dimension_mismatch"),
+        (Method::PUT, "/v1/items/1/embedding", r#"{"vector":[1,null,3]}"#.into(), 400, "invalid_vector"),
+        (Method::PUT, "/v1/items/1/embedding", r#"{"vector":[1,"NaN",3]}"#.into(), 400, "invalid_vector"),
+        (Method::PUT, "/v1/items/1/embedding", r#"{"vector":[1,1e999,3]}"#.into(), 400, "invalid_vector"),
+        (Method::PUT, "/v1/items/1/embedding", r#"{"vector":[1,1e300,3]}"#.into(), 400, "invalid_vector"),
+        (Method::PUT, "/v1/items/1/embedding", r#"{"vector":[1,2,3"#.into(), 400, "malformed_json"),
+        (Method::GET, "/v1/users/__tidal/feed", String::new(), 400, "invalid_argument"),
+        (Method::GET, "/v1/users/u/feed?limit=0", String::new(), 400, "invalid_argument"),
+        (Method::GET, "/v1/users/u/feed?limit=100000", String::new(), 400, "invalid_argument"),
+        (Method::GET, "/v1/users/u/feed?exclude=1,x", String::new(), 400, "invalid_argument"),
+        (Method::GET, "/v1/users/u/feed?min_seqno=abc", String::new(), 400, "invalid_argument"),
+        (Method::GET, "/v1/items/77", String::new(), 404, "not_found"),
+        (Method::GET, "/v1/items/77/similar", String::new(), 404, "not_found"),
+        (Method::POST, "/v1/users/u/negatives", r#"{"item":"x"}"#.into(), 400, "invalid_argument"),
+        (Method::POST, "/v1/streams/s/events", r#"{"payload":1}"#.into(), 501, "not_implemented"),
+        (Method::GET, "/v2/nothing", String::new(), 404, "not_found"),
+    ];
+    for (method, path, body, status, code) in cases {
+        let body_ref = if body.is_empty() && method == Method::GET { None } else { Some(body.as_str()) };
+        let (got_status, got_body) = node.request(method.clone(), path, body_ref, &[]).await;
+        assert_eq!(
+            (got_status, error_code(&got_body)),
+            (status, code),
+            "{method} {path} {}: {got_body}",
+            &body.chars().take(120).collect::<String>()
+        );
+        assert!(got_body["error"]["message"].as_str().is_some_and(|m| !m.is_empty()));
+    }
+    let (status, body) = node
+        .request(Method::PUT, "/v1/items/1", Some(r#"{"metadata":{}}"#), &[("Idempotency-Key", "")])
+        .await;
+    assert_eq!((status, error_code(&body)), (400, "invalid_argument"));
+    let after = node.client.digest().await.unwrap();
+    assert_eq!(before, after, "a refused request changed the state");
+    node.stop().await;
+}
