@@ -12,6 +12,7 @@
 //!   the exact logged embedding to a profile while ranking still costs one dot product per row.
 
 use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 
 use crate::trend::Trend;
 
@@ -51,8 +52,23 @@ pub struct FeedIndex {
     matrix: Vec<f32>,
     /// `1 / |row|`, or 0 for a zero vector (its cosine with anything is 0).
     inv_norms: Vec<f64>,
+    /// Trending score of each row's item, so the feed loop does no hashing.
+    row_trends: Vec<Option<Trend>>,
     /// Trending score of every item that has one.
     trending: HashMap<u64, Trend>,
+    /// Bumped by every change, so caches can tell they are stale.
+    generation: u64,
+    /// Row-aligned trending terms at some "now", computed by the first feed after a change and
+    /// shared by the feeds that follow until the next apply.
+    term_cache: Mutex<Option<TermCache>>,
+}
+
+#[derive(Debug)]
+struct TermCache {
+    generation: u64,
+    now_ms: i64,
+    half_life_ms: u64,
+    terms: Arc<Vec<f64>>,
 }
 
 impl FeedIndex {
@@ -64,18 +80,20 @@ impl FeedIndex {
             rows: HashMap::new(),
             matrix: Vec::new(),
             inv_norms: Vec::new(),
+            row_trends: Vec::new(),
             trending: HashMap::new(),
+            generation: 0,
+            term_cache: Mutex::new(None),
         }
     }
 
     /// Applies changes in order.
     pub fn apply(&mut self, changes: Vec<IndexChange>) {
+        self.generation += 1;
         for change in changes {
             match change {
                 IndexChange::Embedding { item, vector } => self.set_embedding(item, &vector),
-                IndexChange::Trend { item, trend } => {
-                    self.trending.insert(item, trend);
-                }
+                IndexChange::Trend { item, trend } => self.set_trend(item, trend),
                 IndexChange::RemoveItem { item } => {
                     self.remove_embedding(item);
                     self.trending.remove(&item);
@@ -84,8 +102,34 @@ impl FeedIndex {
         }
     }
 
+    /// Row-aligned trending terms `sign(s) * ln(1 + |s|)` of the scores decayed to `now_ms` (0 for
+    /// rows without a score). Cached until the index changes.
+    pub fn row_terms(&self, now_ms: i64, half_life_ms: u64) -> Arc<Vec<f64>> {
+        let fresh = |cache: &TermCache| {
+            cache.generation == self.generation
+                && cache.now_ms == now_ms
+                && cache.half_life_ms == half_life_ms
+        };
+        if let Some(cache) = self.term_cache.lock().expect("term cache lock poisoned").as_ref() {
+            if fresh(cache) {
+                return cache.terms.clone();
+            }
+        }
+        let terms: Arc<Vec<f64>> = Arc::new(
+            self.row_trends
+                .iter()
+                .map(|trend| trend.map_or(0.0, |t| Trend::term(t.score_at(now_ms, half_life_ms))))
+                .collect(),
+        );
+        let generation = self.generation;
+        *self.term_cache.lock().expect("term cache lock poisoned") =
+            Some(TermCache { generation, now_ms, half_life_ms, terms: terms.clone() });
+        terms
+    }
+
     /// Inserts or replaces an embedding.
     pub fn set_embedding(&mut self, item: u64, vector: &[f32]) {
+        self.generation += 1;
         assert_eq!(
             vector.len(),
             self.dimension,
@@ -104,13 +148,18 @@ impl FeedIndex {
                 self.ids.push(item);
                 self.matrix.extend_from_slice(vector);
                 self.inv_norms.push(inv_norm);
+                self.row_trends.push(self.trending.get(&item).copied());
             }
         }
     }
 
-    /// Sets a trending score (used when loading from fjall).
+    /// Sets a trending score.
     pub fn set_trend(&mut self, item: u64, trend: Trend) {
+        self.generation += 1;
         self.trending.insert(item, trend);
+        if let Some(&row) = self.rows.get(&item) {
+            self.row_trends[row] = Some(trend);
+        }
     }
 
     /// The raw embedding of an item.
@@ -138,13 +187,34 @@ impl FeedIndex {
         self.trending.iter().map(|(item, trend)| (*item, *trend))
     }
 
-    /// Every row as (item id, raw vector, inverse norm), in row order (not meaningful).
-    pub fn rows(&self) -> impl Iterator<Item = (u64, &[f32], f64)> + '_ {
-        self.ids
+    /// Every row as (item id, raw vector, inverse norm, trend), in row order (not meaningful).
+    #[cfg(test)]
+    pub fn rows(&self) -> impl Iterator<Item = (u64, &[f32], f64, Option<Trend>)> + '_ {
+        self.rows_in(0..self.ids.len())
+    }
+
+    /// Rows `range` as in [`FeedIndex::rows`]; `range` must lie within `0..embeddings()`.
+    pub fn rows_in(
+        &self,
+        range: std::ops::Range<usize>,
+    ) -> impl Iterator<Item = (u64, &[f32], f64, Option<Trend>)> + '_ {
+        let dimension = self.dimension.max(1);
+        self.ids[range.clone()]
             .iter()
-            .zip(self.matrix.chunks_exact(self.dimension.max(1)))
-            .zip(self.inv_norms.iter())
-            .map(|((id, row), inv)| (*id, row, *inv))
+            .zip(self.matrix[range.start * dimension..range.end * dimension].chunks_exact(dimension))
+            .zip(self.inv_norms[range.clone()].iter().zip(self.row_trends[range].iter()))
+            .map(|((id, row), (inv, trend))| (*id, row, *inv, *trend))
+    }
+
+    /// A mask over rows, true for the rows of `items` (items without a row are ignored).
+    pub fn row_mask<'a>(&self, items: impl IntoIterator<Item = &'a u64>) -> Vec<bool> {
+        let mut mask = vec![false; self.ids.len()];
+        for item in items {
+            if let Some(&row) = self.rows.get(item) {
+                mask[row] = true;
+            }
+        }
+        mask
     }
 
     /// Inverse norm of an item's embedding.
@@ -161,10 +231,12 @@ impl FeedIndex {
             head[row * self.dimension..(row + 1) * self.dimension].copy_from_slice(&tail[..self.dimension]);
             self.ids[row] = moved;
             self.inv_norms[row] = self.inv_norms[last];
+            self.row_trends[row] = self.row_trends[last];
             self.rows.insert(moved, row);
         }
         self.ids.truncate(last);
         self.inv_norms.truncate(last);
+        self.row_trends.truncate(last);
         self.matrix.truncate(last * self.dimension);
     }
 
@@ -196,6 +268,8 @@ pub fn dot(a: &[f32], b: &[f32]) -> f32 {
     let chunks_b = b.chunks_exact(LANES);
     let (rest_a, rest_b) = (chunks_a.remainder(), chunks_b.remainder());
     for (x, y) in chunks_a.zip(chunks_b) {
+        let x: &[f32; LANES] = x.try_into().expect("chunks_exact yields LANES values");
+        let y: &[f32; LANES] = y.try_into().expect("chunks_exact yields LANES values");
         for lane in 0..LANES {
             acc[lane] += x[lane] * y[lane];
         }
@@ -224,10 +298,17 @@ mod tests {
         assert_eq!(index.embedding(2), Some(&[9.0, 9.0][..]));
         assert_eq!(index.embedding(3), Some(&[3.0, 1.0][..]));
         assert_eq!(index.embedding(1), None);
-        for (item, row, inv) in index.rows() {
+        index.set_trend(3, Trend::first(5, 1.0));
+        index.set_trend(77, Trend::first(5, 2.0));
+        for (item, row, inv, trend) in index.rows() {
             assert_eq!(index.embedding(item), Some(row));
             assert_eq!(inv, inverse_norm(row));
+            assert_eq!(trend, index.trend(item).filter(|_| item == 3));
         }
+        index.set_embedding(77, &[1.0, 1.0]);
+        assert_eq!(index.rows().last().map(|r| r.3), Some(Some(Trend::first(5, 2.0))));
+        let mask = index.row_mask(&[3, 1000]);
+        assert_eq!(mask.iter().filter(|m| **m).count(), 1);
     }
 
     #[test]

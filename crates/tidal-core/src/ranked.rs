@@ -15,6 +15,12 @@ use crate::trend::Trend;
 
 /// Most entries any ranked list returns: bounds the heap and the reply.
 pub const RANKED_LIMIT_MAX: usize = 1000;
+/// Most threads one ranking scan uses. The scan is memory-bound (100k x 128 f32 is 51 MB per
+/// query); two threads use both cores of the small boxes we target. Results do not depend on it:
+/// each part keeps its own top-k and the merge sorts by the same total order.
+pub const SCAN_THREADS_MAX: usize = 2;
+/// Fewest rows per scan thread: below this a thread costs more than it saves.
+const SCAN_ROWS_PER_THREAD_MIN: usize = 16_384;
 
 /// One entry of a ranked list.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -57,38 +63,74 @@ pub struct RankParams<'a> {
 /// Feed: every item with an embedding, scored `a * cosine(profile, e) + b * trending term`.
 pub fn rank_feed(index: &FeedIndex, profile: Option<&[f32]>, params: &RankParams<'_>) -> Vec<RankedEntry> {
     let profile_inv = profile.map(inverse_norm).unwrap_or(0.0);
-    let mut top = TopK::new(params.limit);
-    for (item, row, row_inv) in index.rows() {
-        if params.excluded.contains(&item) {
-            continue;
+    let excluded = index.row_mask(params.excluded);
+    let terms = index.row_terms(params.now_ms, params.half_life_ms);
+    scan(index.embeddings(), params.limit, |range, top| {
+        let rows = index.rows_in(range.clone()).zip(&excluded[range.clone()]).zip(&terms[range]);
+        for (((item, row, row_inv, _), excluded), trending) in rows {
+            if *excluded {
+                continue;
+            }
+            let similarity = match profile {
+                Some(profile) if profile_inv > 0.0 => f64::from(dot(profile, row)) * row_inv * profile_inv,
+                _ => 0.0,
+            };
+            let trending = *trending;
+            let score = params.similarity_weight * similarity + params.trending_weight * trending;
+            top.push(RankedEntry { item, score, similarity, trending });
         }
-        let similarity = match profile {
-            Some(profile) if profile_inv > 0.0 => f64::from(dot(profile, row)) * row_inv * profile_inv,
-            _ => 0.0,
-        };
-        let trending = index
-            .trend(item)
-            .map(|trend| Trend::term(trend.score_at(params.now_ms, params.half_life_ms)))
-            .unwrap_or(0.0);
-        let score = params.similarity_weight * similarity + params.trending_weight * trending;
-        top.push(RankedEntry { item, score, similarity, trending });
+    })
+}
+
+/// Runs `part` over row ranges covering `0..rows`, on up to [`SCAN_THREADS_MAX`] threads, and
+/// merges their top-k lists.
+fn scan<F>(rows: usize, limit: usize, part: F) -> Vec<RankedEntry>
+where
+    F: Fn(std::ops::Range<usize>, &mut TopK) + Sync,
+{
+    let threads = (rows / SCAN_ROWS_PER_THREAD_MIN).clamp(1, SCAN_THREADS_MAX);
+    if threads == 1 {
+        let mut top = TopK::new(limit);
+        part(0..rows, &mut top);
+        return top.into_sorted();
     }
-    top.into_sorted()
+    let chunk = rows.div_ceil(threads);
+    let mut merged = TopK::new(limit);
+    std::thread::scope(|scope| {
+        let part = &part;
+        let handles: Vec<_> = (1..threads)
+            .map(|t| {
+                scope.spawn(move || {
+                    let mut top = TopK::new(limit);
+                    part(t * chunk..((t + 1) * chunk).min(rows), &mut top);
+                    top
+                })
+            })
+            .collect();
+        part(0..chunk.min(rows), &mut merged);
+        for handle in handles {
+            let top = handle.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+            for entry in top.heap {
+                merged.push(entry.0);
+            }
+        }
+    });
+    merged.into_sorted()
 }
 
 /// Nearest neighbours of `item` by cosine; `None` if it has no embedding.
 pub fn rank_similar(index: &FeedIndex, item: u64, limit: usize) -> Option<Vec<RankedEntry>> {
     let query = index.embedding(item)?;
     let query_inv = index.inverse_norm_of(item)?;
-    let mut top = TopK::new(limit);
-    for (other, row, row_inv) in index.rows() {
-        if other == item {
-            continue;
+    Some(scan(index.embeddings(), limit, |range, top| {
+        for (other, row, row_inv, _) in index.rows_in(range) {
+            if other == item {
+                continue;
+            }
+            let similarity = f64::from(dot(query, row)) * row_inv * query_inv;
+            top.push(RankedEntry { item: other, score: similarity, similarity, trending: 0.0 });
         }
-        let similarity = f64::from(dot(query, row)) * row_inv * query_inv;
-        top.push(RankedEntry { item: other, score: similarity, similarity, trending: 0.0 });
-    }
-    Some(top.into_sorted())
+    }))
 }
 
 /// Items by trending term at `now_ms`.
@@ -181,5 +223,19 @@ mod tests {
         top.push(entry(1, 1.0));
         assert!(top.into_sorted().is_empty());
         assert_eq!(TopK::new(usize::MAX).limit, RANKED_LIMIT_MAX);
+    }
+
+    #[test]
+    fn a_parallel_scan_equals_a_serial_one() {
+        let rows = 3 * SCAN_ROWS_PER_THREAD_MIN + 7;
+        let score = |row: usize| ((row * 7919) % 1000) as f64;
+        let part = |range: std::ops::Range<usize>, top: &mut TopK| {
+            for row in range {
+                top.push(entry(row as u64, score(row)));
+            }
+        };
+        let mut serial = TopK::new(50);
+        part(0..rows, &mut serial);
+        assert_eq!(scan(rows, 50, part), serial.into_sorted());
     }
 }

@@ -1,4 +1,5 @@
 //! The one apply path: idempotent replays, gaps, bad input, deletes, idempotency table.
+#![allow(clippy::unwrap_used)] // test helpers outside #[test] functions
 
 mod common;
 
