@@ -445,6 +445,12 @@ impl TidalDb {
     }
 }
 
+// Reads run on many threads beside the applier: the engine must stay Send + Sync.
+const _: () = {
+    fn assert_send_sync<T: Send + Sync>() {}
+    let _ = assert_send_sync::<TidalDb>;
+};
+
 /// Changes to the in-memory counts made by one batch.
 #[derive(Default)]
 struct CountDeltas {
