@@ -1,0 +1,10 @@
+//! Compiles proto/tidal.proto with protox (pure Rust), so no system protoc is needed.
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let proto_dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../proto");
+    let proto = proto_dir.join("tidal.proto");
+    println!("cargo:rerun-if-changed={}", proto.display());
+    let descriptors = protox::compile([&proto], [&proto_dir])?;
+    tonic_prost_build::configure().build_client(true).build_server(true).compile_fds(descriptors)?;
+    Ok(())
+}

@@ -1,0 +1,21 @@
+//! Tidal's inter-node transport: the generated tonic/prost code for `proto/tidal.proto`, the
+//! domain forms of its messages with checked conversions, and the cluster-secret check.
+//!
+//! Non-goals: no protocol decisions (tidal-cluster makes them) and no socket binding: servers take
+//! an incoming connection stream and clients a connector, so the simulation can run the same code
+//! over simulated TCP.
+#![deny(missing_docs)]
+
+pub mod auth;
+pub mod message;
+
+pub use message::{
+    join_batches, split_batches, Chunk, ChunkOutcome, Pull, Ship, ShipAnswer, ShipOutcome, WireError,
+    MESSAGE_BATCH_BYTES_MAX,
+};
+
+/// Generated messages and services (`tidal.v1`).
+#[allow(missing_docs, clippy::all, clippy::unwrap_used)]
+pub mod pb {
+    tonic::include_proto!("tidal.v1");
+}
