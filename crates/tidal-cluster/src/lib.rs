@@ -7,3 +7,6 @@
 #![deny(missing_docs)]
 
 pub mod decide;
+pub mod ship_feed;
+
+pub use ship_feed::{ShipFeed, TailRead};

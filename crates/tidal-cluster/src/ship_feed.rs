@@ -1,0 +1,224 @@
+//! The ship feed: a bounded in-memory tail of the leader's flushed batches.
+//!
+//! The WAL writer pushes every fsynced drain here (through its flushed hook); one ShipQueue per
+//! follower reads from it. The tail is bounded by bytes and by batches (the oldest batches fall off):
+//! a follower that needs what the tail no longer holds is told `Rotated` and pulls from the leader's
+//! segments instead — the queue never reads disk. Delicate: the tail holds only fsynced batches, in
+//! seqno order, contiguous; `push` asserts it.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
+use tidal_types::{Seqno, TermSeqno};
+use tidal_wal::Batch;
+use tokio::sync::watch;
+
+/// Default bound on the tail's bytes: enough for well over a second of peak ingest, small next to
+/// the WAL itself.
+pub const TAIL_BYTES_MAX_DEFAULT: usize = 256 * 1024 * 1024;
+/// Default bound on the tail's batches.
+pub const TAIL_BATCHES_MAX_DEFAULT: usize = 200_000;
+
+/// What a reader gets for a position.
+#[derive(Debug, PartialEq, Eq)]
+pub enum TailRead {
+    /// Batches after the position (possibly empty: nothing new yet), bounded by the request.
+    Batches(Vec<Batch>),
+    /// The tail no longer holds what follows the position: pull from segments.
+    Rotated {
+        /// First seqno the tail still holds.
+        tail_first: Seqno,
+    },
+    /// The position is not a batch boundary known to the tail (a follower with a misaligned or
+    /// divergent position): resolve through the protocol (ship `prev` and let the follower answer).
+    Unknown,
+}
+
+struct Tail {
+    batches: VecDeque<Batch>,
+    bytes: usize,
+    /// Position of the last batch pushed, or where the tail starts when empty.
+    last: TermSeqno,
+}
+
+/// The bounded tail, shared between the writer's hook and the ShipQueues.
+#[derive(Clone)]
+pub struct ShipFeed {
+    tail: Arc<Mutex<Tail>>,
+    bytes_max: usize,
+    batches_max: usize,
+    last_tx: Arc<watch::Sender<Seqno>>,
+}
+
+impl ShipFeed {
+    /// An empty tail that starts after `last` (the leader's durable position).
+    pub fn new(last: TermSeqno, bytes_max: usize, batches_max: usize) -> ShipFeed {
+        let (last_tx, _) = watch::channel(last.seqno);
+        ShipFeed {
+            tail: Arc::new(Mutex::new(Tail { batches: VecDeque::new(), bytes: 0, last })),
+            bytes_max: bytes_max.max(1),
+            batches_max: batches_max.max(1),
+            last_tx: Arc::new(last_tx),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Tail> {
+        self.tail.lock().expect("ship feed lock is never held across a panic")
+    }
+
+    /// Appends fsynced batches (in seqno order, contiguous with what the tail holds).
+    pub fn push(&self, batches: &[Batch]) {
+        let mut tail = self.lock();
+        for batch in batches {
+            assert!(
+                batch.first_seqno() == tail.last.seqno.next(),
+                "ship feed continuity violated: last={} next batch starts at {}",
+                tail.last.seqno,
+                batch.first_seqno()
+            );
+            tail.last = TermSeqno { term: batch.term(), seqno: batch.last_seqno() };
+            tail.bytes += batch.encoded().len();
+            tail.batches.push_back(batch.clone());
+        }
+        // Keep at least the newest batch even if it alone is over the byte bound: a batch that can
+        // be written must be shippable.
+        while tail.batches.len() > 1 && (tail.bytes > self.bytes_max || tail.batches.len() > self.batches_max)
+        {
+            if let Some(old) = tail.batches.pop_front() {
+                tail.bytes -= old.encoded().len();
+            }
+        }
+        let last = tail.last.seqno;
+        drop(tail);
+        self.last_tx.send_replace(last);
+    }
+
+    /// Resets the tail to start after `last` (after a truncation or snapshot install).
+    pub fn reset(&self, last: TermSeqno) {
+        let mut tail = self.lock();
+        tail.batches.clear();
+        tail.bytes = 0;
+        tail.last = last;
+        drop(tail);
+        self.last_tx.send_replace(last.seqno);
+    }
+
+    /// Last position pushed.
+    pub fn last(&self) -> TermSeqno {
+        self.lock().last
+    }
+
+    /// A receiver that changes whenever batches are pushed.
+    pub fn subscribe(&self) -> watch::Receiver<Seqno> {
+        self.last_tx.subscribe()
+    }
+
+    /// Batches after `after` (a batch boundary), at most `bytes_max` bytes but always at least one
+    /// batch if one is available.
+    pub fn read_after(&self, after: TermSeqno, bytes_max: usize) -> TailRead {
+        let tail = self.lock();
+        if after.seqno == tail.last.seqno {
+            return if after.term == tail.last.term || tail.batches.is_empty() {
+                TailRead::Batches(Vec::new())
+            } else {
+                TailRead::Unknown
+            };
+        }
+        let Some(front) = tail.batches.front() else {
+            return if after.seqno < tail.last.seqno {
+                TailRead::Rotated { tail_first: tail.last.seqno.next() }
+            } else {
+                TailRead::Unknown
+            };
+        };
+        if after.seqno.next() < front.first_seqno() {
+            return TailRead::Rotated { tail_first: front.first_seqno() };
+        }
+        // Batches are contiguous: find the one starting right after `after` by binary search.
+        let start = tail.batches.partition_point(|batch| batch.first_seqno() <= after.seqno);
+        if start == 0 || start > tail.batches.len() {
+            // after.seqno + 1 == front.first: the batch before the front is not in the tail, so its
+            // term cannot be checked here; ship it and let the follower's prev check decide.
+            if after.seqno.next() == front.first_seqno() {
+                return TailRead::Batches(take(&tail.batches, 0, bytes_max));
+            }
+            return TailRead::Unknown;
+        }
+        let previous = &tail.batches[start - 1];
+        if previous.last_seqno() != after.seqno || previous.term() != after.term {
+            return TailRead::Unknown;
+        }
+        TailRead::Batches(take(&tail.batches, start, bytes_max))
+    }
+}
+
+fn take(batches: &VecDeque<Batch>, start: usize, bytes_max: usize) -> Vec<Batch> {
+    let mut out = Vec::new();
+    let mut bytes = 0;
+    for batch in batches.iter().skip(start) {
+        if !out.is_empty() && bytes + batch.encoded().len() > bytes_max {
+            break;
+        }
+        bytes += batch.encoded().len();
+        out.push(batch.clone());
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tidal_types::{RecordKind, Term};
+
+    fn batch(first: u64, count: u32, term: u64) -> Batch {
+        Batch::new(RecordKind::ItemMetadata, Term(term), Seqno(first), count, &[0u8; 100])
+    }
+
+    fn at(term: u64, seqno: u64) -> TermSeqno {
+        TermSeqno { term: Term(term), seqno: Seqno(seqno) }
+    }
+
+    #[test]
+    fn reads_after_a_boundary_and_coalesces_within_the_byte_bound() {
+        let feed = ShipFeed::new(at(0, 0), 1 << 20, 1000);
+        feed.push(&[batch(1, 2, 1), batch(3, 1, 1), batch(4, 5, 1)]);
+        let TailRead::Batches(all) = feed.read_after(at(0, 0), 1 << 20) else { panic!() };
+        assert_eq!(all.len(), 3);
+        let TailRead::Batches(rest) = feed.read_after(at(1, 3), 1 << 20) else { panic!() };
+        assert_eq!(rest.iter().map(|b| b.first_seqno().get()).collect::<Vec<_>>(), vec![4]);
+        let TailRead::Batches(one) = feed.read_after(at(0, 0), 10) else { panic!() };
+        assert_eq!(one.len(), 1, "always at least one batch");
+        assert_eq!(feed.read_after(at(1, 8), 1 << 20), TailRead::Batches(vec![]));
+    }
+
+    #[test]
+    fn misaligned_or_divergent_positions_are_unknown() {
+        let feed = ShipFeed::new(at(0, 0), 1 << 20, 1000);
+        feed.push(&[batch(1, 2, 1), batch(3, 1, 2)]);
+        assert_eq!(feed.read_after(at(1, 1), 1 << 20), TailRead::Unknown);
+        assert_eq!(feed.read_after(at(2, 2), 1 << 20), TailRead::Unknown);
+        assert_eq!(feed.read_after(at(1, 3), 1 << 20), TailRead::Unknown);
+        assert_eq!(feed.read_after(at(9, 99), 1 << 20), TailRead::Unknown);
+    }
+
+    #[test]
+    fn the_tail_is_bounded_and_old_positions_rotate() {
+        let feed = ShipFeed::new(at(0, 0), 1 << 20, 3);
+        for i in 1..=10 {
+            feed.push(&[batch(i, 1, 1)]);
+        }
+        assert_eq!(feed.read_after(at(1, 2), 1 << 20), TailRead::Rotated { tail_first: Seqno(8) });
+        let TailRead::Batches(b) = feed.read_after(at(1, 7), 1 << 20) else { panic!() };
+        assert_eq!(b.len(), 3);
+        let small = ShipFeed::new(at(0, 0), 10, 100);
+        small.push(&[batch(1, 1, 1), batch(2, 1, 1)]);
+        let TailRead::Batches(b) = small.read_after(at(1, 1), 1 << 20) else { panic!() };
+        assert_eq!(b.len(), 1, "a batch larger than the bound is still kept");
+    }
+
+    #[test]
+    #[should_panic(expected = "ship feed continuity violated")]
+    fn a_gap_in_pushes_is_a_bug() {
+        let feed = ShipFeed::new(at(0, 0), 1 << 20, 10);
+        feed.push(&[batch(2, 1, 1)]);
+    }
+}
