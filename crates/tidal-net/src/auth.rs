@@ -57,6 +57,12 @@ impl SecretAttach {
     }
 }
 
+impl tonic::service::Interceptor for SecretAttach {
+    fn call(&mut self, request: Request<()>) -> Result<Request<()>, Status> {
+        self.attach(request)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

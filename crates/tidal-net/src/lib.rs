@@ -7,12 +7,16 @@
 #![deny(missing_docs)]
 
 pub mod auth;
+pub mod client;
 pub mod message;
+pub mod server;
 
+pub use client::{NetError, Peer};
 pub use message::{
     join_batches, split_batches, Chunk, ChunkOutcome, Pull, Ship, ShipAnswer, ShipOutcome, WireError,
     MESSAGE_BATCH_BYTES_MAX,
 };
+pub use server::{serve, ChunkStream, Handler};
 
 /// Generated messages and services (`tidal.v1`).
 #[allow(missing_docs, clippy::all, clippy::unwrap_used)]

@@ -1,0 +1,91 @@
+//! A connection to one peer: ship, pull, nudge, each with a deadline (every RPC has one: a lost
+//! message must not hang a queue).
+
+use crate::auth::SecretAttach;
+use crate::message::{Chunk, Pull, Ship, ShipAnswer, WireError, MESSAGE_BATCH_BYTES_MAX};
+use crate::pb;
+use crate::pb::replication_client::ReplicationClient;
+use std::time::Duration;
+use tokio_stream::{Stream, StreamExt};
+use tonic::service::interceptor::InterceptedService;
+use tonic::transport::{Channel, Endpoint};
+
+/// Deadline of a ship: generous for a 64 MiB batch on a slow link, short enough that a dead peer
+/// is noticed within seconds.
+pub const SHIP_TIMEOUT: Duration = Duration::from_secs(10);
+/// Connect timeout.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Why a call failed. The outcome of a ship that failed with `Transport` is unknown.
+#[derive(Debug, thiserror::Error)]
+pub enum NetError {
+    /// The peer answered with an error status.
+    #[error("peer answered {0}")]
+    Status(#[from] tonic::Status),
+    /// The peer's answer does not decode.
+    #[error("peer sent a bad answer: {0}")]
+    Wire(#[from] WireError),
+    /// Bad address or secret.
+    #[error("{0}")]
+    Config(String),
+}
+
+type Client = ReplicationClient<InterceptedService<Channel, SecretAttach>>;
+
+/// A lazily connected peer.
+#[derive(Clone)]
+pub struct Peer {
+    client: Client,
+    cluster_id: String,
+    address: String,
+}
+
+impl Peer {
+    /// A peer at `address` (`host:port`), connected on first use.
+    pub fn connect_lazy(address: &str, secret: &str, cluster_id: &str) -> Result<Peer, NetError> {
+        let endpoint = Endpoint::from_shared(format!("http://{address}"))
+            .map_err(|error| NetError::Config(format!("bad peer address {address:?}: {error}")))?
+            .connect_timeout(CONNECT_TIMEOUT)
+            .tcp_nodelay(true);
+        let attach = SecretAttach::new(secret)?;
+        let client = ReplicationClient::with_interceptor(endpoint.connect_lazy(), attach)
+            .max_decoding_message_size(MESSAGE_BATCH_BYTES_MAX + 1024 * 1024)
+            .max_encoding_message_size(MESSAGE_BATCH_BYTES_MAX + 1024 * 1024);
+        Ok(Peer { client, cluster_id: cluster_id.to_string(), address: address.to_string() })
+    }
+
+    /// The peer's address.
+    pub fn address(&self) -> &str {
+        &self.address
+    }
+
+    /// Sends a ship and waits for the answer (bounded by [`SHIP_TIMEOUT`]).
+    pub async fn ship(&self, ship: &Ship) -> Result<ShipAnswer, NetError> {
+        let mut request = tonic::Request::new(pb::ShipRequest::from(ship));
+        request.set_timeout(SHIP_TIMEOUT);
+        let reply = self.client.clone().ship_segment(request).await?.into_inner();
+        Ok(ShipAnswer::try_from(reply)?)
+    }
+
+    /// Starts a pull; the stream ends when the server has sent what it holds, or fails.
+    pub async fn pull(
+        &self,
+        pull: &Pull,
+        idle_timeout: Duration,
+    ) -> Result<impl Stream<Item = Result<Chunk, NetError>>, NetError> {
+        let mut request = tonic::Request::new(pb::PullRequest::from(pull));
+        request.set_timeout(idle_timeout);
+        let stream = self.client.clone().stream_segments(request).await?.into_inner();
+        Ok(stream.map(|chunk| Ok(Chunk::try_from(chunk?)?)))
+    }
+
+    /// Asks the peer to pull now.
+    pub async fn nudge(&self, reason: &str) -> Result<bool, NetError> {
+        let mut request = tonic::Request::new(pb::NudgeRequest {
+            cluster_id: self.cluster_id.clone(),
+            reason: reason.to_string(),
+        });
+        request.set_timeout(SHIP_TIMEOUT);
+        Ok(self.client.clone().nudge(request).await?.into_inner().started)
+    }
+}

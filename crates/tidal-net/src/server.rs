@@ -1,0 +1,139 @@
+//! The replication service: decodes and checks requests, hands domain messages to a [`Handler`]
+//! (tidal-cluster implements it), and encodes the answers.
+//!
+//! The server takes an incoming connection stream and a shutdown future, never binds a socket
+//! itself, so the simulation can run it over simulated TCP. Every call must carry the cluster secret
+//! ([`crate::auth`]) and name this cluster; anything else is refused before the handler sees it.
+
+use crate::auth::SecretCheck;
+use crate::message::{Chunk, Pull, Ship, ShipAnswer, MESSAGE_BATCH_BYTES_MAX};
+use crate::pb;
+use crate::pb::replication_server::{Replication, ReplicationServer};
+use std::pin::Pin;
+use std::sync::Arc;
+use tokio_stream::{Stream, StreamExt};
+use tonic::{Request, Response, Status};
+
+/// A stream of pull chunks.
+pub type ChunkStream = Pin<Box<dyn Stream<Item = Result<Chunk, Status>> + Send + 'static>>;
+
+/// What a node does with replication requests. Refusals are answers (in [`ShipAnswer`]), not
+/// errors; an `Err` is for requests the node cannot serve at all.
+#[tonic::async_trait]
+pub trait Handler: Send + Sync + 'static {
+    /// The cluster this node belongs to.
+    fn cluster_id(&self) -> &str;
+    /// A ship (or heartbeat) from the leader.
+    async fn ship(&self, ship: Ship) -> Result<ShipAnswer, Status>;
+    /// A pull from a follower: batches after `pull.from`.
+    async fn pull(&self, pull: Pull) -> Result<ChunkStream, Status>;
+    /// The catch-up nudge: pull now. Returns whether a pull was started.
+    async fn nudge(&self, reason: String) -> Result<bool, Status>;
+}
+
+/// Adapts a [`Handler`] to the generated service.
+pub struct Service<H> {
+    handler: Arc<H>,
+}
+
+fn invalid(error: impl std::fmt::Display) -> Status {
+    Status::invalid_argument(error.to_string())
+}
+
+impl<H: Handler> Service<H> {
+    fn check_cluster(&self, cluster_id: &str) -> Result<(), Status> {
+        if cluster_id == self.handler.cluster_id() {
+            Ok(())
+        } else {
+            Err(Status::permission_denied(format!(
+                "request for cluster {cluster_id:?}, this node belongs to {:?}",
+                self.handler.cluster_id()
+            )))
+        }
+    }
+}
+
+type Outgoing<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;
+
+#[tonic::async_trait]
+impl<H: Handler> Replication for Service<H> {
+    async fn ship_segment(
+        &self,
+        request: Request<pb::ShipRequest>,
+    ) -> Result<Response<pb::ShipReply>, Status> {
+        let request = request.into_inner();
+        self.check_cluster(&request.cluster_id)?;
+        let ship = Ship::try_from(request).map_err(invalid)?;
+        let answer = self.handler.ship(ship).await?;
+        Ok(Response::new(pb::ShipReply::from(&answer)))
+    }
+
+    type StreamSegmentsStream = Outgoing<pb::PullChunk>;
+
+    async fn stream_segments(
+        &self,
+        request: Request<pb::PullRequest>,
+    ) -> Result<Response<Self::StreamSegmentsStream>, Status> {
+        let request = request.into_inner();
+        self.check_cluster(&request.cluster_id)?;
+        let pull = Pull::try_from(request).map_err(invalid)?;
+        let chunks = self.handler.pull(pull).await?;
+        let encoded = chunks.map(|chunk| chunk.map(|chunk| pb::PullChunk::from(&chunk)));
+        Ok(Response::new(Box::pin(encoded)))
+    }
+
+    async fn probe(&self, _request: Request<pb::ProbeRequest>) -> Result<Response<pb::ProbeReply>, Status> {
+        Err(Status::unimplemented("probe arrives with the control plane"))
+    }
+
+    type SnapshotStream = Outgoing<pb::SnapshotChunk>;
+
+    async fn snapshot(
+        &self,
+        _request: Request<pb::SnapshotRequest>,
+    ) -> Result<Response<Self::SnapshotStream>, Status> {
+        Err(Status::unimplemented("snapshot transfer is not built yet"))
+    }
+
+    async fn nudge(&self, request: Request<pb::NudgeRequest>) -> Result<Response<pb::NudgeReply>, Status> {
+        let request = request.into_inner();
+        self.check_cluster(&request.cluster_id)?;
+        let started = self.handler.nudge(request.reason).await?;
+        Ok(Response::new(pb::NudgeReply { started }))
+    }
+
+    async fn raft(&self, _request: Request<pb::RaftRequest>) -> Result<Response<pb::RaftReply>, Status> {
+        Err(Status::unimplemented("openraft arrives with the control plane"))
+    }
+}
+
+/// Serves `handler` on `incoming` until `shutdown` resolves.
+pub async fn serve<H, I, IO, IE>(
+    handler: Arc<H>,
+    secret: &str,
+    incoming: I,
+    shutdown: impl std::future::Future<Output = ()> + Send,
+) -> Result<(), tonic::transport::Error>
+where
+    H: Handler,
+    I: Stream<Item = Result<IO, IE>> + Send,
+    IO: tokio::io::AsyncRead
+        + tokio::io::AsyncWrite
+        + tonic::transport::server::Connected
+        + Unpin
+        + Send
+        + 'static,
+    IE: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let check = SecretCheck::new(secret);
+    let service = ReplicationServer::new(Service { handler })
+        .max_decoding_message_size(MESSAGE_BATCH_BYTES_MAX + 1024 * 1024)
+        .max_encoding_message_size(MESSAGE_BATCH_BYTES_MAX + 1024 * 1024);
+    let intercepted =
+        tonic::service::interceptor::InterceptedService::new(service, move |request| check.check(request));
+    tonic::transport::Server::builder()
+        .tcp_nodelay(true)
+        .add_service(intercepted)
+        .serve_with_incoming_shutdown(incoming, shutdown)
+        .await
+}

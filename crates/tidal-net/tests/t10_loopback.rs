@@ -1,0 +1,143 @@
+//! The real tonic stack on loopback: a ship and a pull round trip, and calls without the secret or
+//! for another cluster are refused before the handler sees them.
+#![allow(clippy::unwrap_used)]
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use tidal_net::{Chunk, ChunkOutcome, ChunkStream, Handler, Peer, Pull, Ship, ShipAnswer, ShipOutcome};
+use tidal_types::{NodeId, RecordKind, Seqno, Term, TermSeqno};
+use tidal_wal::Batch;
+use tokio_stream::StreamExt;
+
+struct Echo {
+    calls: AtomicUsize,
+}
+
+#[tonic::async_trait]
+impl Handler for Echo {
+    fn cluster_id(&self) -> &str {
+        "test-cluster"
+    }
+
+    async fn ship(&self, ship: Ship) -> Result<ShipAnswer, tonic::Status> {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        let matched =
+            ship.batches.last().map_or(ship.prev, |b| TermSeqno { term: b.term(), seqno: b.last_seqno() });
+        Ok(ShipAnswer {
+            term: ship.term,
+            durable: matched.seqno,
+            applied: ship.commit,
+            outcome: ShipOutcome::Matched(matched),
+        })
+    }
+
+    async fn pull(&self, pull: Pull) -> Result<ChunkStream, tonic::Status> {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        let chunks: Vec<Result<Chunk, tonic::Status>> = (0..3u64)
+            .map(|i| {
+                let first = pull.from.seqno.get() + 1 + i;
+                Ok(Chunk {
+                    term: Term(1),
+                    leader: NodeId(1),
+                    baseline: TermSeqno::default(),
+                    commit: Seqno(first),
+                    outcome: ChunkOutcome::Batches {
+                        prev: TermSeqno { term: Term(1), seqno: Seqno(first - 1) },
+                        batches: vec![Batch::new(
+                            RecordKind::ItemDelete,
+                            Term(1),
+                            Seqno(first),
+                            1,
+                            &[0u8; 18],
+                        )],
+                    },
+                })
+            })
+            .collect();
+        Ok(Box::pin(tokio_stream::iter(chunks)))
+    }
+
+    async fn nudge(&self, _reason: String) -> Result<bool, tonic::Status> {
+        Ok(true)
+    }
+}
+
+async fn start() -> (String, Arc<Echo>, tokio::sync::oneshot::Sender<()>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap().to_string();
+    let handler = Arc::new(Echo { calls: AtomicUsize::new(0) });
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let serving = handler.clone();
+    tokio::spawn(async move {
+        let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+        tidal_net::serve(serving, "secret-secret", incoming, async {
+            let _ = stopped.await;
+        })
+        .await
+        .unwrap();
+    });
+    (address, handler, stop)
+}
+
+fn ship() -> Ship {
+    Ship {
+        cluster_id: "test-cluster".into(),
+        term: Term(1),
+        leader: NodeId(1),
+        prev: TermSeqno::default(),
+        commit: Seqno(0),
+        baseline: TermSeqno::default(),
+        batches: vec![Batch::new(RecordKind::Signal, Term(1), Seqno(1), 3, &[7u8; 40])],
+    }
+}
+
+#[tokio::test]
+async fn ship_and_pull_round_trip() {
+    let (address, handler, _stop) = start().await;
+    let peer = Peer::connect_lazy(&address, "secret-secret", "test-cluster").unwrap();
+    let answer = peer.ship(&ship()).await.unwrap();
+    assert_eq!(answer.outcome, ShipOutcome::Matched(TermSeqno { term: Term(1), seqno: Seqno(3) }));
+    let pull = Pull {
+        cluster_id: "test-cluster".into(),
+        term: Term(1),
+        node: NodeId(2),
+        from: TermSeqno { term: Term(1), seqno: Seqno(3) },
+        chunk_bytes_max: 1 << 20,
+    };
+    let chunks: Vec<Chunk> =
+        peer.pull(&pull, Duration::from_secs(5)).await.unwrap().map(|c| c.unwrap()).collect().await;
+    assert_eq!(chunks.len(), 3);
+    assert_eq!(chunks[2].commit, Seqno(6));
+    assert_eq!(handler.calls.load(Ordering::SeqCst), 2);
+}
+
+#[tokio::test]
+async fn wrong_secret_or_cluster_never_reaches_the_handler() {
+    let (address, handler, _stop) = start().await;
+    let wrong_secret = Peer::connect_lazy(&address, "guess", "test-cluster").unwrap();
+    let error = wrong_secret.ship(&ship()).await.unwrap_err();
+    assert!(
+        matches!(&error, tidal_net::NetError::Status(s) if s.code() == tonic::Code::Unauthenticated),
+        "{error}"
+    );
+    let wrong_cluster = Peer::connect_lazy(&address, "secret-secret", "other").unwrap();
+    let mut other = ship();
+    other.cluster_id = "other".into();
+    let error = wrong_cluster.ship(&other).await.unwrap_err();
+    assert!(
+        matches!(&error, tidal_net::NetError::Status(s) if s.code() == tonic::Code::PermissionDenied),
+        "{error}"
+    );
+    assert_eq!(handler.calls.load(Ordering::SeqCst), 0);
+}
+
+#[tokio::test]
+async fn a_dead_peer_fails_within_the_deadline() {
+    let address = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.local_addr().unwrap().to_string()
+    };
+    let peer = Peer::connect_lazy(&address, "secret-secret", "test-cluster").unwrap();
+    assert!(peer.ship(&ship()).await.is_err());
+}
