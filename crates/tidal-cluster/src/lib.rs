@@ -6,7 +6,9 @@
 //! decide (append, fsync, send, apply); the model check drives the same functions.
 #![deny(missing_docs)]
 
+pub mod applier;
 pub mod decide;
 pub mod ship_feed;
 
+pub use applier::{Applier, ApplierInput, ApplierSender, CommitOnFlush};
 pub use ship_feed::{ShipFeed, TailRead};

@@ -28,14 +28,12 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+use tidal_cluster::{Applier, ApplierSender, CommitOnFlush};
 use tidal_core::{EngineConfig, Envelope, Records, TidalDb};
 use tidal_types::{ErrorCode, Seqno, Term};
-use tidal_wal::{AppendRequest, Batch, FlushedHook, StdIo, SubmitError, SystemClock, Wal, WalConfig};
+use tidal_wal::{AppendRequest, StdIo, SubmitError, SystemClock, Wal, WalConfig};
 use tokio::sync::{watch, Semaphore};
 
-/// Flushed batches waiting for the applier. Each entry is one drain (one fsync); bounding entries
-/// bounds memory because a drain is itself bounded in bytes.
-const APPLY_CHANNEL_DRAINS_MAX: usize = 64;
 /// Most writes submitted and not yet acknowledged; matches the WAL queue bound with room to spare.
 const WRITES_INFLIGHT_MAX: usize = 2048;
 /// How long a write waits for room in the in-flight budget before it is refused with `overloaded`.
@@ -54,28 +52,16 @@ pub struct Node {
     config: ServeConfig,
     wal: Wal,
     db: Arc<TidalDb>,
-    applied: watch::Receiver<u64>,
-    fatal: Arc<Mutex<Option<String>>>,
+    applied: watch::Receiver<Seqno>,
+    applier: Applier,
+    applier_sender: Mutex<Option<ApplierSender>>,
     write_bytes: Arc<Semaphore>,
     write_slots: Arc<Semaphore>,
     inflight: Mutex<HashMap<(String, String), InFlight>>,
-    applier: Mutex<Option<std::thread::JoinHandle<()>>>,
     /// Engine checkpoint: WAL purge never passes it.
     checkpoint_seqno: AtomicU64,
     started: Instant,
     _lock: File,
-}
-
-/// Hands flushed batches to the applier thread.
-struct ApplyFeed(std::sync::mpsc::SyncSender<Vec<Batch>>);
-
-impl FlushedHook for ApplyFeed {
-    fn flushed(&mut self, batches: &[Batch]) {
-        // A send fails only when the applier has stopped after a fatal error: then nothing more may be
-        // acknowledged, and the frontier no longer moves, so dropping the batches here is safe (they
-        // are durable in the WAL and a restart replays them).
-        let _ = self.0.send(batches.to_vec());
-    }
 }
 
 /// What startup replay did.
@@ -96,12 +82,19 @@ impl Node {
         std::fs::create_dir_all(&config.data_dir)
             .with_context(|| format!("create data dir {}", config.data_dir.display()))?;
         let lock = lock_data_dir(&config.data_dir)?;
-        let (apply_tx, apply_rx) = std::sync::mpsc::sync_channel::<Vec<Batch>>(APPLY_CHANNEL_DRAINS_MAX);
+        let db =
+            TidalDb::open(&config.data_dir.join("state"), engine_config(&config)).context("open engine")?;
+        let db = Arc::new(db);
+        let applier = Applier::spawn(db.clone()).context("start applier")?;
         let mut wal_config = WalConfig::new(config.data_dir.join("wal"));
         wal_config.segment_bytes_max = config.segment_bytes_max;
-        let (wal, recovery) =
-            Wal::open(wal_config, Arc::new(StdIo), Arc::new(SystemClock), Box::new(ApplyFeed(apply_tx)))
-                .context("open WAL")?;
+        let (wal, recovery) = Wal::open(
+            wal_config,
+            Arc::new(StdIo),
+            Arc::new(SystemClock),
+            Box::new(CommitOnFlush(applier.sender())),
+        )
+        .context("open WAL")?;
         if let Some(torn) = &recovery.truncated {
             tracing::warn!(?torn, "WAL had a torn tail; truncated");
         }
@@ -122,9 +115,9 @@ impl Node {
         );
         let replay = replay(&wal, &db, recovery.durable)?;
         wal.set_term(std::cmp::max(recovery.last_term, Term(1)));
-        let (applied_tx, applied_rx) = watch::channel(db.applied_seqno().get());
-        let fatal = Arc::new(Mutex::new(None));
-        let applier = spawn_applier(db.clone(), apply_rx, applied_tx, fatal.clone())?;
+        // Replay applied directly; tell the applier where the engine now is.
+        let sender = applier.sender();
+        sender.commit(db.applied_seqno());
         let checkpoint = db.applied_seqno().get();
         let node = Node {
             write_bytes: Arc::new(Semaphore::new(config.write_inflight_bytes_max)),
@@ -132,10 +125,10 @@ impl Node {
             config,
             wal,
             db,
-            applied: applied_rx,
-            fatal,
+            applied: applier.applied(),
+            applier,
+            applier_sender: Mutex::new(Some(sender)),
             inflight: Mutex::new(HashMap::new()),
-            applier: Mutex::new(Some(applier)),
             checkpoint_seqno: AtomicU64::new(checkpoint),
             started: Instant::now(),
             _lock: lock,
@@ -160,7 +153,7 @@ impl Node {
 
     /// Applied frontier.
     pub fn applied_seqno(&self) -> u64 {
-        *self.applied.borrow()
+        self.applied.borrow().get()
     }
 
     /// The fatal error that stopped the node, if any.
@@ -168,7 +161,7 @@ impl Node {
         if self.wal.is_poisoned() {
             return Some("WAL is poisoned by a failed write or fsync; restart the node".into());
         }
-        self.fatal.lock().expect("fatal lock is never held across a panic").clone()
+        self.applier.fatal()
     }
 
     /// Seconds since start.
@@ -302,11 +295,11 @@ impl Node {
     /// (writes), else fails with 504 `not_caught_up`.
     pub async fn wait_applied(&self, seqno: u64, timeout: Option<Duration>) -> Result<u64, ApiError> {
         let mut applied = self.applied.clone();
-        let wait = applied.wait_for(|applied| *applied >= seqno);
+        let wait = applied.wait_for(|applied| applied.get() >= seqno);
         let reached = match timeout {
-            None => wait.await.map(|value| *value),
+            None => wait.await.map(|value| value.get()),
             Some(timeout) => match tokio::time::timeout(timeout, wait).await {
-                Ok(reached) => reached.map(|value| *value),
+                Ok(reached) => reached.map(|value| value.get()),
                 Err(_) => {
                     return Err(ApiError::new(
                         axum::http::StatusCode::GATEWAY_TIMEOUT,
@@ -352,12 +345,10 @@ impl Node {
     /// Stops taking writes, drains the WAL, waits for the applier, checkpoints. Idempotent.
     pub fn shutdown(&self) {
         self.wal.shutdown();
-        let applier = self.applier.lock().expect("applier lock is never held across a panic").take();
-        if let Some(applier) = applier {
-            // The writer thread owned the feed's sender; with it gone the applier drains and exits.
-            if applier.join().is_err() {
-                tracing::error!("applier thread panicked");
-            }
+        // The writer thread owned the hook's sender; with it and ours gone the applier drains and exits.
+        let sender = self.applier_sender.lock().expect("sender lock is never held across a panic").take();
+        if let Some(sender) = sender {
+            self.applier.join(sender);
         }
         match self.db.checkpoint() {
             Ok(seqno) => tracing::info!(%seqno, "engine checkpointed at shutdown"),
@@ -452,30 +443,4 @@ fn replay(wal: &Wal, db: &TidalDb, durable: Seqno) -> anyhow::Result<ReplayRepor
         "replay done"
     );
     Ok(report)
-}
-
-fn spawn_applier(
-    db: Arc<TidalDb>,
-    feed: std::sync::mpsc::Receiver<Vec<Batch>>,
-    applied: watch::Sender<u64>,
-    fatal: Arc<Mutex<Option<String>>>,
-) -> anyhow::Result<std::thread::JoinHandle<()>> {
-    std::thread::Builder::new()
-        .name("tidal-applier".into())
-        .spawn(move || {
-            for drain in feed {
-                for batch in &drain {
-                    if let Err(error) = db.apply(batch) {
-                        let message =
-                            format!("apply of batch at seqno {} failed: {error}", batch.first_seqno());
-                        tracing::error!("{message}; the node stops acknowledging writes");
-                        *fatal.lock().expect("fatal lock is never held across a panic") = Some(message);
-                        // Dropping `applied` wakes every waiter with an error.
-                        return;
-                    }
-                }
-                applied.send_replace(db.applied_seqno().get());
-            }
-        })
-        .context("spawn applier thread")
 }

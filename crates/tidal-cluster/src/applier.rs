@@ -1,0 +1,150 @@
+//! The applier: folds durable batches into the engine, never past the commit frontier.
+//!
+//! One thread per node owns `TidalDb::apply` (the one apply path). It receives, in order, the
+//! batches the WAL writer flushed (leader writes, follower ships and pulled chunks alike) and the
+//! commit frontier, and applies the prefix of pending batches whose last seqno is committed. In
+//! quorum mode that is what keeps reads from ever showing a write that may still vanish.
+//!
+//! Delicate:
+//! - Input is bounded (a sync channel): the WAL writer waits for the applier rather than buffering
+//!   without limit. Pending batches are bounded by what is written but not yet committed, which the
+//!   write path bounds (in-flight writes wait for their apply).
+//! - An apply error is fatal: the applier records it and stops; the applied frontier stops moving,
+//!   every waiter is woken with an error, and a restart replays the WAL.
+
+use std::collections::VecDeque;
+use std::sync::mpsc::{Receiver, SyncSender};
+use std::sync::{Arc, Mutex};
+use tidal_core::TidalDb;
+use tidal_types::Seqno;
+use tidal_wal::{Batch, FlushedHook};
+use tokio::sync::watch;
+
+/// Messages queued to the applier. Each `Flushed` is one WAL drain, itself bounded in bytes.
+const APPLIER_INPUT_MAX: usize = 256;
+
+/// What the applier is told.
+#[derive(Debug)]
+pub enum ApplierInput {
+    /// Batches made durable by the WAL writer, in seqno order.
+    Flushed(Vec<Batch>),
+    /// The commit frontier moved (it never moves back; lower values are ignored).
+    Commit(Seqno),
+}
+
+/// Sends to the applier. A send after the applier stopped is dropped: the node is already failing.
+#[derive(Clone)]
+pub struct ApplierSender(SyncSender<ApplierInput>);
+
+impl ApplierSender {
+    /// Queues durable batches.
+    pub fn flushed(&self, batches: Vec<Batch>) {
+        let _ = self.0.send(ApplierInput::Flushed(batches));
+    }
+
+    /// Advances the commit frontier.
+    pub fn commit(&self, commit: Seqno) {
+        let _ = self.0.send(ApplierInput::Commit(commit));
+    }
+}
+
+/// The running applier.
+pub struct Applier {
+    sender: ApplierSender,
+    applied: watch::Receiver<Seqno>,
+    fatal: Arc<Mutex<Option<String>>>,
+    thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+}
+
+impl Applier {
+    /// Starts the applier thread over `db`, whose applied seqno is where it starts.
+    pub fn spawn(db: Arc<TidalDb>) -> std::io::Result<Applier> {
+        let (tx, rx) = std::sync::mpsc::sync_channel(APPLIER_INPUT_MAX);
+        let (applied_tx, applied_rx) = watch::channel(db.applied_seqno());
+        let fatal = Arc::new(Mutex::new(None));
+        let thread_fatal = fatal.clone();
+        let thread = std::thread::Builder::new()
+            .name("tidal-applier".into())
+            .spawn(move || run(db, rx, applied_tx, thread_fatal))?;
+        Ok(Applier {
+            sender: ApplierSender(tx),
+            applied: applied_rx,
+            fatal,
+            thread: Mutex::new(Some(thread)),
+        })
+    }
+
+    /// A sender for the WAL hook and the commit tracker.
+    pub fn sender(&self) -> ApplierSender {
+        self.sender.clone()
+    }
+
+    /// The applied frontier; closed (errors on wait) once the applier has stopped.
+    pub fn applied(&self) -> watch::Receiver<Seqno> {
+        self.applied.clone()
+    }
+
+    /// The error that stopped the applier, if any.
+    pub fn fatal(&self) -> Option<String> {
+        self.fatal.lock().expect("fatal lock is never held across a panic").clone()
+    }
+
+    /// Waits for the thread to end. It ends once every sender is dropped (the WAL writer's hook
+    /// included, which goes with the WAL's shutdown) and the queue is drained, or on a fatal error.
+    pub fn join(&self, own_sender: ApplierSender) {
+        drop(own_sender);
+        let thread = self.thread.lock().expect("applier lock is never held across a panic").take();
+        if let Some(thread) = thread {
+            if thread.join().is_err() {
+                tracing::error!("applier thread panicked");
+            }
+        }
+    }
+}
+
+fn run(
+    db: Arc<TidalDb>,
+    input: Receiver<ApplierInput>,
+    applied: watch::Sender<Seqno>,
+    fatal: Arc<Mutex<Option<String>>>,
+) {
+    let mut pending: VecDeque<Batch> = VecDeque::new();
+    let mut commit = db.applied_seqno();
+    for message in input {
+        match message {
+            ApplierInput::Flushed(batches) => pending.extend(batches),
+            ApplierInput::Commit(seqno) => commit = commit.max(seqno),
+        }
+        let mut moved = false;
+        while let Some(front) = pending.front() {
+            if front.last_seqno() > commit {
+                break;
+            }
+            if let Err(error) = db.apply(front) {
+                let message = format!("apply of batch at seqno {} failed: {error}", front.first_seqno());
+                tracing::error!("{message}; the node stops applying and acknowledging");
+                *fatal.lock().expect("fatal lock is never held across a panic") = Some(message);
+                return;
+            }
+            pending.pop_front();
+            moved = true;
+        }
+        if moved {
+            applied.send_replace(db.applied_seqno());
+        }
+    }
+}
+
+/// The WAL hook of a node whose commit frontier is its durable frontier (a single node, or a leader
+/// in `leader` durability): every flushed drain is committed at once.
+pub struct CommitOnFlush(pub ApplierSender);
+
+impl FlushedHook for CommitOnFlush {
+    fn flushed(&mut self, batches: &[Batch]) {
+        if let Some(last) = batches.last() {
+            let last = last.last_seqno();
+            self.0.flushed(batches.to_vec());
+            self.0.commit(last);
+        }
+    }
+}
