@@ -8,8 +8,9 @@ use std::io;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use tidal_types::Seqno;
+use tidal_types::{Seqno, Term};
 
+use crate::batch::Batch;
 use crate::writer::AppendRequest;
 
 /// What went wrong in the WAL.
@@ -67,6 +68,40 @@ pub enum Error {
     /// The writer thread could not be started.
     #[error("start the WAL writer thread: {0}")]
     Spawn(Arc<io::Error>),
+    /// Replicated batches do not continue the log; nothing of the request was written.
+    #[error(
+        "replicated batch starts at seqno {got} but the WAL continues at {expected}; nothing was written"
+    )]
+    NotContiguous {
+        /// The seqno the log continues at (durable + 1 plus what this drain already wrote).
+        expected: Seqno,
+        /// The first seqno of the refused request.
+        got: Seqno,
+    },
+    /// A batch's term is below the term of the log's last batch; nothing of the request was written.
+    /// For a leader append this means the node's term is behind a replicated term it holds.
+    #[error("batch term {term} is below the log's last term {last_term}; nothing was written")]
+    TermRegression {
+        /// The refused batch's term.
+        term: Term,
+        /// Term of the last batch in the log.
+        last_term: Term,
+    },
+    /// A truncation must start exactly at a retained batch's first seqno.
+    #[error("seqno {seqno} is not the first seqno of a retained batch")]
+    NotBatchStart {
+        /// What was asked for.
+        seqno: Seqno,
+    },
+    /// The log was truncated (quarantine or reset) while a reader was on its way; read again.
+    #[error("the WAL was truncated while reading from seqno {requested}; read again")]
+    TruncatedWhileReading {
+        /// Where the reader started.
+        requested: Seqno,
+    },
+    /// A reset was given a term history that does not fit its position.
+    #[error("invalid reset: {0}")]
+    InvalidReset(String),
 }
 
 impl Error {
@@ -97,5 +132,22 @@ pub enum SubmitError {
     Closed,
     /// The request breaks the format (empty, too large, zero events...).
     #[error("invalid append request: {0}")]
+    Invalid(String),
+}
+
+/// Why [`crate::Wal::submit_replicated`] refused a request. Nothing was queued.
+#[derive(Debug, thiserror::Error)]
+pub enum ReplicatedSubmitError {
+    /// The queue is at its batch or byte bound; the batches are handed back (back off and retry).
+    #[error("the WAL queue is full")]
+    QueueFull(Vec<Batch>),
+    /// The WAL is poisoned by an fsync or write failure.
+    #[error("the WAL is poisoned by an earlier fsync or write failure")]
+    Poisoned,
+    /// The WAL is shut down.
+    #[error("the WAL is shut down")]
+    Closed,
+    /// The batches are not a contiguous run of non-decreasing terms, or there are none.
+    #[error("invalid replicated request: {0}")]
     Invalid(String),
 }

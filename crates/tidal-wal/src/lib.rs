@@ -4,9 +4,11 @@
 //! # Layout
 //!
 //! - [`batch`]: the binding 64-byte batch header, encode/decode.
-//! - [`Wal`] (`wal.rs`): the handle; [`writer`]: the sequencer thread; [`recovery`]: open-time scan;
-//!   [`WalReader`]: read-back; [`wal_meta`]: term history and purge point (`wal.meta`);
-//!   [`segment`]: file naming and the verifying scan.
+//! - [`Wal`] (`wal.rs`): the handle; [`writer`]: the sequencer thread (leader appends and a
+//!   follower's replicated appends); [`recovery`]: open-time scan; [`WalReader`]: read-back;
+//!   [`wal_meta`]: term history, purge point and a pending truncation (`wal.meta`); [`segment`]: file
+//!   naming and the verifying scan; [`batch_index`]: batch boundaries of the retained log, for
+//!   [`Wal::locate`]; [`quarantine`]: truncating a divergent tail or resetting to a snapshot position.
 //! - [`FileIo`] / [`StdIo`] / [`SimIo`]: file I/O behind a trait, with an in-memory, fault-injecting
 //!   implementation for tests and the simulation.
 //!
@@ -20,10 +22,12 @@
 #![deny(clippy::unwrap_used)]
 
 pub mod batch;
+pub mod batch_index;
 pub mod clock;
 pub mod config;
 pub mod error;
 pub mod io;
+pub mod quarantine;
 pub mod reader;
 pub mod recovery;
 pub mod segment;
@@ -37,14 +41,18 @@ pub mod writer;
 pub use batch::{
     decode_batch, decode_header, encode_batch, Batch, BatchHeader, BatchRef, DecodeError, HEADER_LEN,
 };
+pub use batch_index::Position;
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use config::WalConfig;
-pub use error::{Error, SubmitError};
+pub use error::{Error, ReplicatedSubmitError, SubmitError};
 pub use io::{FileIo, StdIo, WalFile};
+pub use quarantine::QuarantineReport;
 pub use reader::WalReader;
 pub use recovery::{Recovery, TornTail};
 pub use segment::SegmentInfo;
 pub use sim_io::{CrashMode, SimIo};
 pub use stats::WalStats;
 pub use wal::{PurgeReport, Wal};
-pub use writer::{AppendRequest, Appended, Completion, FlushedHook, NoopHook};
+pub use writer::{
+    AppendRequest, Appended, Completion, FlushedHook, NoopHook, ReplicatedAppended, ReplicatedCompletion,
+};

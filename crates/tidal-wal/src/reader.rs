@@ -3,10 +3,13 @@
 //! Delicate: the reader takes a snapshot of the segment list and the durable frontier when it is
 //! created and never reads past it, so it never sees bytes that are written but not yet fsynced. It
 //! verifies every batch again (a disk can rot after recovery) and the seqno chain. A segment purged
-//! while the reader is on its way is reported as [`Error::Purged`].
+//! while the reader is on its way is reported as [`Error::Purged`]; a truncation (quarantine, reset)
+//! since the reader was created, as [`Error::TruncatedWhileReading`], checked after each segment read,
+//! so a reader never mixes batches of the old and the new log.
 
 use std::collections::VecDeque;
 use std::path::PathBuf;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use tidal_types::Seqno;
@@ -25,6 +28,8 @@ pub struct WalReader {
     current: Option<OpenSegment>,
     next_seqno: Option<Seqno>,
     done: bool,
+    /// `Shared::truncations` when the reader was created.
+    truncations: u64,
 }
 
 struct OpenSegment {
@@ -39,6 +44,7 @@ impl WalReader {
         segments: Vec<SegmentInfo>,
         from: Seqno,
         durable: Seqno,
+        truncations: u64,
     ) -> WalReader {
         WalReader {
             shared,
@@ -48,6 +54,7 @@ impl WalReader {
             current: None,
             next_seqno: None,
             done: false,
+            truncations,
         }
     }
 
@@ -60,7 +67,11 @@ impl WalReader {
         let Some(segment) = self.segments.pop_front() else {
             return Ok(false);
         };
-        let mut bytes = match self.shared.io.read_all(&segment.path) {
+        let read = self.shared.io.read_all(&segment.path);
+        if self.shared.truncations.load(Ordering::SeqCst) != self.truncations {
+            return Err(Error::TruncatedWhileReading { requested: self.from });
+        }
+        let mut bytes = match read {
             Ok(bytes) => bytes,
             Err(err) if err.kind() == std::io::ErrorKind::NotFound => {
                 let first_retained = self

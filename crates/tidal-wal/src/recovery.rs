@@ -9,14 +9,20 @@
 //! - `wal.meta` holds the term history and purge point. Segments wholly at or below the purge point
 //!   are leftovers of an interrupted purge and are removed. The term history is rebuilt from the scan
 //!   for the retained range (the scan is the truth there) and kept from the file below it.
+//! - A truncation (quarantine or reset) that a crash interrupted is recorded in `wal.meta` as
+//!   `truncate_from`; it is finished FIRST, before anything else looks at the segments, and the meta
+//!   file is then written again without it. Half-written quarantine files (`.wal.tmp`) are removed.
+//! - The batch index is built from the same scan: 8 bytes per retained batch.
 
 use std::path::PathBuf;
 
 use tidal_types::{Seqno, Term, TermSeqno};
 
+use crate::batch_index::BatchIndex;
 use crate::config::WalConfig;
 use crate::error::Error;
 use crate::io::{FileIo, WalFile};
+use crate::quarantine::{finish_truncation, remove_incomplete_quarantine_files};
 use crate::segment::{parse_segment_file_name, scan_segment, segment_file_name, ScanEnd, SegmentInfo};
 use crate::wal_meta::{WalMeta, META_FILE_NAME, META_TMP_FILE_NAME};
 
@@ -57,6 +63,7 @@ pub(crate) struct Recovered {
     pub(crate) meta: WalMeta,
     pub(crate) active: Box<dyn WalFile>,
     pub(crate) next_seqno: Seqno,
+    pub(crate) index: BatchIndex,
 }
 
 /// What scanning the segments found.
@@ -68,6 +75,7 @@ struct ScanTotals {
     batches: u64,
     term_starts: Vec<TermSeqno>,
     torn: Option<TornTail>,
+    index: BatchIndex,
 }
 
 pub(crate) fn recover(config: &WalConfig, io: &dyn FileIo) -> Result<Recovered, Error> {
@@ -85,6 +93,15 @@ pub(crate) fn recover(config: &WalConfig, io: &dyn FileIo) -> Result<Recovered, 
     segment_paths.sort();
     let stored_meta = WalMeta::load(io, dir)?;
     let mut meta = stored_meta.clone().unwrap_or_default();
+    remove_incomplete_quarantine_files(io, dir)?;
+    let truncation_pending = meta.truncate_from > Seqno::ZERO;
+    if truncation_pending {
+        tracing::warn!(truncate_from = %meta.truncate_from, "finishing a WAL truncation interrupted by a crash");
+        finish_truncation(io, dir, &segment_paths, &meta)?;
+        let remove_all = meta.truncate_from <= meta.purged.seqno;
+        segment_paths.retain(|(first, _)| !remove_all && *first <= meta.truncate_from);
+        meta.truncate_from = Seqno::ZERO;
+    }
     remove_purged_leftovers(io, config, &mut segment_paths, meta.purged.seqno)?;
     check_start(config, &segment_paths, &meta, stored_meta.is_some())?;
 
@@ -95,7 +112,7 @@ pub(crate) fn recover(config: &WalConfig, io: &dyn FileIo) -> Result<Recovered, 
     let mut term_history: Vec<TermSeqno> =
         meta.term_history.iter().copied().filter(|entry| entry.seqno < retained_first).collect();
     term_history.extend_from_slice(&totals.term_starts);
-    if stored_meta.is_none() || term_history != meta.term_history {
+    if stored_meta.is_none() || truncation_pending || term_history != meta.term_history {
         if stored_meta.is_some() {
             tracing::warn!(?term_history, stored = ?meta.term_history, "rebuilt the term history from the segments");
         }
@@ -113,7 +130,7 @@ pub(crate) fn recover(config: &WalConfig, io: &dyn FileIo) -> Result<Recovered, 
         bytes: segments.iter().map(|segment| segment.bytes).sum(),
         truncated: totals.torn,
     };
-    Ok(Recovered { recovery, segments, meta, active, next_seqno: totals.next_seqno })
+    Ok(Recovered { recovery, segments, meta, active, next_seqno: totals.next_seqno, index: totals.index })
 }
 
 /// Removes segments wholly at or below the purge point (an interrupted purge); never the last one.
@@ -175,6 +192,7 @@ fn scan_segments(
         batches: 0,
         term_starts: Vec::new(),
         torn: None,
+        index: BatchIndex::new(meta.purged.seqno.next()),
     };
     for (index, (first, path)) in segment_paths.iter().enumerate() {
         if *first != totals.next_seqno {
@@ -203,6 +221,10 @@ fn scan_segments(
             last_seqno,
             bytes: scan.valid_len,
         });
+        for (at, first) in scan.batch_firsts.iter().enumerate() {
+            let next = scan.batch_firsts.get(at + 1).copied().unwrap_or(scan.next_seqno);
+            totals.index.push(*first, Seqno(next.get() - 1));
+        }
         totals.next_seqno = scan.next_seqno;
         totals.last_term = scan.last_term;
         totals.last_time_ms = scan.last_time_ms.unwrap_or(totals.last_time_ms);

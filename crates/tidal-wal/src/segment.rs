@@ -79,6 +79,8 @@ pub struct SegmentScan {
     pub last_time_ms: Option<u64>,
     /// First position of every term met that is above the `term` passed in, in order.
     pub term_starts: Vec<TermSeqno>,
+    /// First seqno of every verified batch, in order (for the batch index).
+    pub batch_firsts: Vec<Seqno>,
     /// How the scan ended.
     pub end: ScanEnd,
 }
@@ -94,6 +96,7 @@ pub fn scan_segment(bytes: &[u8], next_seqno: Seqno, term: Term, is_last: bool) 
         last_term: term,
         last_time_ms: None,
         term_starts: Vec::new(),
+        batch_firsts: Vec::new(),
         end: ScanEnd::Clean,
     };
     let mut offset = 0usize;
@@ -122,6 +125,7 @@ pub fn scan_segment(bytes: &[u8], next_seqno: Seqno, term: Term, is_last: bool) 
             scan.term_starts.push(TermSeqno { term: header.term, seqno: header.first_seqno });
         }
         scan.last_term = header.term;
+        scan.batch_firsts.push(header.first_seqno);
         scan.last_time_ms = logged_time_ms(batch.payload).or(scan.last_time_ms);
         scan.next_seqno = header.last_seqno().next();
         scan.batches += 1;

@@ -9,15 +9,19 @@ use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
-use tidal_types::Seqno;
+use tidal_types::{Seqno, TermSeqno};
 
+use crate::batch::{Batch, HEADER_LEN};
+use crate::batch_index::BatchIndex;
 use crate::clock::Clock;
 use crate::config::WalConfig;
+use crate::error::Error;
 use crate::io::FileIo;
+use crate::quarantine::{QuarantineReport, TruncateCompletion};
 use crate::segment::SegmentInfo;
 use crate::stats::StatsCounters;
 use crate::wal_meta::WalMeta;
-use crate::writer::{AppendRequest, Completion};
+use crate::writer::{AppendRequest, Appended, Completion, ReplicatedAppended, ReplicatedCompletion};
 
 pub(crate) struct Shared {
     pub(crate) config: WalConfig,
@@ -35,6 +39,9 @@ pub(crate) struct Shared {
     pub(crate) durable: AtomicU64,
     pub(crate) poisoned: AtomicBool,
     pub(crate) stats: StatsCounters,
+    /// Bumped (under `log`) when a quarantine or reset starts and when it ends; a reader that sees it
+    /// change under it stops with [`Error::TruncatedWhileReading`] instead of mixing two logs.
+    pub(crate) truncations: AtomicU64,
 }
 
 /// Requests waiting for the writer.
@@ -47,15 +54,91 @@ pub(crate) struct Queue {
 }
 
 pub(crate) struct Queued {
-    pub(crate) request: AppendRequest,
-    pub(crate) done: Completion,
+    pub(crate) work: Work,
+    pub(crate) done: Done,
 }
 
-/// The segment list and meta file contents.
+/// What the writer is asked to do.
+pub(crate) enum Work {
+    /// A leader write: the writer assigns seqnos and stamps term and time.
+    Append(AppendRequest),
+    /// Replicated batches, written byte-identical if they continue the log.
+    Replicated(Vec<Batch>),
+    /// A quarantine or reset; always a drain of its own.
+    Truncate(TruncateOp),
+}
+
+/// A truncation the writer performs between drains.
+#[derive(Clone, Debug)]
+pub(crate) enum TruncateOp {
+    /// Move the batches from this seqno on into quarantine and cut them off.
+    QuarantineFrom(Seqno),
+    /// Quarantine everything, then continue after `position` with `term_history` (through it).
+    ResetTo { position: TermSeqno, term_history: Vec<TermSeqno> },
+}
+
+/// Who is told the outcome.
+pub(crate) enum Done {
+    Append(Completion),
+    Replicated(ReplicatedCompletion),
+    Truncate(TruncateCompletion),
+}
+
+/// A successful outcome, of the same kind as its request.
+pub(crate) enum Outcome {
+    Append(Appended),
+    Replicated(ReplicatedAppended),
+    Truncated(QuarantineReport),
+}
+
+impl Work {
+    /// Bytes the item holds in the queue (counted against `queue_bytes_max`).
+    pub(crate) fn queued_bytes(&self) -> usize {
+        match self {
+            Work::Append(request) => request.payload.len(),
+            Work::Replicated(batches) => batches.iter().map(|batch| batch.encoded().len()).sum(),
+            Work::Truncate(_) => 0,
+        }
+    }
+
+    /// Bytes the item adds to a drain's writes.
+    pub(crate) fn encoded_len(&self) -> usize {
+        match self {
+            Work::Append(request) => HEADER_LEN + request.payload.len(),
+            other => other.queued_bytes(),
+        }
+    }
+}
+
+impl Done {
+    /// Tells the waiter the outcome.
+    pub(crate) fn complete(self, result: Result<Outcome, Error>) {
+        match (self, result) {
+            (Done::Append(done), Ok(Outcome::Append(appended))) => done(Ok(appended)),
+            (Done::Replicated(done), Ok(Outcome::Replicated(appended))) => done(Ok(appended)),
+            (Done::Truncate(done), Ok(Outcome::Truncated(report))) => done(Ok(report)),
+            (done, Err(err)) => done.fail(err),
+            (_, Ok(_)) => unreachable!("the writer answers every request with an outcome of its kind"),
+        }
+    }
+
+    /// Tells the waiter it failed.
+    pub(crate) fn fail(self, err: Error) {
+        match self {
+            Done::Append(done) => done(Err(err)),
+            Done::Replicated(done) => done(Err(err)),
+            Done::Truncate(done) => done(Err(err)),
+        }
+    }
+}
+
+/// The segment list, meta file contents and batch index.
 pub(crate) struct LogState {
     /// Retained segments in seqno order; never empty (the last is the active one).
     pub(crate) segments: Vec<SegmentInfo>,
     pub(crate) meta: WalMeta,
+    /// Boundaries of the retained durable batches.
+    pub(crate) index: BatchIndex,
 }
 
 impl Shared {

@@ -8,6 +8,29 @@
 //!   halfway leaves files that the next open recognises as leftovers and removes.
 //! - Dropping the last handle shuts the WAL down (drains and fsyncs what is queued). Doing so from a
 //!   completion or hook (the writer thread) does not wait for the thread: it cannot join itself.
+//!
+//! # Leader or follower
+//!
+//! A node is either SEQUENCING (the leader: [`Wal::submit`], the writer assigns seqnos and stamps
+//! its term and time) or RECEIVING (a follower: [`Wal::submit_replicated`], batches are written
+//! byte-identical to the leader's). There is no mode switch: the writer checks, at sequencing time,
+//! that replicated batches start exactly where the log ends and that no batch's term is below the
+//! log's last term. So a stray leader append on a follower makes the next replicated request fail
+//! with [`Error::NotContiguous`] (loudly, nothing written), and a leader append after replicated
+//! batches of a higher term than [`Wal::term`] fails with [`Error::TermRegression`]. A promoted
+//! follower simply starts submitting after its replicated log.
+//!
+//! # Positions
+//!
+//! [`Wal::locate`], [`Wal::last_position`] and [`Wal::term_at`] answer from the batch index and the
+//! term history, and see only DURABLE batches (fsynced and announced). A receiver that pipelines
+//! several requests before their completions arrive must track its own in-flight tail.
+//!
+//! # Truncation
+//!
+//! [`Wal::quarantine_from`] and [`Wal::reset_to`] move batches into `quarantine/` and make the
+//! durable frontier go DOWN (see [`crate::quarantine`]); the caller guarantees nothing above the cut
+//! was committed or applied. They run on the writer thread, ordered with appends.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc;
@@ -17,17 +40,23 @@ use std::time::Duration;
 
 use tidal_types::{Seqno, Term, TermSeqno};
 
+use crate::batch::Batch;
 use crate::batch::PAYLOAD_LEN_MAX;
+use crate::batch_index::{Position, INDEX_BYTES_PER_BATCH};
 use crate::clock::Clock;
 use crate::config::WalConfig;
-use crate::error::{Error, SubmitError};
+use crate::error::{Error, ReplicatedSubmitError, SubmitError};
 use crate::io::FileIo;
+use crate::quarantine::QuarantineReport;
 use crate::reader::WalReader;
 use crate::recovery::{recover, Recovery};
 use crate::segment::SegmentInfo;
-use crate::shared::{LogState, Queue, Queued, Shared};
+use crate::shared::{Done, LogState, Queue, Queued, Shared, TruncateOp, Work};
 use crate::stats::{StatsCounters, WalStats};
-use crate::writer::{AppendRequest, Appended, Completion, FlushedHook, Writer, LOGGED_TIME_LEN};
+use crate::writer::{
+    AppendRequest, Appended, Completion, FlushedHook, ReplicatedAppended, ReplicatedCompletion, Writer,
+    LOGGED_TIME_LEN,
+};
 
 /// How long `append_blocking` waits for queue space before it tries again; a wake-up normally comes
 /// much sooner, from the writer taking a drain.
@@ -84,11 +113,12 @@ impl Wal {
             queue: Mutex::new(Queue::default()),
             queue_ready: Condvar::new(),
             queue_space: Condvar::new(),
-            log: Mutex::new(LogState { segments, meta: recovered.meta }),
+            log: Mutex::new(LogState { segments, meta: recovered.meta, index: recovered.index }),
             term: AtomicU64::new(recovery.last_term.get()),
             durable: AtomicU64::new(recovery.durable.get()),
             poisoned: AtomicBool::new(false),
             stats: StatsCounters::default(),
+            truncations: AtomicU64::new(0),
         });
         let writer = Writer {
             shared: shared.clone(),
@@ -119,29 +149,129 @@ impl Wal {
         &self.inner.shared
     }
 
-    /// Queues a request; `done` is called once it is durable (or failed). Never blocks.
+    /// Queues a leader write; `done` is called once it is durable (or failed). Never blocks.
     pub fn submit(&self, request: AppendRequest, done: Completion) -> Result<(), SubmitError> {
         validate(&request)?;
+        match self.enqueue(Queued { work: Work::Append(request), done: Done::Append(done) }, true) {
+            Ok(()) => Ok(()),
+            Err((Work::Append(request), Refusal::Full)) => Err(SubmitError::QueueFull(request)),
+            Err((_, Refusal::Full)) => unreachable!("enqueue hands back what it was given"),
+            Err((_, Refusal::Closed)) => Err(SubmitError::Closed),
+            Err((_, Refusal::Poisoned)) => Err(SubmitError::Poisoned),
+        }
+    }
+
+    /// Queues replicated batches (a follower's append): they are written byte-identical, as one
+    /// request, through the same drains, fsync and [`FlushedHook`] as leader writes; `done` is called
+    /// once they are durable. The batches must be contiguous with non-decreasing terms (checked here);
+    /// the first must start at the seqno the log continues at when the writer sequences them, and its
+    /// term must not be below the log's last term (checked there: else `done` gets
+    /// [`Error::NotContiguous`] or [`Error::TermRegression`] and nothing is written). A term above
+    /// every term in the log is recorded in the term history. Never blocks.
+    pub fn submit_replicated(
+        &self,
+        batches: Vec<Batch>,
+        done: ReplicatedCompletion,
+    ) -> Result<(), ReplicatedSubmitError> {
+        validate_replicated(&batches).map_err(ReplicatedSubmitError::Invalid)?;
+        let queued = Queued { work: Work::Replicated(batches), done: Done::Replicated(done) };
+        match self.enqueue(queued, true) {
+            Ok(()) => Ok(()),
+            Err((Work::Replicated(batches), Refusal::Full)) => Err(ReplicatedSubmitError::QueueFull(batches)),
+            Err((_, Refusal::Full)) => unreachable!("enqueue hands back what it was given"),
+            Err((_, Refusal::Closed)) => Err(ReplicatedSubmitError::Closed),
+            Err((_, Refusal::Poisoned)) => Err(ReplicatedSubmitError::Poisoned),
+        }
+    }
+
+    /// [`Wal::submit_replicated`], waiting for queue space and then until the batches are durable.
+    pub fn append_replicated_blocking(&self, batches: Vec<Batch>) -> Result<ReplicatedAppended, Error> {
+        let (sender, receiver) = mpsc::sync_channel(1);
+        let mut batches = batches;
+        loop {
+            let sender = sender.clone();
+            let done: ReplicatedCompletion = Box::new(move |result| {
+                // The receiver only goes away if the caller stopped waiting; nothing to tell then.
+                let _ = sender.send(result);
+            });
+            match self.submit_replicated(batches, done) {
+                Ok(()) => break,
+                Err(ReplicatedSubmitError::QueueFull(back)) => {
+                    batches = back;
+                    let queue = self.shared().lock_queue();
+                    let _ = self.shared().queue_space.wait_timeout(queue, QUEUE_FULL_RETRY_WAIT);
+                }
+                Err(ReplicatedSubmitError::Poisoned) => return Err(Error::Poisoned),
+                Err(ReplicatedSubmitError::Closed) => return Err(Error::Closed),
+                Err(ReplicatedSubmitError::Invalid(reason)) => return Err(Error::Invalid(reason)),
+            }
+        }
+        drop(sender);
+        receiver.recv().unwrap_or(Err(Error::Poisoned))
+    }
+
+    /// Moves the durable batches from `seqno` on into a quarantine file and cuts them off the log
+    /// (see [`crate::quarantine`]). `seqno` must be the first seqno of a retained batch. Runs on the
+    /// writer thread after everything queued before it is durable; waits for it. The durable
+    /// frontier goes DOWN to `seqno - 1`: the caller guarantees nothing above it was committed or
+    /// applied. An I/O failure poisons the WAL. Refused ([`Error::Invalid`]) from a completion or hook.
+    pub fn quarantine_from(&self, seqno: Seqno) -> Result<QuarantineReport, Error> {
+        self.truncate(TruncateOp::QuarantineFrom(seqno))
+    }
+
+    /// Quarantines every retained batch and leaves an empty log that continues at
+    /// `position.seqno + 1`, with purge point `position` and `term_history` (the snapshot source's,
+    /// entries above `position` ignored; it must put `position.term` at `position.seqno`). Crash-safe:
+    /// a reopen sees either the old log or the reset one. Same rules as [`Wal::quarantine_from`].
+    pub fn reset_to(
+        &self,
+        position: TermSeqno,
+        term_history: &[TermSeqno],
+    ) -> Result<QuarantineReport, Error> {
+        self.truncate(TruncateOp::ResetTo { position, term_history: term_history.to_vec() })
+    }
+
+    fn truncate(&self, op: TruncateOp) -> Result<QuarantineReport, Error> {
+        if std::thread::current().id() == self.inner.writer_thread {
+            return Err(Error::Invalid(
+                "a truncation cannot wait for the writer thread on itself".to_string(),
+            ));
+        }
+        let (sender, receiver) = mpsc::sync_channel(1);
+        let done = Box::new(move |result| {
+            // The receiver only goes away if the caller stopped waiting; nothing to tell then.
+            let _ = sender.send(result);
+        });
+        match self.enqueue(Queued { work: Work::Truncate(op), done: Done::Truncate(done) }, false) {
+            Ok(()) => {}
+            Err((_, Refusal::Closed)) => return Err(Error::Closed),
+            Err((_, Refusal::Poisoned | Refusal::Full)) => return Err(Error::Poisoned),
+        }
+        receiver.recv().unwrap_or(Err(Error::Poisoned))
+    }
+
+    /// Queues `queued`, subject to the queue bounds if `bounded`; hands the work back if refused.
+    fn enqueue(&self, queued: Queued, bounded: bool) -> Result<(), (Work, Refusal)> {
         let shared = self.shared();
         if shared.is_poisoned() {
-            return Err(SubmitError::Poisoned);
+            return Err((queued.work, Refusal::Poisoned));
         }
         let mut queue = shared.lock_queue();
         if queue.closed {
-            return Err(SubmitError::Closed);
+            return Err((queued.work, Refusal::Closed));
         }
         if shared.is_poisoned() {
-            return Err(SubmitError::Poisoned);
+            return Err((queued.work, Refusal::Poisoned));
         }
-        let payload_len = request.payload.len();
+        let bytes = queued.work.queued_bytes();
         let full = queue.requests.len() >= shared.config.queue_batches_max
             || (!queue.requests.is_empty()
-                && queue.bytes.saturating_add(payload_len) > shared.config.queue_bytes_max);
-        if full {
-            return Err(SubmitError::QueueFull(request));
+                && queue.bytes.saturating_add(bytes) > shared.config.queue_bytes_max);
+        if bounded && full {
+            return Err((queued.work, Refusal::Full));
         }
-        queue.bytes += payload_len;
-        queue.requests.push_back(Queued { request, done });
+        queue.bytes += bytes;
+        queue.requests.push_back(queued);
         drop(queue);
         shared.queue_ready.notify_one();
         Ok(())
@@ -199,6 +329,47 @@ impl Wal {
         self.shared().lock_log().meta.term_history.clone()
     }
 
+    /// Where `seqno` sits in the durable log: inside a retained batch, beyond the durable frontier,
+    /// or at or below the purge point (seqno 0 included).
+    pub fn locate(&self, seqno: Seqno) -> Position {
+        let log = self.shared().lock_log();
+        if seqno <= log.meta.purged.seqno {
+            return Position::Purged;
+        }
+        match log.index.batch_of(seqno) {
+            Some((first, last)) => Position::In { term: log.meta.term_at(first), first, last },
+            None if seqno >= log.index.next() => Position::Beyond,
+            // Retained seqnos are all indexed; only seqnos below them are left.
+            None => Position::Purged,
+        }
+    }
+
+    /// The last DURABLE position: the durable frontier and its term (`(0, 0)` for a log that never
+    /// held anything; the purge point for a log whose every batch is purged or reset).
+    pub fn last_position(&self) -> TermSeqno {
+        let log = self.shared().lock_log();
+        let seqno = Seqno(log.index.next().get() - 1);
+        TermSeqno { term: log.meta.term_at(seqno), seqno }
+    }
+
+    /// The term of the batch holding `seqno`, from the term history: known for every seqno up to the
+    /// durable frontier, purged ones included; `None` for seqno 0 and beyond the frontier.
+    pub fn term_at(&self, seqno: Seqno) -> Option<Term> {
+        let log = self.shared().lock_log();
+        (seqno > Seqno::ZERO && seqno < log.index.next()).then(|| log.meta.term_at(seqno))
+    }
+
+    /// Retained batches in the in-memory batch index; it costs [`Wal::index_bytes`].
+    pub fn indexed_batches(&self) -> usize {
+        self.shared().lock_log().index.len()
+    }
+
+    /// Memory of the batch index's entries: 8 bytes per retained batch (a `VecDeque` may hold up to
+    /// twice that in capacity).
+    pub fn index_bytes(&self) -> usize {
+        self.indexed_batches() * INDEX_BYTES_PER_BATCH
+    }
+
     /// The purge point: the last purged position (seqno 0 if nothing was purged).
     pub fn purged(&self) -> TermSeqno {
         self.shared().lock_log().meta.purged
@@ -213,9 +384,13 @@ impl Wal {
     /// [`Error::Purged`] if `from` is below the retained segments.
     pub fn read_from(&self, from: Seqno) -> Result<WalReader, Error> {
         let from = from.max(Seqno(1));
-        let (segments, durable) = {
+        let (segments, durable, truncations) = {
             let log = self.shared().lock_log();
-            (log.segments.clone(), self.shared().durable_seqno())
+            (
+                log.segments.clone(),
+                self.shared().durable_seqno(),
+                self.shared().truncations.load(Ordering::SeqCst),
+            )
         };
         let first_retained = segments.first().map_or(durable.next(), |segment| segment.first_seqno);
         if from < first_retained {
@@ -225,7 +400,7 @@ impl Wal {
             .into_iter()
             .filter(|segment| segment.last_seqno.is_some_and(|last| last >= from))
             .collect();
-        Ok(WalReader::new(self.inner.shared.clone(), segments, from, durable))
+        Ok(WalReader::new(self.inner.shared.clone(), segments, from, durable, truncations))
     }
 
     /// Deletes whole segments whose every seqno is below `horizon`, never the active one, after
@@ -260,6 +435,8 @@ impl Wal {
         }
         log.meta = meta;
         let removed: Vec<SegmentInfo> = log.segments.drain(..removable).collect();
+        let first_retained_now = first_retained(&log);
+        log.index.purge_below(first_retained_now);
         let report = PurgeReport {
             segments_removed: removed.len(),
             bytes_removed: removed.iter().map(|segment| segment.bytes).sum(),
@@ -328,6 +505,33 @@ impl Drop for WalInner {
     fn drop(&mut self) {
         self.shutdown();
     }
+}
+
+/// Why `enqueue` refused.
+enum Refusal {
+    Full,
+    Closed,
+    Poisoned,
+}
+
+/// Replicated batches must form one contiguous run with non-decreasing terms.
+fn validate_replicated(batches: &[Batch]) -> Result<(), String> {
+    if batches.is_empty() {
+        return Err("a replicated request holds at least one batch".to_string());
+    }
+    for pair in batches.windows(2) {
+        if pair[1].first_seqno() != pair[0].last_seqno().next() {
+            return Err(format!(
+                "batch at seqno {} does not follow the batch ending at {}",
+                pair[1].first_seqno(),
+                pair[0].last_seqno()
+            ));
+        }
+        if pair[1].term() < pair[0].term() {
+            return Err(format!("batch term {} follows term {}", pair[1].term(), pair[0].term()));
+        }
+    }
+    Ok(())
 }
 
 fn validate(request: &AppendRequest) -> Result<(), SubmitError> {

@@ -14,6 +14,12 @@
 //!  32+16n  32 BLAKE3 of every byte before it
 //! ```
 //!
+//! Version 2 is the same with one more fixed field, written only while a truncation is under way
+//! (a quarantine or a reset): at offset 32, `truncate_from u64 LE` (every batch at or above that seqno
+//! is being removed), and the entries start at offset 40. A file with no truncation pending is always
+//! written as version 1, so a WAL that never truncates keeps its exact bytes. Recovery that finds a
+//! pending truncation finishes it before it scans, then writes the file again without it.
+//!
 //! Delicate: the file is replaced by write-then-rename: write `wal.meta.tmp`, fsync it, rename it over
 //! `wal.meta`, fsync the directory. A crash leaves either the old or the new file, never a mix; a
 //! leftover `.tmp` is ignored and removed on open. A failed fsync here is as fatal as one of a segment.
@@ -31,7 +37,11 @@ pub const META_FILE_NAME: &str = "wal.meta";
 pub const META_TMP_FILE_NAME: &str = "wal.meta.tmp";
 const META_MAGIC: [u8; 4] = *b"TDLM";
 const META_VERSION: u8 = 1;
+/// The version that carries a pending truncation.
+const META_VERSION_TRUNCATING: u8 = 2;
 const META_FIXED_LEN: usize = 32;
+/// Fixed length of a version-2 file: the version-1 fields plus `truncate_from`.
+const META_FIXED_LEN_TRUNCATING: usize = 40;
 const META_HASH_LEN: usize = 32;
 const META_ENTRY_LEN: usize = 16;
 /// Most term-history entries the file may hold: a million terms is far beyond any real cluster's
@@ -45,6 +55,9 @@ pub struct WalMeta {
     pub term_history: Vec<TermSeqno>,
     /// The last purged position; seqno 0 when nothing was purged.
     pub purged: TermSeqno,
+    /// A truncation under way: every batch at or above this seqno is being removed (seqno 0: none).
+    /// Recovery finishes it.
+    pub truncate_from: Seqno,
 }
 
 impl WalMeta {
@@ -57,15 +70,20 @@ impl WalMeta {
     pub fn encode(&self) -> Vec<u8> {
         let count =
             u32::try_from(self.term_history.len()).expect("term history is bounded by TERM_HISTORY_LEN_MAX");
+        let truncating = self.truncate_from > Seqno::ZERO;
+        let fixed_len = if truncating { META_FIXED_LEN_TRUNCATING } else { META_FIXED_LEN };
         let mut out =
-            Vec::with_capacity(META_FIXED_LEN + self.term_history.len() * META_ENTRY_LEN + META_HASH_LEN);
+            Vec::with_capacity(fixed_len + self.term_history.len() * META_ENTRY_LEN + META_HASH_LEN);
         out.extend_from_slice(&META_MAGIC);
-        out.push(META_VERSION);
+        out.push(if truncating { META_VERSION_TRUNCATING } else { META_VERSION });
         out.extend_from_slice(&[0; 3]);
         out.extend_from_slice(&self.purged.term.0.to_le_bytes());
         out.extend_from_slice(&self.purged.seqno.0.to_le_bytes());
         out.extend_from_slice(&count.to_le_bytes());
         out.extend_from_slice(&[0; 4]);
+        if truncating {
+            out.extend_from_slice(&self.truncate_from.0.to_le_bytes());
+        }
         for entry in &self.term_history {
             out.extend_from_slice(&entry.term.0.to_le_bytes());
             out.extend_from_slice(&entry.seqno.0.to_le_bytes());
@@ -87,7 +105,12 @@ impl WalMeta {
         if count > TERM_HISTORY_LEN_MAX {
             return Err(format!("{count} term history entries is over the maximum"));
         }
-        let len = META_FIXED_LEN + count * META_ENTRY_LEN + META_HASH_LEN;
+        let fixed_len = match bytes[4] {
+            META_VERSION => META_FIXED_LEN,
+            META_VERSION_TRUNCATING => META_FIXED_LEN_TRUNCATING,
+            version => return Err(format!("unsupported version {version}")),
+        };
+        let len = fixed_len + count * META_ENTRY_LEN + META_HASH_LEN;
         if bytes.len() != len {
             return Err(format!("length {} does not match {count} entries", bytes.len()));
         }
@@ -95,16 +118,18 @@ impl WalMeta {
         if blake3::hash(body).as_bytes() != &bytes[len - META_HASH_LEN..] {
             return Err("checksum mismatch".to_string());
         }
-        if bytes[4] != META_VERSION {
-            return Err(format!("unsupported version {}", bytes[4]));
-        }
         if bytes[5..8] != [0; 3] || bytes[28..32] != [0; 4] {
             return Err("reserved bytes are not zero".to_string());
         }
         let purged = TermSeqno { term: Term(u64_at(bytes, 8)), seqno: Seqno(u64_at(bytes, 16)) };
+        let truncate_from =
+            if fixed_len == META_FIXED_LEN { Seqno::ZERO } else { Seqno(u64_at(bytes, META_FIXED_LEN)) };
+        if fixed_len == META_FIXED_LEN_TRUNCATING && truncate_from == Seqno::ZERO {
+            return Err("version 2 without a pending truncation".to_string());
+        }
         let mut term_history: Vec<TermSeqno> = Vec::with_capacity(count);
         for index in 0..count {
-            let at = META_FIXED_LEN + index * META_ENTRY_LEN;
+            let at = fixed_len + index * META_ENTRY_LEN;
             let entry = TermSeqno { term: Term(u64_at(bytes, at)), seqno: Seqno(u64_at(bytes, at + 8)) };
             if let Some(previous) = term_history.last() {
                 if entry.term <= previous.term || entry.seqno <= previous.seqno {
@@ -113,7 +138,7 @@ impl WalMeta {
             }
             term_history.push(entry);
         }
-        Ok(WalMeta { term_history, purged })
+        Ok(WalMeta { term_history, purged, truncate_from })
     }
 
     /// Reads `dir/wal.meta`; `Ok(None)` if it does not exist.
@@ -165,6 +190,22 @@ mod tests {
                 TermSeqno { term: Term(4), seqno: Seqno(90) },
             ],
             purged: TermSeqno { term: Term(1), seqno: Seqno(40) },
+            truncate_from: Seqno::ZERO,
+        }
+    }
+
+    #[test]
+    fn a_pending_truncation_round_trips_as_version_2() {
+        let mut meta = sample();
+        assert_eq!(meta.encode()[4], 1);
+        meta.truncate_from = Seqno(95);
+        let bytes = meta.encode();
+        assert_eq!(bytes[4], 2);
+        assert_eq!(WalMeta::decode(&bytes).unwrap(), meta);
+        for bit in 0..bytes.len() * 8 {
+            let mut copy = bytes.clone();
+            copy[bit / 8] ^= 1 << (bit % 8);
+            assert!(WalMeta::decode(&copy).is_err(), "flip of bit {bit} went unnoticed");
         }
     }
 

@@ -14,6 +14,14 @@
 //!   order, whatever the clock does.
 //! - Segments rotate only at batch boundaries; the directory is fsynced after a segment is created,
 //!   before any batch in it is acknowledged.
+//! - Replicated batches (a follower's appends) go through the same drains, fsync and hook, written
+//!   byte-identical: no seqno, term or time is stamped. Their contiguity and term order are checked
+//!   HERE, when they are sequenced, against what the log (plus the drain so far) ends with; a request
+//!   that does not continue the log fails alone and writes nothing. A leader append whose term is
+//!   below the log's last term is refused the same way, so a follower that wrongly sequences its own
+//!   write cannot break the log's term order.
+//! - A truncation (quarantine, reset) is always a drain of its own: everything queued before it is
+//!   durable and announced before it starts, and nothing queued after it is sequenced until it ends.
 
 use std::fmt;
 use std::path::PathBuf;
@@ -23,11 +31,11 @@ use std::time::Instant;
 
 use tidal_types::{RecordKind, Seqno, Term, TermSeqno};
 
-use crate::batch::{encode_batch_into, Batch, HEADER_LEN};
+use crate::batch::{encode_batch_into, Batch};
 use crate::error::Error;
 use crate::io::WalFile;
-use crate::segment::{segment_file_name, SegmentInfo};
-use crate::shared::{Queued, Shared};
+use crate::segment::{logged_time_ms, segment_file_name, SegmentInfo};
+use crate::shared::{Outcome, Queued, Shared, Work};
 
 /// Bytes at the start of every payload that hold the envelope's logged time (u64 LE unix ms).
 pub const LOGGED_TIME_LEN: usize = 8;
@@ -69,6 +77,19 @@ pub struct Appended {
 /// quick and must not panic: it delays every later write.
 pub type Completion = Box<dyn FnOnce(Result<Appended, Error>) + Send>;
 
+/// Where replicated batches landed, once they are durable.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ReplicatedAppended {
+    /// First seqno of the first batch.
+    pub first: Seqno,
+    /// Position of the last batch's last seqno.
+    pub last: TermSeqno,
+}
+
+/// Called once per replicated request on the writer thread, after its fsync (or with the error).
+/// Same rules as [`Completion`].
+pub type ReplicatedCompletion = Box<dyn FnOnce(Result<ReplicatedAppended, Error>) + Send>;
+
 /// Sees every flushed batch, on the writer thread, after the fsync and before the completions, in
 /// seqno order (the ship feed hangs here). Must be quick and must not panic.
 pub trait FlushedHook: Send + 'static {
@@ -93,14 +114,16 @@ pub(crate) struct Writer {
     pub(crate) active_info: SegmentInfo,
     pub(crate) next_seqno: Seqno,
     pub(crate) last_time_ms: u64,
-    /// Term of the last term-history entry.
+    /// Term of the last term-history entry: the term of the log's last batch (or of the purge point).
+    /// No batch below it may follow.
     pub(crate) history_term: Term,
 }
 
 /// What one drain wrote, before it is announced.
 struct Flushed {
     batches: Vec<Batch>,
-    appended: Vec<Appended>,
+    /// One per request, in order: its outcome, or why it was refused (nothing of it written).
+    outcomes: Vec<Result<Outcome, Error>>,
     /// Segments closed by rotations during the drain.
     closed_segments: Vec<SegmentInfo>,
     term_starts: Vec<TermSeqno>,
@@ -120,9 +143,7 @@ impl Drop for PanicGuard {
                 queue.bytes = 0;
                 queue.requests.drain(..).collect()
             };
-            for item in queued {
-                (item.done)(Err(Error::Poisoned));
-            }
+            fail_all(queued, &Error::Poisoned);
         }
     }
 }
@@ -136,27 +157,39 @@ impl Writer {
                 fail_all(drain, &Error::Poisoned);
                 continue;
             }
-            let (requests, completions): (Vec<_>, Vec<_>) =
-                drain.into_iter().map(|item| (item.request, item.done)).unzip();
-            match self.write_drain(requests) {
+            let (works, dones): (Vec<_>, Vec<_>) =
+                drain.into_iter().map(|item| (item.work, item.done)).unzip();
+            let result = match <[Work; 1]>::try_from(works) {
+                Ok([Work::Truncate(op)]) => self.truncate(op).map(|report| Flushed {
+                    batches: Vec::new(),
+                    outcomes: vec![report.map(Outcome::Truncated)],
+                    closed_segments: Vec::new(),
+                    term_starts: Vec::new(),
+                }),
+                Ok(single) => self.write_drain(Vec::from(single)),
+                Err(works) => self.write_drain(works),
+            };
+            match result {
                 Ok(flushed) => {
-                    self.hook.flushed(&flushed.batches);
-                    for (done, appended) in completions.into_iter().zip(flushed.appended) {
-                        done(Ok(appended));
+                    if !flushed.batches.is_empty() {
+                        self.hook.flushed(&flushed.batches);
+                    }
+                    for (done, outcome) in dones.into_iter().zip(flushed.outcomes) {
+                        done.complete(outcome);
                     }
                 }
                 Err(err) => {
                     tracing::error!("failed to {err:#}");
                     self.shared.poison();
-                    for done in completions {
-                        done(Err(err.clone()));
+                    for done in dones {
+                        done.fail(err.clone());
                     }
                 }
             }
         }
     }
 
-    /// Waits for requests; `None` once closed and empty. Fails everything queued when poisoned.
+    /// Waits for requests; `None` once closed and empty. A truncation is always taken alone.
     fn next_drain(&mut self) -> Option<Vec<Queued>> {
         let mut queue = self.shared.lock_queue();
         loop {
@@ -173,58 +206,155 @@ impl Writer {
         let mut drain = Vec::new();
         let mut drain_bytes = 0usize;
         while let Some(front) = queue.requests.front() {
-            let encoded_len = HEADER_LEN + front.request.payload.len();
+            let is_truncate = matches!(front.work, Work::Truncate(_));
+            if !drain.is_empty() && is_truncate {
+                break;
+            }
+            let encoded_len = front.work.encoded_len();
             if !drain.is_empty() && drain_bytes.saturating_add(encoded_len) > drain_bytes_max {
                 break;
             }
             let Some(item) = queue.requests.pop_front() else { break };
-            queue.bytes -= item.request.payload.len();
+            queue.bytes -= item.work.queued_bytes();
             drain_bytes = drain_bytes.saturating_add(encoded_len);
             drain.push(item);
+            if is_truncate {
+                break;
+            }
         }
         drop(queue);
         self.shared.queue_space.notify_all();
         Some(drain)
     }
 
-    /// Writes and fsyncs one drain, then publishes the new durable frontier and segment list.
-    fn write_drain(&mut self, requests: Vec<AppendRequest>) -> Result<Flushed, Error> {
+    /// Writes and fsyncs one drain of appends, then publishes the new durable frontier, segment list
+    /// and index. Requests that do not fit the log are refused alone; an I/O failure fails the drain.
+    fn write_drain(&mut self, works: Vec<Work>) -> Result<Flushed, Error> {
         let term = Term(self.shared.term.load(Ordering::SeqCst));
         let mut flushed = Flushed {
-            batches: Vec::with_capacity(requests.len()),
-            appended: Vec::with_capacity(requests.len()),
+            batches: Vec::with_capacity(works.len()),
+            outcomes: Vec::with_capacity(works.len()),
             closed_segments: Vec::new(),
             term_starts: Vec::new(),
         };
-        let mut buf =
-            Vec::with_capacity(requests.iter().map(|request| HEADER_LEN + request.payload.len()).sum());
-        for mut request in requests {
-            let pending = self.active_info.bytes + buf.len() as u64;
-            if pending > 0 && pending >= self.shared.config.segment_bytes_max {
-                self.rotate(&mut buf, &mut flushed)?;
+        let mut buf = Vec::with_capacity(works.iter().map(Work::encoded_len).sum());
+        for work in works {
+            if let Err(refusal) = self.check_fits(&work, term) {
+                flushed.outcomes.push(Err(refusal));
+                continue;
             }
-            let first = self.next_seqno;
-            let last = first.add(u64::from(request.event_count) - 1);
-            let time_ms = self.shared.clock.now_ms().max(self.last_time_ms);
-            request.payload[..LOGGED_TIME_LEN].copy_from_slice(&time_ms.to_le_bytes());
-            let start = buf.len();
-            encode_batch_into(&mut buf, request.kind, term, first, request.event_count, &request.payload);
-            let batch = Batch::from_verified(Arc::from(&buf[start..])).map_err(|err| {
-                Error::corrupt(&self.active_info.path, self.active_info.bytes, err.to_string())
-            })?;
-            if term > self.history_term {
-                flushed.term_starts.push(TermSeqno { term, seqno: first });
-                self.history_term = term;
-            }
-            self.next_seqno = last.next();
-            self.last_time_ms = time_ms;
-            self.active_info.last_seqno = Some(last);
-            flushed.batches.push(batch);
-            flushed.appended.push(Appended { first, last, term, time_ms });
+            let outcome = match work {
+                Work::Append(request) => self.sequence_append(request, term, &mut buf, &mut flushed)?,
+                Work::Replicated(batches) => self.sequence_replicated(batches, &mut buf, &mut flushed)?,
+                Work::Truncate(_) => unreachable!("next_drain takes a truncation alone"),
+            };
+            flushed.outcomes.push(Ok(outcome));
+        }
+        if flushed.batches.is_empty() {
+            return Ok(flushed);
         }
         self.write_and_sync(&mut buf)?;
         self.publish(&flushed)?;
         Ok(flushed)
+    }
+
+    /// Rotates first if the active segment is full. Called before each batch.
+    fn rotate_if_full(&mut self, buf: &mut Vec<u8>, flushed: &mut Flushed) -> Result<(), Error> {
+        let pending = self.active_info.bytes + buf.len() as u64;
+        if pending > 0 && pending >= self.shared.config.segment_bytes_max {
+            self.rotate(buf, flushed)?;
+        }
+        Ok(())
+    }
+
+    /// Whether a request may continue the log as it ends now (with the drain so far). A refusal
+    /// fails only that request; nothing of it is written.
+    fn check_fits(&self, work: &Work, term: Term) -> Result<(), Error> {
+        let (first, first_term) = match work {
+            Work::Append(_) => (self.next_seqno, term),
+            Work::Replicated(batches) => match batches.first() {
+                Some(head) => (head.first_seqno(), head.term()),
+                None => {
+                    return Err(Error::Invalid("a replicated request holds at least one batch".to_string()))
+                }
+            },
+            Work::Truncate(_) => return Ok(()),
+        };
+        if first != self.next_seqno {
+            return Err(Error::NotContiguous { expected: self.next_seqno, got: first });
+        }
+        if first_term < self.history_term {
+            return Err(Error::TermRegression { term: first_term, last_term: self.history_term });
+        }
+        Ok(())
+    }
+
+    /// A leader write: assign seqnos, stamp term and time, encode. `check_fits` passed.
+    fn sequence_append(
+        &mut self,
+        mut request: AppendRequest,
+        term: Term,
+        buf: &mut Vec<u8>,
+        flushed: &mut Flushed,
+    ) -> Result<Outcome, Error> {
+        self.rotate_if_full(buf, flushed)?;
+        let first = self.next_seqno;
+        let last = first.add(u64::from(request.event_count) - 1);
+        let time_ms = self.shared.clock.now_ms().max(self.last_time_ms);
+        request.payload[..LOGGED_TIME_LEN].copy_from_slice(&time_ms.to_le_bytes());
+        let start = buf.len();
+        encode_batch_into(buf, request.kind, term, first, request.event_count, &request.payload);
+        let batch = Batch::from_verified(Arc::from(&buf[start..]))
+            .map_err(|err| Error::corrupt(&self.active_info.path, self.active_info.bytes, err.to_string()))?;
+        self.account(&batch, flushed);
+        self.last_time_ms = time_ms;
+        Ok(Outcome::Append(Appended { first, last, term, time_ms }))
+    }
+
+    /// Replicated batches, copied byte for byte. `check_fits` passed; `submit_replicated` checked
+    /// that they are contiguous with non-decreasing terms.
+    fn sequence_replicated(
+        &mut self,
+        batches: Vec<Batch>,
+        buf: &mut Vec<u8>,
+        flushed: &mut Flushed,
+    ) -> Result<Outcome, Error> {
+        let (Some(head), Some(tail)) = (batches.first(), batches.last()) else {
+            unreachable!("check_fits refuses an empty replicated request");
+        };
+        let appended = ReplicatedAppended {
+            first: head.first_seqno(),
+            last: TermSeqno { term: tail.term(), seqno: tail.last_seqno() },
+        };
+        for batch in batches {
+            self.rotate_if_full(buf, flushed)?;
+            buf.extend_from_slice(batch.encoded());
+            if let Some(time_ms) = logged_time_ms(batch.payload()) {
+                self.last_time_ms = self.last_time_ms.max(time_ms);
+            }
+            self.account(&batch, flushed);
+        }
+        Ok(Outcome::Replicated(appended))
+    }
+
+    /// Advances the writer's view of the log's end past `batch` (already in the drain's buffer).
+    fn account(&mut self, batch: &Batch, flushed: &mut Flushed) {
+        assert!(
+            batch.first_seqno() == self.next_seqno && batch.term() >= self.history_term,
+            "log order violated: next={} last_term={} batch={}..={} term {}",
+            self.next_seqno,
+            self.history_term,
+            batch.first_seqno(),
+            batch.last_seqno(),
+            batch.term()
+        );
+        if batch.term() > self.history_term {
+            flushed.term_starts.push(TermSeqno { term: batch.term(), seqno: batch.first_seqno() });
+            self.history_term = batch.term();
+        }
+        self.next_seqno = batch.last_seqno().next();
+        self.active_info.last_seqno = Some(batch.last_seqno());
+        flushed.batches.push(batch.clone());
     }
 
     fn write_and_sync(&mut self, buf: &mut Vec<u8>) -> Result<(), Error> {
@@ -258,7 +388,7 @@ impl Writer {
         Ok(())
     }
 
-    /// After the fsync: records new terms in `wal.meta`, then publishes segments and the frontier.
+    /// After the fsync: records new terms in `wal.meta`, then publishes segments, index and frontier.
     fn publish(&mut self, flushed: &Flushed) -> Result<(), Error> {
         let mut log = self.shared.lock_log();
         if !flushed.term_starts.is_empty() {
@@ -273,6 +403,9 @@ impl Writer {
                 _ => log.segments.push(info.clone()),
             }
         }
+        for batch in &flushed.batches {
+            log.index.push(batch.first_seqno(), batch.last_seqno());
+        }
         let durable = self.next_seqno.get() - 1;
         assert!(
             durable >= self.shared.durable.load(Ordering::SeqCst),
@@ -284,7 +417,11 @@ impl Writer {
         let stats = &self.shared.stats;
         stats.drains.fetch_add(1, Ordering::Relaxed);
         stats.batches.fetch_add(flushed.batches.len() as u64, Ordering::Relaxed);
-        let events: u64 = flushed.appended.iter().map(|a| a.last.get() - a.first.get() + 1).sum();
+        let events: u64 = flushed
+            .batches
+            .iter()
+            .map(|batch| batch.last_seqno().get() - batch.first_seqno().get() + 1)
+            .sum();
         stats.events.fetch_add(events, Ordering::Relaxed);
         let bytes: u64 = flushed.batches.iter().map(|batch| batch.encoded().len() as u64).sum();
         stats.bytes.fetch_add(bytes, Ordering::Relaxed);
@@ -294,6 +431,6 @@ impl Writer {
 
 fn fail_all(drain: Vec<Queued>, err: &Error) {
     for item in drain {
-        (item.done)(Err(err.clone()));
+        item.done.fail(err.clone());
     }
 }
