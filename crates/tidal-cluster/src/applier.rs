@@ -48,17 +48,17 @@ impl ApplierSender {
     }
 }
 
-/// The running applier.
+/// The running applier. It holds no sender itself: the thread ends when the last sender is gone.
 pub struct Applier {
-    sender: ApplierSender,
     applied: watch::Receiver<Seqno>,
     fatal: Arc<Mutex<Option<String>>>,
     thread: Mutex<Option<std::thread::JoinHandle<()>>>,
 }
 
 impl Applier {
-    /// Starts the applier thread over `db`, whose applied seqno is where it starts.
-    pub fn spawn(db: Arc<TidalDb>) -> std::io::Result<Applier> {
+    /// Starts the applier thread over `db`, whose applied seqno is where it starts. Returns the
+    /// first sender; clone it for every producer (the WAL hook, the commit tracker).
+    pub fn spawn(db: Arc<TidalDb>) -> std::io::Result<(Applier, ApplierSender)> {
         let (tx, rx) = std::sync::mpsc::sync_channel(APPLIER_INPUT_MAX);
         let (applied_tx, applied_rx) = watch::channel(db.applied_seqno());
         let fatal = Arc::new(Mutex::new(None));
@@ -66,17 +66,7 @@ impl Applier {
         let thread = std::thread::Builder::new()
             .name("tidal-applier".into())
             .spawn(move || run(db, rx, applied_tx, thread_fatal))?;
-        Ok(Applier {
-            sender: ApplierSender(tx),
-            applied: applied_rx,
-            fatal,
-            thread: Mutex::new(Some(thread)),
-        })
-    }
-
-    /// A sender for the WAL hook and the commit tracker.
-    pub fn sender(&self) -> ApplierSender {
-        self.sender.clone()
+        Ok((Applier { applied: applied_rx, fatal, thread: Mutex::new(Some(thread)) }, ApplierSender(tx)))
     }
 
     /// The applied frontier; closed (errors on wait) once the applier has stopped.

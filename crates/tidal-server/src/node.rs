@@ -85,14 +85,14 @@ impl Node {
         let db =
             TidalDb::open(&config.data_dir.join("state"), engine_config(&config)).context("open engine")?;
         let db = Arc::new(db);
-        let applier = Applier::spawn(db.clone()).context("start applier")?;
+        let (applier, sender) = Applier::spawn(db.clone()).context("start applier")?;
         let mut wal_config = WalConfig::new(config.data_dir.join("wal"));
         wal_config.segment_bytes_max = config.segment_bytes_max;
         let (wal, recovery) = Wal::open(
             wal_config,
             Arc::new(StdIo),
             Arc::new(SystemClock),
-            Box::new(CommitOnFlush(applier.sender())),
+            Box::new(CommitOnFlush(sender.clone())),
         )
         .context("open WAL")?;
         if let Some(torn) = &recovery.truncated {
@@ -102,9 +102,6 @@ impl Node {
             durable = %recovery.durable, segments = recovery.segments, batches = recovery.batches,
             "WAL recovered"
         );
-        let db =
-            TidalDb::open(&config.data_dir.join("state"), engine_config(&config)).context("open engine")?;
-        let db = Arc::new(db);
         let applied = db.applied_seqno();
         anyhow::ensure!(
             applied <= recovery.durable,
@@ -116,7 +113,6 @@ impl Node {
         let replay = replay(&wal, &db, recovery.durable)?;
         wal.set_term(std::cmp::max(recovery.last_term, Term(1)));
         // Replay applied directly; tell the applier where the engine now is.
-        let sender = applier.sender();
         sender.commit(db.applied_seqno());
         let checkpoint = db.applied_seqno().get();
         let node = Node {
