@@ -1,108 +1,112 @@
-//! The ledger fold: what one decoded batch changes, as fjall writes plus [`IndexChange`]s.
+//! The ledger fold: what one decoded signal batch changes, computed without changing anything.
 //!
-//! Nothing here commits: the caller puts the writes, the new applied seqno and the new time in ONE
-//! fjall batch, commits it, then applies the index changes.
+//! Nothing here is visible to reads: the caller merges the result into the write-back overlay and
+//! the index under the state write lock, after every fallible step of the apply succeeded.
 //!
 //! Delicate:
 //! - Determinism: same log ⇒ bit-identical state. Time is only the logged time (the event's `ts` or
-//!   the envelope's), events are folded in log order, and per-batch accumulators are BTreeMaps so
-//!   writes happen in a fixed order.
+//!   the envelope's), and events are folded in log order per key. The per-batch maps are hash maps:
+//!   their order never reaches the state (each key's value is final; fjall and the digest order keys).
 //! - A batch of many events touching one item or user reads its own earlier updates: everything
-//!   is accumulated in memory first and written once per key.
-//! - Reads see committed fjall state plus the index, which mirrors it (apply is serialized).
+//!   is accumulated per key in memory first.
+//! - The starting values are the applied state: trends from the index, profiles from the overlay,
+//!   else fjall.
 
-use std::collections::btree_map::Entry;
-use std::collections::{BTreeMap, BTreeSet};
-
-use fjall::OwnedWriteBatch;
-use tidal_types::Seqno;
+use std::collections::hash_map::Entry;
+use std::collections::HashMap;
 
 use crate::config::EngineConfig;
+use crate::counters::Counters;
 use crate::error::Error;
-use crate::feed_index::{FeedIndex, IndexChange};
-use crate::keys::{self, Profile};
+use crate::feed_index::FeedIndex;
+use crate::keys::Profile;
+use crate::overlay::Overlay;
 use crate::record::{ControlRecord, SignalEvent};
 use crate::stores::Stores;
 use crate::trend::{decay_factor, distance_ms, Trend};
 
-/// Folds signal events logged at `envelope_time_ms`. Returns how many users got their first profile.
-pub fn signals(
+/// What a signal batch changes, borrowing user names from the decoded events.
+pub struct SignalsFold<'a> {
+    /// New trending score of every item the batch touched.
+    pub trends: HashMap<u64, Trend>,
+    /// New profile and seen items of every user the batch touched, in first-touch order.
+    pub users: Vec<UserFold<'a>>,
+    /// How many users got their first profile.
+    pub new_users: i64,
+}
+
+/// One user's part of a [`SignalsFold`].
+pub struct UserFold<'a> {
+    /// User id.
+    pub user: &'a str,
+    /// The whole new profile.
+    pub profile: Profile,
+    /// Items the batch saw, in log order (repeats allowed).
+    pub seen: Vec<u64>,
+}
+
+/// Folds signal events logged at `envelope_time_ms` over the applied state. Fails only on a fjall
+/// read; changes nothing.
+pub fn signals<'a>(
     stores: &Stores,
     index: &FeedIndex,
+    overlay: &Overlay,
     config: &EngineConfig,
     envelope_time_ms: u64,
-    events: &[SignalEvent],
-    writes: &mut OwnedWriteBatch,
-    changes: &mut Vec<IndexChange>,
-) -> Result<i64, Error> {
-    let mut new_users = 0;
+    events: &'a [SignalEvent],
+) -> Result<SignalsFold<'a>, Error> {
     let dimension = config.dimension as usize;
     let envelope_time = i64::try_from(envelope_time_ms).unwrap_or(i64::MAX);
-    let mut trends: BTreeMap<u64, Trend> = BTreeMap::new();
-    let mut counters: BTreeMap<(u64, &str), u64> = BTreeMap::new();
-    let mut profiles: BTreeMap<&str, Profile> = BTreeMap::new();
-    let mut seen: BTreeSet<(&str, u64)> = BTreeSet::new();
+    let mut trends: HashMap<u64, Trend> = HashMap::with_capacity(events.len());
+    let mut slots: HashMap<&str, usize> = HashMap::new();
+    let mut users: Vec<UserFold<'a>> = Vec::new();
+    let mut new_users = 0;
     for event in events {
         let t = event.ts_ms.unwrap_or(envelope_time);
-        if let Some(trend) = trends.get_mut(&event.item) {
-            trend.add(t, event.weight, config.half_life_ms);
-        } else {
-            let trend = match index.trend(event.item) {
-                Some(mut trend) => {
-                    trend.add(t, event.weight, config.half_life_ms);
-                    trend
-                }
-                None => Trend::first(t, event.weight),
-            };
-            trends.insert(event.item, trend);
-        }
-        match counters.entry((event.item, event.kind.as_str())) {
-            Entry::Occupied(mut count) => *count.get_mut() += 1,
+        match trends.entry(event.item) {
+            Entry::Occupied(mut trend) => trend.get_mut().add(t, event.weight, config.half_life_ms),
             Entry::Vacant(slot) => {
-                let committed = match stores.counters.get(keys::counter_key(event.item, &event.kind))? {
-                    Some(bytes) => keys::u64_value(&bytes).ok_or_else(|| corrupt("counters", "not a u64"))?,
-                    None => 0,
+                let trend = match index.trend(event.item) {
+                    Some(mut trend) => {
+                        trend.add(t, event.weight, config.half_life_ms);
+                        trend
+                    }
+                    None => Trend::first(t, event.weight),
                 };
-                slot.insert(committed + 1);
+                slot.insert(trend);
             }
         }
-        if !profiles.contains_key(event.user.as_str()) {
-            let profile = match stores.profiles.get(event.user.as_bytes())? {
-                Some(bytes) => {
-                    Profile::decode(&bytes, dimension).ok_or_else(|| corrupt("profiles", "bad length"))?
-                }
-                None => {
-                    new_users += 1;
-                    Profile { ref_ms: t, vector: vec![0.0; dimension] }
-                }
-            };
-            profiles.insert(event.user.as_str(), profile);
-        }
-        if let Some(profile) = profiles.get_mut(event.user.as_str()) {
-            add_to_profile(
-                profile,
-                t,
-                event.weight,
-                index.embedding(event.item),
-                config.profile_half_life_ms,
-            );
-        }
-        seen.insert((event.user.as_str(), event.item));
+        let slot = match slots.get(event.user.as_str()) {
+            Some(&slot) => slot,
+            None => {
+                let profile = match overlay.profile(stores, &event.user, dimension)? {
+                    Some(profile) => profile,
+                    None => {
+                        new_users += 1;
+                        Profile { ref_ms: t, vector: vec![0.0; dimension] }
+                    }
+                };
+                users.push(UserFold { user: &event.user, profile, seen: Vec::new() });
+                slots.insert(&event.user, users.len() - 1);
+                users.len() - 1
+            }
+        };
+        let user = &mut users[slot];
+        add_to_profile(
+            &mut user.profile,
+            t,
+            event.weight,
+            index.embedding(event.item),
+            config.profile_half_life_ms,
+        );
+        user.seen.push(event.item);
     }
-    for (item, trend) in trends {
-        writes.insert(&stores.trending, keys::item_key(item), trend.encode());
-        changes.push(IndexChange::Trend { item, trend });
-    }
-    for ((item, kind), count) in counters {
-        writes.insert(&stores.counters, keys::counter_key(item, kind), count.to_le_bytes());
-    }
-    for (user, profile) in profiles {
-        writes.insert(&stores.profiles, user.as_bytes(), profile.encode());
-    }
-    for (user, item) in seen {
-        writes.insert(&stores.seen, keys::seen_key(user, item), []);
-    }
-    Ok(new_users)
+    Ok(SignalsFold { trends, users, new_users })
+}
+
+/// Counts the events per (item, kind). Returns how many counters became dirty.
+pub fn count_signals(counters: &mut Counters, events: &[SignalEvent]) -> usize {
+    events.iter().filter(|event| counters.increment(event.item, &event.kind)).count()
 }
 
 /// Profile rule, the trend rule on a vector: decay to the later of the two times, add
@@ -137,73 +141,17 @@ fn add_to_profile(
     }
 }
 
-/// Upserts an item's metadata.
-pub fn item_metadata(
-    stores: &Stores,
-    seqno: Seqno,
-    item: u64,
-    metadata: &[u8],
-    writes: &mut OwnedWriteBatch,
-) {
-    writes.insert(&stores.items, keys::item_key(item), keys::seqno_value(seqno, metadata));
-}
-
-/// Upserts an item's embedding.
-pub fn item_embedding(
-    stores: &Stores,
-    config: &EngineConfig,
-    seqno: Seqno,
-    item: u64,
-    vector: &[f32],
-    writes: &mut OwnedWriteBatch,
-    changes: &mut Vec<IndexChange>,
-) -> Result<(), Error> {
-    if vector.len() != config.dimension as usize {
-        return Err(Error::EmbeddingDimension { item, expected: config.dimension, got: vector.len() });
-    }
-    let mut bytes = Vec::with_capacity(vector.len() * 4);
-    keys::f32s_to_bytes(vector, &mut bytes);
-    writes.insert(&stores.embeddings, keys::item_key(item), keys::seqno_value(seqno, &bytes));
-    changes.push(IndexChange::Embedding { item, vector: vector.to_vec() });
-    Ok(())
-}
-
-/// Deletes an item: its metadata, embedding, trending score and per-kind counters. Users' seen
-/// sets and profiles keep what they already absorbed: they are history of the users, not state of
-/// the item, and rewriting every profile would make a delete cost O(users).
-pub fn item_delete(
-    stores: &Stores,
-    item: u64,
-    writes: &mut OwnedWriteBatch,
-    changes: &mut Vec<IndexChange>,
-) -> Result<(), Error> {
-    let key = keys::item_key(item);
-    writes.remove(&stores.items, key);
-    writes.remove(&stores.embeddings, key);
-    writes.remove(&stores.trending, key);
-    for guard in stores.counters.prefix(key) {
-        let counter_key = guard.key()?;
-        writes.remove(&stores.counters, counter_key);
-    }
-    changes.push(IndexChange::RemoveItem { item });
-    Ok(())
-}
-
-/// Folds a control record: LeaderStart is remembered in meta (it changes no data).
-pub fn control(stores: &Stores, record: &ControlRecord, writes: &mut OwnedWriteBatch) {
+/// The meta value of a control record: LeaderStart is remembered (it changes no data).
+pub fn control_value(record: &ControlRecord) -> Vec<u8> {
     match record {
         ControlRecord::LeaderStart { term, leader, baseline } => {
             let mut value = Vec::with_capacity(24);
             value.extend_from_slice(&term.0.to_le_bytes());
             value.extend_from_slice(&leader.0.to_le_bytes());
             value.extend_from_slice(&baseline.0.to_le_bytes());
-            writes.insert(&stores.meta, keys::META_LEADER_START, value);
+            value
         }
     }
-}
-
-fn corrupt(keyspace: &'static str, reason: &str) -> Error {
-    Error::Corrupt { keyspace, reason: reason.into() }
 }
 
 #[cfg(test)]
