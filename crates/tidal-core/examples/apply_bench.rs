@@ -2,7 +2,8 @@
 //! 1,000 events (10k users over 1M items), then a checkpoint, and the replay after a crash
 //! (reopen without checkpoint).
 //!
-//! Run: `cargo run --release -p tidal-core --example apply_bench [signal_batches] [embedded_items]`.
+//! Run: `cargo run --release -p tidal-core --example apply_bench [signal_batches] [embedded_items]`;
+//! `OVERLAY_BYTES_MAX=n` overrides the overlay bound.
 #![allow(clippy::unwrap_used)]
 
 use std::time::Instant;
@@ -40,7 +41,10 @@ fn main() {
     let signal_batches: u64 = args.next().map(|a| a.parse().unwrap()).unwrap_or(500);
     let embedded: u64 = args.next().map(|a| a.parse().unwrap()).unwrap_or(100_000);
     let dir = tempfile::tempdir().unwrap();
-    let config = EngineConfig::with_dimension(DIMENSION);
+    let mut config = EngineConfig::with_dimension(DIMENSION);
+    if let Some(bytes) = std::env::var_os("OVERLAY_BYTES_MAX") {
+        config.overlay_bytes_max = bytes.to_str().unwrap().parse().unwrap();
+    }
     let db = TidalDb::open(dir.path(), config.clone()).unwrap();
     let mut rng = 0x2545_f491_4f6c_dd1du64;
     let mut next = move || {

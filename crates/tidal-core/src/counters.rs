@@ -8,11 +8,14 @@
 //! Delicate: kind names are interned to small ids in first-seen order, which depends on history;
 //! the ids never leave this file (fjall keys and the digest use the names).
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 
 use crate::error::Error;
 use crate::keys;
 use crate::stores::Stores;
+
+/// Up to this many kinds, a kind's id is found by comparing names rather than hashing.
+const KINDS_SCANNED_MAX: usize = 8;
 
 /// Per (item, kind) counts plus the keys changed since the last flush.
 #[derive(Debug, Default)]
@@ -23,8 +26,9 @@ pub struct Counters {
     kind_ids: HashMap<Box<str>, u32>,
     /// Count of every (item, kind id) that has one (> 0).
     counts: HashMap<(u64, u32), u64>,
-    /// Keys changed since the last flush; absent from `counts` means deleted.
-    dirty: HashSet<(u64, u32)>,
+    /// Keys changed since the last flush, with repeats (a push is cheaper than a set insert on
+    /// the hot path; the flush sorts and deduplicates). Absent from `counts` means deleted.
+    dirty: Vec<(u64, u32)>,
 }
 
 impl Counters {
@@ -42,24 +46,27 @@ impl Counters {
         Ok(counters)
     }
 
-    /// Adds one to `(item, kind)`; returns whether the key became dirty (for the overlay bound).
-    pub fn increment(&mut self, item: u64, kind: &str) -> bool {
+    /// Adds one to `(item, kind)`.
+    pub fn increment(&mut self, item: u64, kind: &str) {
         let kind = self.kind_id(kind);
         *self.counts.entry((item, kind)).or_insert(0) += 1;
-        self.dirty.insert((item, kind))
+        self.dirty.push((item, kind));
     }
 
     /// Deletes every counter of `item`.
     pub fn remove_item(&mut self, item: u64) {
         for kind in 0..self.kinds.len() as u32 {
             if self.counts.remove(&(item, kind)).is_some() {
-                self.dirty.insert((item, kind));
+                self.dirty.push((item, kind));
             }
         }
     }
 
-    /// Puts every dirty counter (or its removal) into `writes`.
-    pub fn flush_into(&self, stores: &Stores, writes: &mut fjall::OwnedWriteBatch) {
+    /// Puts every dirty counter (or its removal) into `writes`, in item order.
+    pub fn flush_into(&mut self, stores: &Stores, writes: &mut fjall::OwnedWriteBatch) {
+        self.dirty.sort_unstable();
+        // One fjall batch must not hold a key twice.
+        self.dirty.dedup();
         for &(item, kind) in &self.dirty {
             let key = keys::counter_key(item, &self.kinds[kind as usize]);
             match self.counts.get(&(item, kind)) {
@@ -74,13 +81,18 @@ impl Counters {
         self.dirty.clear();
     }
 
-    /// Counters changed since the last flush.
+    /// Counter changes since the last flush (with repeats).
     pub fn dirty_len(&self) -> usize {
         self.dirty.len()
     }
 
     fn kind_id(&mut self, kind: &str) -> u32 {
-        if let Some(&id) = self.kind_ids.get(kind) {
+        // A handful of kinds is the norm: comparing them beats hashing the name.
+        if self.kinds.len() <= KINDS_SCANNED_MAX {
+            if let Some(id) = self.kinds.iter().position(|known| **known == *kind) {
+                return id as u32;
+            }
+        } else if let Some(&id) = self.kind_ids.get(kind) {
             return id;
         }
         let id =

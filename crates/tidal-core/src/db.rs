@@ -119,11 +119,13 @@ struct State {
 struct Writer {
     counters: Counters,
     dirty: WriterDirty,
+    /// Lower bound on the logged time of every idempotency entry (see `idempotency::fold`).
+    idempotency_oldest_ms: Option<u64>,
 }
 
 /// What one decoded batch changes, computed before anything changes.
 enum Change<'a> {
-    Signals { fold: SignalsFold<'a>, events: &'a [SignalEvent] },
+    Signals { fold: SignalsFold<'a>, events: &'a [SignalEvent], envelope_time_ms: u64 },
     ItemMetadata { item: u64, value: Vec<u8>, new: bool },
     ItemEmbedding { item: u64, seqno: Seqno, vector: &'a [f32] },
     ItemDelete { item: u64, existed: bool },
@@ -165,7 +167,11 @@ impl TidalDb {
             flushed_seqno: AtomicU64::new(applied_seqno),
             items: AtomicU64::new(items),
             users: AtomicU64::new(users),
-            writer: Mutex::new(Writer { counters, dirty: WriterDirty::default() }),
+            writer: Mutex::new(Writer {
+                counters,
+                dirty: WriterDirty::default(),
+                idempotency_oldest_ms: None,
+            }),
             negatives_lock: Mutex::new(()),
             flush_on_drop: true,
         })
@@ -234,17 +240,29 @@ impl TidalDb {
                 time_ms: envelope.time_ms,
             },
         });
-        let (change, idempotency_writes) = {
+        let (change, idempotency_writes, idempotency_oldest_ms) = {
             let state = self.read_state();
             let mut idempotency_writes = Vec::new();
             let table = state.overlay.idempotency_table(&self.stores);
-            idempotency::fold(table, &mut idempotency_writes, new_key.as_ref(), now_ms, self.window())?;
-            (self.fold_records(&state, first_seqno, envelope.time_ms, &records)?, idempotency_writes)
+            let oldest_ms = idempotency::fold(
+                table,
+                &mut idempotency_writes,
+                new_key.as_ref(),
+                now_ms,
+                self.window(),
+                writer.idempotency_oldest_ms,
+            )?;
+            (
+                self.fold_records(&state, first_seqno, envelope.time_ms, &records)?,
+                idempotency_writes,
+                oldest_ms,
+            )
         };
 
         // Nothing below fails: merge the change, then publish the new frontier.
         let mut state = self.write_state();
         let mut bytes = state.overlay.set_idempotency(idempotency_writes);
+        writer.idempotency_oldest_ms = idempotency_oldest_ms;
         bytes += self.merge(&mut state, &mut writer, change);
         self.applied_seqno.store(last_seqno.0, Ordering::Release);
         self.last_time_ms.store(now_ms, Ordering::Release);
@@ -491,7 +509,7 @@ impl TidalDb {
                     envelope_time_ms,
                     events,
                 )?;
-                Change::Signals { fold, events }
+                Change::Signals { fold, events, envelope_time_ms }
             }
             Records::ItemMetadata { item, metadata } => Change::ItemMetadata {
                 item: *item,
@@ -521,18 +539,18 @@ impl TidalDb {
         let mut bytes = 0;
         let dimension = self.config.dimension as usize;
         match change {
-            Change::Signals { fold, events } => {
-                bytes += fold::count_signals(&mut writer.counters, events) * ENTRY_OVERHEAD_BYTES;
+            Change::Signals { fold, events, envelope_time_ms } => {
+                fold::count_signals(&mut writer.counters, events);
+                bytes += fold.trends.len() * 8;
                 for (item, trend) in fold.trends {
                     state.index.set_trend(item, trend);
-                    if writer.dirty.trends.insert(item) {
-                        bytes += ENTRY_OVERHEAD_BYTES;
-                    }
+                    writer.dirty.trends.push(item);
                 }
-                for user in fold.users {
-                    bytes += state.overlay.set_user(user.user, user.profile, &user.seen);
-                }
-                add_signed(&self.users, fold.new_users);
+                let State { index, overlay } = state;
+                let (new_users, user_bytes) =
+                    fold::profiles(overlay, index, &self.config, envelope_time_ms, events, fold.loaded);
+                bytes += user_bytes;
+                add_signed(&self.users, new_users);
             }
             Change::ItemMetadata { item, value, new } => {
                 let value_bytes = value.len();
@@ -552,9 +570,8 @@ impl TidalDb {
                 state.index.remove_item(item);
                 bytes += Overlay::set(&mut state.overlay.items, item, None, 0);
                 bytes += Overlay::set(&mut state.overlay.embeddings, item, None, 0);
-                if writer.dirty.trends.insert(item) {
-                    bytes += ENTRY_OVERHEAD_BYTES;
-                }
+                writer.dirty.trends.push(item);
+                bytes += 8;
                 writer.counters.remove_item(item);
                 if existed {
                     add_signed(&self.items, -1);
@@ -570,7 +587,8 @@ impl TidalDb {
 
     /// Whether the overlay is past one of its bounds.
     fn overlay_full(&self, writer: &Writer) -> bool {
-        let bytes = writer.dirty.bytes + writer.counters.dirty_len() * ENTRY_OVERHEAD_BYTES;
+        // Each dirty counter costs its key in memory now and a fjall entry at flush.
+        let bytes = writer.dirty.bytes + writer.counters.dirty_len() * DIRTY_KEY_BYTES;
         bytes > self.config.overlay_bytes_max || writer.dirty.batches >= self.config.overlay_batches_max
     }
 
@@ -585,8 +603,9 @@ impl TidalDb {
         let state = self.read_state();
         let mut writes = self.stores.database.batch();
         state.overlay.flush_into(&self.stores, &state.index, &mut writes);
-        writer.dirty.flush_into(&self.stores, &state.index, &mut writes);
-        writer.counters.flush_into(&self.stores, &mut writes);
+        let Writer { counters, dirty, .. } = &mut *writer;
+        dirty.flush_into(&self.stores, &state.index, &mut writes);
+        counters.flush_into(&self.stores, &mut writes);
         writes.insert(&self.stores.meta, keys::META_APPLIED_SEQNO, applied.0.to_le_bytes());
         writes.insert(&self.stores.meta, keys::META_LAST_TIME_MS, self.last_applied_time_ms().to_le_bytes());
         let entries = writes.len();
@@ -651,6 +670,10 @@ impl Drop for TidalDb {
         }
     }
 }
+
+/// Estimated bytes of one dirty counter key: the key in memory now, and its share of the fjall
+/// entry written at flush (many signals share one counter).
+const DIRTY_KEY_BYTES: usize = 16;
 
 // Reads run on many threads beside the applier: the engine must stay Send + Sync.
 const _: () = {

@@ -1,7 +1,9 @@
-//! The ledger fold: what one decoded signal batch changes, computed without changing anything.
+//! The ledger fold of a signal batch, in two phases.
 //!
-//! Nothing here is visible to reads: the caller merges the result into the write-back overlay and
-//! the index under the state write lock, after every fallible step of the apply succeeded.
+//! [`signals`] runs under the state read lock and may fail (fjall reads): it computes the new
+//! trending scores and loads the profiles the overlay lacks, changing nothing. [`profiles`] and
+//! [`count_signals`] run after every fallible step of the apply succeeded, under the state write
+//! lock (profiles, seen items) and the writer lock (counters), and cannot fail.
 //!
 //! Delicate:
 //! - Determinism: same log ⇒ bit-identical state. Time is only the logged time (the event's `ts` or
@@ -10,7 +12,8 @@
 //! - A batch of many events touching one item or user reads its own earlier updates: everything
 //!   is accumulated per key in memory first.
 //! - The starting values are the applied state: trends from the index, profiles from the overlay,
-//!   else fjall.
+//!   else fjall. Profiles are folded in place in the overlay: copying a 512-byte profile per user
+//!   per batch cost more than the fold itself.
 
 use std::collections::hash_map::Entry;
 use std::collections::HashMap;
@@ -25,28 +28,16 @@ use crate::record::{ControlRecord, SignalEvent};
 use crate::stores::Stores;
 use crate::trend::{decay_factor, distance_ms, Trend};
 
-/// What a signal batch changes, borrowing user names from the decoded events.
+/// What the read phase of a signal batch found, borrowing user names from the decoded events.
 pub struct SignalsFold<'a> {
     /// New trending score of every item the batch touched.
     pub trends: HashMap<u64, Trend>,
-    /// New profile and seen items of every user the batch touched, in first-touch order.
-    pub users: Vec<UserFold<'a>>,
-    /// How many users got their first profile.
-    pub new_users: i64,
+    /// The fjall profile (`None`: a new user) of every user of the batch the overlay lacks.
+    pub loaded: HashMap<&'a str, Option<Profile>>,
 }
 
-/// One user's part of a [`SignalsFold`].
-pub struct UserFold<'a> {
-    /// User id.
-    pub user: &'a str,
-    /// The whole new profile.
-    pub profile: Profile,
-    /// Items the batch saw, in log order (repeats allowed).
-    pub seen: Vec<u64>,
-}
-
-/// Folds signal events logged at `envelope_time_ms` over the applied state. Fails only on a fjall
-/// read; changes nothing.
+/// The read phase of a signal batch logged at `envelope_time_ms`: new trending scores, and the
+/// profiles to load from fjall. Fails only on a fjall read; changes nothing.
 pub fn signals<'a>(
     stores: &Stores,
     index: &FeedIndex,
@@ -58,9 +49,7 @@ pub fn signals<'a>(
     let dimension = config.dimension as usize;
     let envelope_time = i64::try_from(envelope_time_ms).unwrap_or(i64::MAX);
     let mut trends: HashMap<u64, Trend> = HashMap::with_capacity(events.len());
-    let mut slots: HashMap<&str, usize> = HashMap::new();
-    let mut users: Vec<UserFold<'a>> = Vec::new();
-    let mut new_users = 0;
+    let mut loaded: HashMap<&'a str, Option<Profile>> = HashMap::new();
     for event in events {
         let t = event.ts_ms.unwrap_or(envelope_time);
         match trends.entry(event.item) {
@@ -76,37 +65,57 @@ pub fn signals<'a>(
                 slot.insert(trend);
             }
         }
-        let slot = match slots.get(event.user.as_str()) {
-            Some(&slot) => slot,
-            None => {
-                let profile = match overlay.profile(stores, &event.user, dimension)? {
-                    Some(profile) => profile,
-                    None => {
-                        new_users += 1;
-                        Profile { ref_ms: t, vector: vec![0.0; dimension] }
-                    }
-                };
-                users.push(UserFold { user: &event.user, profile, seen: Vec::new() });
-                slots.insert(&event.user, users.len() - 1);
-                users.len() - 1
-            }
-        };
-        let user = &mut users[slot];
+        if !overlay.users.contains_key(event.user.as_str()) && !loaded.contains_key(event.user.as_str()) {
+            loaded.insert(&event.user, overlay.profile(stores, &event.user, dimension)?);
+        }
+    }
+    Ok(SignalsFold { trends, loaded })
+}
+
+/// The write phase: folds every event into its user's profile and seen items in the overlay, in
+/// log order, in place. Infallible. Returns `(new users, estimated bytes added)`.
+pub fn profiles(
+    overlay: &mut Overlay,
+    index: &FeedIndex,
+    config: &EngineConfig,
+    envelope_time_ms: u64,
+    events: &[SignalEvent],
+    mut loaded: HashMap<&str, Option<Profile>>,
+) -> (i64, usize) {
+    let dimension = config.dimension as usize;
+    let envelope_time = i64::try_from(envelope_time_ms).unwrap_or(i64::MAX);
+    let (mut new_users, mut bytes) = (0, 0);
+    for event in events {
+        let t = event.ts_ms.unwrap_or(envelope_time);
+        let user = event.user.as_str();
+        if !overlay.users.contains_key(user) {
+            let profile = match loaded.remove(user).flatten() {
+                Some(profile) => profile,
+                None => {
+                    new_users += 1;
+                    Profile { ref_ms: t, vector: vec![0.0; dimension] }
+                }
+            };
+            bytes += overlay.add_user(user, profile);
+        }
+        let dirty = overlay.users.get_mut(user).expect("the user was just added to the overlay");
         add_to_profile(
-            &mut user.profile,
+            &mut dirty.profile,
             t,
             event.weight,
             index.embedding(event.item),
             config.profile_half_life_ms,
         );
-        user.seen.push(event.item);
+        dirty.seen.push(event.item);
     }
-    Ok(SignalsFold { trends, users, new_users })
+    (new_users, bytes + events.len() * 8)
 }
 
-/// Counts the events per (item, kind). Returns how many counters became dirty.
-pub fn count_signals(counters: &mut Counters, events: &[SignalEvent]) -> usize {
-    events.iter().filter(|event| counters.increment(event.item, &event.kind)).count()
+/// Counts the events per (item, kind).
+pub fn count_signals(counters: &mut Counters, events: &[SignalEvent]) {
+    for event in events {
+        counters.increment(event.item, &event.kind);
+    }
 }
 
 /// Profile rule, the trend rule on a vector: decay to the later of the two times, add

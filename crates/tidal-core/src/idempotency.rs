@@ -184,33 +184,29 @@ pub fn lookup(
 
 /// Folds one batch into the table: records `new` (if any), then prunes what expired at `now_ms` and
 /// what is over the bound of `new`'s principal. Changes go to `writes`; the table is unchanged.
+///
+/// `oldest_ms` is a lower bound on the time of every entry (`None`: unknown; `u64::MAX`: the
+/// table is empty): while nothing can have expired, the expiry scan, a fjall iterator per apply,
+/// is skipped, which removes nothing the scan would have removed. Returns the bound after this
+/// batch, for the caller to keep once the batch is merged.
 pub fn fold(
     table: Table<'_>,
     writes: &mut Writes,
     new: Option<&NewKey<'_>>,
     now_ms: u64,
     window: Window,
-) -> Result<(), Error> {
+    oldest_ms: Option<u64>,
+) -> Result<Option<u64>, Error> {
     let mut deltas: BTreeMap<Vec<u8>, i64> = BTreeMap::new();
     let mut removed: BTreeSet<(Vec<u8>, Vec<u8>)> = BTreeSet::new();
     let new_id = new.map(|n| (n.principal.as_bytes().to_vec(), n.key.as_bytes().to_vec()));
     if let Some(new) = new {
         record_new(table, writes, new, &mut deltas)?;
     }
-    // Expired entries, oldest first.
-    for entry in table.prefix(&[TAG_TIME]).take(PRUNE_PER_APPLY_MAX) {
-        let (key, _) = entry?;
-        let (time_ms, principal, idem_key) = parse_time_key(&key)?;
-        if !expired(time_ms, now_ms, window) {
-            break;
-        }
-        let id = (principal.to_vec(), idem_key.to_vec());
-        if Some(&id) == new_id.as_ref() {
-            continue;
-        }
-        remove_entry(writes, time_ms, &id.0, &id.1);
-        *deltas.entry(id.0.clone()).or_default() -= 1;
-        removed.insert(id);
+    let mut next_oldest_ms = oldest_ms;
+    if !matches!(oldest_ms, Some(oldest) if !expired(oldest, now_ms, window)) {
+        next_oldest_ms =
+            prune_expired(table, writes, new_id.as_ref(), now_ms, window, &mut deltas, &mut removed)?;
     }
     if let Some((principal, new_key)) = &new_id {
         prune_over_bound(table, writes, principal, new_key, window, &mut deltas, &mut removed)?;
@@ -223,7 +219,42 @@ pub fn fold(
             writes.push((count_key(&principal), None));
         }
     }
-    Ok(())
+    // Removals only raise the oldest time; the new key may lower it.
+    Ok(match (next_oldest_ms, new) {
+        (Some(oldest), Some(new)) => Some(oldest.min(new.record.time_ms)),
+        (oldest, _) => oldest,
+    })
+}
+
+/// Removes up to [`PRUNE_PER_APPLY_MAX`] expired entries, oldest first. Returns a lower bound on
+/// the time of the entries left (`u64::MAX` if none), or `None` if the bound was reached first.
+fn prune_expired(
+    table: Table<'_>,
+    writes: &mut Writes,
+    new_id: Option<&(Vec<u8>, Vec<u8>)>,
+    now_ms: u64,
+    window: Window,
+    deltas: &mut BTreeMap<Vec<u8>, i64>,
+    removed: &mut BTreeSet<(Vec<u8>, Vec<u8>)>,
+) -> Result<Option<u64>, Error> {
+    let mut scanned = 0;
+    for entry in table.prefix(&[TAG_TIME]).take(PRUNE_PER_APPLY_MAX) {
+        scanned += 1;
+        let (key, _) = entry?;
+        let (time_ms, principal, idem_key) = parse_time_key(&key)?;
+        if !expired(time_ms, now_ms, window) {
+            return Ok(Some(time_ms));
+        }
+        let id = (principal.to_vec(), idem_key.to_vec());
+        // The new key's old entry is replaced by `record_new`.
+        if Some(&id) == new_id {
+            continue;
+        }
+        remove_entry(writes, time_ms, &id.0, &id.1);
+        *deltas.entry(id.0.clone()).or_default() -= 1;
+        removed.insert(id);
+    }
+    Ok((scanned < PRUNE_PER_APPLY_MAX).then_some(u64::MAX))
 }
 
 fn record_new(

@@ -11,7 +11,7 @@
 //!   so fjall always holds a prefix of the log; the overlay is cleared only after that commit.
 
 use std::collections::hash_map::Entry;
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
 
 use tidal_types::Seqno;
 
@@ -48,8 +48,9 @@ pub struct DirtyUser {
 /// Applier-side dirty state that no read needs (the digest flushes first).
 #[derive(Debug, Default)]
 pub struct WriterDirty {
-    /// Items whose trending score changed or was deleted; the value is the index's.
-    pub trends: HashSet<u64>,
+    /// Items whose trending score changed or was deleted, with repeats (sorted and deduplicated
+    /// at flush); the value is the index's.
+    pub trends: Vec<u64>,
     /// The last LeaderStart folded (meta value).
     pub leader_start: Option<Vec<u8>>,
     /// Estimated bytes of the overlay and of the fjall batch that would flush it.
@@ -91,20 +92,11 @@ impl Overlay {
         idempotency::Table { keyspace: &stores.idempotency, overlay: &self.idempotency }
     }
 
-    /// Folds one user's new state in; returns the estimated bytes added.
-    pub fn set_user(&mut self, user: &str, profile: Profile, seen: &[u64]) -> usize {
-        match self.users.get_mut(user) {
-            Some(dirty) => {
-                dirty.profile = profile;
-                dirty.seen.extend_from_slice(seen);
-                seen.len() * 8
-            }
-            None => {
-                let bytes = USER_OVERHEAD_BYTES + user.len() + profile.vector.len() * 4 + seen.len() * 8;
-                self.users.insert(user.into(), DirtyUser { profile, seen: seen.to_vec() });
-                bytes
-            }
-        }
+    /// Adds a user that is not dirty yet, with its current profile; returns the estimated bytes.
+    pub fn add_user(&mut self, user: &str, profile: Profile) -> usize {
+        let bytes = USER_OVERHEAD_BYTES + user.len() + profile.vector.len() * 4;
+        self.users.insert(user.into(), DirtyUser { profile, seen: Vec::new() });
+        bytes
     }
 
     /// Records idempotency changes in order; returns the estimated bytes added.
@@ -133,13 +125,18 @@ impl Overlay {
 
     /// Puts every dirty entry of the overlay into `writes` (the caller adds the rest and commits).
     pub fn flush_into(&self, stores: &Stores, index: &FeedIndex, writes: &mut fjall::OwnedWriteBatch) {
-        for (&item, value) in &self.items {
+        // Key order: fjall's memtable inserts are cheaper in order.
+        let mut items: Vec<_> = self.items.iter().collect();
+        items.sort_unstable_by_key(|(item, _)| **item);
+        for (&item, value) in items {
             match value {
                 Some(value) => writes.insert(&stores.items, keys::item_key(item), value.as_slice()),
                 None => writes.remove(&stores.items, keys::item_key(item)),
             }
         }
-        for (&item, seqno) in &self.embeddings {
+        let mut embeddings: Vec<_> = self.embeddings.iter().collect();
+        embeddings.sort_unstable_by_key(|(item, _)| **item);
+        for (&item, seqno) in embeddings {
             match seqno {
                 Some(seqno) => {
                     let vector = index.embedding(item).unwrap_or_else(|| {
@@ -153,7 +150,9 @@ impl Overlay {
                 None => writes.remove(&stores.embeddings, keys::item_key(item)),
             }
         }
-        for (user, dirty) in &self.users {
+        let mut users: Vec<_> = self.users.iter().collect();
+        users.sort_unstable_by_key(|(user, _)| (user.len(), user.as_bytes()));
+        for (user, dirty) in users {
             writes.insert(&stores.profiles, user.as_bytes(), dirty.profile.encode());
             let mut seen = dirty.seen.clone();
             seen.sort_unstable();
@@ -174,7 +173,10 @@ impl Overlay {
 
 impl WriterDirty {
     /// Puts the dirty trending scores (values from the index) and the LeaderStart into `writes`.
-    pub fn flush_into(&self, stores: &Stores, index: &FeedIndex, writes: &mut fjall::OwnedWriteBatch) {
+    pub fn flush_into(&mut self, stores: &Stores, index: &FeedIndex, writes: &mut fjall::OwnedWriteBatch) {
+        self.trends.sort_unstable();
+        // One fjall batch must not hold a key twice.
+        self.trends.dedup();
         for &item in &self.trends {
             match index.trend(item) {
                 Some(trend) => writes.insert(&stores.trending, keys::item_key(item), trend.encode()),
