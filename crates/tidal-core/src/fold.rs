@@ -137,6 +137,8 @@ fn add_to_profile(
                     *value = (f64::from(*value) * factor + weight * f64::from(*e)) as f32;
                 }
             }
+            // A factor of exactly 1 (no time passed) leaves every value bit-identical: skip the loop.
+            None if factor == 1.0 => {}
             None => {
                 for value in profile.vector.iter_mut() {
                     *value = (f64::from(*value) * factor) as f32;
