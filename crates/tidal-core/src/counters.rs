@@ -8,7 +8,7 @@
 //! Delicate: kind names are interned to small ids in first-seen order, which depends on history;
 //! the ids never leave this file (fjall keys and the digest use the names).
 
-use std::collections::HashMap;
+use crate::fast_hash::FastMap;
 
 use crate::error::Error;
 use crate::keys;
@@ -23,9 +23,9 @@ pub struct Counters {
     /// Kind name of each kind id.
     kinds: Vec<Box<str>>,
     /// Kind id of each kind name.
-    kind_ids: HashMap<Box<str>, u32>,
+    kind_ids: FastMap<Box<str>, u32>,
     /// Count of every (item, kind id) that has one (> 0).
-    counts: HashMap<(u64, u32), u64>,
+    counts: FastMap<(u64, u32), u64>,
     /// Keys changed since the last flush, with repeats (a push is cheaper than a set insert on
     /// the hot path; the flush sorts and deduplicates). Absent from `counts` means deleted.
     dirty: Vec<(u64, u32)>,

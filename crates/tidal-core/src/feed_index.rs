@@ -11,8 +11,9 @@
 //! - Vectors are kept raw (not normalized), with the inverse norm beside them, so the fold can add
 //!   the exact logged embedding to a profile while ranking still costs one dot product per row.
 
-use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
+
+use crate::fast_hash::FastMap;
 
 use crate::trend::Trend;
 
@@ -23,7 +24,7 @@ pub struct FeedIndex {
     /// Item id of each row.
     ids: Vec<u64>,
     /// Row of each item id.
-    rows: HashMap<u64, usize>,
+    rows: FastMap<u64, usize>,
     /// `ids.len() x dimension` raw embedding values.
     matrix: Vec<f32>,
     /// `1 / |row|`, or 0 for a zero vector (its cosine with anything is 0).
@@ -31,7 +32,7 @@ pub struct FeedIndex {
     /// Trending score of each row's item, so the feed loop does no hashing.
     row_trends: Vec<Option<Trend>>,
     /// Trending score of every item that has one.
-    trending: HashMap<u64, Trend>,
+    trending: FastMap<u64, Trend>,
     /// Bumped by every change, so caches can tell they are stale.
     generation: u64,
     /// Row-aligned trending terms at some "now", computed by the first feed after a change and
@@ -53,11 +54,11 @@ impl FeedIndex {
         FeedIndex {
             dimension,
             ids: Vec::new(),
-            rows: HashMap::new(),
+            rows: FastMap::default(),
             matrix: Vec::new(),
             inv_norms: Vec::new(),
             row_trends: Vec::new(),
-            trending: HashMap::new(),
+            trending: FastMap::default(),
             generation: 0,
             term_cache: Mutex::new(None),
         }

@@ -16,11 +16,11 @@
 //!   per batch cost more than the fold itself.
 
 use std::collections::hash_map::Entry;
-use std::collections::HashMap;
 
 use crate::config::EngineConfig;
 use crate::counters::Counters;
 use crate::error::Error;
+use crate::fast_hash::{FastMap, FastState};
 use crate::feed_index::FeedIndex;
 use crate::keys::Profile;
 use crate::overlay::Overlay;
@@ -31,9 +31,9 @@ use crate::trend::{decay_factor, distance_ms, Trend};
 /// What the read phase of a signal batch found, borrowing user names from the decoded events.
 pub struct SignalsFold<'a> {
     /// New trending score of every item the batch touched.
-    pub trends: HashMap<u64, Trend>,
+    pub trends: FastMap<u64, Trend>,
     /// The fjall profile (`None`: a new user) of every user of the batch the overlay lacks.
-    pub loaded: HashMap<&'a str, Option<Profile>>,
+    pub loaded: FastMap<&'a str, Option<Profile>>,
 }
 
 /// The read phase of a signal batch logged at `envelope_time_ms`: new trending scores, and the
@@ -48,8 +48,9 @@ pub fn signals<'a>(
 ) -> Result<SignalsFold<'a>, Error> {
     let dimension = config.dimension as usize;
     let envelope_time = i64::try_from(envelope_time_ms).unwrap_or(i64::MAX);
-    let mut trends: HashMap<u64, Trend> = HashMap::with_capacity(events.len());
-    let mut loaded: HashMap<&'a str, Option<Profile>> = HashMap::new();
+    let mut trends: FastMap<u64, Trend> =
+        FastMap::with_capacity_and_hasher(events.len(), FastState::default());
+    let mut loaded: FastMap<&'a str, Option<Profile>> = FastMap::default();
     for event in events {
         let t = event.ts_ms.unwrap_or(envelope_time);
         match trends.entry(event.item) {
@@ -80,7 +81,7 @@ pub fn profiles(
     config: &EngineConfig,
     envelope_time_ms: u64,
     events: &[SignalEvent],
-    mut loaded: HashMap<&str, Option<Profile>>,
+    mut loaded: FastMap<&str, Option<Profile>>,
 ) -> (i64, usize) {
     let dimension = config.dimension as usize;
     let envelope_time = i64::try_from(envelope_time_ms).unwrap_or(i64::MAX);

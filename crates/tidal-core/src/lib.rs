@@ -25,6 +25,7 @@ mod counters;
 mod db;
 mod digest;
 mod error;
+mod fast_hash;
 mod feed_index;
 mod fold;
 mod idempotency;

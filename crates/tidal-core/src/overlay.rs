@@ -11,11 +11,12 @@
 //!   so fjall always holds a prefix of the log; the overlay is cleared only after that commit.
 
 use std::collections::hash_map::Entry;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 
 use tidal_types::Seqno;
 
 use crate::error::Error;
+use crate::fast_hash::FastMap;
 use crate::feed_index::FeedIndex;
 use crate::idempotency;
 use crate::keys::{self, Profile};
@@ -26,12 +27,12 @@ use crate::stores::Stores;
 #[derive(Debug, Default)]
 pub struct Overlay {
     /// Item metadata: the encoded fjall value (seqno | JSON), or `None` if deleted.
-    pub items: HashMap<u64, Option<Vec<u8>>>,
+    pub items: FastMap<u64, Option<Vec<u8>>>,
     /// Embeddings: the seqno that stored the vector (the vector is in the index), or `None` if
     /// deleted.
-    pub embeddings: HashMap<u64, Option<Seqno>>,
+    pub embeddings: FastMap<u64, Option<Seqno>>,
     /// Users whose profile changed, with the items they saw in this window.
-    pub users: HashMap<Box<str>, DirtyUser>,
+    pub users: FastMap<Box<str>, DirtyUser>,
     /// Idempotency entries by fjall key; `None` if deleted.
     pub idempotency: BTreeMap<Vec<u8>, Option<Vec<u8>>>,
 }
@@ -110,7 +111,7 @@ impl Overlay {
     }
 
     /// Sets an item-keyed entry; returns the estimated bytes added (0 if the item was dirty).
-    pub fn set<V>(map: &mut HashMap<u64, V>, item: u64, value: V, value_bytes: usize) -> usize {
+    pub fn set<V>(map: &mut FastMap<u64, V>, item: u64, value: V, value_bytes: usize) -> usize {
         match map.entry(item) {
             Entry::Occupied(mut slot) => {
                 slot.insert(value);
