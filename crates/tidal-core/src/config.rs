@@ -1,7 +1,8 @@
 //! Engine configuration: [`EngineConfig`].
 //!
-//! Delicate: every field except `node_actor` shapes the log-derived state (decay, pruning), so all
-//! nodes of a cluster MUST run with equal values, or their digests and feeds diverge. `dimension` is
+//! Delicate: every field except `node_actor` and the overlay bounds shapes the log-derived state
+//! (decay, pruning), so all nodes of a cluster MUST run with equal values, or their digests and feeds
+//! diverge. The overlay bounds only decide when applied state is flushed to fjall; nodes may differ. `dimension` is
 //! persisted on first open and checked on every later open; the others are the operator's job.
 
 use crate::error::Error;
@@ -19,6 +20,13 @@ pub const PROFILE_HALF_LIFE_MS_DEFAULT: u64 = 7 * 24 * 60 * 60 * 1000;
 pub const IDEMPOTENCY_WINDOW_MS_DEFAULT: u64 = 24 * 60 * 60 * 1000;
 /// Default bound on idempotency keys kept per principal.
 pub const IDEMPOTENCY_KEYS_MAX_DEFAULT: usize = 100_000;
+/// Default bound on the write-back overlay's estimated size: 64 MiB keeps the memory of dirty state
+/// and of one flush's fjall batch modest, and a flush rare enough (tens of thousands of signal
+/// batches) that its per-key cost is spread over many applies.
+pub const OVERLAY_BYTES_MAX_DEFAULT: usize = 64 * 1024 * 1024;
+/// Default bound on applies held in the overlay: bounds the WAL replay after a crash (replay
+/// re-folds at most this many batches past fjall's applied seqno) even when batches are tiny.
+pub const OVERLAY_BATCHES_MAX_DEFAULT: usize = 100_000;
 
 /// How the engine folds and ranks.
 #[derive(Clone, Debug, PartialEq)]
@@ -40,6 +48,12 @@ pub struct EngineConfig {
     /// `(node id, incarnation)`: this node's actor in the hard negatives CRDT. The incarnation must
     /// change whenever the node starts on a wiped data dir, so a dot is never reused.
     pub node_actor: (u64, u64),
+    /// Flush the write-back overlay to fjall once its estimated size exceeds this (>= 1). Not
+    /// log-derived: it changes when state reaches fjall, never what the state is.
+    pub overlay_bytes_max: usize,
+    /// Flush the write-back overlay to fjall once it holds this many applies (>= 1; 1 writes every
+    /// apply through to fjall, as before the overlay existed).
+    pub overlay_batches_max: usize,
 }
 
 impl Default for EngineConfig {
@@ -53,6 +67,8 @@ impl Default for EngineConfig {
             idempotency_window_ms: IDEMPOTENCY_WINDOW_MS_DEFAULT,
             idempotency_keys_max: IDEMPOTENCY_KEYS_MAX_DEFAULT,
             node_actor: (0, 0),
+            overlay_bytes_max: OVERLAY_BYTES_MAX_DEFAULT,
+            overlay_batches_max: OVERLAY_BATCHES_MAX_DEFAULT,
         }
     }
 }
@@ -77,6 +93,9 @@ impl EngineConfig {
         }
         if self.idempotency_keys_max == 0 {
             return bad("idempotency_keys_max must be >= 1".into());
+        }
+        if self.overlay_bytes_max == 0 || self.overlay_batches_max == 0 {
+            return bad("overlay bounds must be >= 1".into());
         }
         Ok(())
     }

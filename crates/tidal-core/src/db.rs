@@ -1,37 +1,47 @@
-//! [`TidalDb`]: the engine. One apply path folds WAL batches into fjall; reads rank from an
-//! in-memory index mirrored from fjall.
+//! [`TidalDb`]: the engine. One apply path folds WAL batches into an in-memory write-back overlay
+//! and the ranking index; flushes move the overlay to fjall; reads see the overlay over fjall.
 //!
 //! Delicate:
-//! - Atomicity: each apply writes its data, the new applied seqno and the new logged time in ONE
-//!   fjall write batch. After any crash, `open` finds the applied seqno of the last committed batch
-//!   and the caller replays the WAL from the next one. No fsync per apply: `checkpoint` persists.
+//! - Atomicity: an apply changes only memory (overlay, index, counters, frontier). A flush writes
+//!   every dirty entry, the applied seqno and the logged time in ONE fjall write batch, so fjall
+//!   always holds a prefix of the log. After any crash, `open` finds fjall's applied seqno and the
+//!   caller replays the WAL from the next one; what the overlay held is folded again. No fsync per
+//!   flush: `checkpoint` flushes and persists, and its return is what the WAL may be purged below.
+//! - Bounds: the overlay is flushed once it exceeds `overlay_bytes_max` or `overlay_batches_max`
+//!   (right after the apply that crossed it), which bounds memory and the replay after a crash.
 //! - Replays are harmless: a batch at or below the applied seqno is skipped, a batch that does not
-//!   start right after it is a gap; both write nothing.
-//! - A failed apply leaves fjall and the index unchanged: the fold only fills an uncommitted batch
-//!   and a list of index changes, applied after the commit succeeds.
-//! - Consistency of reads: the fjall commit and the index update happen under the index write lock,
-//!   so a ranked read (which holds the read lock) sees fjall and the index at one applied seqno.
+//!   start right after it is a gap; both change nothing.
+//! - A failed apply changes nothing: every fallible step (decoding, fjall reads) happens before the
+//!   first change, and the changes are merged under the state write lock. A flush that fails after
+//!   an apply is logged and retried by the next apply, which refuses to fold while it still fails.
+//! - Consistency of reads: the overlay and the index change together under the state write lock,
+//!   so a read holding the read lock sees one applied seqno. A flush commits while the overlay
+//!   still holds everything it wrote and clears it afterwards, so fjall changing under a reader
+//!   never changes what the reader sees.
+//! - Dropping the engine flushes the overlay (no fsync); a crash loses it, and replay restores it.
 //! - Hard negatives are NOT log-derived: written on any node, persisted with an fsync per change (a
 //!   lost change could reuse a CRDT dot), and excluded from [`TidalDb::digest`].
 
 use std::collections::HashSet;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, RwLock, RwLockReadGuard};
+use std::sync::{Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use fjall::PersistMode;
 use tidal_types::Seqno;
 use tidal_wal::Batch;
 
 use crate::config::EngineConfig;
+use crate::counters::Counters;
 use crate::error::Error;
-use crate::feed_index::{FeedIndex, IndexChange};
-use crate::fold;
+use crate::feed_index::FeedIndex;
+use crate::fold::{self, SignalsFold};
 use crate::idempotency::{self, IdempotencyRecord, NewKey, Window};
-use crate::keys::{self, Profile};
+use crate::keys;
 use crate::negatives::{Actor, NegativesState, NEGATIVES_PER_USER_MAX};
+use crate::overlay::{Overlay, WriterDirty, ENTRY_OVERHEAD_BYTES};
 use crate::ranked::{rank_feed, rank_similar, rank_trending, RankParams, Ranked, RANKED_LIMIT_MAX};
-use crate::record::{decode_payload, records_fingerprint, Records};
+use crate::record::{decode_payload, records_fingerprint, Records, SignalEvent};
 use crate::stores::Stores;
 use crate::trend::Trend;
 
@@ -81,17 +91,45 @@ pub struct EngineStats {
 pub struct TidalDb {
     stores: Stores,
     config: EngineConfig,
-    index: RwLock<FeedIndex>,
-    /// Mirrors meta's applied seqno; written under the index write lock after each commit.
+    /// What reads see beside fjall: the ranking index and the overlay, changed together.
+    state: RwLock<State>,
+    /// Applied frontier (overlay over fjall); written under the state write lock.
     applied_seqno: AtomicU64,
-    /// Mirrors meta's last logged time; written with `applied_seqno`.
+    /// Logged time of the last applied batch; written with `applied_seqno`.
     last_time_ms: AtomicU64,
+    /// Applied seqno fjall holds (the last flush's); written under the writer lock.
+    flushed_seqno: AtomicU64,
     items: AtomicU64,
     users: AtomicU64,
-    /// Serializes `apply` even if a caller forgets to.
-    apply_lock: Mutex<()>,
+    /// The applier's own state; its lock serializes `apply`, flushes and checkpoints.
+    writer: Mutex<Writer>,
     /// Serializes read-modify-write of hard negatives.
     negatives_lock: Mutex<()>,
+    /// False after [`TidalDb::simulate_crash`]: drop then leaves the overlay unflushed.
+    flush_on_drop: bool,
+}
+
+/// The index and the overlay, under one lock so reads see them at one applied seqno.
+struct State {
+    index: FeedIndex,
+    overlay: Overlay,
+}
+
+/// State only the applier touches.
+struct Writer {
+    counters: Counters,
+    dirty: WriterDirty,
+    /// Lower bound on the logged time of every idempotency entry (see `idempotency::fold`).
+    idempotency_oldest_ms: Option<u64>,
+}
+
+/// What one decoded batch changes, computed before anything changes.
+enum Change<'a> {
+    Signals { fold: SignalsFold<'a>, events: &'a [SignalEvent], envelope_time_ms: u64 },
+    ItemMetadata { item: u64, value: Vec<u8>, new: bool },
+    ItemEmbedding { item: u64, seqno: Seqno, vector: &'a [f32] },
+    ItemDelete { item: u64, existed: bool },
+    LeaderStart(Vec<u8>),
 }
 
 impl TidalDb {
@@ -116,19 +154,26 @@ impl TidalDb {
         let applied_seqno = meta_u64(&stores, keys::META_APPLIED_SEQNO)?;
         let last_time_ms = meta_u64(&stores, keys::META_LAST_TIME_MS)?;
         let index = load_index(&stores, config.dimension as usize)?;
+        let counters = Counters::load(&stores)?;
         let items = stores.items.len()? as u64;
         let users = stores.profiles.len()? as u64;
         tracing::info!(applied_seqno, embeddings = index.embeddings(), items, users, "engine opened");
         Ok(TidalDb {
             stores,
             config,
-            index: RwLock::new(index),
+            state: RwLock::new(State { index, overlay: Overlay::default() }),
             applied_seqno: AtomicU64::new(applied_seqno),
             last_time_ms: AtomicU64::new(last_time_ms),
+            flushed_seqno: AtomicU64::new(applied_seqno),
             items: AtomicU64::new(items),
             users: AtomicU64::new(users),
-            apply_lock: Mutex::new(()),
+            writer: Mutex::new(Writer {
+                counters,
+                dirty: WriterDirty::default(),
+                idempotency_oldest_ms: None,
+            }),
             negatives_lock: Mutex::new(()),
+            flush_on_drop: true,
         })
     }
 
@@ -137,9 +182,16 @@ impl TidalDb {
         &self.config
     }
 
-    /// Highest seqno folded into fjall (committed atomically with the data it covers).
+    /// Applied frontier: the highest seqno folded into the state reads see (overlay over fjall).
+    /// After a crash, `open` reports [`TidalDb::flushed_applied_seqno`] instead.
     pub fn applied_seqno(&self) -> Seqno {
         Seqno(self.applied_seqno.load(Ordering::Acquire))
+    }
+
+    /// The applied seqno fjall holds: the last flush's, committed atomically with the data it
+    /// covers (not necessarily fsynced: [`TidalDb::checkpoint`] is). A process crash falls back to it.
+    pub fn flushed_applied_seqno(&self) -> Seqno {
+        Seqno(self.flushed_seqno.load(Ordering::Acquire))
     }
 
     /// Logged time of the last applied batch: "now" for every ranking.
@@ -153,7 +205,7 @@ impl TidalDb {
     /// is [`Error::Gap`]; a kind without an applier or a payload that does not decode is an error.
     /// Errors write nothing.
     pub fn apply(&self, batch: &Batch) -> Result<ApplyOutcome, Error> {
-        let _apply = self.apply_lock.lock().expect("apply lock poisoned: an apply panicked");
+        let mut writer = self.lock_writer();
         let applied = self.applied_seqno();
         if batch.last_seqno() <= applied {
             return Ok(ApplyOutcome::Skipped);
@@ -173,10 +225,11 @@ impl TidalDb {
                 records: records.event_count(),
             });
         }
+        // Only if the flush after an earlier apply failed: the overlay may not grow past its bound.
+        if self.overlay_full(&writer) {
+            self.flush(&mut writer)?;
+        }
         let now_ms = self.last_applied_time_ms().max(envelope.time_ms);
-        let mut writes = self.stores.database.batch();
-        let mut changes = Vec::new();
-        let deltas = self.fold_records(first_seqno, envelope.time_ms, &records, &mut writes, &mut changes)?;
         let new_key = (!envelope.idempotency_key.is_empty()).then(|| NewKey {
             principal: &envelope.principal,
             key: &envelope.idempotency_key,
@@ -187,45 +240,95 @@ impl TidalDb {
                 time_ms: envelope.time_ms,
             },
         });
-        idempotency::fold(&self.stores.idempotency, &mut writes, new_key.as_ref(), now_ms, self.window())?;
-        writes.insert(&self.stores.meta, keys::META_APPLIED_SEQNO, last_seqno.0.to_le_bytes());
-        writes.insert(&self.stores.meta, keys::META_LAST_TIME_MS, now_ms.to_le_bytes());
+        let (change, idempotency_writes, idempotency_oldest_ms) = {
+            let state = self.read_state();
+            let mut idempotency_writes = Vec::new();
+            let table = state.overlay.idempotency_table(&self.stores);
+            let oldest_ms = idempotency::fold(
+                table,
+                &mut idempotency_writes,
+                new_key.as_ref(),
+                now_ms,
+                self.window(),
+                writer.idempotency_oldest_ms,
+            )?;
+            (
+                self.fold_records(&state, first_seqno, envelope.time_ms, &records)?,
+                idempotency_writes,
+                oldest_ms,
+            )
+        };
 
-        let mut index = self.index.write().expect("index lock poisoned: an index update panicked");
-        writes.commit()?;
-        index.apply(changes);
+        // Nothing below fails: merge the change, then publish the new frontier.
+        let mut state = self.write_state();
+        let mut bytes = state.overlay.set_idempotency(idempotency_writes);
+        writer.idempotency_oldest_ms = idempotency_oldest_ms;
+        bytes += self.merge(&mut state, &mut writer, change);
         self.applied_seqno.store(last_seqno.0, Ordering::Release);
         self.last_time_ms.store(now_ms, Ordering::Release);
-        add_signed(&self.items, deltas.items);
-        add_signed(&self.users, deltas.users);
-        drop(index);
+        drop(state);
+        writer.dirty.bytes += bytes;
+        writer.dirty.batches += 1;
+        if self.overlay_full(&writer) {
+            if let Err(error) = self.flush(&mut writer) {
+                tracing::error!(
+                    "failed to flush the overlay after seqno {last_seqno}: {error:#}; the next apply retries"
+                );
+            }
+        }
         tracing::trace!(%first_seqno, %last_seqno, kind = %batch.kind(), "applied");
         Ok(ApplyOutcome::Applied { first_seqno, last_seqno })
     }
 
-    /// Makes everything applied so far durable in fjall (fsync). Returns the applied seqno now
-    /// durable: WAL purge may not pass it.
+    /// Flushes the overlay to fjall and makes everything flushed durable (fsync). Returns the
+    /// applied seqno now durable in fjall: WAL purge may not pass it.
     pub fn checkpoint(&self) -> Result<Seqno, Error> {
-        // Read before persisting: every commit up to this seqno is already in fjall's journal.
-        let applied = self.applied_seqno();
+        let mut writer = self.lock_writer();
+        self.flush(&mut writer)?;
+        let flushed = self.flushed_applied_seqno();
+        drop(writer);
+        // Every commit up to `flushed` is already in fjall's journal; later flushes only add.
         self.stores.database.persist(PersistMode::SyncAll)?;
-        Ok(applied)
+        Ok(flushed)
+    }
+
+    /// Drops the engine without flushing the overlay, as a process crash would: fjall keeps what
+    /// the last flush wrote. For crash tests and benchmarks.
+    #[doc(hidden)]
+    pub fn simulate_crash(mut self) {
+        self.flush_on_drop = false;
     }
 
     /// An item's metadata; `None` if it has no metadata (even if it has an embedding).
     pub fn get_item(&self, id: u64) -> Result<Option<ItemState>, Error> {
-        let key = keys::item_key(id);
-        let Some(value) = self.stores.items.get(key)? else {
-            return Ok(None);
+        let state = self.read_state();
+        let has_embedding = state.index.embedding(id).is_some();
+        let item = |value: &[u8]| {
+            let (seqno, metadata) =
+                keys::split_seqno_value(value).ok_or_else(|| corrupt("items", "short value"))?;
+            Ok(Some(ItemState { metadata: metadata.to_vec(), has_embedding, seqno }))
         };
-        let (seqno, metadata) =
-            keys::split_seqno_value(&value).ok_or_else(|| corrupt("items", "short value"))?;
-        let has_embedding = self.stores.embeddings.contains_key(key)?;
-        Ok(Some(ItemState { metadata: metadata.to_vec(), has_embedding, seqno }))
+        match state.overlay.items.get(&id) {
+            Some(Some(value)) => item(value),
+            Some(None) => Ok(None),
+            None => match self.stores.items.get(keys::item_key(id))? {
+                Some(value) => item(&value),
+                None => Ok(None),
+            },
+        }
     }
 
     /// An item's embedding and the seqno that stored it.
     pub fn get_embedding(&self, id: u64) -> Result<Option<(Vec<f32>, Seqno)>, Error> {
+        let state = self.read_state();
+        match state.overlay.embeddings.get(&id) {
+            Some(Some(seqno)) => {
+                let vector = state.index.embedding(id).ok_or_else(|| corrupt("embeddings", "not indexed"))?;
+                return Ok(Some((vector.to_vec(), *seqno)));
+            }
+            Some(None) => return Ok(None),
+            None => {}
+        }
         let Some(value) = self.stores.embeddings.get(keys::item_key(id))? else {
             return Ok(None);
         };
@@ -239,16 +342,13 @@ impl TidalDb {
     /// A user's feed: items with embeddings, by `a * cosine(profile, e) + b * trending`, without the
     /// user's seen items, hard negatives and `exclude`. `limit` is capped at [`RANKED_LIMIT_MAX`].
     pub fn feed(&self, user: &str, limit: usize, exclude: &[u64]) -> Result<Ranked, Error> {
-        let index = self.read_index();
+        let state = self.read_state();
         let applied_seqno = self.applied_seqno();
-        let profile = match self.stores.profiles.get(user.as_bytes())? {
-            Some(bytes) => Some(
-                Profile::decode(&bytes, self.config.dimension as usize)
-                    .ok_or_else(|| corrupt("profiles", "wrong length"))?,
-            ),
-            None => None,
-        };
+        let profile = state.overlay.profile(&self.stores, user, self.config.dimension as usize)?;
         let mut excluded: HashSet<u64> = exclude.iter().copied().collect();
+        if let Some(dirty) = state.overlay.users.get(user) {
+            excluded.extend(dirty.seen.iter().copied());
+        }
         let prefix = keys::seen_prefix(user);
         for guard in self.stores.seen.prefix(&prefix) {
             let key = guard.key()?;
@@ -264,36 +364,37 @@ impl TidalDb {
             excluded: &excluded,
             limit: limit.min(RANKED_LIMIT_MAX),
         };
-        let items = rank_feed(&index, profile.as_ref().map(|p| p.vector.as_slice()), &params);
+        let items = rank_feed(&state.index, profile.as_ref().map(|p| p.vector.as_slice()), &params);
         Ok(Ranked { items, applied_seqno })
     }
 
     /// Nearest neighbours of `item` by cosine, without the item; `None` if it has no embedding.
     pub fn similar(&self, item: u64, limit: usize) -> Result<Option<Ranked>, Error> {
-        let index = self.read_index();
+        let state = self.read_state();
         let applied_seqno = self.applied_seqno();
-        Ok(rank_similar(&index, item, limit.min(RANKED_LIMIT_MAX))
+        Ok(rank_similar(&state.index, item, limit.min(RANKED_LIMIT_MAX))
             .map(|items| Ranked { items, applied_seqno }))
     }
 
     /// Items by trending term, decayed to the last applied batch's time.
     pub fn trending(&self, limit: usize) -> Result<Ranked, Error> {
-        let index = self.read_index();
+        let state = self.read_state();
         let applied_seqno = self.applied_seqno();
         let items =
-            rank_trending(&index, self.now_ms(), self.config.half_life_ms, limit.min(RANKED_LIMIT_MAX));
+            rank_trending(&state.index, self.now_ms(), self.config.half_life_ms, limit.min(RANKED_LIMIT_MAX));
         Ok(Ranked { items, applied_seqno })
     }
 
     /// An item's trending score as stored (not decayed), for tests and debugging.
     pub fn trend(&self, item: u64) -> Option<Trend> {
-        self.read_index().trend(item)
+        self.read_state().index.trend(item)
     }
 
     /// The write that used `(principal, key)` within the window, as of the applied state.
     pub fn idempotency_lookup(&self, principal: &str, key: &str) -> Result<Option<IdempotencyRecord>, Error> {
+        let state = self.read_state();
         idempotency::lookup(
-            &self.stores.idempotency,
+            state.overlay.idempotency_table(&self.stores),
             principal,
             key,
             self.last_applied_time_ms(),
@@ -359,8 +460,15 @@ impl TidalDb {
 
     /// BLAKE3 over the canonical log-derived state, with the applied seqno it was taken at. Two
     /// replicas that applied the same log have equal digests. Excludes hard negatives.
+    ///
+    /// Flushes the overlay first, so the digest is the same wherever the state sits.
     pub fn digest(&self) -> Result<(Seqno, [u8; 32]), Error> {
-        crate::digest::state_digest(&self.stores)
+        let snapshot = {
+            let mut writer = self.lock_writer();
+            self.flush(&mut writer)?;
+            self.stores.database.snapshot()
+        };
+        crate::digest::state_digest(&self.stores, &snapshot)
     }
 
     /// BLAKE3 over every user's hard negatives state.
@@ -370,7 +478,8 @@ impl TidalDb {
 
     /// Sizes, for metrics.
     pub fn stats(&self) -> EngineStats {
-        let index = self.read_index();
+        let state = self.read_state();
+        let index = &state.index;
         EngineStats {
             applied_seqno: self.applied_seqno(),
             last_applied_time_ms: self.last_applied_time_ms(),
@@ -381,44 +490,147 @@ impl TidalDb {
         }
     }
 
-    fn fold_records(
+    /// What `records` change, over the applied state. Fails only on a fjall read or a bad record.
+    fn fold_records<'a>(
         &self,
+        state: &State,
         seqno: Seqno,
         envelope_time_ms: u64,
-        records: &Records,
-        writes: &mut fjall::OwnedWriteBatch,
-        changes: &mut Vec<IndexChange>,
-    ) -> Result<CountDeltas, Error> {
-        let mut deltas = CountDeltas::default();
+        records: &'a Records,
+    ) -> Result<Change<'a>, Error> {
         let stores = &self.stores;
-        match records {
+        Ok(match records {
             Records::Signals(events) => {
-                let index = self.read_index();
-                deltas.users =
-                    fold::signals(stores, &index, &self.config, envelope_time_ms, events, writes, changes)?;
+                let fold = fold::signals(
+                    stores,
+                    &state.index,
+                    &state.overlay,
+                    &self.config,
+                    envelope_time_ms,
+                    events,
+                )?;
+                Change::Signals { fold, events, envelope_time_ms }
             }
-            Records::ItemMetadata { item, metadata } => {
-                if !stores.items.contains_key(keys::item_key(*item))? {
-                    deltas.items = 1;
-                }
-                fold::item_metadata(stores, seqno, *item, metadata, writes);
-            }
+            Records::ItemMetadata { item, metadata } => Change::ItemMetadata {
+                item: *item,
+                value: keys::seqno_value(seqno, metadata),
+                new: !state.overlay.has_item(stores, *item)?,
+            },
             Records::ItemEmbedding { item, vector } => {
-                fold::item_embedding(stores, &self.config, seqno, *item, vector, writes, changes)?;
+                if vector.len() != self.config.dimension as usize {
+                    return Err(Error::EmbeddingDimension {
+                        item: *item,
+                        expected: self.config.dimension,
+                        got: vector.len(),
+                    });
+                }
+                Change::ItemEmbedding { item: *item, seqno, vector }
             }
             Records::ItemDelete { item } => {
-                if stores.items.contains_key(keys::item_key(*item))? {
-                    deltas.items = -1;
-                }
-                fold::item_delete(stores, *item, writes, changes)?;
+                Change::ItemDelete { item: *item, existed: state.overlay.has_item(stores, *item)? }
             }
-            Records::Control(control) => fold::control(stores, control, writes),
-        }
-        Ok(deltas)
+            Records::Control(control) => Change::LeaderStart(fold::control_value(control)),
+        })
     }
 
-    fn read_index(&self) -> RwLockReadGuard<'_, FeedIndex> {
-        self.index.read().expect("index lock poisoned: an index update panicked")
+    /// Merges a change into the index, the overlay and the counters. Returns the estimated bytes
+    /// the overlay grew by.
+    fn merge(&self, state: &mut State, writer: &mut Writer, change: Change<'_>) -> usize {
+        let mut bytes = 0;
+        let dimension = self.config.dimension as usize;
+        match change {
+            Change::Signals { fold, events, envelope_time_ms } => {
+                fold::count_signals(&mut writer.counters, events);
+                bytes += fold.trends.len() * 8;
+                for (item, trend) in fold.trends {
+                    state.index.set_trend(item, trend);
+                    writer.dirty.trends.push(item);
+                }
+                let State { index, overlay } = state;
+                let (new_users, user_bytes) =
+                    fold::profiles(overlay, index, &self.config, envelope_time_ms, events, fold.loaded);
+                bytes += user_bytes;
+                add_signed(&self.users, new_users);
+            }
+            Change::ItemMetadata { item, value, new } => {
+                let value_bytes = value.len();
+                bytes += Overlay::set(&mut state.overlay.items, item, Some(value), value_bytes);
+                if new {
+                    add_signed(&self.items, 1);
+                }
+            }
+            Change::ItemEmbedding { item, seqno, vector } => {
+                state.index.set_embedding(item, vector);
+                bytes += Overlay::set(&mut state.overlay.embeddings, item, Some(seqno), 8 + dimension * 4);
+            }
+            Change::ItemDelete { item, existed } => {
+                // Users' seen sets and profiles keep what they already absorbed: they are history
+                // of the users, not state of the item, and rewriting every profile would make a
+                // delete cost O(users).
+                state.index.remove_item(item);
+                bytes += Overlay::set(&mut state.overlay.items, item, None, 0);
+                bytes += Overlay::set(&mut state.overlay.embeddings, item, None, 0);
+                writer.dirty.trends.push(item);
+                bytes += 8;
+                writer.counters.remove_item(item);
+                if existed {
+                    add_signed(&self.items, -1);
+                }
+            }
+            Change::LeaderStart(value) => {
+                bytes += ENTRY_OVERHEAD_BYTES;
+                writer.dirty.leader_start = Some(value);
+            }
+        }
+        bytes
+    }
+
+    /// Whether the overlay is past one of its bounds.
+    fn overlay_full(&self, writer: &Writer) -> bool {
+        // Each dirty counter costs its key in memory now and a fjall entry at flush.
+        let bytes = writer.dirty.bytes + writer.counters.dirty_len() * DIRTY_KEY_BYTES;
+        bytes > self.config.overlay_bytes_max || writer.dirty.batches >= self.config.overlay_batches_max
+    }
+
+    /// Writes the whole overlay, the applied seqno and the logged time to fjall in ONE batch, then
+    /// clears the overlay. On error nothing is cleared (fjall holds its previous prefix).
+    fn flush(&self, writer: &mut Writer) -> Result<(), Error> {
+        let applied = self.applied_seqno();
+        if applied == self.flushed_applied_seqno() {
+            return Ok(());
+        }
+        let started = std::time::Instant::now();
+        let state = self.read_state();
+        let mut writes = self.stores.database.batch();
+        state.overlay.flush_into(&self.stores, &state.index, &mut writes);
+        let Writer { counters, dirty, .. } = &mut *writer;
+        dirty.flush_into(&self.stores, &state.index, &mut writes);
+        counters.flush_into(&self.stores, &mut writes);
+        writes.insert(&self.stores.meta, keys::META_APPLIED_SEQNO, applied.0.to_le_bytes());
+        writes.insert(&self.stores.meta, keys::META_LAST_TIME_MS, self.last_applied_time_ms().to_le_bytes());
+        let entries = writes.len();
+        writes.commit()?;
+        drop(state);
+        self.flushed_seqno.store(applied.0, Ordering::Release);
+        // Readers saw the overlay's values until now and see the same values in fjall from now on.
+        self.write_state().overlay = Overlay::default();
+        let batches = writer.dirty.batches;
+        writer.dirty = WriterDirty::default();
+        writer.counters.flushed();
+        tracing::debug!(%applied, entries, batches, elapsed = ?started.elapsed(), "overlay flushed");
+        Ok(())
+    }
+
+    fn lock_writer(&self) -> MutexGuard<'_, Writer> {
+        self.writer.lock().expect("writer lock poisoned: an apply panicked")
+    }
+
+    fn read_state(&self) -> RwLockReadGuard<'_, State> {
+        self.state.read().expect("state lock poisoned: an apply panicked")
+    }
+
+    fn write_state(&self) -> RwLockWriteGuard<'_, State> {
+        self.state.write().expect("state lock poisoned: an apply panicked")
     }
 
     fn now_ms(&self) -> i64 {
@@ -445,18 +657,29 @@ impl TidalDb {
     }
 }
 
+impl Drop for TidalDb {
+    /// Flushes the overlay (no fsync), so a clean close needs no replay.
+    fn drop(&mut self) {
+        if !self.flush_on_drop {
+            return;
+        }
+        // A poisoned lock means an apply panicked half-way: leave fjall at its last flush.
+        let Ok(mut writer) = self.writer.lock() else { return };
+        if let Err(error) = self.flush(&mut writer) {
+            tracing::error!("failed to flush the overlay on close: {error:#}");
+        }
+    }
+}
+
+/// Estimated bytes of one dirty counter key: the key in memory now, and its share of the fjall
+/// entry written at flush (many signals share one counter).
+const DIRTY_KEY_BYTES: usize = 16;
+
 // Reads run on many threads beside the applier: the engine must stay Send + Sync.
 const _: () = {
     fn assert_send_sync<T: Send + Sync>() {}
     let _ = assert_send_sync::<TidalDb>;
 };
-
-/// Changes to the in-memory counts made by one batch.
-#[derive(Default)]
-struct CountDeltas {
-    items: i64,
-    users: i64,
-}
 
 fn add_signed(counter: &AtomicU64, delta: i64) {
     if delta >= 0 {

@@ -2,7 +2,8 @@
 //!
 //! Delicate: the digest is how tests and operators prove two replicas identical, so it must cover
 //! every log-derived keyspace ([`Stores::log_derived`]) and nothing node-local. It reads one fjall
-//! snapshot, so it is consistent with the applied seqno it reports even while applies run. The
+//! snapshot taken right after a flush of the write-back overlay, so it covers the whole applied
+//! state and is consistent with the applied seqno it reports even while applies run. The
 //! encoding is unambiguous: every name, key and value is length-prefixed, every keyspace ends
 //! with its entry count.
 
@@ -13,9 +14,8 @@ use crate::error::Error;
 use crate::keys;
 use crate::stores::Stores;
 
-/// `(applied seqno, digest)` of the log-derived state, from one snapshot.
-pub fn state_digest(stores: &Stores) -> Result<(Seqno, [u8; 32]), Error> {
-    let snapshot = stores.database.snapshot();
+/// `(applied seqno, digest)` of the log-derived state in `snapshot`.
+pub fn state_digest(stores: &Stores, snapshot: &fjall::Snapshot) -> Result<(Seqno, [u8; 32]), Error> {
     let mut hasher = blake3::Hasher::new();
     for (name, keyspace) in stores.log_derived() {
         put(&mut hasher, name.as_bytes());

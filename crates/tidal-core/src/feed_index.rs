@@ -2,43 +2,20 @@
 //! every trending score, mirrored from fjall.
 //!
 //! Delicate:
-//! - It is a cache of fjall, never a source: rebuilt from fjall on open, and changed only by
-//!   `apply`, under the index write lock, right after the fjall batch holding the same change
-//!   commits. A reader holding the read lock therefore sees fjall and the index at the same applied
-//!   seqno.
+//! - It is a cache of the applied state, never a source: rebuilt from fjall on open, and changed
+//!   only by `apply`, under the state write lock, together with the write-back overlay. A reader
+//!   holding the read lock therefore sees the overlay, fjall and the index at one applied seqno.
+//!   A flush encodes dirty embeddings and trending scores from here.
 //! - Row order depends on history (removal swaps the last row in), so nothing may depend on it:
 //!   every ranking sorts by (score, item id).
 //! - Vectors are kept raw (not normalized), with the inverse norm beside them, so the fold can add
 //!   the exact logged embedding to a profile while ranking still costs one dot product per row.
 
-use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use crate::trend::Trend;
+use crate::fast_hash::FastMap;
 
-/// One change to the index, produced by the fold and applied after the fjall commit.
-#[derive(Clone, Debug, PartialEq)]
-pub enum IndexChange {
-    /// Insert or replace an item's embedding.
-    Embedding {
-        /// Item id.
-        item: u64,
-        /// The raw vector (`dimension` long).
-        vector: Vec<f32>,
-    },
-    /// Set an item's trending score.
-    Trend {
-        /// Item id.
-        item: u64,
-        /// The new score.
-        trend: Trend,
-    },
-    /// Drop everything about an item.
-    RemoveItem {
-        /// Item id.
-        item: u64,
-    },
-}
+use crate::trend::Trend;
 
 /// Embeddings and trending scores for ranking.
 #[derive(Debug)]
@@ -47,7 +24,7 @@ pub struct FeedIndex {
     /// Item id of each row.
     ids: Vec<u64>,
     /// Row of each item id.
-    rows: HashMap<u64, usize>,
+    rows: FastMap<u64, usize>,
     /// `ids.len() x dimension` raw embedding values.
     matrix: Vec<f32>,
     /// `1 / |row|`, or 0 for a zero vector (its cosine with anything is 0).
@@ -55,7 +32,7 @@ pub struct FeedIndex {
     /// Trending score of each row's item, so the feed loop does no hashing.
     row_trends: Vec<Option<Trend>>,
     /// Trending score of every item that has one.
-    trending: HashMap<u64, Trend>,
+    trending: FastMap<u64, Trend>,
     /// Bumped by every change, so caches can tell they are stale.
     generation: u64,
     /// Row-aligned trending terms at some "now", computed by the first feed after a change and
@@ -77,29 +54,21 @@ impl FeedIndex {
         FeedIndex {
             dimension,
             ids: Vec::new(),
-            rows: HashMap::new(),
+            rows: FastMap::default(),
             matrix: Vec::new(),
             inv_norms: Vec::new(),
             row_trends: Vec::new(),
-            trending: HashMap::new(),
+            trending: FastMap::default(),
             generation: 0,
             term_cache: Mutex::new(None),
         }
     }
 
-    /// Applies changes in order.
-    pub fn apply(&mut self, changes: Vec<IndexChange>) {
+    /// Drops everything about an item.
+    pub fn remove_item(&mut self, item: u64) {
         self.generation += 1;
-        for change in changes {
-            match change {
-                IndexChange::Embedding { item, vector } => self.set_embedding(item, &vector),
-                IndexChange::Trend { item, trend } => self.set_trend(item, trend),
-                IndexChange::RemoveItem { item } => {
-                    self.remove_embedding(item);
-                    self.trending.remove(&item);
-                }
-            }
-        }
+        self.remove_embedding(item);
+        self.trending.remove(&item);
     }
 
     /// Row-aligned trending terms `sign(s) * ln(1 + |s|)` of the scores decayed to `now_ms` (0 for
@@ -291,7 +260,8 @@ mod tests {
         for item in 0..5u64 {
             index.set_embedding(item, &[item as f32, 1.0]);
         }
-        index.apply(vec![IndexChange::RemoveItem { item: 1 }, IndexChange::RemoveItem { item: 4 }]);
+        index.remove_item(1);
+        index.remove_item(4);
         index.set_embedding(2, &[9.0, 9.0]);
         assert_eq!(index.embeddings(), 3);
         assert_eq!(index.embedding(0), Some(&[0.0, 1.0][..]));

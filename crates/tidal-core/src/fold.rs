@@ -1,108 +1,122 @@
-//! The ledger fold: what one decoded batch changes, as fjall writes plus [`IndexChange`]s.
+//! The ledger fold of a signal batch, in two phases.
 //!
-//! Nothing here commits: the caller puts the writes, the new applied seqno and the new time in ONE
-//! fjall batch, commits it, then applies the index changes.
+//! [`signals`] runs under the state read lock and may fail (fjall reads): it computes the new
+//! trending scores and loads the profiles the overlay lacks, changing nothing. [`profiles`] and
+//! [`count_signals`] run after every fallible step of the apply succeeded, under the state write
+//! lock (profiles, seen items) and the writer lock (counters), and cannot fail.
 //!
 //! Delicate:
 //! - Determinism: same log ⇒ bit-identical state. Time is only the logged time (the event's `ts` or
-//!   the envelope's), events are folded in log order, and per-batch accumulators are BTreeMaps so
-//!   writes happen in a fixed order.
+//!   the envelope's), and events are folded in log order per key. The per-batch maps are hash maps:
+//!   their order never reaches the state (each key's value is final; fjall and the digest order keys).
 //! - A batch of many events touching one item or user reads its own earlier updates: everything
-//!   is accumulated in memory first and written once per key.
-//! - Reads see committed fjall state plus the index, which mirrors it (apply is serialized).
+//!   is accumulated per key in memory first.
+//! - The starting values are the applied state: trends from the index, profiles from the overlay,
+//!   else fjall. Profiles are folded in place in the overlay: copying a 512-byte profile per user
+//!   per batch cost more than the fold itself.
 
-use std::collections::btree_map::Entry;
-use std::collections::{BTreeMap, BTreeSet};
-
-use fjall::OwnedWriteBatch;
-use tidal_types::Seqno;
+use std::collections::hash_map::Entry;
 
 use crate::config::EngineConfig;
+use crate::counters::Counters;
 use crate::error::Error;
-use crate::feed_index::{FeedIndex, IndexChange};
-use crate::keys::{self, Profile};
+use crate::fast_hash::{FastMap, FastState};
+use crate::feed_index::FeedIndex;
+use crate::keys::Profile;
+use crate::overlay::Overlay;
 use crate::record::{ControlRecord, SignalEvent};
 use crate::stores::Stores;
 use crate::trend::{decay_factor, distance_ms, Trend};
 
-/// Folds signal events logged at `envelope_time_ms`. Returns how many users got their first profile.
-pub fn signals(
+/// What the read phase of a signal batch found, borrowing user names from the decoded events.
+pub struct SignalsFold<'a> {
+    /// New trending score of every item the batch touched.
+    pub trends: FastMap<u64, Trend>,
+    /// The fjall profile (`None`: a new user) of every user of the batch the overlay lacks.
+    pub loaded: FastMap<&'a str, Option<Profile>>,
+}
+
+/// The read phase of a signal batch logged at `envelope_time_ms`: new trending scores, and the
+/// profiles to load from fjall. Fails only on a fjall read; changes nothing.
+pub fn signals<'a>(
     stores: &Stores,
+    index: &FeedIndex,
+    overlay: &Overlay,
+    config: &EngineConfig,
+    envelope_time_ms: u64,
+    events: &'a [SignalEvent],
+) -> Result<SignalsFold<'a>, Error> {
+    let dimension = config.dimension as usize;
+    let envelope_time = i64::try_from(envelope_time_ms).unwrap_or(i64::MAX);
+    let mut trends: FastMap<u64, Trend> =
+        FastMap::with_capacity_and_hasher(events.len(), FastState::default());
+    let mut loaded: FastMap<&'a str, Option<Profile>> = FastMap::default();
+    for event in events {
+        let t = event.ts_ms.unwrap_or(envelope_time);
+        match trends.entry(event.item) {
+            Entry::Occupied(mut trend) => trend.get_mut().add(t, event.weight, config.half_life_ms),
+            Entry::Vacant(slot) => {
+                let trend = match index.trend(event.item) {
+                    Some(mut trend) => {
+                        trend.add(t, event.weight, config.half_life_ms);
+                        trend
+                    }
+                    None => Trend::first(t, event.weight),
+                };
+                slot.insert(trend);
+            }
+        }
+        if !overlay.users.contains_key(event.user.as_str()) && !loaded.contains_key(event.user.as_str()) {
+            loaded.insert(&event.user, overlay.profile(stores, &event.user, dimension)?);
+        }
+    }
+    Ok(SignalsFold { trends, loaded })
+}
+
+/// The write phase: folds every event into its user's profile and seen items in the overlay, in
+/// log order, in place. Infallible. Returns `(new users, estimated bytes added)`.
+pub fn profiles(
+    overlay: &mut Overlay,
     index: &FeedIndex,
     config: &EngineConfig,
     envelope_time_ms: u64,
     events: &[SignalEvent],
-    writes: &mut OwnedWriteBatch,
-    changes: &mut Vec<IndexChange>,
-) -> Result<i64, Error> {
-    let mut new_users = 0;
+    mut loaded: FastMap<&str, Option<Profile>>,
+) -> (i64, usize) {
     let dimension = config.dimension as usize;
     let envelope_time = i64::try_from(envelope_time_ms).unwrap_or(i64::MAX);
-    let mut trends: BTreeMap<u64, Trend> = BTreeMap::new();
-    let mut counters: BTreeMap<(u64, &str), u64> = BTreeMap::new();
-    let mut profiles: BTreeMap<&str, Profile> = BTreeMap::new();
-    let mut seen: BTreeSet<(&str, u64)> = BTreeSet::new();
+    let (mut new_users, mut bytes) = (0, 0);
     for event in events {
         let t = event.ts_ms.unwrap_or(envelope_time);
-        if let Some(trend) = trends.get_mut(&event.item) {
-            trend.add(t, event.weight, config.half_life_ms);
-        } else {
-            let trend = match index.trend(event.item) {
-                Some(mut trend) => {
-                    trend.add(t, event.weight, config.half_life_ms);
-                    trend
-                }
-                None => Trend::first(t, event.weight),
-            };
-            trends.insert(event.item, trend);
-        }
-        match counters.entry((event.item, event.kind.as_str())) {
-            Entry::Occupied(mut count) => *count.get_mut() += 1,
-            Entry::Vacant(slot) => {
-                let committed = match stores.counters.get(keys::counter_key(event.item, &event.kind))? {
-                    Some(bytes) => keys::u64_value(&bytes).ok_or_else(|| corrupt("counters", "not a u64"))?,
-                    None => 0,
-                };
-                slot.insert(committed + 1);
-            }
-        }
-        if !profiles.contains_key(event.user.as_str()) {
-            let profile = match stores.profiles.get(event.user.as_bytes())? {
-                Some(bytes) => {
-                    Profile::decode(&bytes, dimension).ok_or_else(|| corrupt("profiles", "bad length"))?
-                }
+        let user = event.user.as_str();
+        if !overlay.users.contains_key(user) {
+            let profile = match loaded.remove(user).flatten() {
+                Some(profile) => profile,
                 None => {
                     new_users += 1;
                     Profile { ref_ms: t, vector: vec![0.0; dimension] }
                 }
             };
-            profiles.insert(event.user.as_str(), profile);
+            bytes += overlay.add_user(user, profile);
         }
-        if let Some(profile) = profiles.get_mut(event.user.as_str()) {
-            add_to_profile(
-                profile,
-                t,
-                event.weight,
-                index.embedding(event.item),
-                config.profile_half_life_ms,
-            );
-        }
-        seen.insert((event.user.as_str(), event.item));
+        let dirty = overlay.users.get_mut(user).expect("the user was just added to the overlay");
+        add_to_profile(
+            &mut dirty.profile,
+            t,
+            event.weight,
+            index.embedding(event.item),
+            config.profile_half_life_ms,
+        );
+        dirty.seen.push(event.item);
     }
-    for (item, trend) in trends {
-        writes.insert(&stores.trending, keys::item_key(item), trend.encode());
-        changes.push(IndexChange::Trend { item, trend });
+    (new_users, bytes + events.len() * 8)
+}
+
+/// Counts the events per (item, kind).
+pub fn count_signals(counters: &mut Counters, events: &[SignalEvent]) {
+    for event in events {
+        counters.increment(event.item, &event.kind);
     }
-    for ((item, kind), count) in counters {
-        writes.insert(&stores.counters, keys::counter_key(item, kind), count.to_le_bytes());
-    }
-    for (user, profile) in profiles {
-        writes.insert(&stores.profiles, user.as_bytes(), profile.encode());
-    }
-    for (user, item) in seen {
-        writes.insert(&stores.seen, keys::seen_key(user, item), []);
-    }
-    Ok(new_users)
 }
 
 /// Profile rule, the trend rule on a vector: decay to the later of the two times, add
@@ -124,6 +138,8 @@ fn add_to_profile(
                     *value = (f64::from(*value) * factor + weight * f64::from(*e)) as f32;
                 }
             }
+            // A factor of exactly 1 (no time passed) leaves every value bit-identical: skip the loop.
+            None if factor == 1.0 => {}
             None => {
                 for value in profile.vector.iter_mut() {
                     *value = (f64::from(*value) * factor) as f32;
@@ -137,73 +153,17 @@ fn add_to_profile(
     }
 }
 
-/// Upserts an item's metadata.
-pub fn item_metadata(
-    stores: &Stores,
-    seqno: Seqno,
-    item: u64,
-    metadata: &[u8],
-    writes: &mut OwnedWriteBatch,
-) {
-    writes.insert(&stores.items, keys::item_key(item), keys::seqno_value(seqno, metadata));
-}
-
-/// Upserts an item's embedding.
-pub fn item_embedding(
-    stores: &Stores,
-    config: &EngineConfig,
-    seqno: Seqno,
-    item: u64,
-    vector: &[f32],
-    writes: &mut OwnedWriteBatch,
-    changes: &mut Vec<IndexChange>,
-) -> Result<(), Error> {
-    if vector.len() != config.dimension as usize {
-        return Err(Error::EmbeddingDimension { item, expected: config.dimension, got: vector.len() });
-    }
-    let mut bytes = Vec::with_capacity(vector.len() * 4);
-    keys::f32s_to_bytes(vector, &mut bytes);
-    writes.insert(&stores.embeddings, keys::item_key(item), keys::seqno_value(seqno, &bytes));
-    changes.push(IndexChange::Embedding { item, vector: vector.to_vec() });
-    Ok(())
-}
-
-/// Deletes an item: its metadata, embedding, trending score and per-kind counters. Users' seen
-/// sets and profiles keep what they already absorbed: they are history of the users, not state of
-/// the item, and rewriting every profile would make a delete cost O(users).
-pub fn item_delete(
-    stores: &Stores,
-    item: u64,
-    writes: &mut OwnedWriteBatch,
-    changes: &mut Vec<IndexChange>,
-) -> Result<(), Error> {
-    let key = keys::item_key(item);
-    writes.remove(&stores.items, key);
-    writes.remove(&stores.embeddings, key);
-    writes.remove(&stores.trending, key);
-    for guard in stores.counters.prefix(key) {
-        let counter_key = guard.key()?;
-        writes.remove(&stores.counters, counter_key);
-    }
-    changes.push(IndexChange::RemoveItem { item });
-    Ok(())
-}
-
-/// Folds a control record: LeaderStart is remembered in meta (it changes no data).
-pub fn control(stores: &Stores, record: &ControlRecord, writes: &mut OwnedWriteBatch) {
+/// The meta value of a control record: LeaderStart is remembered (it changes no data).
+pub fn control_value(record: &ControlRecord) -> Vec<u8> {
     match record {
         ControlRecord::LeaderStart { term, leader, baseline } => {
             let mut value = Vec::with_capacity(24);
             value.extend_from_slice(&term.0.to_le_bytes());
             value.extend_from_slice(&leader.0.to_le_bytes());
             value.extend_from_slice(&baseline.0.to_le_bytes());
-            writes.insert(&stores.meta, keys::META_LEADER_START, value);
+            value
         }
     }
-}
-
-fn corrupt(keyspace: &'static str, reason: &str) -> Error {
-    Error::Corrupt { keyspace, reason: reason.into() }
 }
 
 #[cfg(test)]

@@ -14,13 +14,16 @@
 //!   committed state and the batch: "now" is the batch's logged time, the order is key order, and
 //!   the work per apply is bounded by [`PRUNE_PER_APPLY_MAX`]. The window and the per-principal bound
 //!   are configuration that every node must share.
-//! - The fold reads committed fjall state while its own writes sit in an uncommitted batch: the one
-//!   new key of the batch is skipped by the pruning scans, so a batch never deletes what it writes.
+//! - The fold reads the applied state (the write-back overlay over fjall, [`Table`]) while its own
+//!   writes sit in a list the caller merges into the overlay afterwards: the one new key of the batch
+//!   is skipped by the pruning scans, so a batch never deletes what it writes.
 //! - A lookup treats an entry older than the window as absent even before it is pruned.
 
+use std::cmp::Ordering;
 use std::collections::{BTreeMap, BTreeSet};
+use std::iter::Peekable;
 
-use fjall::{Keyspace, OwnedWriteBatch};
+use fjall::Keyspace;
 use tidal_types::Seqno;
 
 use crate::error::Error;
@@ -96,15 +99,83 @@ pub struct Window {
     pub keys_max: usize,
 }
 
+/// Changes to the table, in order: `(key, Some(value))` puts, `(key, None)` deletes.
+pub type Writes = Vec<(Vec<u8>, Option<Vec<u8>>)>;
+
+/// The applied table: the overlay's entries (`None` = deleted) over fjall's.
+#[derive(Clone, Copy)]
+pub struct Table<'a> {
+    /// The idempotency keyspace.
+    pub keyspace: &'a Keyspace,
+    /// Entries changed since the last flush.
+    pub overlay: &'a BTreeMap<Vec<u8>, Option<Vec<u8>>>,
+}
+
+impl<'a> Table<'a> {
+    fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, Error> {
+        match self.overlay.get(key) {
+            Some(value) => Ok(value.clone()),
+            None => Ok(self.keyspace.get(key)?.map(|value| value.to_vec())),
+        }
+    }
+
+    /// Entries under `prefix` in key order, the overlay's winning over fjall's.
+    fn prefix(&self, prefix: &'a [u8]) -> impl Iterator<Item = Result<(Vec<u8>, Vec<u8>), Error>> + 'a {
+        let fjall = self.keyspace.prefix(prefix).map(|guard| {
+            let (key, value) = guard.into_inner()?;
+            Ok((key.to_vec(), value.to_vec()))
+        });
+        let overlay =
+            self.overlay.range(prefix.to_vec()..).take_while(move |(key, _)| key.starts_with(prefix));
+        Merged { fjall: fjall.peekable(), overlay: overlay.peekable() }
+    }
+}
+
+/// Merge of two key-ordered streams; on equal keys the overlay wins, and its deletes hide entries.
+struct Merged<F: Iterator, O: Iterator> {
+    fjall: Peekable<F>,
+    overlay: Peekable<O>,
+}
+
+impl<'a, F, O> Iterator for Merged<F, O>
+where
+    F: Iterator<Item = Result<(Vec<u8>, Vec<u8>), Error>>,
+    O: Iterator<Item = (&'a Vec<u8>, &'a Option<Vec<u8>>)>,
+{
+    type Item = Result<(Vec<u8>, Vec<u8>), Error>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        loop {
+            // How the overlay's next key compares with fjall's (an error counts as fjall's turn).
+            let overlay_vs_fjall = match (self.fjall.peek(), self.overlay.peek()) {
+                (None, None) => return None,
+                (Some(Err(_)), _) | (Some(Ok(_)), None) => Ordering::Greater,
+                (None, Some(_)) => Ordering::Less,
+                (Some(Ok((fjall_key, _))), Some((overlay_key, _))) => overlay_key.as_slice().cmp(fjall_key),
+            };
+            match overlay_vs_fjall {
+                Ordering::Greater => return self.fjall.next(),
+                // The overlay's entry replaces fjall's.
+                Ordering::Equal => drop(self.fjall.next()),
+                Ordering::Less => {}
+            }
+            let (key, value) = self.overlay.next().expect("peeked an overlay entry");
+            if let Some(value) = value {
+                return Some(Ok((key.clone(), value.clone())));
+            }
+        }
+    }
+}
+
 /// The entry for `(principal, key)`, unless absent or older than the window at `now_ms`.
 pub fn lookup(
-    keyspace: &Keyspace,
+    table: Table<'_>,
     principal: &str,
     key: &str,
     now_ms: u64,
     window: Window,
 ) -> Result<Option<IdempotencyRecord>, Error> {
-    let Some(bytes) = keyspace.get(record_key(principal.as_bytes(), key.as_bytes()))? else {
+    let Some(bytes) = table.get(&record_key(principal.as_bytes(), key.as_bytes()))? else {
         return Ok(None);
     };
     let record = IdempotencyRecord::decode(&bytes)?;
@@ -112,75 +183,106 @@ pub fn lookup(
 }
 
 /// Folds one batch into the table: records `new` (if any), then prunes what expired at `now_ms` and
-/// what is over the bound of `new`'s principal. Writes go to `writes`; nothing is committed here.
+/// what is over the bound of `new`'s principal. Changes go to `writes`; the table is unchanged.
+///
+/// `oldest_ms` is a lower bound on the time of every entry (`None`: unknown; `u64::MAX`: the
+/// table is empty): while nothing can have expired, the expiry scan, a fjall iterator per apply,
+/// is skipped, which removes nothing the scan would have removed. Returns the bound after this
+/// batch, for the caller to keep once the batch is merged.
 pub fn fold(
-    keyspace: &Keyspace,
-    writes: &mut OwnedWriteBatch,
+    table: Table<'_>,
+    writes: &mut Writes,
     new: Option<&NewKey<'_>>,
     now_ms: u64,
     window: Window,
-) -> Result<(), Error> {
+    oldest_ms: Option<u64>,
+) -> Result<Option<u64>, Error> {
     let mut deltas: BTreeMap<Vec<u8>, i64> = BTreeMap::new();
     let mut removed: BTreeSet<(Vec<u8>, Vec<u8>)> = BTreeSet::new();
     let new_id = new.map(|n| (n.principal.as_bytes().to_vec(), n.key.as_bytes().to_vec()));
     if let Some(new) = new {
-        record_new(keyspace, writes, new, &mut deltas)?;
+        record_new(table, writes, new, &mut deltas)?;
     }
-    // Expired entries, oldest first.
-    for guard in keyspace.prefix([TAG_TIME]).take(PRUNE_PER_APPLY_MAX) {
-        let (key, _) = guard.into_inner()?;
+    let mut next_oldest_ms = oldest_ms;
+    if !matches!(oldest_ms, Some(oldest) if !expired(oldest, now_ms, window)) {
+        next_oldest_ms =
+            prune_expired(table, writes, new_id.as_ref(), now_ms, window, &mut deltas, &mut removed)?;
+    }
+    if let Some((principal, new_key)) = &new_id {
+        prune_over_bound(table, writes, principal, new_key, window, &mut deltas, &mut removed)?;
+    }
+    for (principal, delta) in deltas {
+        let count = committed_count(table, &principal)? as i64 + delta;
+        if count > 0 {
+            writes.push((count_key(&principal), Some((count as u64).to_le_bytes().to_vec())));
+        } else {
+            writes.push((count_key(&principal), None));
+        }
+    }
+    // Removals only raise the oldest time; the new key may lower it.
+    Ok(match (next_oldest_ms, new) {
+        (Some(oldest), Some(new)) => Some(oldest.min(new.record.time_ms)),
+        (oldest, _) => oldest,
+    })
+}
+
+/// Removes up to [`PRUNE_PER_APPLY_MAX`] expired entries, oldest first. Returns a lower bound on
+/// the time of the entries left (`u64::MAX` if none), or `None` if the bound was reached first.
+fn prune_expired(
+    table: Table<'_>,
+    writes: &mut Writes,
+    new_id: Option<&(Vec<u8>, Vec<u8>)>,
+    now_ms: u64,
+    window: Window,
+    deltas: &mut BTreeMap<Vec<u8>, i64>,
+    removed: &mut BTreeSet<(Vec<u8>, Vec<u8>)>,
+) -> Result<Option<u64>, Error> {
+    let mut scanned = 0;
+    for entry in table.prefix(&[TAG_TIME]).take(PRUNE_PER_APPLY_MAX) {
+        scanned += 1;
+        let (key, _) = entry?;
         let (time_ms, principal, idem_key) = parse_time_key(&key)?;
         if !expired(time_ms, now_ms, window) {
-            break;
+            return Ok(Some(time_ms));
         }
         let id = (principal.to_vec(), idem_key.to_vec());
-        if Some(&id) == new_id.as_ref() {
+        // The new key's old entry is replaced by `record_new`.
+        if Some(&id) == new_id {
             continue;
         }
-        remove_entry(writes, keyspace, time_ms, &id.0, &id.1);
+        remove_entry(writes, time_ms, &id.0, &id.1);
         *deltas.entry(id.0.clone()).or_default() -= 1;
         removed.insert(id);
     }
-    if let Some((principal, new_key)) = &new_id {
-        prune_over_bound(keyspace, writes, principal, new_key, window, &mut deltas, &mut removed)?;
-    }
-    for (principal, delta) in deltas {
-        let count = committed_count(keyspace, &principal)? as i64 + delta;
-        if count > 0 {
-            writes.insert(keyspace, count_key(&principal), (count as u64).to_le_bytes());
-        } else {
-            writes.remove(keyspace, count_key(&principal));
-        }
-    }
-    Ok(())
+    Ok((scanned < PRUNE_PER_APPLY_MAX).then_some(u64::MAX))
 }
 
 fn record_new(
-    keyspace: &Keyspace,
-    writes: &mut OwnedWriteBatch,
+    table: Table<'_>,
+    writes: &mut Writes,
     new: &NewKey<'_>,
     deltas: &mut BTreeMap<Vec<u8>, i64>,
 ) -> Result<(), Error> {
     let (principal, key) = (new.principal.as_bytes(), new.key.as_bytes());
     let record_key = record_key(principal, key);
-    match keyspace.get(&record_key)? {
+    match table.get(&record_key)? {
         // A reused key (the leader found the old one expired): replace it, the count is unchanged.
         Some(old) => {
             let old = IdempotencyRecord::decode(&old)?;
-            writes.remove(keyspace, time_key(old.time_ms, principal, key));
-            writes.remove(keyspace, principal_time_key(principal, old.time_ms, key));
+            writes.push((time_key(old.time_ms, principal, key), None));
+            writes.push((principal_time_key(principal, old.time_ms, key), None));
         }
         None => *deltas.entry(principal.to_vec()).or_default() += 1,
     }
-    writes.insert(keyspace, record_key, new.record.encode());
-    writes.insert(keyspace, time_key(new.record.time_ms, principal, key), []);
-    writes.insert(keyspace, principal_time_key(principal, new.record.time_ms, key), []);
+    writes.push((record_key, Some(new.record.encode().to_vec())));
+    writes.push((time_key(new.record.time_ms, principal, key), Some(Vec::new())));
+    writes.push((principal_time_key(principal, new.record.time_ms, key), Some(Vec::new())));
     Ok(())
 }
 
 fn prune_over_bound(
-    keyspace: &Keyspace,
-    writes: &mut OwnedWriteBatch,
+    table: Table<'_>,
+    writes: &mut Writes,
     principal: &[u8],
     new_key: &[u8],
     window: Window,
@@ -188,23 +290,23 @@ fn prune_over_bound(
     removed: &mut BTreeSet<(Vec<u8>, Vec<u8>)>,
 ) -> Result<(), Error> {
     let delta = deltas.get(principal).copied().unwrap_or(0);
-    let mut count = committed_count(keyspace, principal)? as i64 + delta;
+    let mut count = committed_count(table, principal)? as i64 + delta;
     let limit = i64::try_from(window.keys_max).unwrap_or(i64::MAX);
     if count <= limit {
         return Ok(());
     }
     let prefix = principal_prefix(TAG_PRINCIPAL, principal);
-    for guard in keyspace.prefix(&prefix).take(PRUNE_PER_APPLY_MAX) {
+    for entry in table.prefix(&prefix).take(PRUNE_PER_APPLY_MAX) {
         if count <= limit {
             break;
         }
-        let (key, _) = guard.into_inner()?;
+        let (key, _) = entry?;
         let (time_ms, idem_key) = parse_principal_time_key(&key, prefix.len())?;
         let id = (principal.to_vec(), idem_key.to_vec());
         if idem_key == new_key || removed.contains(&id) {
             continue;
         }
-        remove_entry(writes, keyspace, time_ms, principal, idem_key);
+        remove_entry(writes, time_ms, principal, idem_key);
         *deltas.entry(principal.to_vec()).or_default() -= 1;
         count -= 1;
         removed.insert(id);
@@ -216,20 +318,14 @@ fn expired(time_ms: u64, now_ms: u64, window: Window) -> bool {
     time_ms < now_ms.saturating_sub(window.window_ms)
 }
 
-fn remove_entry(
-    writes: &mut OwnedWriteBatch,
-    keyspace: &Keyspace,
-    time_ms: u64,
-    principal: &[u8],
-    key: &[u8],
-) {
-    writes.remove(keyspace, record_key(principal, key));
-    writes.remove(keyspace, time_key(time_ms, principal, key));
-    writes.remove(keyspace, principal_time_key(principal, time_ms, key));
+fn remove_entry(writes: &mut Writes, time_ms: u64, principal: &[u8], key: &[u8]) {
+    writes.push((record_key(principal, key), None));
+    writes.push((time_key(time_ms, principal, key), None));
+    writes.push((principal_time_key(principal, time_ms, key), None));
 }
 
-fn committed_count(keyspace: &Keyspace, principal: &[u8]) -> Result<u64, Error> {
-    match keyspace.get(count_key(principal))? {
+fn committed_count(table: Table<'_>, principal: &[u8]) -> Result<u64, Error> {
+    match table.get(&count_key(principal))? {
         None => Ok(0),
         Some(bytes) => crate::keys::u64_value(&bytes)
             .ok_or_else(|| Error::Corrupt { keyspace: KEYSPACE, reason: "count is not a u64".into() }),

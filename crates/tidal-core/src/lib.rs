@@ -1,14 +1,16 @@
 //! Tidal's engine: folds WAL batches into fjall and serves ranked reads.
 //!
-//! fjall is a materialization of the log, never the source of truth: each [`TidalDb::apply`]
-//! writes its data and the new applied seqno in one atomic fjall batch, and after a crash the
-//! caller replays the WAL from [`TidalDb::applied_seqno`] + 1. The fold is deterministic (same log ⇒
+//! fjall is a materialization of the log, never the source of truth: [`TidalDb::apply`] folds into
+//! an in-memory write-back overlay, and a flush writes the overlay with its applied seqno in one
+//! atomic fjall batch. After a crash the caller replays the WAL from [`TidalDb::applied_seqno`] + 1
+//! (fjall's, after `open`); WAL purge may not pass what [`TidalDb::checkpoint`] returned. The fold is deterministic (same log ⇒
 //! bit-identical state and [`TidalDb::digest`]); time is only ever the logged time.
 //!
 //! # Layout
 //! - [`record`]: the payload codec (envelope + records), binding for every node.
 //! - `db`: [`TidalDb`], the one apply path and the reads.
-//! - `fold`: what a batch changes; `idempotency`: the replicated idempotency table.
+//! - `fold`: what a batch changes; `overlay`: dirty state not yet in fjall; `counters`: all
+//!   per-kind counters; `idempotency`: the replicated idempotency table.
 //! - `feed_index`, `ranked`: the in-memory ranking index and the feed / similar / trending loops.
 //! - `negatives`: the hard negatives ORSWOT (outside the log); `digest`: state digests.
 //!
@@ -19,14 +21,17 @@
 #![deny(clippy::unwrap_used)]
 
 mod config;
+mod counters;
 mod db;
 mod digest;
 mod error;
+mod fast_hash;
 mod feed_index;
 mod fold;
 mod idempotency;
 mod keys;
 mod negatives;
+mod overlay;
 mod ranked;
 pub mod record;
 mod record_error;
@@ -35,7 +40,8 @@ mod trend;
 
 pub use config::{
     EngineConfig, DIMENSION_DEFAULT, DIMENSION_MAX, HALF_LIFE_MS_DEFAULT, IDEMPOTENCY_KEYS_MAX_DEFAULT,
-    IDEMPOTENCY_WINDOW_MS_DEFAULT, PROFILE_HALF_LIFE_MS_DEFAULT,
+    IDEMPOTENCY_WINDOW_MS_DEFAULT, OVERLAY_BATCHES_MAX_DEFAULT, OVERLAY_BYTES_MAX_DEFAULT,
+    PROFILE_HALF_LIFE_MS_DEFAULT,
 };
 pub use db::{ApplyOutcome, EngineStats, ItemState, TidalDb};
 pub use error::Error;

@@ -38,9 +38,9 @@ pub struct Stores {
 impl Stores {
     /// Opens (or creates) the database at `path`.
     pub fn open(path: &Path) -> Result<Stores, Error> {
-        // Commits flush to OS buffers (a process crash loses nothing committed); fsync happens only
-        // in checkpoint() and for negatives: the WAL is the source of truth and startup replays it
-        // from the applied seqno, so a power loss costing fjall a tail is repaired by replay.
+        // Commits (overlay flushes) reach OS buffers (a process crash loses nothing committed); fsync
+        // happens only in checkpoint() and for negatives: the WAL is the source of truth and startup
+        // replays it from the applied seqno, so a power loss costing fjall a tail is repaired by replay.
         let database = Database::builder(path).manual_journal_persist(false).open()?;
         let keyspace = |name: &str| database.keyspace(name, KeyspaceCreateOptions::default);
         Ok(Stores {

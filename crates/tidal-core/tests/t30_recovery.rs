@@ -7,7 +7,7 @@ mod common;
 use std::path::Path;
 
 use common::*;
-use tidal_core::{ApplyOutcome, Ranked, TidalDb};
+use tidal_core::{ApplyOutcome, EngineConfig, Ranked, TidalDb};
 use tidal_types::Seqno;
 
 const USERS: [&str; 8] = ["u0", "u1", "u2", "u3", "u4", "u5", "u6", "nobody"];
@@ -90,6 +90,9 @@ fn checkpoint_returns_the_durable_applied_seqno() {
 
 const CRASH_DIR_ENV: &str = "TIDAL_CORE_CRASH_DIR";
 const CRASH_AFTER_ENV: &str = "TIDAL_CORE_CRASH_AFTER";
+/// Set: the child writes every apply through to fjall; unset: it checkpoints half-way and keeps the
+/// rest in the overlay.
+const CRASH_WRITE_THROUGH_ENV: &str = "TIDAL_CORE_CRASH_WRITE_THROUGH";
 
 /// The child side of `a_process_abort_loses_nothing_committed`: a no-op unless the parent set the
 /// environment.
@@ -101,10 +104,33 @@ fn crash_child() {
     };
     let after: usize = after.to_str().unwrap().parse().unwrap();
     let log = workload();
-    let db = open(Path::new(&dir));
-    apply_all(&db, &log.batches[..after]);
+    // The engine lives until the abort: dropping it would flush the overlay.
+    let db;
+    if std::env::var_os(CRASH_WRITE_THROUGH_ENV).is_some() {
+        db = open_with(Path::new(&dir), EngineConfig { overlay_batches_max: 1, ..config() });
+        apply_all(&db, &log.batches[..after]);
+    } else {
+        db = open(Path::new(&dir));
+        apply_all(&db, &log.batches[..after / 2]);
+        db.checkpoint().unwrap();
+        apply_all(&db, &log.batches[after / 2..after]);
+    }
     // No drop, no checkpoint: the process dies as with kill -9.
+    let _ = &db;
     std::process::abort();
+}
+
+fn abort_child(dir: &Path, after: usize, write_through: bool) {
+    let mut command = std::process::Command::new(std::env::current_exe().unwrap());
+    command
+        .args(["--exact", "crash_child", "--nocapture", "--test-threads=1"])
+        .env(CRASH_DIR_ENV, dir)
+        .env(CRASH_AFTER_ENV, after.to_string());
+    if write_through {
+        command.env(CRASH_WRITE_THROUGH_ENV, "1");
+    }
+    let status = command.status().unwrap();
+    assert!(!status.success(), "the child must abort");
 }
 
 #[test]
@@ -113,16 +139,27 @@ fn a_process_abort_loses_nothing_committed() {
     let clean = clean_run(&log);
     for after in [1, log.batches.len() / 2, log.batches.len()] {
         let dir = tempfile::tempdir().unwrap();
-        let status = std::process::Command::new(std::env::current_exe().unwrap())
-            .args(["--exact", "crash_child", "--nocapture", "--test-threads=1"])
-            .env(CRASH_DIR_ENV, dir.path())
-            .env(CRASH_AFTER_ENV, after.to_string())
-            .status()
-            .unwrap();
-        assert!(!status.success(), "the child must abort");
+        abort_child(dir.path(), after, true);
         let db = open(dir.path());
-        // Commits reach the OS before apply returns, so a process crash keeps every one of them.
+        // With a flush per apply, commits reach the OS before apply returns, so a process crash
+        // keeps every one of them.
         assert_eq!(db.applied_seqno(), log.batches[after - 1].last_seqno());
+        apply_all(&db, &log.batches);
+        assert_eq!(db.digest().unwrap(), clean.0);
+        assert_eq!(feeds(&db), clean.1);
+    }
+}
+
+#[test]
+fn a_process_abort_loses_only_the_overlay_and_replay_restores_it() {
+    let log = workload();
+    let clean = clean_run(&log);
+    for after in [2, log.batches.len() / 2, log.batches.len()] {
+        let dir = tempfile::tempdir().unwrap();
+        abort_child(dir.path(), after, false);
+        let db = open(dir.path());
+        // The child checkpointed after `after / 2` batches; the rest sat in the overlay.
+        assert_eq!(db.applied_seqno(), log.batches[after / 2 - 1].last_seqno(), "abort after {after}");
         apply_all(&db, &log.batches);
         assert_eq!(db.digest().unwrap(), clean.0);
         assert_eq!(feeds(&db), clean.1);
