@@ -105,7 +105,6 @@ fn run(
             ApplierInput::Flushed(batches) => pending.extend(batches),
             ApplierInput::Commit(seqno) => commit = commit.max(seqno),
         }
-        let mut moved = false;
         while let Some(front) = pending.front() {
             if front.last_seqno() > commit {
                 break;
@@ -117,11 +116,11 @@ fn run(
                 return;
             }
             pending.pop_front();
-            moved = true;
         }
-        if moved {
-            applied.send_replace(db.applied_seqno());
-        }
+        // Compared with the engine, not with what this thread applied: startup replay applies before
+        // the first message, and its frontier must show too.
+        let now = db.applied_seqno();
+        applied.send_if_modified(|published| std::mem::replace(published, now) != now);
     }
 }
 

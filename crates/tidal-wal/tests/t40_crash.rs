@@ -168,7 +168,13 @@ fn crash_at_every_operation_recovers_a_prefix_with_every_acknowledged_batch() {
             }
         }
     }
-    assert!(crashes as u64 >= total_ops * modes.len() as u64 - 10, "only {crashes} crashes happened");
+    // How the burst groups into drains depends on thread timing: each drain is a write and a sync,
+    // so a run may have up to 2 × BURST fewer operations than the dry run.
+    let ops_min = total_ops.saturating_sub(2 * BURST as u64);
+    assert!(
+        crashes as u64 >= ops_min * modes.len() as u64,
+        "only {crashes} crashes happened (dry run: {total_ops} ops)"
+    );
 }
 
 #[test]
