@@ -30,6 +30,8 @@ pub enum ApplierInput {
     Flushed(Vec<Batch>),
     /// The commit frontier moved (it never moves back; lower values are ignored).
     Commit(Seqno),
+    /// Apply what is committed and stop (shutdown, after the WAL writer has drained).
+    Stop,
 }
 
 /// Sends to the applier. A send after the applier stopped is dropped: the node is already failing.
@@ -79,9 +81,10 @@ impl Applier {
         self.fatal.lock().expect("fatal lock is never held across a panic").clone()
     }
 
-    /// Waits for the thread to end. It ends once every sender is dropped (the WAL writer's hook
-    /// included, which goes with the WAL's shutdown) and the queue is drained, or on a fatal error.
+    /// Stops the applier after everything queued before this call (shut the WAL down first, so its
+    /// last drains are queued) and waits for the thread. Later sends are dropped.
     pub fn join(&self, own_sender: ApplierSender) {
+        let _ = own_sender.0.send(ApplierInput::Stop);
         drop(own_sender);
         let thread = self.thread.lock().expect("applier lock is never held across a panic").take();
         if let Some(thread) = thread {
@@ -100,10 +103,12 @@ fn run(
 ) {
     let mut pending: VecDeque<Batch> = VecDeque::new();
     let mut commit = db.applied_seqno();
+    let mut stop = false;
     for message in input {
         match message {
             ApplierInput::Flushed(batches) => pending.extend(batches),
             ApplierInput::Commit(seqno) => commit = commit.max(seqno),
+            ApplierInput::Stop => stop = true,
         }
         while let Some(front) = pending.front() {
             if front.last_seqno() > commit {
@@ -121,6 +126,9 @@ fn run(
         // the first message, and its frontier must show too.
         let now = db.applied_seqno();
         applied.send_if_modified(|published| std::mem::replace(published, now) != now);
+        if stop {
+            return;
+        }
     }
 }
 

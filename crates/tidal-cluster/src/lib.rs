@@ -7,8 +7,14 @@
 #![deny(missing_docs)]
 
 pub mod applier;
+pub mod commit_state;
 pub mod decide;
+pub mod replica;
 pub mod ship_feed;
+pub mod spec;
 
 pub use applier::{Applier, ApplierInput, ApplierSender, CommitOnFlush};
+pub use commit_state::CommitState;
+pub use replica::{FollowerProgress, Replica, ReplicaHook, ReplicaService};
 pub use ship_feed::{ShipFeed, TailRead};
+pub use spec::{ClusterSpec, Durability, NodeSpec, STATIC_TERM};

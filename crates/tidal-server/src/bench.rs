@@ -116,7 +116,7 @@ async fn spawn_node(dim: u32) -> anyhow::Result<(String, SpawnedNode)> {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.context("bind bench node")?;
     let url = format!("http://{}", listener.local_addr()?);
     let (shutdown, on_shutdown) = tokio::sync::oneshot::channel::<()>();
-    let task = tokio::spawn(crate::run(config, listener, async move {
+    let task = tokio::spawn(crate::run(config, listener, None, async move {
         let _ = on_shutdown.await;
     }));
     let client = Client::new(url.clone(), None);

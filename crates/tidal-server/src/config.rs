@@ -35,6 +35,76 @@ pub struct ServeArgs {
     /// Embedding dimension (fixed per database).
     #[arg(long, env = "TIDAL_DIMENSION")]
     pub dimension: Option<u32>,
+    /// Cluster file (TOML shared by every node); with it this node serves as one member.
+    #[arg(long, env = "TIDAL_CLUSTER", requires = "node_id")]
+    pub cluster: Option<PathBuf>,
+    /// This node's id in the cluster file.
+    #[arg(long, env = "TIDAL_NODE_ID")]
+    pub node_id: Option<u64>,
+}
+
+/// The cluster file: `cluster_id`, `secret_file`, `durability`, and `[[node]]` tables.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ClusterFile {
+    cluster_id: String,
+    secret_file: PathBuf,
+    #[serde(default = "default_durability")]
+    durability: String,
+    node: Vec<ClusterFileNode>,
+}
+
+fn default_durability() -> String {
+    "quorum".into()
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ClusterFileNode {
+    id: u64,
+    http: String,
+    rpc: String,
+}
+
+/// A node's place in a cluster.
+#[derive(Debug, Clone)]
+pub struct ClusterMembership {
+    /// The cluster.
+    pub spec: tidal_cluster::ClusterSpec,
+    /// This node.
+    pub me: tidal_types::NodeId,
+}
+
+/// Reads a cluster file; a relative `secret_file` is relative to the cluster file.
+pub fn load_cluster(path: &Path, node_id: u64) -> anyhow::Result<ClusterMembership> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("read cluster file {}", path.display()))?;
+    let file: ClusterFile =
+        toml::from_str(&text).with_context(|| format!("parse cluster file {}", path.display()))?;
+    let secret_path = path.parent().unwrap_or(Path::new(".")).join(&file.secret_file);
+    let secret = std::fs::read_to_string(&secret_path)
+        .with_context(|| format!("read cluster secret {}", secret_path.display()))?
+        .trim()
+        .to_string();
+    let durability = match file.durability.as_str() {
+        "quorum" => tidal_cluster::Durability::Quorum,
+        "leader" => tidal_cluster::Durability::Leader,
+        other => anyhow::bail!("durability must be \"quorum\" or \"leader\", got {other:?}"),
+    };
+    let spec = tidal_cluster::ClusterSpec {
+        cluster_id: file.cluster_id,
+        secret,
+        durability,
+        nodes: file
+            .node
+            .into_iter()
+            .map(|n| tidal_cluster::NodeSpec { id: tidal_types::NodeId(n.id), http: n.http, rpc: n.rpc })
+            .collect(),
+    };
+    spec.validate().map_err(|why| anyhow::anyhow!("cluster file {}: {why}", path.display()))?;
+    let me = tidal_types::NodeId(node_id);
+    anyhow::ensure!(spec.node(me).is_some(), "node id {node_id} is not in cluster file {}", path.display());
+    Ok(ClusterMembership { spec, me })
 }
 
 /// The config file. Every field optional; the command line wins.
@@ -97,6 +167,8 @@ pub struct ServeConfig {
     pub checkpoint_interval_ms: u64,
     /// Signal kinds and their default weights.
     pub signal_kinds: BTreeMap<String, f64>,
+    /// Cluster membership, when serving as a cluster member.
+    pub cluster: Option<ClusterMembership>,
 }
 
 impl ServeConfig {
@@ -116,13 +188,33 @@ impl ServeConfig {
             );
             anyhow::ensure!(weight.is_finite(), "signal kind {name} has a non-finite weight");
         }
+        let cluster = match (&args.cluster, args.node_id) {
+            (Some(path), Some(id)) => Some(load_cluster(path, id)?),
+            (Some(_), None) => anyhow::bail!("--cluster needs --node-id"),
+            _ => None,
+        };
+        let data_dir = args.data_dir.clone().or(file.data_dir);
+        anyhow::ensure!(
+            cluster.is_none() || data_dir.is_some(),
+            "a cluster member needs its own --data-dir (nodes must never share one)"
+        );
+        let cluster_http = match &cluster {
+            Some(membership) => {
+                let node = membership.spec.node(membership.me).expect("load_cluster checked the id");
+                Some(
+                    node.http
+                        .parse::<SocketAddr>()
+                        .with_context(|| format!("http address {:?}", node.http))?,
+                )
+            }
+            None => None,
+        };
         let config = ServeConfig {
-            data_dir: args
-                .data_dir
-                .clone()
-                .or(file.data_dir)
-                .unwrap_or_else(|| PathBuf::from("./tidal-data")),
-            http: args.http.or(file.http).unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 7070))),
+            data_dir: data_dir.unwrap_or_else(|| PathBuf::from("./tidal-data")),
+            http: cluster_http
+                .or(args.http)
+                .or(file.http)
+                .unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 7070))),
             token_file: args.token_file.clone().or(file.token_file),
             insecure: args.insecure || file.insecure.unwrap_or(false),
             dimension: args.dimension.or(file.dimension).unwrap_or(128),
@@ -138,6 +230,7 @@ impl ServeConfig {
             read_wait_ms_max: file.read_wait_ms_max.unwrap_or(10_000),
             checkpoint_interval_ms: file.checkpoint_interval_ms.unwrap_or(30_000),
             signal_kinds,
+            cluster,
         };
         config.validate()?;
         Ok(config)

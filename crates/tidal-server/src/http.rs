@@ -45,6 +45,83 @@ pub struct AppState {
     pub tokens: Option<Tokens>,
     /// HTTP metrics.
     pub metrics: crate::metrics::HttpMetrics,
+    /// Where a follower forwards writes.
+    pub forward: Forwarder,
+}
+
+/// Forwards writes from a follower to the leader, carrying the caller's own credential (there are
+/// no unauthenticated inter-node writes).
+pub struct Forwarder {
+    leader_url: Option<String>,
+    http: reqwest::Client,
+}
+
+impl Forwarder {
+    /// A forwarder for `node`: forwards only when the node is a follower.
+    pub fn new(node: &Node) -> Forwarder {
+        let leader_url = node.replica().filter(|replica| !replica.is_leader()).and_then(|replica| {
+            replica.spec().node(replica.leader()).map(|leader| format!("http://{}", leader.http))
+        });
+        let http = reqwest::Client::builder()
+            .timeout(Duration::from_secs(30))
+            .build()
+            .expect("a client with only a timeout always builds");
+        Forwarder { leader_url, http }
+    }
+}
+
+/// Headers a forwarded write keeps.
+const FORWARDED_HEADERS: [&str; 3] = ["authorization", "idempotency-key", "content-type"];
+
+async fn forward_writes(State(state): State<Arc<AppState>>, request: Request, next: Next) -> Response {
+    let Some(leader_url) = &state.forward.leader_url else {
+        return next.run(request).await;
+    };
+    let path = request.uri().path();
+    let is_log_write = request.method() != Method::GET
+        && request.method() != Method::HEAD
+        && path.starts_with("/v1/")
+        && !path.contains("/negatives");
+    if !is_log_write {
+        return next.run(request).await;
+    }
+    let url = format!("{leader_url}{}", request.uri().path_and_query().map_or(path, |pq| pq.as_str()));
+    let method = request.method().clone();
+    let headers = request.headers().clone();
+    let body = match read_body(&state, request.into_body()).await {
+        Ok(body) => body,
+        Err(error) => return error.into_response(),
+    };
+    let mut forwarded = state.forward.http.request(method, &url).body(body);
+    for name in FORWARDED_HEADERS {
+        if let Some(value) = headers.get(name) {
+            forwarded = forwarded.header(name, value);
+        }
+    }
+    match forwarded.send().await {
+        Ok(reply) => {
+            let status = reply.status();
+            let content_type = reply.headers().get(axum::http::header::CONTENT_TYPE).cloned();
+            match reply.bytes().await {
+                Ok(bytes) => {
+                    let mut response = (status, bytes).into_response();
+                    if let Some(content_type) = content_type {
+                        response.headers_mut().insert(axum::http::header::CONTENT_TYPE, content_type);
+                    }
+                    response
+                }
+                Err(error) => {
+                    ApiError::unavailable(ErrorCode::NotReady, format!("leader reply lost: {error}"))
+                        .into_response()
+                }
+            }
+        }
+        Err(error) => ApiError::unavailable(
+            ErrorCode::NotReady,
+            format!("cannot reach the leader at {leader_url}: {error}"),
+        )
+        .into_response(),
+    }
 }
 
 type AppResult<T> = Result<T, ApiError>;
@@ -68,6 +145,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
         .fallback(fallback)
+        .layer(axum::middleware::from_fn_with_state(state.clone(), forward_writes))
         .layer(axum::middleware::from_fn_with_state(state.clone(), authenticate))
         .with_state(state)
 }
@@ -503,22 +581,58 @@ async fn get_status(
     let node = &state.node;
     let durable = node.wal().durable_seqno().get();
     let http = node.config().http.to_string();
-    Ok(Json(ClusterStatus {
-        node_id: 1,
-        role: "leader".into(),
-        term: node.wal().term().get(),
-        leader_id: Some(1),
-        durable_seqno: durable,
-        commit_seqno: durable,
-        applied_seqno: applied,
-        nodes: vec![NodeStatus {
-            id: 1,
+    let Some(replica) = node.replica() else {
+        return Ok(Json(ClusterStatus {
+            node_id: 1,
             role: "leader".into(),
-            http,
+            term: node.wal().term().get(),
+            leader_id: Some(1),
             durable_seqno: durable,
+            commit_seqno: durable,
             applied_seqno: applied,
-            lag_ms: 0,
-        }],
+            nodes: vec![NodeStatus {
+                id: 1,
+                role: "leader".into(),
+                http,
+                durable_seqno: durable,
+                applied_seqno: applied,
+                lag_ms: 0,
+            }],
+        }));
+    };
+    let role = |id: tidal_types::NodeId| if id == replica.leader() { "leader" } else { "follower" };
+    let progress = replica.progress();
+    let nodes = replica
+        .spec()
+        .nodes
+        .iter()
+        .map(|spec| {
+            let (durable_seqno, applied_seqno, lag_ms) = if spec.id == replica.me() {
+                (durable, applied, 0)
+            } else {
+                let p = progress.get(&spec.id).cloned().unwrap_or_default();
+                let lag = p.last_ack.map_or(u64::MAX, |at| at.elapsed().as_millis() as u64);
+                (p.durable.get(), p.applied.get(), lag)
+            };
+            NodeStatus {
+                id: spec.id.0,
+                role: role(spec.id).into(),
+                http: spec.http.clone(),
+                durable_seqno,
+                applied_seqno,
+                lag_ms,
+            }
+        })
+        .collect();
+    Ok(Json(ClusterStatus {
+        node_id: replica.me().0,
+        role: role(replica.me()).into(),
+        term: replica.term().get(),
+        leader_id: Some(replica.leader().0),
+        durable_seqno: durable,
+        commit_seqno: replica.commit_seqno().get(),
+        applied_seqno: applied,
+        nodes,
     }))
 }
 
@@ -531,7 +645,7 @@ async fn get_digest(
     let (applied, digest) = db.digest()?;
     let negatives = db.negatives_digest()?;
     Ok(Json(DigestView {
-        node_id: 1,
+        node_id: state.node.replica().map_or(1, |replica| replica.me().0),
         applied_seqno: applied.get(),
         digest: hex(&digest),
         negatives_digest: hex(&negatives),

@@ -36,10 +36,12 @@ pub fn check_bind_policy(addr: std::net::SocketAddr, has_tokens: bool, insecure:
     Ok(())
 }
 
-/// Runs a node on `listener` until `shutdown` resolves, then drains writes and checkpoints.
+/// Runs a node on `listener` (HTTP) and, for a cluster member, `rpc_listener` (replication) until
+/// `shutdown` resolves, then drains writes and checkpoints.
 pub async fn run(
     config: config::ServeConfig,
     listener: tokio::net::TcpListener,
+    rpc_listener: Option<tokio::net::TcpListener>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
     let tokens = config.token_file.as_deref().map(auth::Tokens::load).transpose()?;
@@ -55,11 +57,38 @@ pub async fn run(
             "startup replay"
         );
     }
-    let state = Arc::new(http::AppState { node: node.clone(), tokens, metrics: Default::default() });
+    let (rpc_stop, rpc_stopped) = tokio::sync::watch::channel(false);
+    let rpc_task = match (node.replica(), rpc_listener) {
+        (Some(replica), Some(rpc_listener)) => {
+            let service = Arc::new(tidal_cluster::ReplicaService(replica.clone()));
+            let secret = replica.spec().secret.clone();
+            tracing::info!(addr = %rpc_listener.local_addr()?, "serving replication RPCs");
+            let incoming = tokio_stream::wrappers::TcpListenerStream::new(rpc_listener);
+            let mut stopped = rpc_stopped.clone();
+            let task = tokio::spawn(async move {
+                let until = async move {
+                    let _ = stopped.wait_for(|stop| *stop).await;
+                };
+                if let Err(error) = tidal_net::serve(service, &secret, incoming, until).await {
+                    tracing::error!("replication server failed: {error}");
+                }
+            });
+            replica.start();
+            Some(task)
+        }
+        (Some(_), None) => anyhow::bail!("a cluster member needs an RPC listener"),
+        (None, _) => None,
+    };
+    let forward = http::Forwarder::new(&node);
+    let state = Arc::new(http::AppState { node: node.clone(), tokens, metrics: Default::default(), forward });
     let checkpointer = spawn_checkpointer(node.clone());
     tracing::info!(addr = %listener.local_addr()?, data_dir = %config.data_dir.display(), "serving");
     let served = axum::serve(listener, http::router(state)).with_graceful_shutdown(shutdown).await;
     checkpointer.abort();
+    let _ = rpc_stop.send(true);
+    if let Some(task) = rpc_task {
+        let _ = task.await;
+    }
     tracing::info!("shutting down: draining the WAL writer");
     let closing = node.clone();
     tokio::task::spawn_blocking(move || closing.shutdown()).await.context("shutdown task")?;

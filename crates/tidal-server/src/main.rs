@@ -45,7 +45,18 @@ async fn serve(args: config::ServeArgs) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(config.http)
         .await
         .with_context(|| format!("bind HTTP address {}", config.http))?;
-    tidal_server::run(config, listener, shutdown_signal()).await
+    let rpc_listener = match &config.cluster {
+        Some(membership) => {
+            let node = membership.spec.node(membership.me).expect("config checked the id");
+            Some(
+                tokio::net::TcpListener::bind(&node.rpc)
+                    .await
+                    .with_context(|| format!("bind replication address {}", node.rpc))?,
+            )
+        }
+        None => None,
+    };
+    tidal_server::run(config, listener, rpc_listener, shutdown_signal()).await
 }
 
 async fn shutdown_signal() {

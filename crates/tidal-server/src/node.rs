@@ -28,9 +28,11 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use tidal_cluster::{Applier, ApplierSender, CommitOnFlush};
+use tidal_cluster::{
+    Applier, ApplierSender, CommitOnFlush, CommitState, Replica, ReplicaHook, ShipFeed, STATIC_TERM,
+};
 use tidal_core::{EngineConfig, Envelope, Records, TidalDb};
-use tidal_types::{ErrorCode, Seqno, Term};
+use tidal_types::{ErrorCode, Seqno, Term, TermSeqno};
 use tidal_wal::{AppendRequest, StdIo, SubmitError, SystemClock, Wal, WalConfig};
 use tokio::sync::{watch, Semaphore};
 
@@ -60,6 +62,7 @@ pub struct Node {
     inflight: Mutex<HashMap<(String, String), InFlight>>,
     /// Engine checkpoint: WAL purge never passes it.
     checkpoint_seqno: AtomicU64,
+    replica: Option<Arc<Replica>>,
     started: Instant,
     _lock: File,
 }
@@ -88,13 +91,37 @@ impl Node {
         let (applier, sender) = Applier::spawn(db.clone()).context("start applier")?;
         let mut wal_config = WalConfig::new(config.data_dir.join("wal"));
         wal_config.segment_bytes_max = config.segment_bytes_max;
-        let (wal, recovery) = Wal::open(
-            wal_config,
-            Arc::new(StdIo),
-            Arc::new(SystemClock),
-            Box::new(CommitOnFlush(sender.clone())),
-        )
-        .context("open WAL")?;
+        // A cluster member's hook also feeds the ship tail and its commit bookkeeping.
+        let cluster = config.cluster.as_ref().map(|membership| {
+            let leader = membership.spec.static_leader().expect("a validated spec has nodes");
+            let voters = membership.spec.nodes.iter().map(|node| node.id).collect();
+            let commit = Arc::new(CommitState::new(
+                membership.me,
+                STATIC_TERM,
+                voters,
+                membership.spec.durability,
+                db.applied_seqno(),
+                sender.clone(),
+            ));
+            let feed = ShipFeed::new(
+                TermSeqno::default(),
+                tidal_cluster::ship_feed::TAIL_BYTES_MAX_DEFAULT,
+                tidal_cluster::ship_feed::TAIL_BATCHES_MAX_DEFAULT,
+            );
+            (membership.clone(), leader, commit, feed)
+        });
+        let hook: Box<dyn tidal_wal::FlushedHook> = match &cluster {
+            None => Box::new(CommitOnFlush(sender.clone())),
+            Some((membership, leader, commit, feed)) => Box::new(ReplicaHook {
+                applier: sender.clone(),
+                commit: commit.clone(),
+                feed: feed.clone(),
+                me: membership.me,
+                leading: membership.me == *leader,
+            }),
+        };
+        let (wal, recovery) =
+            Wal::open(wal_config, Arc::new(StdIo), Arc::new(SystemClock), hook).context("open WAL")?;
         if let Some(torn) = &recovery.truncated {
             tracing::warn!(?torn, "WAL had a torn tail; truncated");
         }
@@ -110,8 +137,31 @@ impl Node {
             recovery.durable,
             config.data_dir.display()
         );
+        // Static leadership never truncates a log (there is one term), so the whole durable log will be
+        // committed: replaying it is safe. With openraft terms, replay must stop at a persisted commit
+        // hint (the control-plane stage).
         let replay = replay(&wal, &db, recovery.durable)?;
         wal.set_term(std::cmp::max(recovery.last_term, Term(1)));
+        let replica = match cluster {
+            None => None,
+            Some((membership, leader, commit, feed)) => {
+                feed.reset(wal.last_position());
+                commit.advance(db.applied_seqno());
+                if membership.me == leader {
+                    commit.record_matched(membership.me, STATIC_TERM, wal.last_position());
+                }
+                let replica = Replica::new(
+                    membership.spec,
+                    membership.me,
+                    wal.clone(),
+                    commit,
+                    feed,
+                    applier.applied(),
+                )
+                .map_err(|why| anyhow::anyhow!("cluster: {why}"))?;
+                Some(replica)
+            }
+        };
         // Replay applied directly; tell the applier where the engine now is.
         sender.commit(db.applied_seqno());
         let checkpoint = db.applied_seqno().get();
@@ -126,6 +176,7 @@ impl Node {
             applier_sender: Mutex::new(Some(sender)),
             inflight: Mutex::new(HashMap::new()),
             checkpoint_seqno: AtomicU64::new(checkpoint),
+            replica,
             started: Instant::now(),
             _lock: lock,
         };
@@ -140,6 +191,11 @@ impl Node {
     /// The engine, for reads.
     pub fn db(&self) -> &TidalDb {
         &self.db
+    }
+
+    /// The replication side, when this node is a cluster member.
+    pub fn replica(&self) -> Option<&Arc<Replica>> {
+        self.replica.as_ref()
     }
 
     /// The WAL, for stats.

@@ -5,4 +5,4 @@ pub mod commit;
 pub mod follower;
 
 pub use commit::{commit_frontier, Quorum};
-pub use follower::{decide_ship, BatchMeta, LogView, ShipMeta, Step, Verdict};
+pub use follower::{decide_ship, BatchMeta, Located, LogView, ShipMeta, Step, Verdict};

@@ -29,7 +29,7 @@ impl TestNode {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}", listener.local_addr().unwrap());
         let (shutdown, on_shutdown) = tokio::sync::oneshot::channel::<()>();
-        let task = tokio::spawn(tidal_server::run(config, listener, async move {
+        let task = tokio::spawn(tidal_server::run(config, listener, None, async move {
             let _ = on_shutdown.await;
         }));
         let http = reqwest::Client::new();

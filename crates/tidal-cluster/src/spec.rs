@@ -1,0 +1,80 @@
+//! The cluster's shape: who the members are and how durable a write must be before it is
+//! acknowledged. Until the control plane decides terms, the lowest node id leads in term 1.
+
+use tidal_types::{NodeId, Term};
+
+/// When a write is acknowledged.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Durability {
+    /// Once a majority of voters has fsynced it (and the leader applied it): no acknowledged write is
+    /// lost when a minority fails.
+    Quorum,
+    /// Once the leader has fsynced and applied it: a failover can lose acknowledged writes.
+    Leader,
+}
+
+/// One member.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NodeSpec {
+    /// Its id.
+    pub id: NodeId,
+    /// Its HTTP address (`host:port`).
+    pub http: String,
+    /// Its replication RPC address (`host:port`).
+    pub rpc: String,
+}
+
+/// The cluster, as every member's cluster file says.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ClusterSpec {
+    /// Cluster id: RPCs naming another cluster are refused.
+    pub cluster_id: String,
+    /// Shared secret every RPC carries.
+    pub secret: String,
+    /// Durability mode.
+    pub durability: Durability,
+    /// Members (voters), any order.
+    pub nodes: Vec<NodeSpec>,
+}
+
+/// The term every node writes in until openraft decides terms (decisions/002).
+pub const STATIC_TERM: Term = Term(1);
+
+impl ClusterSpec {
+    /// The leader while leadership is static: the lowest id.
+    pub fn static_leader(&self) -> Option<NodeId> {
+        self.nodes.iter().map(|node| node.id).min()
+    }
+
+    /// A member by id.
+    pub fn node(&self, id: NodeId) -> Option<&NodeSpec> {
+        self.nodes.iter().find(|node| node.id == id)
+    }
+
+    /// Checks the spec: at least one node, unique ids and addresses, a non-empty secret and id.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.nodes.is_empty() {
+            return Err("a cluster needs at least one [[node]]".into());
+        }
+        if self.cluster_id.is_empty() {
+            return Err("cluster_id must not be empty".into());
+        }
+        if self.secret.len() < 16 {
+            return Err("the cluster secret must be at least 16 bytes".into());
+        }
+        let mut ids: Vec<_> = self.nodes.iter().map(|n| n.id).collect();
+        ids.sort();
+        ids.dedup();
+        if ids.len() != self.nodes.len() {
+            return Err("node ids must be unique".into());
+        }
+        let mut addresses: Vec<_> =
+            self.nodes.iter().flat_map(|n| [n.http.as_str(), n.rpc.as_str()]).collect();
+        addresses.sort();
+        addresses.dedup();
+        if addresses.len() != self.nodes.len() * 2 {
+            return Err("every http and rpc address must be distinct".into());
+        }
+        Ok(())
+    }
+}
