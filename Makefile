@@ -2,14 +2,22 @@
 CARGO ?= cargo
 BENCH_SECONDS ?= 10
 
-.PHONY: build run test verify fix lint bench bench-wal bench-feed clean
+.PHONY: build run down single test verify fix lint bench bench-wal bench-feed clean
 
 build:
 	$(CARGO) build --release --bin tidal
 
-# The quick start: one node on its defaults (data in ./tidal-data, HTTP on 127.0.0.1:7070).
-run:
-	$(CARGO) run --release --bin tidal -- serve
+# The quick start: a local 3-node cluster on loopback (data, logs and the cluster file in
+# ./tidal-cluster; HTTP on 127.0.0.1:7070-7072). Stop it with `make down`.
+run: build
+	./target/release/tidal cluster up --nodes 3 --dir ./tidal-cluster
+
+down:
+	./target/release/tidal cluster down --dir ./tidal-cluster
+
+# One node on its defaults (data in ./tidal-data, HTTP on 127.0.0.1:7070).
+single: build
+	./target/release/tidal serve
 
 # Every test in the workspace (unit, crate integration, recovery, golden fixture, HTTP end to end).
 test:

@@ -127,6 +127,7 @@ pub struct FileConfig {
     wal_retention_bytes: Option<u64>,
     read_wait_ms_max: Option<u64>,
     checkpoint_interval_ms: Option<u64>,
+    engine_overlay_bytes_max: Option<usize>,
     signal_kinds: Option<BTreeMap<String, f64>>,
 }
 
@@ -165,6 +166,8 @@ pub struct ServeConfig {
     pub read_wait_ms_max: u64,
     /// How often the engine state is checkpointed (fsynced) so the WAL can be purged.
     pub checkpoint_interval_ms: u64,
+    /// Engine write-back overlay bound (decisions/003): larger = fewer, longer flushes.
+    pub engine_overlay_bytes_max: usize,
     /// Signal kinds and their default weights.
     pub signal_kinds: BTreeMap<String, f64>,
     /// Cluster membership, when serving as a cluster member.
@@ -229,6 +232,10 @@ impl ServeConfig {
             wal_retention_bytes: file.wal_retention_bytes.unwrap_or(1024 * 1024 * 1024),
             read_wait_ms_max: file.read_wait_ms_max.unwrap_or(10_000),
             checkpoint_interval_ms: file.checkpoint_interval_ms.unwrap_or(30_000),
+            engine_overlay_bytes_max: file
+                .engine_overlay_bytes_max
+                .or_else(|| std::env::var("TIDAL_ENGINE_OVERLAY_BYTES_MAX").ok().and_then(|v| v.parse().ok()))
+                .unwrap_or(tidal_core::OVERLAY_BYTES_MAX_DEFAULT),
             signal_kinds,
             cluster,
         };

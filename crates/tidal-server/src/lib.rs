@@ -14,6 +14,7 @@
 
 pub mod auth;
 pub mod bench;
+pub mod cluster_cmd;
 pub mod config;
 pub mod error;
 pub mod http;

@@ -21,6 +21,9 @@ enum Command {
     Serve(config::ServeArgs),
     /// Drive a node with bounded load and print throughput and ack latency.
     Bench(bench::BenchArgs),
+    /// A local cluster on loopback: `up` starts it, `down` stops it.
+    #[command(subcommand)]
+    Cluster(tidal_server::cluster_cmd::ClusterCommand),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -37,6 +40,7 @@ fn main() -> anyhow::Result<()> {
     match cli.command {
         Command::Serve(args) => runtime.block_on(serve(args)),
         Command::Bench(args) => runtime.block_on(bench::run(args)),
+        Command::Cluster(command) => runtime.block_on(tidal_server::cluster_cmd::run(command)),
     }
 }
 

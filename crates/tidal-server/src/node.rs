@@ -441,6 +441,7 @@ fn engine_config(config: &ServeConfig) -> EngineConfig {
         profile_half_life_ms: config.profile_half_life_ms,
         similarity_weight: config.similarity_weight,
         trending_weight: config.trending_weight,
+        overlay_bytes_max: config.engine_overlay_bytes_max,
         ..EngineConfig::default()
     }
 }
