@@ -10,9 +10,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-/// First HTTP port of a local cluster; node i gets HTTP_PORT_BASE + i and RPC_PORT_BASE + i.
-const HTTP_PORT_BASE: u16 = 7070;
-const RPC_PORT_BASE: u16 = 7170;
+/// RPC ports sit this far above HTTP ports: node i gets `port_base + i` and `port_base + 100 + i`.
+const RPC_PORT_OFFSET: u16 = 100;
 /// How long `up` waits for every node to become ready.
 const READY_TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -27,6 +26,9 @@ pub enum ClusterCommand {
         /// Folder for the cluster file, secret, data dirs and logs.
         #[arg(long, default_value = "./tidal-cluster")]
         dir: PathBuf,
+        /// HTTP port of node 1 (node i gets base + i - 1; RPC ports are 100 higher).
+        #[arg(long, default_value_t = 7070)]
+        port_base: u16,
     },
     /// Stop the local cluster started from `--dir`.
     Down {
@@ -39,12 +41,12 @@ pub enum ClusterCommand {
 /// Runs a `tidal cluster` subcommand.
 pub async fn run(command: ClusterCommand) -> anyhow::Result<()> {
     match command {
-        ClusterCommand::Up { nodes, dir } => up(nodes, &dir).await,
+        ClusterCommand::Up { nodes, dir, port_base } => up(nodes, &dir, port_base).await,
         ClusterCommand::Down { dir } => down(&dir),
     }
 }
 
-fn write_cluster_file(nodes: u64, dir: &Path) -> anyhow::Result<PathBuf> {
+fn write_cluster_file(nodes: u64, dir: &Path, port_base: u16) -> anyhow::Result<PathBuf> {
     let path = dir.join("cluster.toml");
     if path.exists() {
         return Ok(path);
@@ -66,17 +68,18 @@ fn write_cluster_file(nodes: u64, dir: &Path) -> anyhow::Result<PathBuf> {
         let offset = u16::try_from(i).expect("at most 9 nodes");
         text.push_str(&format!(
             "\n[[node]]\nid = {id}\nhttp = \"127.0.0.1:{}\"\nrpc = \"127.0.0.1:{}\"\n",
-            HTTP_PORT_BASE + offset,
-            RPC_PORT_BASE + offset
+            port_base + offset,
+            port_base + RPC_PORT_OFFSET + offset
         ));
     }
     std::fs::write(&path, text).context("write cluster file")?;
     Ok(path)
 }
 
-async fn up(nodes: u64, dir: &Path) -> anyhow::Result<()> {
+async fn up(nodes: u64, dir: &Path, port_base: u16) -> anyhow::Result<()> {
+    anyhow::ensure!((1024..=65_000).contains(&port_base), "port base must be 1024..=65000");
     std::fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))?;
-    let cluster_file = write_cluster_file(nodes, dir)?;
+    let cluster_file = write_cluster_file(nodes, dir, port_base)?;
     let membership = crate::config::load_cluster(&cluster_file, 1)?;
     let exe = std::env::current_exe().context("find the tidal binary")?;
     for node in &membership.spec.nodes {
@@ -154,6 +157,7 @@ fn running_pid(pid_path: &Path) -> Option<u32> {
 
 fn down(dir: &Path) -> anyhow::Result<()> {
     let mut stopped = 0;
+    let mut waiting: Vec<u32> = Vec::new();
     for entry in std::fs::read_dir(dir).with_context(|| format!("read {}", dir.display()))? {
         let path = entry?.path();
         if path.extension().is_none_or(|ext| ext != "pid") {
@@ -168,9 +172,15 @@ fn down(dir: &Path) -> anyhow::Result<()> {
                     path.file_stem().map(|s| s.to_string_lossy()).unwrap_or_default()
                 );
                 stopped += 1;
+                waiting.push(pid);
             }
         }
         std::fs::remove_file(&path).ok();
+    }
+    // Wait for them to drain and checkpoint, so the data dirs are quiet when `down` returns.
+    let deadline = Instant::now() + READY_TIMEOUT;
+    while waiting.iter().any(|pid| Path::new(&format!("/proc/{pid}")).exists()) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
     }
     println!("{stopped} node(s) stopped");
     Ok(())

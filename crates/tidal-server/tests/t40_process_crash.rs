@@ -111,3 +111,32 @@ async fn sigterm_drains_and_exits_zero() {
     process.child.kill().unwrap();
     process.child.wait().unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_up_starts_a_healthy_local_cluster_and_down_stops_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let port_base = 21070u16;
+    let up = Command::new(env!("CARGO_BIN_EXE_tidal"))
+        .args(["cluster", "up", "--nodes", "3", "--port-base", &port_base.to_string(), "--dir"])
+        .arg(dir.path())
+        .env("RUST_LOG", "warn")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&up.stdout);
+    assert!(up.status.success(), "cluster up failed: {stdout}\n{}", String::from_utf8_lossy(&up.stderr));
+    assert!(stdout.contains("is up (3 nodes"), "{stdout}");
+    let follower = Client::new(format!("http://127.0.0.1:{}", port_base + 2), None);
+    let reply = follower.put_item(5, serde_json::json!({"via": "follower"}), None).await.unwrap();
+    let leader = Client::new(format!("http://127.0.0.1:{port_base}"), None);
+    let status = leader.status().await.unwrap();
+    assert_eq!(status.role, "leader");
+    assert_eq!(status.nodes.len(), 3);
+    assert!(status.commit_seqno >= reply.seqno);
+    let down = Command::new(env!("CARGO_BIN_EXE_tidal"))
+        .args(["cluster", "down", "--dir"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert!(down.status.success());
+    assert!(String::from_utf8_lossy(&down.stdout).contains("3 node(s) stopped"));
+}
