@@ -213,10 +213,12 @@ impl Replica {
             let batches = match self.feed.read_after(after, SHIP_BYTES_MAX) {
                 TailRead::Batches(batches) => batches,
                 TailRead::Rotated { .. } | TailRead::Unknown => {
-                    // The tail cannot serve this follower: it pulls from our segments. Keep sending
-                    // heartbeats from our end so its answers tell us where it is.
+                    // The tail cannot serve this follower: it pulls from our segments (the nudge is
+                    // single-flight on its side). Pace the nudges, then send heartbeats from our end so
+                    // its answers tell us where it has got to.
                     self.set_pulling(follower, true);
                     let _ = peer.nudge("behind the leader's ship tail").await;
+                    tokio::time::sleep(HEARTBEAT_INTERVAL).await;
                     after = self.feed.last();
                     Vec::new()
                 }
