@@ -7,7 +7,9 @@
 //! - (b) writer, 1 thread of 100-byte events (append_blocking);
 //! - (c) writer, `--threads` concurrent threads of 100-byte events;
 //! - raw 64 KiB: sequential 64 KiB write + fdatasync bandwidth;
-//! - (d) writer, `--big-writers` threads of 64 KiB records.
+//! - (d) writer, `--big-writers` threads of 64 KiB records;
+//! - (e) writer, `--threads` writes of 100 bytes kept in flight by completions (no thread per
+//!   writer): how the server's async handlers use it, without 64 OS threads competing for 2 cores.
 //!
 //! Numbers depend entirely on the disk: run it on the disk the data will live on.
 
@@ -172,6 +174,78 @@ fn writer(dir: &Path, name: &str, threads: usize, size: usize, args: &Args) -> R
     }
 }
 
+struct Chain {
+    wal: Wal,
+    deadline: Instant,
+    issued: AtomicU64,
+    count: u64,
+    size: usize,
+    latencies_us: std::sync::Mutex<Vec<u32>>,
+    finished: std::sync::Mutex<std::sync::mpsc::Sender<()>>,
+}
+
+/// Submits one write whose completion submits the next, until the phase's bounds are reached.
+fn chain_next(chain: Arc<Chain>) {
+    if Instant::now() >= chain.deadline || chain.issued.fetch_add(1, Ordering::Relaxed) >= chain.count {
+        chain.finished.lock().unwrap().send(()).unwrap();
+        return;
+    }
+    let request = AppendRequest { kind: RecordKind::Signal, event_count: 1, payload: vec![0x5A; chain.size] };
+    let started = Instant::now();
+    let next = chain.clone();
+    chain
+        .wal
+        .submit(
+            request,
+            Box::new(move |result| {
+                result.unwrap();
+                next.latencies_us.lock().unwrap().push(micros(started.elapsed()));
+                chain_next(next);
+            }),
+        )
+        .unwrap();
+}
+
+/// `in_flight` writes of `size` bytes kept in flight by their completions.
+fn writer_chained(dir: &Path, name: &str, in_flight: usize, size: usize, args: &Args) -> Row {
+    let wal_dir = dir.join(name.replace(|c: char| !c.is_ascii_alphanumeric(), "_"));
+    let (wal, _) =
+        Wal::open(WalConfig::new(&wal_dir), Arc::new(StdIo), Arc::new(SystemClock), Box::new(NoopHook))
+            .unwrap();
+    let (finished, all_done) = std::sync::mpsc::channel();
+    let chain = Arc::new(Chain {
+        wal: wal.clone(),
+        deadline: Instant::now() + Duration::from_secs(args.seconds),
+        issued: AtomicU64::new(0),
+        count: args.count,
+        size,
+        latencies_us: std::sync::Mutex::new(Vec::new()),
+        finished: std::sync::Mutex::new(finished),
+    });
+    let started = Instant::now();
+    for _ in 0..in_flight {
+        chain_next(chain.clone());
+    }
+    for _ in 0..in_flight {
+        all_done.recv().unwrap();
+    }
+    let elapsed = started.elapsed();
+    let stats = wal.stats();
+    let latencies_us = std::mem::take(&mut *chain.latencies_us.lock().unwrap());
+    drop(chain);
+    wal.shutdown();
+    drop(wal);
+    std::fs::remove_dir_all(&wal_dir).unwrap();
+    Row {
+        name: name.to_string(),
+        events: stats.events,
+        fsyncs: stats.fsyncs,
+        bytes: stats.bytes,
+        elapsed,
+        latencies_us,
+    }
+}
+
 fn main() {
     let args = match parse_args() {
         Ok(args) => args,
@@ -201,6 +275,13 @@ fn main() {
             64 * 1024,
             &args,
         ),
+        writer_chained(
+            &scratch,
+            &format!("(e) wal {} in flight 100 B", args.threads),
+            args.threads,
+            100,
+            &args,
+        ),
     ];
     std::fs::remove_dir_all(&scratch).unwrap();
     println!(
@@ -224,4 +305,5 @@ fn main() {
     let (b, c, raw64, d) = (&rows[2], &rows[3], &rows[4], &rows[5]);
     println!("ratio (c)/(b) events/s: {:.1}x", c.events_per_s() / b.events_per_s());
     println!("ratio (d)/raw 64 KiB MB/s: {:.2}", d.mb_per_s() / raw64.mb_per_s());
+    println!("ratio (e)/(b) events/s: {:.1}x", rows[6].events_per_s() / b.events_per_s());
 }
