@@ -2,7 +2,7 @@
 CARGO ?= cargo
 BENCH_SECONDS ?= 10
 
-.PHONY: build run down single test verify fix lint bench bench-wal bench-feed clean
+.PHONY: build run down single test verify fix lint bench bench-wal bench-feed bench-cluster clean
 
 build:
 	$(CARGO) build --release --bin tidal
@@ -34,10 +34,17 @@ fix:
 	$(CARGO) clippy --workspace --all-targets --fix --allow-dirty -- -D warnings
 
 # Benchmarks print numbers; tests never time anything.
-bench: build bench-wal bench-feed
+bench: build bench-wal bench-feed bench-cluster
 	./target/release/tidal bench --spawn --workload signals --batch 1000 --concurrency 16 --seconds $(BENCH_SECONDS)
 	./target/release/tidal bench --spawn --workload items --concurrency 64 --seconds $(BENCH_SECONDS)
 	./target/release/tidal bench --spawn --workload embeddings --concurrency 64 --seconds $(BENCH_SECONDS)
+
+# A 3-node local cluster (quorum): replication lag (ack -> visible on every follower) and ingest.
+bench-cluster: build
+	./target/release/tidal cluster up --dir ./target/bench-cluster --port-base 24070
+	./target/release/tidal bench --url http://127.0.0.1:24070 --followers http://127.0.0.1:24071,http://127.0.0.1:24072 --workload lag --concurrency 4 --seconds $(BENCH_SECONDS)
+	./target/release/tidal bench --url http://127.0.0.1:24070 --workload signals --batch 1000 --concurrency 16 --seconds $(BENCH_SECONDS)
+	./target/release/tidal cluster down --dir ./target/bench-cluster
 
 bench-wal:
 	$(CARGO) run --release -p tidal-wal --example wal_bench -- --seconds 3

@@ -27,6 +27,10 @@ pub enum Workload {
     Embeddings,
     /// GET /v1/users/{user}/feed after loading `--items` items with embeddings and some signals.
     Feed,
+    /// Replication lag: PUT an item on `--url`, then read it with `min_seqno` from every
+    /// `--followers` URL; the latency is from the write's acknowledgement until every follower has
+    /// answered (it includes one HTTP round trip to each follower).
+    Lag,
 }
 
 /// `tidal bench` options.
@@ -65,6 +69,9 @@ pub struct BenchArgs {
     /// Distinct users.
     #[arg(long, default_value_t = 10_000)]
     pub users: u64,
+    /// Follower URLs, comma separated (lag workload).
+    #[arg(long, value_delimiter = ',')]
+    pub followers: Vec<String>,
 }
 
 /// Runs the bench and prints its table.
@@ -82,6 +89,9 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     let client = Client::new(url.clone(), args.token.clone());
     if let Workload::Feed = args.workload {
         preload(&client, &args).await?;
+    }
+    if let Workload::Lag = args.workload {
+        anyhow::ensure!(!args.followers.is_empty(), "the lag workload needs --followers URL[,URL...]");
     }
     eprintln!(
         "bench: {:?} against {url}, concurrency {}, {} s or {} requests",
@@ -224,9 +234,11 @@ async fn drive(client: &Client, args: &BenchArgs) -> anyhow::Result<Report> {
     let stop = Arc::new(AtomicBool::new(false));
     let started = Instant::now();
     let deadline = started + Duration::from_secs(args.seconds);
+    let followers: Arc<Vec<Client>> =
+        Arc::new(args.followers.iter().map(|url| Client::new(url.clone(), args.token.clone())).collect());
     let mut workers = Vec::new();
     for worker in 0..args.concurrency {
-        let (client, args) = (client.clone(), args.clone());
+        let (client, args, followers) = (client.clone(), args.clone(), followers.clone());
         let (issued, done, events, errors, stop) =
             (issued.clone(), done.clone(), events.clone(), errors.clone(), stop.clone());
         workers.push(tokio::spawn(async move {
@@ -237,8 +249,15 @@ async fn drive(client: &Client, args: &BenchArgs) -> anyhow::Result<Report> {
                     return latencies;
                 }
                 let sent = Instant::now();
-                let result = one_request(&client, &args, worker as u64, n).await;
-                let micros = u32::try_from(sent.elapsed().as_micros()).unwrap_or(u32::MAX);
+                let (result, micros) = if let Workload::Lag = args.workload {
+                    match lag_request(&client, &followers, n).await {
+                        Ok(lag) => (Ok(1), lag),
+                        Err(error) => (Err(error), 0),
+                    }
+                } else {
+                    let result = one_request(&client, &args, worker as u64, n).await;
+                    (result, u32::try_from(sent.elapsed().as_micros()).unwrap_or(u32::MAX))
+                };
                 match result {
                     Ok(count) => {
                         events.fetch_add(count, Ordering::Relaxed);
@@ -326,7 +345,26 @@ async fn one_request(
             client.feed(&format!("u{}", (n * 7) % args.users.max(1)), 20).await?;
             Ok(1)
         }
+        Workload::Lag => unreachable!("lag requests are timed by lag_request"),
     }
+}
+
+/// One lag sample: writes on the leader, then reads with `min_seqno` from every follower at once;
+/// returns the time from the write's acknowledgement until every follower has answered.
+async fn lag_request(client: &Client, followers: &[Client], n: u64) -> Result<u32, tidal_client::Error> {
+    let reply = client.put_item(n, serde_json::json!({"lag": n}), None).await?;
+    let acked = Instant::now();
+    let path = format!("/v1/items/{n}?min_seqno={}", reply.seqno);
+    let reads = followers.iter().map(|follower| {
+        let (follower, path) = (follower.clone(), path.clone());
+        tokio::spawn(async move {
+            follower.json::<(), tidal_types::ItemView>(reqwest::Method::GET, &path, None).await
+        })
+    });
+    for read in reads.collect::<Vec<_>>() {
+        read.await.expect("lag read task")?;
+    }
+    Ok(u32::try_from(acked.elapsed().as_micros()).unwrap_or(u32::MAX))
 }
 
 impl Report {
