@@ -189,3 +189,30 @@ async fn futures_feeds(cluster: &Cluster, user: &str) -> Vec<Vec<(u64, String)>>
     }
     feeds
 }
+
+/// The counterpart of phase 3 above: in `leader` durability the same write, with both followers
+/// down, is acknowledged after the leader's own fsync — so the quorum test is not passing by
+/// accident — and the followers converge once they are back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leader_durability_acknowledges_without_followers_and_they_converge_later() {
+    let root = tempfile::tempdir().unwrap();
+    let mut cluster = Cluster::new(root.path(), 3, Durability::Leader);
+    for i in 0..3 {
+        cluster.start(i).await;
+    }
+    cluster.stop(1).await;
+    cluster.stop(2).await;
+    let leader = cluster.client(0).clone();
+    let reply =
+        tokio::time::timeout(Duration::from_secs(20), leader.put_item(9, json!({"alone": true}), None))
+            .await
+            .expect("leader durability must not wait for followers")
+            .unwrap();
+    cluster.start(1).await;
+    cluster.start(2).await;
+    let digests = cluster.digests_at(reply.seqno).await;
+    assert!(digests.windows(2).all(|w| w[0] == w[1]), "replicas differ: {digests:?}");
+    for i in 0..3 {
+        cluster.stop(i).await;
+    }
+}
