@@ -706,7 +706,51 @@ async fn metrics(State(state): State<Arc<AppState>>) -> Response {
     );
     let durable = node.wal().durable_seqno().get() as f64;
     render_single(&mut out, "tidal_durable_seqno", "gauge", "Durable frontier.", durable);
-    render_single(&mut out, "tidal_commit_seqno", "gauge", "Commit frontier.", durable);
+    let commit = node.replica().map_or(durable, |replica| replica.commit_seqno().get() as f64);
+    render_single(&mut out, "tidal_commit_seqno", "gauge", "Commit frontier.", commit);
+    if let Some(replica) = node.replica() {
+        render_single(
+            &mut out,
+            "tidal_is_leader",
+            "gauge",
+            "1 on the leader.",
+            f64::from(replica.is_leader()),
+        );
+        render_single(&mut out, "tidal_term", "gauge", "Current term.", replica.term().get() as f64);
+        let progress = replica.progress();
+        if !progress.is_empty() {
+            out.push_str(
+                "# HELP tidal_follower_matched_seqno Last seqno each follower matched in this term.\n",
+            );
+            out.push_str("# TYPE tidal_follower_matched_seqno gauge\n");
+            for (id, p) in &progress {
+                out.push_str(&format!(
+                    "tidal_follower_matched_seqno{{node=\"{}\"}} {}\n",
+                    id.0,
+                    p.matched.seqno.get()
+                ));
+            }
+            out.push_str(
+                "# HELP tidal_follower_last_ack_seconds Seconds since each follower last answered.\n",
+            );
+            out.push_str("# TYPE tidal_follower_last_ack_seconds gauge\n");
+            for (id, p) in &progress {
+                if let Some(at) = p.last_ack {
+                    let age = at.elapsed().as_secs_f64();
+                    out.push_str(&format!("tidal_follower_last_ack_seconds{{node=\"{}\"}} {age}\n", id.0));
+                }
+            }
+            out.push_str("# HELP tidal_follower_pulling 1 while a follower is caught up by pull.\n");
+            out.push_str("# TYPE tidal_follower_pulling gauge\n");
+            for (id, p) in &progress {
+                out.push_str(&format!(
+                    "tidal_follower_pulling{{node=\"{}\"}} {}\n",
+                    id.0,
+                    u8::from(p.pulling)
+                ));
+            }
+        }
+    }
     render_single(&mut out, "tidal_applied_seqno", "gauge", "Applied frontier.", node.applied_seqno() as f64);
     render_single(
         &mut out,

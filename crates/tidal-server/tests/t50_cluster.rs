@@ -140,6 +140,19 @@ async fn writes_on_leader_and_follower_converge_and_a_restarted_follower_catches
         assert!(feeds.windows(2).all(|w| w[0] == w[1]), "feeds differ: {feeds:?}");
         let item = cluster.client(1).get_item(42).await.unwrap();
         assert_eq!(item.metadata, json!({"via": "follower"}));
+        let metrics = reqwest::get(format!("{}/metrics", cluster.client(0).base()))
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        for line in [
+            format!("tidal_commit_seqno {}", via_follower.seqno),
+            "tidal_is_leader 1".to_string(),
+            format!("tidal_follower_matched_seqno{{node=\"2\"}} {}", via_follower.seqno),
+        ] {
+            assert!(metrics.contains(&line), "metrics lack {line:?}:\n{metrics}");
+        }
     }
     {
         tracing::info!("phase 2: a follower stopped through writes catches up by its boot-time pull");
