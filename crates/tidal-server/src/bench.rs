@@ -108,7 +108,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
 struct SpawnedNode {
     shutdown: tokio::sync::oneshot::Sender<()>,
     task: tokio::task::JoinHandle<anyhow::Result<()>>,
-    _dir: tempfile_dir::TempDir,
+    _dir: tempfile::TempDir,
 }
 
 impl SpawnedNode {
@@ -119,7 +119,7 @@ impl SpawnedNode {
 }
 
 async fn spawn_node(dim: u32) -> anyhow::Result<(String, SpawnedNode)> {
-    let dir = tempfile_dir::TempDir::new("tidal-bench")?;
+    let dir = tempfile::Builder::new().prefix("tidal-bench").tempdir().context("create bench data dir")?;
     let args =
         ServeArgs { data_dir: Some(dir.path().to_path_buf()), dimension: Some(dim), ..Default::default() };
     let config = ServeConfig::resolve(&args)?;
@@ -136,34 +136,6 @@ async fn spawn_node(dim: u32) -> anyhow::Result<(String, SpawnedNode)> {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     Ok((url, SpawnedNode { shutdown, task, _dir: dir }))
-}
-
-/// A tiny self-removing temporary directory (the bench must not depend on a test-only crate).
-mod tempfile_dir {
-    use std::path::{Path, PathBuf};
-
-    pub struct TempDir(PathBuf);
-
-    impl TempDir {
-        pub fn new(prefix: &str) -> std::io::Result<TempDir> {
-            let nanos = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| d.as_nanos());
-            let path = std::env::temp_dir().join(format!("{prefix}-{}-{nanos}", std::process::id()));
-            std::fs::create_dir_all(&path)?;
-            Ok(TempDir(path))
-        }
-
-        pub fn path(&self) -> &Path {
-            &self.0
-        }
-    }
-
-    impl Drop for TempDir {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_dir_all(&self.0);
-        }
-    }
 }
 
 fn embedding(seed: u64, dim: usize) -> Vec<f64> {

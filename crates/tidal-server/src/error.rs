@@ -32,6 +32,11 @@ impl ApiError {
         ApiError::bad_request(ErrorCode::InvalidArgument, message)
     }
 
+    /// 413 payload_too_large: nothing is written.
+    pub fn too_large(message: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, ErrorCode::PayloadTooLarge, message)
+    }
+
     /// 404 not_found.
     pub fn not_found(message: impl Into<String>) -> ApiError {
         ApiError::new(StatusCode::NOT_FOUND, ErrorCode::NotFound, message)

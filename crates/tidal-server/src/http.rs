@@ -210,13 +210,9 @@ async fn json_body<T: DeserializeOwned>(state: &AppState, body: axum::body::Body
 
 async fn read_body(state: &AppState, body: axum::body::Body) -> AppResult<axum::body::Bytes> {
     let limit = state.node.config().body_bytes_max;
-    axum::body::to_bytes(body, limit).await.map_err(|_| {
-        ApiError::new(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            ErrorCode::PayloadTooLarge,
-            format!("request body over {limit} bytes"),
-        )
-    })
+    axum::body::to_bytes(body, limit)
+        .await
+        .map_err(|_| ApiError::too_large(format!("request body over {limit} bytes")))
 }
 
 fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> AppResult<T> {
@@ -318,11 +314,10 @@ async fn post_signals(
         return Err(ApiError::invalid("signals must not be empty"));
     }
     if request.signals.len() > config.signals_per_request_max {
-        return Err(ApiError::new(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            ErrorCode::PayloadTooLarge,
-            format!("at most {} signals per request", config.signals_per_request_max),
-        ));
+        return Err(ApiError::too_large(format!(
+            "at most {} signals per request",
+            config.signals_per_request_max
+        )));
     }
     let mut events = Vec::with_capacity(request.signals.len());
     for (i, signal) in request.signals.into_iter().enumerate() {
@@ -374,11 +369,7 @@ async fn put_item(
     let request: ItemPut = json_body(&state, body).await?;
     let metadata = serde_json::to_vec(&request.metadata).map_err(|e| ApiError::invalid(e.to_string()))?;
     if metadata.len() > METADATA_BYTES_MAX {
-        return Err(ApiError::new(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            ErrorCode::PayloadTooLarge,
-            format!("metadata over {METADATA_BYTES_MAX} bytes"),
-        ));
+        return Err(ApiError::too_large(format!("metadata over {METADATA_BYTES_MAX} bytes")));
     }
     let seqno = state.node.write(&principal, key, Records::ItemMetadata { item, metadata }).await?;
     Ok(Json(WriteReply { seqno }))

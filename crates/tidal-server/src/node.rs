@@ -24,7 +24,6 @@ use crate::error::ApiError;
 use anyhow::Context;
 use std::collections::HashMap;
 use std::fs::File;
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -406,11 +405,6 @@ impl Node {
             Ok(seqno) => tracing::info!(%seqno, "engine checkpointed at shutdown"),
             Err(error) => tracing::error!("failed to checkpoint at shutdown: {error:#}"),
         }
-    }
-
-    /// The data directory.
-    pub fn data_dir(&self) -> PathBuf {
-        self.config.data_dir.clone()
     }
 }
 
