@@ -33,6 +33,7 @@ mod keys;
 mod negatives;
 mod overlay;
 mod ranked;
+mod raft_store;
 pub mod record;
 mod record_error;
 mod stores;
@@ -47,6 +48,7 @@ pub use db::{ApplyOutcome, EngineStats, ItemState, TidalDb};
 pub use error::Error;
 pub use idempotency::{IdempotencyRecord, PRUNE_PER_APPLY_MAX};
 pub use negatives::{Actor, NegativesState, NEGATIVES_PER_USER_MAX};
+pub use raft_store::{RaftStore, RaftWrite};
 pub use ranked::{Ranked, RankedEntry, RANKED_LIMIT_MAX};
 pub use record::{
     decode_payload, encode_payload, records_fingerprint, ControlRecord, EncodedPayload, Envelope, Records,
