@@ -8,6 +8,7 @@
 
 pub mod applier;
 pub mod commit_state;
+pub mod control;
 pub mod decide;
 pub mod replica;
 pub mod ship_feed;
@@ -15,6 +16,7 @@ pub mod spec;
 
 pub use applier::{Applier, ApplierInput, ApplierSender, CommitOnFlush};
 pub use commit_state::CommitState;
-pub use replica::{FollowerProgress, Replica, ReplicaHook, ReplicaService};
+pub use control::{ControlPlane, ControlTiming, TermGate};
+pub use replica::{commit_hint, FollowerProgress, Replica, ReplicaHook, ReplicaParts, ReplicaService, Role};
 pub use ship_feed::{ShipFeed, TailRead};
 pub use spec::{ClusterSpec, Durability, NodeSpec, STATIC_TERM};

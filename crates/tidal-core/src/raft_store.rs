@@ -19,6 +19,9 @@ pub enum RaftWrite {
     Remove(Vec<u8>),
 }
 
+/// Key-value pairs in key order.
+pub type Entries = Vec<(Vec<u8>, Vec<u8>)>;
+
 /// Handle on the `raft` keyspace. Cheap to clone.
 #[derive(Clone)]
 pub struct RaftStore {
@@ -38,7 +41,7 @@ impl RaftStore {
     }
 
     /// Entries with `from <= key < to`, in key order.
-    pub fn range(&self, from: &[u8], to: &[u8]) -> Result<Vec<(Vec<u8>, Vec<u8>)>, Error> {
+    pub fn range(&self, from: &[u8], to: &[u8]) -> Result<Entries, Error> {
         let mut entries = Vec::new();
         for guard in self.keyspace.range(from.to_vec()..to.to_vec()) {
             let (key, value) = guard.into_inner()?;

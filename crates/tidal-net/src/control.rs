@@ -50,7 +50,11 @@ pub struct ProbeReply {
 
 impl From<&Probe> for pb::ProbeRequest {
     fn from(probe: &Probe) -> pb::ProbeRequest {
-        pb::ProbeRequest { cluster_id: probe.cluster_id.clone(), term: probe.term.0, leader_id: probe.leader.0 }
+        pb::ProbeRequest {
+            cluster_id: probe.cluster_id.clone(),
+            term: probe.term.0,
+            leader_id: probe.leader.0,
+        }
     }
 }
 
@@ -64,7 +68,9 @@ impl From<&ProbeReply> for pb::ProbeReply {
     fn from(reply: &ProbeReply) -> pb::ProbeReply {
         use pb::probe_reply::Outcome;
         let (outcome, last) = match &reply.outcome {
-            ProbeOutcome::Position { last, history } => (Outcome::History(history_to_pb(history)), Some(*last)),
+            ProbeOutcome::Position { last, history } => {
+                (Outcome::History(history_to_pb(history)), Some(*last))
+            }
             ProbeOutcome::Fenced => (Outcome::Fenced(pb::Empty {}), None),
             ProbeOutcome::NotYet => (Outcome::NotYet(pb::Empty {}), None),
         };
@@ -110,7 +116,11 @@ pub struct RaftCall {
 /// Checks an openraft payload's size.
 pub fn check_raft_payload(payload: &[u8]) -> Result<(), WireError> {
     if payload.len() > RAFT_PAYLOAD_BYTES_MAX {
-        return Err(WireError::TooLarge { what: "raft payload", got: payload.len(), max: RAFT_PAYLOAD_BYTES_MAX });
+        return Err(WireError::TooLarge {
+            what: "raft payload",
+            got: payload.len(),
+            max: RAFT_PAYLOAD_BYTES_MAX,
+        });
     }
     Ok(())
 }
