@@ -27,6 +27,7 @@ mod digest;
 mod error;
 mod fast_hash;
 mod feed_index;
+mod flusher;
 mod fold;
 mod idempotency;
 mod keys;
@@ -46,6 +47,9 @@ pub use config::{
 };
 pub use db::{ApplyOutcome, EngineStats, ItemState, TidalDb};
 pub use error::Error;
+#[doc(hidden)]
+pub use flusher::{FlushHold, FlushStage};
+pub use flusher::{FlushStats, FLUSH_DURATION_BUCKETS_MS};
 pub use idempotency::{IdempotencyRecord, PRUNE_PER_APPLY_MAX};
 pub use negatives::{Actor, NegativesState, NEGATIVES_PER_USER_MAX};
 pub use raft_store::{RaftStore, RaftWrite};
