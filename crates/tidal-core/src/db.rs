@@ -667,7 +667,7 @@ impl TidalDb {
             );
             let frozen = Arc::new(FrozenOverlay {
                 overlay: std::mem::take(&mut state.overlay),
-                dirty: std::mem::take(dirty),
+                dirty: dirty.take(),
                 counters: counters.take_dirty(),
                 applied_seqno: applied,
                 last_time_ms: self.last_applied_time_ms(),

@@ -17,7 +17,7 @@ use std::collections::BTreeMap;
 use tidal_types::Seqno;
 
 use crate::error::Error;
-use crate::fast_hash::FastMap;
+use crate::fast_hash::{FastMap, FastState};
 use crate::idempotency;
 use crate::keys::{self, Profile};
 use crate::stores::Stores;
@@ -208,6 +208,16 @@ impl Overlay {
 }
 
 impl WriterDirty {
+    /// Moves this window's state out, leaving an empty one whose trend map is sized like it (see
+    /// `Counters::take_dirty`).
+    pub fn take(&mut self) -> WriterDirty {
+        let next = WriterDirty {
+            trends: FastMap::with_capacity_and_hasher(self.trends.len(), FastState::default()),
+            ..WriterDirty::default()
+        };
+        std::mem::replace(self, next)
+    }
+
     /// Puts the dirty trending scores and the LeaderStart into `writes`.
     pub fn flush_into(&self, stores: &Stores, writes: &mut fjall::OwnedWriteBatch) {
         let mut trends: Vec<(u64, Option<Trend>)> =
