@@ -77,7 +77,8 @@ pub struct ItemState {
     pub seqno: Seqno,
 }
 
-/// Sizes and flush counters, for metrics and status.
+/// Sizes and flush counters, for metrics and status. The sizes are log-derived (equal on replicas
+/// at one applied seqno); `flushed_applied_seqno` and `flush` are node-local.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct EngineStats {
     /// Applied frontier.
@@ -197,7 +198,7 @@ impl TidalDb {
         let flusher_thread = std::thread::Builder::new()
             .name("tidal-flusher".into())
             .spawn(move || flusher::run(context, receiver))
-            .map_err(|error| Error::Config { reason: format!("spawn the flusher thread: {error}") })?;
+            .map_err(|source| Error::Spawn { name: "tidal-flusher", source })?;
         Ok(TidalDb {
             stores,
             config,
