@@ -78,6 +78,12 @@ impl FlushedHook for ReplicaHook {
         // persisting a higher vote, so a deposed leader never counts its own batches).
         self.commit.record_matched(self.me, position.term, position);
     }
+
+    fn truncated(&mut self, from: Seqno) {
+        // Ordered before any later flush: the applier never applies a quarantined batch, and the
+        // ship tail never serves one.
+        self.applier.truncated(from);
+    }
 }
 
 /// A node's role, as status reports it.

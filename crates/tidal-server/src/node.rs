@@ -144,6 +144,11 @@ impl Node {
             Some(_) => std::cmp::min(recovery.durable, tidal_cluster::commit_hint(&raft_store)),
         };
         let replay = replay(&wal, &db, replay_to)?;
+        if replay_to < recovery.durable {
+            // The durable tail past the commit hint waits in the applier until the leader's commit
+            // frontier covers it (or a new leader's log quarantines it).
+            hand_tail_to_applier(&wal, &sender, db.applied_seqno(), recovery.durable)?;
+        }
         wal.set_term(std::cmp::max(recovery.last_term, Term(1)));
         let replica = match cluster {
             None => None,
@@ -502,6 +507,37 @@ fn lock_data_dir(dir: &std::path::Path) -> anyhow::Result<File> {
         )
     })?;
     Ok(file)
+}
+
+/// Hands the durable batches in `(applied, durable]` to the applier as pending (not yet committed).
+fn hand_tail_to_applier(
+    wal: &Wal,
+    sender: &ApplierSender,
+    applied: Seqno,
+    durable: Seqno,
+) -> anyhow::Result<()> {
+    const CHUNK_BYTES: usize = 4 * 1024 * 1024;
+    let mut chunk = Vec::new();
+    let mut bytes = 0usize;
+    let mut batches = 0u64;
+    for batch in wal.read_from(applied.next()).context("read the WAL tail")? {
+        let batch = batch.context("read a WAL batch of the tail")?;
+        if batch.first_seqno() > durable {
+            break;
+        }
+        bytes += batch.encoded().len();
+        batches += 1;
+        chunk.push(batch);
+        if bytes >= CHUNK_BYTES {
+            sender.flushed(std::mem::take(&mut chunk));
+            bytes = 0;
+        }
+    }
+    if !chunk.is_empty() {
+        sender.flushed(chunk);
+    }
+    tracing::info!(batches, from = %applied.next(), to = %durable, "WAL tail past the commit hint waits for the commit frontier");
+    Ok(())
 }
 
 fn replay(wal: &Wal, db: &TidalDb, durable: Seqno) -> anyhow::Result<ReplayReport> {
