@@ -122,6 +122,17 @@ async fn cluster_up_starts_a_healthy_local_cluster_and_down_stops_it() {
         .env("RUST_LOG", "warn")
         .output()
         .unwrap();
+    // Whatever happens below, the processes this test started are stopped (by their pid files).
+    struct Down<'a>(&'a std::path::Path);
+    impl Drop for Down<'_> {
+        fn drop(&mut self) {
+            let _ = Command::new(env!("CARGO_BIN_EXE_tidal"))
+                .args(["cluster", "down", "--dir"])
+                .arg(self.0)
+                .output();
+        }
+    }
+    let _down = Down(dir.path());
     let stdout = String::from_utf8_lossy(&up.stdout);
     assert!(up.status.success(), "cluster up failed: {stdout}\n{}", String::from_utf8_lossy(&up.stderr));
     assert!(stdout.contains("is up (3 nodes"), "{stdout}");

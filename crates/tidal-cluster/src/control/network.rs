@@ -77,7 +77,16 @@ impl PeerNetwork {
     }
 }
 
+/// Retry interval after an unreachable peer. openraft's default (500 ms) would let a restarted
+/// follower's election timer (500 ms and up) fire before the leader's heartbeats resume, and its
+/// higher term would then depose a healthy leader.
+const UNREACHABLE_RETRY: std::time::Duration = std::time::Duration::from_millis(50);
+
 impl RaftNetwork<TypeConfig> for PeerNetwork {
+    fn backoff(&self) -> openraft::network::Backoff {
+        openraft::network::Backoff::new(std::iter::repeat(UNREACHABLE_RETRY))
+    }
+
     async fn append_entries(
         &mut self,
         rpc: AppendEntriesRequest<TypeConfig>,
