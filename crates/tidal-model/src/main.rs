@@ -8,7 +8,7 @@ use tidal_model::{Bug, Mode, ReplicationModel};
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     if let Some(at) = args.iter().position(|a| a == "--bounds") {
-        // --bounds <nodes 3|5> <max term> <max writes> <quorum|leader>: one run, for tuning.
+        // --bounds <nodes 3|5> <max term> <max writes> <quorum|leader> [crashes]: one run, for tuning.
         let number = |i: usize| args.get(at + i).and_then(|a| a.parse::<u64>().ok()).unwrap_or(1);
         let mode = if args.get(at + 4).is_some_and(|a| a == "leader") { Mode::Leader } else { Mode::Quorum };
         let writes = u8::try_from(number(3)).unwrap_or(1);
@@ -17,6 +17,8 @@ fn main() {
         } else {
             ReplicationModel::three(number(2), writes, mode)
         };
+        let crashes = args.get(at + 5).and_then(|a| a.parse::<u8>().ok()).unwrap_or(model.max_crashes);
+        let model = ReplicationModel { max_crashes: crashes, ..model };
         let report = check("bounds", model, Search::Deep, false);
         println!("{}\n  reached: {}", report.line(), report.reached.join("; "));
         for (_, history) in &report.violations {

@@ -28,6 +28,9 @@ pub fn representative(state: &ModelState) -> ModelState {
             permutation[*old_index] = *slot;
         }
     }
+    if permutation.iter().enumerate().all(|(i, p)| i == *p) {
+        return state.clone();
+    }
     rename(state, &permutation)
 }
 
