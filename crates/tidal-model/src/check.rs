@@ -47,6 +47,8 @@ pub enum Search {
     Shortest,
     /// Depth first with symmetry reduction: the fewest states for a complete check.
     Deep,
+    /// Depth first with symmetry reduction, stopping after this many states (not exhaustive).
+    DeepCapped(usize),
 }
 
 /// Explores every state of `model` (within the bounds of `search`). With `stop_at_violation`
@@ -64,6 +66,9 @@ pub fn check(name: &str, model: ReplicationModel, search: Search, stop_at_violat
     let checker: Box<dyn Checker<ReplicationModel>> = match search {
         Search::Shortest => Box::new(builder.spawn_bfs().join()),
         Search::Deep => Box::new(builder.symmetry_fn(representative).spawn_dfs().join()),
+        Search::DeepCapped(states) => {
+            Box::new(builder.symmetry_fn(representative).target_state_count(states).spawn_dfs().join())
+        }
     };
     let elapsed = started.elapsed();
     let mut violations = Vec::new();
@@ -101,12 +106,29 @@ pub fn bounded() -> Vec<(&'static str, ReplicationModel)> {
     ]
 }
 
-/// The deep check run by `make model-check`.
-pub fn deep() -> Vec<(&'static str, ReplicationModel)> {
+/// The deep check run by `make model-check` (release build).
+pub fn deep() -> Vec<(&'static str, ReplicationModel, Search)> {
     vec![
-        ("3 nodes, quorum, 3 terms, 2 writes", ReplicationModel::three(3, 2, Mode::Quorum)),
-        ("3 nodes, leader, 3 terms, 2 writes", ReplicationModel::three(3, 2, Mode::Leader)),
-        ("5 nodes + membership change, quorum, 2 terms, 1 write", ReplicationModel::five(2, 1, Mode::Quorum)),
+        (
+            "3 nodes, quorum, 2 terms, 1 write, no crash",
+            ReplicationModel { max_crashes: 0, ..ReplicationModel::three(2, 1, Mode::Quorum) },
+            Search::Deep,
+        ),
+        (
+            "3 nodes, quorum, 3 terms, LeaderStarts only, no crash (first 4M states)",
+            ReplicationModel { max_crashes: 0, ..ReplicationModel::three(3, 0, Mode::Quorum) },
+            Search::DeepCapped(4_000_000),
+        ),
+        (
+            "3 nodes, leader, 2 terms, 1 write, no crash",
+            ReplicationModel { max_crashes: 0, ..ReplicationModel::three(2, 1, Mode::Leader) },
+            Search::Deep,
+        ),
+        (
+            "5 nodes + membership change, quorum, 2 terms, LeaderStarts only, no crash (first 1M states)",
+            ReplicationModel { max_crashes: 0, ..ReplicationModel::five(2, 0, Mode::Quorum) },
+            Search::DeepCapped(1_000_000),
+        ),
     ]
 }
 

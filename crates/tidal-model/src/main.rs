@@ -35,10 +35,10 @@ fn main() {
     } else if deep_run {
         deep()
     } else {
-        bounded()
+        bounded().into_iter().map(|(name, model)| (name, model, Search::Deep)).collect()
     };
-    for (name, model) in models {
-        let report = check(name, model, Search::Deep, false);
+    for (name, model, search) in models {
+        let report = check(name, model, search, false);
         println!("{}", report.line());
         println!("  reached: {}", report.reached.join("; "));
         for (_, history) in &report.violations {
