@@ -47,7 +47,8 @@ pub enum Search {
     Shortest,
     /// Depth first with symmetry reduction: the fewest states for a complete check.
     Deep,
-    /// Depth first with symmetry reduction, stopping after this many states (not exhaustive).
+    /// Depth first with symmetry reduction, stopping after this many generated states (repeats
+    /// included): not exhaustive.
     DeepCapped(usize),
 }
 
@@ -110,14 +111,14 @@ pub fn bounded() -> Vec<(&'static str, ReplicationModel)> {
 pub fn deep() -> Vec<(&'static str, ReplicationModel, Search)> {
     vec![
         (
-            "3 nodes, quorum, 2 terms, 1 write, no crash",
-            ReplicationModel { max_crashes: 0, ..ReplicationModel::three(2, 1, Mode::Quorum) },
+            "3 nodes, quorum, 2 terms, 1 write, 1 crash",
+            ReplicationModel::three(2, 1, Mode::Quorum),
             Search::Deep,
         ),
         (
-            "3 nodes, quorum, 3 terms, LeaderStarts only, no crash (first 4M states)",
+            "3 nodes, quorum, 3 terms, LeaderStarts only, no crash (capped at 8M generated states)",
             ReplicationModel { max_crashes: 0, ..ReplicationModel::three(3, 0, Mode::Quorum) },
-            Search::DeepCapped(4_000_000),
+            Search::DeepCapped(8_000_000),
         ),
         (
             "3 nodes, leader, 2 terms, 1 write, no crash",
@@ -125,9 +126,9 @@ pub fn deep() -> Vec<(&'static str, ReplicationModel, Search)> {
             Search::Deep,
         ),
         (
-            "5 nodes + membership change, quorum, 2 terms, LeaderStarts only, no crash (first 1M states)",
+            "5 nodes + membership change, quorum, 2 terms, LeaderStarts only, no crash (capped at 3M generated states)",
             ReplicationModel { max_crashes: 0, ..ReplicationModel::five(2, 0, Mode::Quorum) },
-            Search::DeepCapped(1_000_000),
+            Search::DeepCapped(3_000_000),
         ),
     ]
 }
