@@ -30,6 +30,9 @@ pub enum ApplierInput {
     Flushed(Vec<Batch>),
     /// The commit frontier moved (it never moves back; lower values are ignored).
     Commit(Seqno),
+    /// The log was cut from this seqno on (a divergent suffix quarantined): drop pending batches
+    /// there; they were never committed, and other batches will take their seqnos.
+    Truncated(Seqno),
     /// Apply what is committed and stop (shutdown, after the WAL writer has drained).
     Stop,
 }
@@ -42,6 +45,11 @@ impl ApplierSender {
     /// Queues durable batches.
     pub fn flushed(&self, batches: Vec<Batch>) {
         let _ = self.0.send(ApplierInput::Flushed(batches));
+    }
+
+    /// Drops pending batches from `from` on (the log was truncated there).
+    pub fn truncated(&self, from: Seqno) {
+        let _ = self.0.send(ApplierInput::Truncated(from));
     }
 
     /// Advances the commit frontier.
@@ -108,6 +116,13 @@ fn run(
         match message {
             ApplierInput::Flushed(batches) => pending.extend(batches),
             ApplierInput::Commit(seqno) => commit = commit.max(seqno),
+            ApplierInput::Truncated(from) => {
+                let before = pending.len();
+                pending.retain(|batch| batch.first_seqno() < from);
+                if pending.len() != before {
+                    tracing::warn!(%from, dropped = before - pending.len(), "dropped pending batches of a truncated log");
+                }
+            }
             ApplierInput::Stop => stop = true,
         }
         while let Some(front) = pending.front() {

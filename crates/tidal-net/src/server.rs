@@ -6,6 +6,7 @@
 //! ([`crate::auth`]) and name this cluster; anything else is refused before the handler sees it.
 
 use crate::auth::SecretCheck;
+use crate::control::{check_raft_payload, Probe, ProbeReply, RaftCall};
 use crate::message::{Chunk, Pull, Ship, ShipAnswer, MESSAGE_BATCH_BYTES_MAX};
 use crate::pb;
 use crate::pb::replication_server::{Replication, ReplicationServer};
@@ -29,6 +30,14 @@ pub trait Handler: Send + Sync + 'static {
     async fn pull(&self, pull: Pull) -> Result<ChunkStream, Status>;
     /// The catch-up nudge: pull now. Returns whether a pull was started.
     async fn nudge(&self, reason: String) -> Result<bool, Status>;
+    /// A probe from a node taking office.
+    async fn probe(&self, _probe: Probe) -> Result<ProbeReply, Status> {
+        Err(Status::unimplemented("this node does not answer probes"))
+    }
+    /// An openraft RPC; returns the encoded response.
+    async fn raft(&self, _call: RaftCall) -> Result<Vec<u8>, Status> {
+        Err(Status::unimplemented("this node runs no control plane"))
+    }
 }
 
 /// Adapts a [`Handler`] to the generated service.
@@ -82,8 +91,11 @@ impl<H: Handler> Replication for Service<H> {
         Ok(Response::new(Box::pin(encoded)))
     }
 
-    async fn probe(&self, _request: Request<pb::ProbeRequest>) -> Result<Response<pb::ProbeReply>, Status> {
-        Err(Status::unimplemented("probe arrives with the control plane"))
+    async fn probe(&self, request: Request<pb::ProbeRequest>) -> Result<Response<pb::ProbeReply>, Status> {
+        let request = request.into_inner();
+        self.check_cluster(&request.cluster_id)?;
+        let reply = self.handler.probe(Probe::from(request)).await?;
+        Ok(Response::new(pb::ProbeReply::from(&reply)))
     }
 
     type SnapshotStream = Outgoing<pb::SnapshotChunk>;
@@ -102,8 +114,12 @@ impl<H: Handler> Replication for Service<H> {
         Ok(Response::new(pb::NudgeReply { started }))
     }
 
-    async fn raft(&self, _request: Request<pb::RaftRequest>) -> Result<Response<pb::RaftReply>, Status> {
-        Err(Status::unimplemented("openraft arrives with the control plane"))
+    async fn raft(&self, request: Request<pb::RaftRequest>) -> Result<Response<pb::RaftReply>, Status> {
+        let request = request.into_inner();
+        self.check_cluster(&request.cluster_id)?;
+        check_raft_payload(&request.payload).map_err(invalid)?;
+        let payload = self.handler.raft(RaftCall { kind: request.kind, payload: request.payload }).await?;
+        Ok(Response::new(pb::RaftReply { payload }))
     }
 }
 

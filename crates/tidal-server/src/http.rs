@@ -52,21 +52,29 @@ pub struct AppState {
 /// Forwards writes from a follower to the leader, carrying the caller's own credential (there are
 /// no unauthenticated inter-node writes).
 pub struct Forwarder {
-    leader_url: Option<String>,
+    replica: Option<Arc<tidal_cluster::Replica>>,
     http: reqwest::Client,
 }
 
 impl Forwarder {
-    /// A forwarder for `node`: forwards only when the node is a follower.
+    /// A forwarder for `node`: forwards only while the node is a follower that knows its leader.
     pub fn new(node: &Node) -> Forwarder {
-        let leader_url = node.replica().filter(|replica| !replica.is_leader()).and_then(|replica| {
-            replica.spec().node(replica.leader()).map(|leader| format!("http://{}", leader.http))
-        });
         let http = reqwest::Client::builder()
             .timeout(Duration::from_secs(30))
             .build()
             .expect("a client with only a timeout always builds");
-        Forwarder { leader_url, http }
+        Forwarder { replica: node.replica().cloned(), http }
+    }
+
+    /// Where writes go now: the leader's URL, or None to handle them here (this node leads, takes
+    /// office, or knows no leader: the write path answers 503 `not_ready` then).
+    fn leader_url(&self) -> Option<String> {
+        let replica = self.replica.as_ref()?;
+        if replica.is_leader() {
+            return None;
+        }
+        let leader = replica.leader().filter(|leader| *leader != replica.me())?;
+        replica.spec().node(leader).map(|node| format!("http://{}", node.http))
     }
 }
 
@@ -74,7 +82,7 @@ impl Forwarder {
 const FORWARDED_HEADERS: [&str; 3] = ["authorization", "idempotency-key", "content-type"];
 
 async fn forward_writes(State(state): State<Arc<AppState>>, request: Request, next: Next) -> Response {
-    let Some(leader_url) = &state.forward.leader_url else {
+    let Some(leader_url) = state.forward.leader_url() else {
         return next.run(request).await;
     };
     let path = request.uri().path();
@@ -141,6 +149,8 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/inboxes/{*rest}", axum::routing::any(not_implemented))
         .route("/cluster/status", get(get_status))
         .route("/cluster/digest", get(get_digest))
+        .route("/cluster/heal", post(post_heal))
+        .route("/cluster/catchup", post(post_catchup))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
@@ -591,7 +601,16 @@ async fn get_status(
             }],
         }));
     };
-    let role = |id: tidal_types::NodeId| if id == replica.leader() { "leader" } else { "follower" };
+    let leader = replica.leader();
+    let role = |id: tidal_types::NodeId| {
+        if id == replica.me() {
+            replica.role().as_str()
+        } else if Some(id) == leader {
+            "leader"
+        } else {
+            "follower"
+        }
+    };
     let progress = replica.progress();
     let nodes = replica
         .spec()
@@ -619,12 +638,50 @@ async fn get_status(
         node_id: replica.me().0,
         role: role(replica.me()).into(),
         term: replica.term().get(),
-        leader_id: Some(replica.leader().0),
+        leader_id: leader.map(|id| id.0),
         durable_seqno: durable,
         commit_seqno: replica.commit_seqno().get(),
         applied_seqno: applied,
         nodes,
     }))
+}
+
+fn cluster_replica(state: &AppState) -> AppResult<&Arc<tidal_cluster::Replica>> {
+    state.node.replica().ok_or_else(|| {
+        ApiError::bad_request(ErrorCode::InvalidArgument, "this node is not a cluster member (no --cluster)")
+    })
+}
+
+async fn post_heal(
+    State(state): State<Arc<AppState>>,
+    RawQuery(query): RawQuery,
+) -> AppResult<Json<serde_json::Value>> {
+    let replica = cluster_replica(&state)?;
+    let node = query_param(&query, "node")
+        .and_then(|value| value.parse::<u64>().ok())
+        .ok_or_else(|| ApiError::bad_request(ErrorCode::InvalidArgument, "heal needs ?node=<id>"))?;
+    let dry_run = query_param(&query, "dry_run") == Some("true");
+    let report = replica
+        .heal(tidal_types::NodeId(node), dry_run)
+        .map_err(|why| ApiError::unavailable(ErrorCode::NotReady, why))?;
+    Ok(Json(serde_json::json!({
+        "node": report.node.0,
+        "matched": {"term": report.matched.term.get(), "seqno": report.matched.seqno.get()},
+        "applied_seqno": report.applied.get(),
+        "dry_run": dry_run,
+        "action": report.action,
+    })))
+}
+
+async fn post_catchup(State(state): State<Arc<AppState>>) -> AppResult<Json<serde_json::Value>> {
+    let replica = cluster_replica(&state)?;
+    let started = replica.catchup().map_err(|why| ApiError::unavailable(ErrorCode::NotReady, why))?;
+    Ok(Json(serde_json::json!({
+        "node": replica.me().0,
+        "leader": replica.leader().map(|id| id.0),
+        "pull_started": started,
+        "note": if started { "pulling from the leader now" } else { "a pull is already running or started moments ago" },
+    })))
 }
 
 async fn get_digest(
@@ -651,11 +708,55 @@ async fn healthz() -> &'static str {
     "ok\n"
 }
 
-async fn readyz(State(state): State<Arc<AppState>>) -> Response {
-    match state.node.fatal() {
-        None => (StatusCode::OK, "ready\n").into_response(),
-        Some(why) => ApiError::unavailable(ErrorCode::NotReady, why).into_response(),
+/// Default `max_lag_ms` of `/readyz` on a follower: how long it may go without hearing its leader.
+const READY_MAX_LAG_MS_DEFAULT: u64 = 5_000;
+
+async fn readyz(State(state): State<Arc<AppState>>, RawQuery(query): RawQuery) -> Response {
+    if let Some(why) = state.node.fatal() {
+        return ApiError::unavailable(ErrorCode::NotReady, why).into_response();
     }
+    let max_lag_ms = query
+        .as_deref()
+        .unwrap_or("")
+        .split('&')
+        .find_map(|pair| pair.strip_prefix("max_lag_ms="))
+        .map(|value| value.parse::<u64>())
+        .transpose();
+    let max_lag_ms = match max_lag_ms {
+        Ok(value) => value.unwrap_or(READY_MAX_LAG_MS_DEFAULT),
+        Err(_) => {
+            return ApiError::bad_request(ErrorCode::InvalidArgument, "max_lag_ms must be a whole number")
+                .into_response()
+        }
+    };
+    if let Some(replica) = state.node.replica() {
+        if replica.is_leader() {
+            return (StatusCode::OK, "ready: leader\n").into_response();
+        }
+        let Some(leader) = replica.leader().filter(|leader| *leader != replica.me()) else {
+            return ApiError::unavailable(
+                ErrorCode::NotReady,
+                "no leader is known (an election is under way)",
+            )
+            .into_response();
+        };
+        match replica.leader_silence() {
+            Some(silence) if silence.as_millis() as u64 <= max_lag_ms => {}
+            Some(silence) => {
+                let why = format!(
+                    "last heard from leader {leader} {} ms ago (max_lag_ms {max_lag_ms})",
+                    silence.as_millis()
+                );
+                return ApiError::unavailable(ErrorCode::NotReady, why).into_response();
+            }
+            None => {
+                let why = format!("has not heard from leader {leader} yet");
+                return ApiError::unavailable(ErrorCode::NotReady, why).into_response();
+            }
+        }
+        return (StatusCode::OK, "ready: follower\n").into_response();
+    }
+    (StatusCode::OK, "ready\n").into_response()
 }
 
 async fn metrics(State(state): State<Arc<AppState>>) -> Response {
@@ -743,6 +844,77 @@ async fn metrics(State(state): State<Arc<AppState>>) -> Response {
         }
     }
     render_single(&mut out, "tidal_applied_seqno", "gauge", "Applied frontier.", node.applied_seqno() as f64);
+    let engine = node.db().stats();
+    let flush = &engine.flush;
+    let flush_bounds_ms = &tidal_core::FLUSH_DURATION_BUCKETS_MS;
+    let flush_bounds_s: Vec<f64> =
+        flush_bounds_ms[..flush_bounds_ms.len() - 1].iter().map(|ms| *ms as f64 / 1e3).collect();
+    render_histogram(
+        &mut out,
+        "tidal_engine_flush_duration_seconds",
+        "Engine overlay flush (encode + one fjall batch), off the apply path.",
+        &flush_bounds_s,
+        &flush.duration_ms_buckets,
+        flush.duration_ms_sum as f64 / 1e3,
+    );
+    for (name, kind, help, value) in [
+        (
+            "tidal_engine_flushes_total",
+            "counter",
+            "Engine overlay flushes committed to fjall.",
+            flush.flushes as f64,
+        ),
+        (
+            "tidal_engine_flush_entries_total",
+            "counter",
+            "Keys written by engine flushes.",
+            flush.entries as f64,
+        ),
+        (
+            "tidal_engine_flush_last_seconds",
+            "gauge",
+            "Duration of the last engine flush.",
+            flush.last_duration_ms as f64 / 1e3,
+        ),
+        (
+            "tidal_engine_flush_max_seconds",
+            "gauge",
+            "Longest engine flush.",
+            flush.max_duration_ms as f64 / 1e3,
+        ),
+        (
+            "tidal_engine_apply_backpressure_waits_total",
+            "counter",
+            "Applies that waited for an in-flight flush (the overlay filled faster than fjall took it).",
+            flush.backpressure_waits as f64,
+        ),
+        (
+            "tidal_engine_apply_backpressure_wait_seconds_total",
+            "counter",
+            "Time applies spent waiting for flushes.",
+            flush.backpressure_wait_ms_sum as f64 / 1e3,
+        ),
+        (
+            "tidal_engine_flush_in_flight",
+            "gauge",
+            "Whether an engine flush is running.",
+            f64::from(u8::from(flush.in_flight)),
+        ),
+        (
+            "tidal_engine_flush_failed",
+            "gauge",
+            "1 when an engine flush failed (fatal).",
+            f64::from(u8::from(flush.failed)),
+        ),
+        (
+            "tidal_engine_flushed_applied_seqno",
+            "gauge",
+            "Applied seqno fjall holds (a crash replays the WAL from here).",
+            engine.flushed_applied_seqno.get() as f64,
+        ),
+    ] {
+        render_single(&mut out, name, kind, help, value);
+    }
     render_single(
         &mut out,
         "tidal_checkpoint_seqno",

@@ -95,6 +95,9 @@ pub type ReplicatedCompletion = Box<dyn FnOnce(Result<ReplicatedAppended, Error>
 pub trait FlushedHook: Send + 'static {
     /// The batches just made durable, in seqno order.
     fn flushed(&mut self, batches: &[Batch]);
+    /// Every batch from `from` on was just cut off the log (quarantined or reset away), before any
+    /// later batch is flushed: whoever holds copies of them must drop them.
+    fn truncated(&mut self, _from: Seqno) {}
 }
 
 /// A hook that ignores everything.
@@ -160,12 +163,21 @@ impl Writer {
             let (works, dones): (Vec<_>, Vec<_>) =
                 drain.into_iter().map(|item| (item.work, item.done)).unzip();
             let result = match <[Work; 1]>::try_from(works) {
-                Ok([Work::Truncate(op)]) => self.truncate(op).map(|report| Flushed {
-                    batches: Vec::new(),
-                    outcomes: vec![report.map(Outcome::Truncated)],
-                    closed_segments: Vec::new(),
-                    term_starts: Vec::new(),
-                }),
+                Ok([Work::Truncate(op)]) => self
+                    .truncate(op)
+                    .inspect(|outcome| {
+                        if let Ok(report) = outcome {
+                            if report.batches > 0 {
+                                self.hook.truncated(report.first.seqno);
+                            }
+                        }
+                    })
+                    .map(|report| Flushed {
+                        batches: Vec::new(),
+                        outcomes: vec![report.map(Outcome::Truncated)],
+                        closed_segments: Vec::new(),
+                        term_starts: Vec::new(),
+                    }),
                 Ok(single) => self.write_drain(Vec::from(single)),
                 Err(works) => self.write_drain(works),
             };
