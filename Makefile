@@ -2,7 +2,7 @@
 CARGO ?= cargo
 BENCH_SECONDS ?= 10
 
-.PHONY: build run down single test verify fix lint bench bench-wal bench-feed bench-cluster clean
+.PHONY: build run down single test model-check verify fix lint bench bench-wal bench-feed bench-cluster clean
 
 build:
 	$(CARGO) build --release --bin tidal
@@ -22,6 +22,11 @@ single: build
 # Every test in the workspace (unit, crate integration, recovery, golden fixture, HTTP end to end).
 test:
 	$(CARGO) nextest run --workspace --no-fail-fast
+
+# The replication protocol model-checked with deeper bounds, plus every planted bug (release build;
+# minutes). The last line: `model-check: <states> states, <violations> violations, <found>/<planted> ...`.
+model-check:
+	$(CARGO) run --release -p tidal-model -- --deep
 
 lint:
 	$(CARGO) fmt --all -- --check

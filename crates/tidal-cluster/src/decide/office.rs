@@ -18,7 +18,7 @@ use super::commit::Quorum;
 
 /// A node's answer to a probe of term `probe_term` (PROTOCOL.md step 2). Answered with the DURABLE
 /// last position.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum ProbeAnswer {
     /// Our term is below the probe's: openraft has not told us yet; the prober retries.
     NotYet {
@@ -40,7 +40,7 @@ pub enum ProbeAnswer {
 }
 
 /// What the new leader knows of its own log.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct OwnLog {
     /// Last durable position.
     pub last: TermSeqno,
@@ -51,7 +51,7 @@ pub struct OwnLog {
 }
 
 /// What the new leader does next.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum OfficePlan {
     /// Not yet a majority (by `quorum`, the leader's own answer counted) of Position answers: probe
     /// again.

@@ -1,0 +1,22 @@
+//! An exhaustive model check of Tidal's replication protocol (PROTOCOL.md) with stateright.
+//!
+//! The model drives tidal-cluster's decision core — `decide_ship`, `commit_frontier` over a
+//! `Quorum`, `answer_probe` and `plan_office` — not a copy of it, through every interleaving of a
+//! small cluster: elections at any moment (one leader per term, persisted votes), message loss,
+//! duplication and reordering, crashes that lose what was not fsynced, and a membership change.
+//! docs/decisions/006-model-check.md says what is abstracted and why that is sound.
+//!
+//! It is not a simulation of the production runtime: no bytes, no timing, no snapshots beyond
+//! rewinding state to a divergence point, no purge.
+#![deny(missing_docs)]
+
+pub mod check;
+pub mod history;
+pub mod model;
+pub mod properties;
+pub mod state;
+pub mod symmetry;
+
+pub use check::{check, CheckReport};
+pub use model::{Action, Bug, Bugs, Mode, ReplicationModel};
+pub use state::ModelState;

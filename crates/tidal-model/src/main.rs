@@ -1,0 +1,71 @@
+//! `tidal-model`: runs the bounded check, or with `--deep` the deep check and every planted bug.
+//! The last line is `model-check: <states> states, <violations> violations, <found>/<planted> planted
+//! bugs found`.
+
+use tidal_model::check::{bounded, check, deep, planted, Search};
+use tidal_model::{Bug, Mode, ReplicationModel};
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    if let Some(at) = args.iter().position(|a| a == "--bounds") {
+        // --bounds <nodes 3|5> <max term> <max writes> <quorum|leader> [crashes]: one run, for tuning.
+        let number = |i: usize| args.get(at + i).and_then(|a| a.parse::<u64>().ok()).unwrap_or(1);
+        let mode = if args.get(at + 4).is_some_and(|a| a == "leader") { Mode::Leader } else { Mode::Quorum };
+        let writes = u8::try_from(number(3)).unwrap_or(1);
+        let model = if number(1) == 5 {
+            ReplicationModel::five(number(2), writes, mode)
+        } else {
+            ReplicationModel::three(number(2), writes, mode)
+        };
+        let crashes = args.get(at + 5).and_then(|a| a.parse::<u8>().ok()).unwrap_or(model.max_crashes);
+        let model = ReplicationModel { max_crashes: crashes, ..model };
+        let report = check("bounds", model, Search::Deep, false);
+        println!("{}\n  reached: {}", report.line(), report.reached.join("; "));
+        for (_, history) in &report.violations {
+            println!("{history}");
+        }
+        return;
+    }
+    let deep_run = args.iter().any(|a| a == "--deep");
+    let bugs_only = args.iter().any(|a| a == "--bugs");
+    let mut states = 0;
+    let mut violations = 0;
+    let models = if bugs_only {
+        Vec::new()
+    } else if deep_run {
+        deep()
+    } else {
+        bounded().into_iter().map(|(name, model)| (name, model, Search::Deep)).collect()
+    };
+    for (name, model, search) in models {
+        let report = check(name, model, search, false);
+        println!("{}", report.line());
+        println!("  reached: {}", report.reached.join("; "));
+        for (_, history) in &report.violations {
+            println!("{history}");
+        }
+        states += report.states;
+        violations += report.violations.len();
+    }
+    let mut found = 0;
+    let bugs: &[Bug] = if deep_run || bugs_only { &Bug::ALL } else { &[] };
+    for bug in bugs {
+        let (model, search) = planted(*bug);
+        let report = check(&format!("planted {bug:?}"), model, search, true);
+        println!("{}", report.line());
+        match report.violations.first() {
+            Some((_, history)) => {
+                found += 1;
+                println!("{history}");
+            }
+            None => println!("  NOT FOUND"),
+        }
+    }
+    println!(
+        "model-check: {states} states, {violations} violations, {found}/{} planted bugs found",
+        bugs.len()
+    );
+    if violations > 0 || found < bugs.len() {
+        std::process::exit(1);
+    }
+}

@@ -1,0 +1,899 @@
+//! The replication protocol as a stateright [`Model`], driving tidal-cluster's decision core.
+//!
+//! Every decision goes through the production functions: a follower (and a new leader pulling)
+//! decides each message with `decide_ship`; a leader's commit is `commit_frontier` over a `Quorum`;
+//! taking office is `answer_probe` + `plan_office`. The model only performs what they return (append,
+//! quarantine, fsync, send, apply), as the production receiver does, and chooses everything else
+//! nondeterministically: who wins which election, when a node fsyncs, crashes, ships what, and which
+//! message is delivered. Delicate:
+//! - a planted bug ([`Bugs`]) flips ONE rule by lying to or bypassing the core, never by editing it;
+//! - an action that changes nothing returns `None`, so stateright does not count it as a new state.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+
+use stateright::{Model, Property};
+use tidal_cluster::decide::{
+    answer_probe, commit_frontier, decide_ship, divergence_point, plan_office, BatchMeta, LogView,
+    OfficePlan, OwnLog, ProbeAnswer, Quorum, ShipMeta, Step, Verdict,
+};
+use tidal_types::{NodeId, Seqno, Term, TermSeqno};
+
+use crate::properties;
+use crate::state::{
+    id, index, Acked, Broken, Config, History, LowerTermView, Message, ModelState, Network, NodeState,
+    PendingAck, Role,
+};
+
+/// Durability mode (PROTOCOL.md, "Committing and acknowledging").
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// Commit = majority of voters; ack once committed and applied.
+    Quorum,
+    /// Commit = the leader's durable; ack after the leader's fsync and apply.
+    Leader,
+}
+
+/// A rule of PROTOCOL.md that a planted bug breaks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Bug {
+    /// A follower acks at accept time, before its fsync.
+    AckBeforeFsync,
+    /// A follower acks after its fsync without re-checking its term.
+    NoTermRecheck,
+    /// The leader counts an ack of an older-term batch toward commit (matched relabelled with the
+    /// ack's term, and `term_at` lies).
+    CountOlderTerm,
+    /// A follower accepts a ship whose sender's term is below its own.
+    AcceptLowerTerm,
+    /// Nodes apply up to durable instead of up to commit.
+    ApplyPastCommit,
+    /// A new leader serves as soon as it appends LeaderStart, before it is committed.
+    ServeBeforeLeaderStart,
+    /// A new leader adopts the log with the greatest commit frontier instead of `plan_office`'s choice.
+    ChooseByCommit,
+    /// During a membership change the leader counts commit against the new voter set only.
+    SkipDualCount,
+}
+
+impl Bug {
+    /// Every planted bug, in PROTOCOL.md's order.
+    pub const ALL: [Bug; 8] = [
+        Bug::AckBeforeFsync,
+        Bug::NoTermRecheck,
+        Bug::CountOlderTerm,
+        Bug::AcceptLowerTerm,
+        Bug::ApplyPastCommit,
+        Bug::ServeBeforeLeaderStart,
+        Bug::ChooseByCommit,
+        Bug::SkipDualCount,
+    ];
+}
+
+/// Which rules are flipped (all false: the protocol as specified).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Bugs {
+    /// See [`Bug::AckBeforeFsync`].
+    pub ack_before_fsync: bool,
+    /// See [`Bug::NoTermRecheck`].
+    pub no_term_recheck: bool,
+    /// See [`Bug::CountOlderTerm`].
+    pub count_older_term: bool,
+    /// See [`Bug::AcceptLowerTerm`].
+    pub accept_lower_term: bool,
+    /// See [`Bug::ApplyPastCommit`].
+    pub apply_past_commit: bool,
+    /// See [`Bug::ServeBeforeLeaderStart`].
+    pub serve_before_leader_start: bool,
+    /// See [`Bug::ChooseByCommit`].
+    pub choose_by_commit: bool,
+    /// See [`Bug::SkipDualCount`].
+    pub skip_dual_count: bool,
+}
+
+impl Bugs {
+    /// Exactly one planted bug.
+    pub fn one(bug: Bug) -> Bugs {
+        let mut bugs = Bugs::default();
+        match bug {
+            Bug::AckBeforeFsync => bugs.ack_before_fsync = true,
+            Bug::NoTermRecheck => bugs.no_term_recheck = true,
+            Bug::CountOlderTerm => bugs.count_older_term = true,
+            Bug::AcceptLowerTerm => bugs.accept_lower_term = true,
+            Bug::ApplyPastCommit => bugs.apply_past_commit = true,
+            Bug::ServeBeforeLeaderStart => bugs.serve_before_leader_start = true,
+            Bug::ChooseByCommit => bugs.choose_by_commit = true,
+            Bug::SkipDualCount => bugs.skip_dual_count = true,
+        }
+        bugs
+    }
+}
+
+/// The model's bounds and switches.
+#[derive(Clone, Debug)]
+pub struct ReplicationModel {
+    /// 3, or 5 with `membership_change`.
+    pub node_count: usize,
+    /// Highest term an election may start.
+    pub max_term: u64,
+    /// Client writes at most.
+    pub max_writes: u8,
+    /// Durability mode.
+    pub mode: Mode,
+    /// 5 nodes: old voters {n1, n2, n3}, new voters {n1, n4, n5}; the leader may change configuration.
+    pub membership_change: bool,
+    /// Crash-and-restarts at most, over the whole run.
+    pub max_crashes: u8,
+    /// Openraft may tell a node a term it did not vote in (a heartbeat); without it, terms spread
+    /// only by votes (a smaller model for planted bugs that do not need it).
+    pub learn_terms: bool,
+    /// Planted bugs.
+    pub bugs: Bugs,
+}
+
+/// A step of the model.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Action {
+    /// Openraft elects `candidate` in the next term with the votes of `voters` (a minimal majority,
+    /// the candidate included); each voter persists the term (fencing).
+    Elect {
+        /// Winner.
+        candidate: NodeId,
+        /// Voters, candidate included.
+        voters: Vec<NodeId>,
+    },
+    /// Openraft tells `node` about `term` (a heartbeat or vote request); it persists it.
+    LearnTerm {
+        /// Node.
+        node: NodeId,
+        /// Term.
+        term: Term,
+    },
+    /// After a restart, openraft puts a node back in office in the same term.
+    Reelect {
+        /// Node.
+        node: NodeId,
+    },
+    /// The probe of `target` by `leader` and its answer (atomic: the answer's receipt commutes).
+    Probe {
+        /// Prober.
+        leader: NodeId,
+        /// Probed node.
+        target: NodeId,
+    },
+    /// A client write reaches a serving leader, which appends it.
+    ClientWrite {
+        /// Leader.
+        leader: NodeId,
+    },
+    /// The leader ships its whole durable log (prev `(0, 0)`): any ship a ShipQueue would send after
+    /// a Gap or Diverged has the same effect on the follower, or none.
+    Ship {
+        /// Leader.
+        leader: NodeId,
+        /// Follower.
+        to: NodeId,
+    },
+    /// The source of a syncing leader serves its whole durable log as one pulled chunk.
+    Pull {
+        /// Syncing leader.
+        leader: NodeId,
+    },
+    /// A message is delivered (and stays on the network).
+    Deliver(Message),
+    /// A node's fsync completes; it re-takes the term lock and acks what it accepted.
+    Fsync {
+        /// Node.
+        node: NodeId,
+    },
+    /// A node crashes and restarts: unfsynced appends are lost, memory is reset.
+    Restart {
+        /// Node.
+        node: NodeId,
+    },
+    /// The leader decides on the membership change (dual count from now on).
+    BeginChange {
+        /// Leader.
+        leader: NodeId,
+    },
+    /// The new set matched the leader's commit in its term: openraft commits the new configuration.
+    FinishChange {
+        /// Leader.
+        leader: NodeId,
+    },
+}
+
+impl ReplicationModel {
+    /// The standard 3-node model.
+    pub fn three(max_term: u64, max_writes: u8, mode: Mode) -> ReplicationModel {
+        ReplicationModel {
+            node_count: 3,
+            max_term,
+            max_writes,
+            mode,
+            membership_change: false,
+            max_crashes: 1,
+            learn_terms: true,
+            bugs: Bugs::default(),
+        }
+    }
+
+    /// The 5-node model with a membership change.
+    pub fn five(max_term: u64, max_writes: u8, mode: Mode) -> ReplicationModel {
+        ReplicationModel {
+            node_count: 5,
+            membership_change: true,
+            ..ReplicationModel::three(max_term, max_writes, mode)
+        }
+    }
+
+    /// The same model with `bugs` planted.
+    pub fn with_bugs(self, bugs: Bugs) -> ReplicationModel {
+        ReplicationModel { bugs, ..self }
+    }
+
+    fn quorum_mode(&self) -> bool {
+        self.mode == Mode::Quorum
+    }
+
+    fn old_voters(&self) -> Vec<NodeId> {
+        if self.membership_change {
+            vec![NodeId(1), NodeId(2), NodeId(3)]
+        } else {
+            (0..self.node_count).map(id).collect()
+        }
+    }
+
+    fn new_voters(&self) -> Vec<NodeId> {
+        vec![NodeId(1), NodeId(4), NodeId(5)]
+    }
+
+    /// The voter set openraft elects with (and a new leader probes).
+    pub fn electorate(&self, config: Config) -> Vec<NodeId> {
+        match config {
+            Config::New => self.new_voters(),
+            Config::Static | Config::Old | Config::Deciding { .. } => self.old_voters(),
+        }
+    }
+
+    /// The quorum a leader counts commit against.
+    pub fn commit_quorum(&self, config: Config) -> Quorum {
+        match config {
+            Config::Static | Config::Old => Quorum::single(self.old_voters()),
+            Config::Deciding { .. } if self.bugs.skip_dual_count => Quorum::single(self.new_voters()),
+            Config::Deciding { .. } => Quorum { voter_sets: vec![self.old_voters(), self.new_voters()] },
+            Config::New => Quorum::single(self.new_voters()),
+        }
+    }
+
+    fn node<'a>(&self, state: &'a ModelState, node: NodeId) -> &'a NodeState {
+        &state.nodes[index(node)]
+    }
+}
+
+impl Model for ReplicationModel {
+    type State = ModelState;
+    type Action = Action;
+
+    fn init_states(&self) -> Vec<ModelState> {
+        vec![ModelState {
+            nodes: vec![NodeState::new(); self.node_count],
+            network: Network::default(),
+            last_term: Term(0),
+            writes: 0,
+            crashes: 0,
+            config: if self.membership_change { Config::Old } else { Config::Static },
+            history: History::default(),
+        }]
+    }
+
+    fn actions(&self, state: &ModelState, actions: &mut Vec<Action>) {
+        self.election_actions(state, actions);
+        for i in 0..self.node_count {
+            let me = id(i);
+            let node = &state.nodes[i];
+            if node.durable < node.len() || !node.unsynced.is_empty() {
+                actions.push(Action::Fsync { node: me });
+            }
+            if state.crashes < self.max_crashes {
+                actions.push(Action::Restart { node: me });
+            }
+            match &node.role {
+                Role::Follower => {}
+                Role::Probing { .. } => {
+                    for j in (0..self.node_count).filter(|j| *j != i) {
+                        actions.push(Action::Probe { leader: me, target: id(j) });
+                    }
+                }
+                Role::Syncing { .. } => actions.push(Action::Pull { leader: me }),
+                Role::Leader { serving, .. } => {
+                    if *serving && state.writes < self.max_writes {
+                        actions.push(Action::ClientWrite { leader: me });
+                    }
+                    for j in (0..self.node_count).filter(|j| *j != i) {
+                        // A ship to a node of a higher term can only be fenced.
+                        if state.nodes[j].term <= node.term || self.bugs.accept_lower_term {
+                            actions.push(Action::Ship { leader: me, to: id(j) });
+                        }
+                    }
+                    if self.membership_change {
+                        match state.config {
+                            Config::Old => actions.push(Action::BeginChange { leader: me }),
+                            Config::Deciding { .. } if *serving => {
+                                actions.push(Action::FinishChange { leader: me })
+                            }
+                            Config::Static | Config::Deciding { .. } | Config::New => {}
+                        }
+                    }
+                }
+            }
+        }
+        for message in state.network.messages() {
+            actions.push(Action::Deliver(message.clone()));
+        }
+    }
+
+    fn next_state(&self, state: &ModelState, action: Action) -> Option<ModelState> {
+        let mut next = state.clone();
+        let changed = match action {
+            Action::Elect { candidate, voters } => self.elect(&mut next, candidate, &voters),
+            Action::LearnTerm { node, term } => {
+                adopt(&mut next.nodes[index(node)], term);
+                true
+            }
+            Action::Reelect { node } => self.reelect(&mut next, node),
+            Action::Probe { leader, target } => self.probe(&mut next, leader, target),
+            Action::ClientWrite { leader } => self.client_write(&mut next, leader),
+            Action::Ship { leader, to } => self.ship(&mut next, leader, to),
+            Action::Pull { leader } => self.pull(&mut next, leader),
+            Action::Deliver(message) => self.deliver(&mut next, message),
+            Action::Fsync { node } => self.fsync(&mut next, node),
+            Action::Restart { node } => {
+                next.crashes += 1;
+                restart(&mut next.nodes[index(node)])
+            }
+            Action::BeginChange { leader } => {
+                next.config = Config::Deciding { term: self.node(state, leader).term };
+                true
+            }
+            Action::FinishChange { leader } => self.finish_change(&mut next, leader),
+        };
+        (changed && next != *state).then_some(next)
+    }
+
+    fn format_action(&self, action: &Action) -> String {
+        format!("{action}")
+    }
+
+    fn properties(&self) -> Vec<Property<Self>> {
+        properties::all()
+    }
+}
+
+impl ReplicationModel {
+    fn election_actions(&self, state: &ModelState, actions: &mut Vec<Action>) {
+        let term = Term(state.last_term.get() + 1);
+        if term.get() <= self.max_term {
+            let electorate = self.electorate(state.config);
+            let majority = electorate.len() / 2 + 1;
+            for candidate in &electorate {
+                let others: Vec<NodeId> = electorate.iter().copied().filter(|v| v != candidate).collect();
+                for voters in subsets(&others, majority - 1) {
+                    let mut voters = voters;
+                    voters.insert(0, *candidate);
+                    actions.push(Action::Elect { candidate: *candidate, voters });
+                }
+            }
+        }
+        for i in 0..self.node_count {
+            let node = &state.nodes[i];
+            if self.learn_terms {
+                for term in node.term.get() + 1..=state.last_term.get() {
+                    actions.push(Action::LearnTerm { node: id(i), term: Term(term) });
+                }
+            }
+            if node.role == Role::Follower && node.elected == Some(node.term) && node.term > Term(0) {
+                actions.push(Action::Reelect { node: id(i) });
+            }
+        }
+    }
+
+    fn elect(&self, state: &mut ModelState, candidate: NodeId, voters: &[NodeId]) -> bool {
+        let term = Term(state.last_term.get() + 1);
+        state.last_term = term;
+        for voter in voters {
+            adopt(&mut state.nodes[index(*voter)], term);
+        }
+        let node = &mut state.nodes[index(candidate)];
+        node.elected = Some(term);
+        node.role = Role::Probing { term, answers: BTreeMap::new(), commits: BTreeMap::new() };
+        // A decided change that openraft never saw dies with its leader's term.
+        if matches!(state.config, Config::Deciding { .. }) {
+            state.config = Config::Old;
+        }
+        true
+    }
+
+    fn reelect(&self, state: &mut ModelState, leader: NodeId) -> bool {
+        let node = &mut state.nodes[index(leader)];
+        node.role = Role::Probing { term: node.term, answers: BTreeMap::new(), commits: BTreeMap::new() };
+        true
+    }
+
+    /// Taking office steps 2-3: the target answers under its term lock; the leader plans.
+    fn probe(&self, state: &mut ModelState, leader: NodeId, target: NodeId) -> bool {
+        let target_node = self.node(state, target);
+        let Role::Probing { term, .. } = self.node(state, leader).role else { return false };
+        let answer = answer_probe(
+            target_node.term,
+            term,
+            target_node.durable_last(),
+            &target_node.history(target_node.durable),
+        );
+        let target_commit = target_node.commit;
+        let electorate = Quorum::single(self.electorate(state.config));
+        let node = &mut state.nodes[index(leader)];
+        if node.durable != node.len() {
+            // Our own appends are still being fsynced: our durable position is not known yet.
+            return false;
+        }
+        let own = OwnLog { last: node.last(), history: node.history(node.len()), applied: node.applied };
+        let Role::Probing { answers, commits, .. } = &mut node.role else { return false };
+        if matches!(answer, ProbeAnswer::NotYet { .. }) {
+            // plan_office ignores it; the leader probes again once openraft has told the target.
+            return false;
+        }
+        answers.insert(target, answer);
+        if self.bugs.choose_by_commit {
+            commits.insert(target, target_commit);
+        }
+        let plan = if self.bugs.choose_by_commit {
+            choose_by_commit(leader, term, &own, node.commit, answers, commits, &electorate)
+        } else {
+            plan_office(leader, term, &own, answers, &electorate)
+        };
+        match plan {
+            OfficePlan::Wait => {}
+            OfficePlan::StepDown { .. } => {
+                let node = &mut state.nodes[index(leader)];
+                node.role = Role::Follower;
+                node.elected = None;
+            }
+            OfficePlan::Open { write_leader_start, .. } => self.open(state, leader, term, write_leader_start),
+            OfficePlan::Sync { source, target, quarantine_from, needs_snapshot, pull_from } => {
+                if let Some(from) = quarantine_from {
+                    self.quarantine(state, leader, from);
+                }
+                let node = &mut state.nodes[index(leader)];
+                if needs_snapshot {
+                    // Install the source's state through P: the same as rewinding ours to P.
+                    self.rewind(&mut state.history, leader, node, pull_from.seqno);
+                }
+                node.role = Role::Syncing { term, source, target };
+            }
+        }
+        true
+    }
+
+    /// Taking office step 4: LeaderStart (unless the WAL already holds a batch of the term).
+    fn open(&self, state: &mut ModelState, leader: NodeId, term: Term, write_leader_start: bool) {
+        let node = &mut state.nodes[index(leader)];
+        if write_leader_start {
+            node.wal.push(term);
+        }
+        let start = node.wal.iter().position(|t| *t == term).map_or(node.len(), |i| Seqno(i as u64 + 1));
+        node.role = Role::Leader {
+            term,
+            start,
+            serving: self.bugs.serve_before_leader_start,
+            matched: BTreeMap::new(),
+            waiting: BTreeSet::new(),
+        };
+        if self.bugs.serve_before_leader_start {
+            state.history.served_by.insert(leader);
+        }
+        self.record_own_matched(state, leader);
+    }
+
+    fn client_write(&self, state: &mut ModelState, leader: NodeId) -> bool {
+        let node = &mut state.nodes[index(leader)];
+        let Role::Leader { term, waiting, .. } = &mut node.role else { return false };
+        node.wal.push(*term);
+        waiting.insert(Seqno(node.wal.len() as u64));
+        state.writes += 1;
+        true
+    }
+
+    fn ship(&self, state: &mut ModelState, leader: NodeId, to: NodeId) -> bool {
+        let node = self.node(state, leader);
+        let message = ship_message(node, leader, to, false);
+        state.network.send(message)
+    }
+
+    fn pull(&self, state: &mut ModelState, leader: NodeId) -> bool {
+        let Role::Syncing { term, source, .. } = self.node(state, leader).role else { return false };
+        let source_node = self.node(state, source);
+        // The source serves only a pull of its own term (a lower one is fenced, a higher one waits).
+        if source_node.term != term {
+            return false;
+        }
+        let message = ship_message(source_node, source, leader, true);
+        state.network.send(message)
+    }
+
+    fn deliver(&self, state: &mut ModelState, message: Message) -> bool {
+        match message {
+            Message::Ship { from, to, term, prev, batches, commit, pull } => {
+                let meta = ShipMeta {
+                    term,
+                    prev,
+                    batches: batches
+                        .iter()
+                        .map(|b| BatchMeta { first: b.seqno, last: b.seqno, term: b.term })
+                        .collect(),
+                    commit,
+                };
+                self.receive(state, from, to, &meta, pull)
+            }
+            Message::Ack { from, to, term, matched } => self.receive_ack(state, from, to, term, matched),
+        }
+    }
+
+    /// The follower's receive path: decide_ship, perform, keep the ack for after the fsync.
+    fn receive(&self, state: &mut ModelState, from: NodeId, to: NodeId, ship: &ShipMeta, pull: bool) -> bool {
+        let node = self.node(state, to);
+        if pull && !matches!(node.role, Role::Syncing { .. }) {
+            return false;
+        }
+        let verdict = if self.bugs.accept_lower_term && ship.term < node.term {
+            decide_ship(&LowerTermView { node, term: ship.term }, ship, self.quorum_mode())
+        } else {
+            decide_ship(node, ship, self.quorum_mode())
+        };
+        let (steps, matched, commit) = match verdict {
+            Verdict::Accept { steps, matched, commit } => (steps, matched, commit),
+            Verdict::Halt { .. } => return state.history.broken.insert(Broken::Halted(to)),
+            Verdict::Fenced { .. }
+            | Verdict::NotYet { .. }
+            | Verdict::Gap { .. }
+            | Verdict::Diverged
+            | Verdict::Refuse { .. } => return false,
+        };
+        for step in steps {
+            match step {
+                Step::Skip(_) => {}
+                Step::QuarantineFrom(seqno) => self.quarantine(state, to, seqno),
+                Step::Append(i) => {
+                    let node = &mut state.nodes[index(to)];
+                    assert_eq!(node.len().next(), ship.batches[i].first, "append must be contiguous");
+                    node.wal.push(ship.batches[i].term);
+                }
+            }
+        }
+        let pending = PendingAck { term: ship.term, to: (!pull).then_some(from), matched, commit };
+        let node = &mut state.nodes[index(to)];
+        if self.bugs.ack_before_fsync {
+            if let Some(leader) = pending.to {
+                state.network.send(Message::Ack { from: to, to: leader, term: ship.term, matched });
+            }
+            add_pending(node, PendingAck { to: None, ..pending });
+        } else {
+            add_pending(node, pending);
+        }
+        if let Role::Syncing { term, target, .. } = node.role {
+            if node.last() == target {
+                let write_leader_start = !node.wal.contains(&term);
+                self.open(state, to, term, write_leader_start);
+            }
+        }
+        true
+    }
+
+    fn receive_ack(
+        &self,
+        state: &mut ModelState,
+        from: NodeId,
+        to: NodeId,
+        term: Term,
+        matched: TermSeqno,
+    ) -> bool {
+        let count_older_term = self.bugs.count_older_term;
+        let node = &mut state.nodes[index(to)];
+        let Role::Leader { term: leader_term, matched: matched_by, .. } = &mut node.role else {
+            return false;
+        };
+        if *leader_term != term {
+            return false;
+        }
+        let position = if count_older_term { TermSeqno { term, seqno: matched.seqno } } else { matched };
+        let entry = matched_by.entry(from).or_default();
+        if position <= *entry {
+            return false;
+        }
+        *entry = position;
+        self.advance_leader(state, to);
+        true
+    }
+
+    /// The fsync completes; under the term lock again: ack what was accepted (term re-check), advance
+    /// commit, apply; a leader records its own matched.
+    fn fsync(&self, state: &mut ModelState, me: NodeId) -> bool {
+        let node = &mut state.nodes[index(me)];
+        node.durable = node.len();
+        let before = node.commit;
+        for pending in std::mem::take(&mut node.unsynced) {
+            if node.term != pending.term && !self.bugs.no_term_recheck {
+                continue;
+            }
+            if let Some(leader) = pending.to {
+                state.network.send(Message::Ack {
+                    from: me,
+                    to: leader,
+                    term: pending.term,
+                    matched: pending.matched,
+                });
+            }
+            node.commit = node.commit.max(pending.commit);
+        }
+        self.apply(node);
+        if node.commit < before {
+            state.history.broken.insert(Broken::CommitDecreased(me));
+        }
+        self.record_own_matched(state, me);
+        true
+    }
+
+    fn apply(&self, node: &mut NodeState) {
+        let upto = if self.bugs.apply_past_commit { node.durable } else { node.commit };
+        node.applied = node.applied.max(upto);
+    }
+
+    /// A leader's own matched is its durable position, recorded under the term lock.
+    fn record_own_matched(&self, state: &mut ModelState, me: NodeId) {
+        let node = &mut state.nodes[index(me)];
+        let durable_last = node.durable_last();
+        let Role::Leader { term, matched, .. } = &mut node.role else { return };
+        if node.term != *term || durable_last.seqno == Seqno::ZERO {
+            return;
+        }
+        let entry = matched.entry(me).or_default();
+        if durable_last > *entry {
+            *entry = durable_last;
+        }
+        self.advance_leader(state, me);
+    }
+
+    /// The leader's commit rule, then apply, serve once LeaderStart is applied, acknowledge clients.
+    fn advance_leader(&self, state: &mut ModelState, me: NodeId) {
+        let quorum = self.commit_quorum(state.config);
+        let node = &mut state.nodes[index(me)];
+        let Role::Leader { term, matched, .. } = &node.role else { return };
+        let term = *term;
+        let next = match self.mode {
+            Mode::Quorum => {
+                let wal = &node.wal;
+                let true_term_at = |seqno: Seqno| {
+                    usize::try_from(seqno.get()).ok()?.checked_sub(1).and_then(|i| wal.get(i)).copied()
+                };
+                if self.bugs.count_older_term {
+                    commit_frontier(&quorum, matched, term, node.commit, |seqno| {
+                        true_term_at(seqno).map(|_| term)
+                    })
+                } else {
+                    commit_frontier(&quorum, matched, term, node.commit, true_term_at)
+                }
+            }
+            Mode::Leader => matched.get(&me).map_or(node.commit, |p| p.seqno.max(node.commit)),
+        };
+        if self.quorum_mode() {
+            for seqno in node.commit.get() + 1..=next.get() {
+                state.history.committed.insert((node.position(Seqno(seqno)), term));
+            }
+        }
+        node.commit = next;
+        self.apply(node);
+        let applied = node.applied;
+        let node_term = node.term;
+        let Role::Leader { start, serving, waiting, .. } = &mut node.role else { return };
+        if !*serving && next >= *start && applied >= *start {
+            *serving = true;
+            state.history.served_by.insert(me);
+        }
+        if !*serving {
+            return;
+        }
+        let done: Vec<Seqno> = waiting.iter().copied().filter(|s| *s <= next && *s <= applied).collect();
+        for seqno in done {
+            waiting.remove(&seqno);
+            state.history.acked.insert(Acked {
+                batch: TermSeqno { term, seqno },
+                by: me,
+                in_term: node_term,
+            });
+        }
+    }
+
+    /// Moves `node`'s WAL from `from` on into quarantine.
+    fn quarantine(&self, state: &mut ModelState, me: NodeId, from: Seqno) {
+        let node = &mut state.nodes[index(me)];
+        for seqno in from.get()..=node.len().get() {
+            let position = node.position(Seqno(seqno));
+            if state.history.committed.iter().any(|(c, _)| *c == position) {
+                state.history.broken.insert(Broken::QuarantinedCommitted(me, position));
+            }
+        }
+        let keep = Seqno(from.get().saturating_sub(1));
+        node.wal.truncate(usize::try_from(keep.get()).unwrap_or(0));
+        node.durable = node.durable.min(keep);
+        state.history.quarantined = true;
+        if self.mode == Mode::Leader && node.applied > keep {
+            // Our state holds data that no longer exists: install the new log's snapshot at `keep`.
+            self.rewind(&mut state.history, me, node, keep);
+        } else if self.mode == Mode::Leader {
+            node.commit = node.commit.min(keep);
+        }
+    }
+
+    /// A snapshot install at `to` (the source's log matches ours through it).
+    fn rewind(&self, history: &mut History, me: NodeId, node: &mut NodeState, to: Seqno) {
+        if self.quorum_mode() && node.commit > to {
+            history.broken.insert(Broken::CommitDecreased(me));
+        }
+        node.commit = node.commit.min(to);
+        node.applied = node.applied.min(to);
+    }
+
+    fn finish_change(&self, state: &mut ModelState, leader: NodeId) -> bool {
+        let node = self.node(state, leader);
+        let Role::Leader { term, matched, .. } = &node.role else { return false };
+        let caught_up: BTreeSet<NodeId> = matched
+            .iter()
+            .filter(|(_, position)| position.term == *term && position.seqno >= node.commit)
+            .map(|(id, _)| *id)
+            .collect();
+        if !Quorum::single(self.new_voters()).is_majority(&caught_up) {
+            return false;
+        }
+        state.config = Config::New;
+        true
+    }
+}
+
+/// A node persists a higher term (under its term lock): it leaves any office of a lower term.
+fn adopt(node: &mut NodeState, term: Term) {
+    if term <= node.term {
+        return;
+    }
+    node.term = term;
+    if node.office_term().is_some_and(|t| t < term) {
+        node.role = Role::Follower;
+    }
+}
+
+/// Keeps one pending ack per (term, leader): the fsync sends one ack per link anyway, and the greater
+/// matched and commit of one term's leader subsume the smaller.
+fn add_pending(node: &mut NodeState, pending: PendingAck) {
+    let same_link = node.unsynced.iter().find(|p| p.term == pending.term && p.to == pending.to).cloned();
+    let merged = match same_link {
+        Some(old) => {
+            node.unsynced.remove(&old);
+            PendingAck {
+                matched: old.matched.max(pending.matched),
+                commit: old.commit.max(pending.commit),
+                ..pending
+            }
+        }
+        None => pending,
+    };
+    node.unsynced.insert(merged);
+}
+
+/// Crash and restart: the WAL keeps what was fsynced, memory restarts from the persisted state.
+fn restart(node: &mut NodeState) -> bool {
+    node.wal.truncate(usize::try_from(node.durable.get()).unwrap_or(0));
+    node.unsynced.clear();
+    node.role = Role::Follower;
+    node.commit = node.applied;
+    true
+}
+
+/// A ship (or pulled chunk) of `node`'s whole durable log.
+fn ship_message(node: &NodeState, sender: NodeId, to: NodeId, pull: bool) -> Message {
+    let batches = (1..=node.durable.get()).map(|s| node.position(Seqno(s))).collect();
+    Message::Ship {
+        from: sender,
+        to,
+        term: node.term,
+        prev: TermSeqno::default(),
+        batches,
+        commit: node.commit,
+        pull,
+    }
+}
+
+/// The planted bug `choose_by_commit`: adopt the answering node with the greatest commit frontier.
+fn choose_by_commit(
+    me: NodeId,
+    term: Term,
+    own: &OwnLog,
+    own_commit: Seqno,
+    answers: &BTreeMap<NodeId, ProbeAnswer>,
+    commits: &BTreeMap<NodeId, Seqno>,
+    electorate: &Quorum,
+) -> OfficePlan {
+    // Same majority and step-down rules as the real plan; only the choice differs.
+    match plan_office(me, term, own, answers, electorate) {
+        plan @ (OfficePlan::Wait | OfficePlan::StepDown { .. }) => return plan,
+        OfficePlan::Open { .. } | OfficePlan::Sync { .. } => {}
+    }
+    let mut best: Option<(NodeId, Seqno)> = None;
+    for (node, answer) in answers {
+        if let (ProbeAnswer::Position { .. }, Some(commit)) = (answer, commits.get(node)) {
+            if *commit > own_commit && best.is_none_or(|(_, c)| *commit > c) {
+                best = Some((*node, *commit));
+            }
+        }
+    }
+    let write_leader_start = own.last.term != term;
+    let Some((source, _)) = best else { return OfficePlan::Open { baseline: own.last, write_leader_start } };
+    let Some(ProbeAnswer::Position { last, history }) = answers.get(&source) else {
+        return OfficePlan::Open { baseline: own.last, write_leader_start };
+    };
+    let pull_from = divergence_point(&own.history, own.last, history, *last);
+    OfficePlan::Sync {
+        source,
+        target: *last,
+        pull_from,
+        quarantine_from: (own.last.seqno > pull_from.seqno).then(|| pull_from.seqno.next()),
+        needs_snapshot: own.applied > pull_from.seqno,
+    }
+}
+
+/// All subsets of `items` of size `k`, in order.
+fn subsets(items: &[NodeId], k: usize) -> Vec<Vec<NodeId>> {
+    if k == 0 {
+        return vec![Vec::new()];
+    }
+    let mut all = Vec::new();
+    for (i, first) in items.iter().enumerate() {
+        for mut rest in subsets(&items[i + 1..], k - 1) {
+            rest.insert(0, *first);
+            all.push(rest);
+        }
+    }
+    all
+}
+
+impl fmt::Display for Action {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Action::Elect { candidate, voters } => {
+                let voters: Vec<String> = voters.iter().map(|v| v.to_string()).collect();
+                write!(f, "{candidate}: elected, votes {{{}}}", voters.join(","))
+            }
+            Action::LearnTerm { node, term } => write!(f, "{node}: learns term {term}"),
+            Action::Reelect { node } => write!(f, "{node}: back in office in the same term"),
+            Action::Probe { leader, target } => write!(f, "{leader}: probes {target}"),
+            Action::ClientWrite { leader } => write!(f, "{leader}: client write appended"),
+            Action::Ship { leader, to } => write!(f, "{leader}: ships its durable log to {to}"),
+            Action::Pull { leader } => write!(f, "{leader}: pulls from its source"),
+            Action::Deliver(Message::Ship { from, to, term, prev, batches, commit, pull }) => {
+                let batches: Vec<String> =
+                    batches.iter().map(|b| format!("{}:{}", b.seqno, b.term)).collect();
+                let kind = if *pull { "chunk" } else { "ship" };
+                write!(
+                    f,
+                    "{to}: gets {kind} from {from} {{{term}, prev {prev}, [{}], commit {commit}}}",
+                    batches.join(" ")
+                )
+            }
+            Action::Deliver(Message::Ack { from, to, term, matched }) => {
+                write!(f, "{to}: gets ack from {from} {{{term}, matched {matched}}}")
+            }
+            Action::Fsync { node } => write!(f, "{node}: fsync done"),
+            Action::Restart { node } => write!(f, "{node}: crash + restart"),
+            Action::BeginChange { leader } => write!(f, "{leader}: decides on the membership change"),
+            Action::FinishChange { leader } => write!(f, "{leader}: new configuration committed"),
+        }
+    }
+}

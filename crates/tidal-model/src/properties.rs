@@ -1,0 +1,183 @@
+//! The properties checked in every state (issue 7): safety (`always`) and reachability
+//! (`sometimes`, so the model provably reaches the interesting states).
+//!
+//! Each property is one function; its doc comment says what it defends. Quorum-mode properties hold
+//! vacuously in leader mode, whose documented loss of acknowledged writes is a `sometimes` instead.
+
+use std::collections::BTreeSet;
+
+use stateright::Property;
+use tidal_cluster::decide::Quorum;
+use tidal_types::{NodeId, Term};
+
+use crate::model::{Mode, ReplicationModel};
+use crate::state::{id, Broken, ModelState, Role};
+
+/// Names of the safety properties (a discovery of one of these is a violation).
+pub const SAFETY: [&str; 10] = [
+    NO_ACKED_WRITE_LOST,
+    NO_COMMITTED_BATCH_LOST,
+    LEADER_COMPLETENESS,
+    COMMITTED_ON_ELECTORATE,
+    LOG_MATCHING,
+    COMMIT_MONOTONE,
+    COMMIT_DURABLE,
+    ONE_ACKER_PER_TERM,
+    APPLIED_COMMITTED,
+    QUARANTINE_UNCOMMITTED,
+];
+
+/// Quorum mode: every acknowledged write is in the log of every leader of its term or later, at the
+/// same position, and applied there, once that leader serves.
+pub const NO_ACKED_WRITE_LOST: &str = "no acknowledged write lost (quorum)";
+/// Quorum mode: every position a leader counted as committed is in every later serving leader's log.
+pub const NO_COMMITTED_BATCH_LOST: &str = "no committed batch lost (quorum)";
+/// Quorum mode: a leader that opened term T holds every position committed by a leader of a term
+/// below T (taking office step 3: "L now holds all of them"), before it serves.
+pub const LEADER_COMPLETENESS: &str = "an opened leader holds every earlier-term commit (quorum)";
+/// Quorum mode: every committed position is durable on a majority of the voters openraft elects
+/// with (the premise of taking office step 3: every committed batch is on one node of any majority).
+pub const COMMITTED_ON_ELECTORATE: &str = "every commit is durable on a majority of the electorate (quorum)";
+/// Two logs holding the same term at a seqno agree on everything up to it; terms never decrease
+/// along a log.
+pub const LOG_MATCHING: &str = "log matching";
+/// A node's commit frontier never decreases while it runs.
+pub const COMMIT_MONOTONE: &str = "commit never decreases";
+/// `commit <= durable` on every node.
+pub const COMMIT_DURABLE: &str = "commit never exceeds durable";
+/// In any term, at most one node acknowledges client writes.
+pub const ONE_ACKER_PER_TERM: &str = "at most one node acknowledges in a term";
+/// `applied <= commit` on every node.
+pub const APPLIED_COMMITTED: &str = "nothing applied above commit";
+/// Quorum mode: quarantine never moves a committed position, and no receiver halts for it.
+pub const QUARANTINE_UNCOMMITTED: &str = "quarantine never touches a committed seqno (quorum)";
+
+/// Reached: a client write is acknowledged.
+pub const SOMETIMES_ACKED: &str = "sometimes: a write is acknowledged";
+/// Reached: a second node serves as leader.
+pub const SOMETIMES_LEADER_CHANGE: &str = "sometimes: a leader changes";
+/// Reached: a divergent suffix is quarantined.
+pub const SOMETIMES_QUARANTINE: &str = "sometimes: a divergent suffix is quarantined";
+/// Reached in leader mode only (PROTOCOL.md "leader mode loses an acknowledged tail").
+pub const SOMETIMES_LEADER_MODE_LOSS: &str = "sometimes: leader mode loses an acknowledged write";
+
+/// Every property.
+pub fn all() -> Vec<Property<ReplicationModel>> {
+    vec![
+        Property::always(NO_ACKED_WRITE_LOST, |m: &ReplicationModel, s: &ModelState| {
+            m.mode != Mode::Quorum || acked_writes_held(s)
+        }),
+        Property::always(NO_COMMITTED_BATCH_LOST, |m: &ReplicationModel, s: &ModelState| {
+            m.mode != Mode::Quorum || committed_held(s)
+        }),
+        Property::always(LEADER_COMPLETENESS, |m: &ReplicationModel, s: &ModelState| {
+            m.mode != Mode::Quorum || leaders_complete(s)
+        }),
+        Property::always(COMMITTED_ON_ELECTORATE, |m: &ReplicationModel, s: &ModelState| {
+            m.mode != Mode::Quorum || committed_on_electorate(m, s)
+        }),
+        Property::always(LOG_MATCHING, |_, s: &ModelState| log_matching(s)),
+        Property::always(COMMIT_MONOTONE, |_, s: &ModelState| {
+            !s.history.broken.iter().any(|b| matches!(b, Broken::CommitDecreased(_)))
+        }),
+        Property::always(COMMIT_DURABLE, |_, s: &ModelState| s.nodes.iter().all(|n| n.commit <= n.durable)),
+        Property::always(ONE_ACKER_PER_TERM, |_, s: &ModelState| one_acker_per_term(s)),
+        Property::always(APPLIED_COMMITTED, |_, s: &ModelState| {
+            s.nodes.iter().all(|n| n.applied <= n.commit)
+        }),
+        Property::always(QUARANTINE_UNCOMMITTED, |m: &ReplicationModel, s: &ModelState| {
+            m.mode != Mode::Quorum
+                || !s
+                    .history
+                    .broken
+                    .iter()
+                    .any(|b| matches!(b, Broken::QuarantinedCommitted(..) | Broken::Halted(_)))
+        }),
+        Property::sometimes(SOMETIMES_ACKED, |_, s: &ModelState| !s.history.acked.is_empty()),
+        Property::sometimes(SOMETIMES_LEADER_CHANGE, |_, s: &ModelState| s.history.served_by.len() >= 2),
+        Property::sometimes(SOMETIMES_QUARANTINE, |_, s: &ModelState| s.history.quarantined),
+        Property::sometimes(SOMETIMES_LEADER_MODE_LOSS, |m: &ReplicationModel, s: &ModelState| {
+            m.mode == Mode::Leader && !acked_writes_held(s)
+        }),
+    ]
+}
+
+/// Serving leaders: (node index, term).
+fn serving_leaders(state: &ModelState) -> impl Iterator<Item = (usize, Term)> + '_ {
+    state.nodes.iter().enumerate().filter_map(|(i, node)| match node.role {
+        Role::Leader { term, serving: true, .. } => Some((i, term)),
+        _ => None,
+    })
+}
+
+fn acked_writes_held(state: &ModelState) -> bool {
+    serving_leaders(state).all(|(i, term)| {
+        let node = &state.nodes[i];
+        state
+            .history
+            .acked
+            .iter()
+            .filter(|a| a.batch.term <= term)
+            .all(|a| node.term_at(a.batch.seqno) == Some(a.batch.term) && node.applied >= a.batch.seqno)
+    })
+}
+
+fn committed_held(state: &ModelState) -> bool {
+    serving_leaders(state).all(|(i, term)| {
+        let node = &state.nodes[i];
+        state
+            .history
+            .committed
+            .iter()
+            .filter(|(c, _)| c.term <= term)
+            .all(|(c, _)| node.term_at(c.seqno) == Some(c.term))
+    })
+}
+
+fn committed_on_electorate(model: &ReplicationModel, state: &ModelState) -> bool {
+    let electorate = Quorum::single(model.electorate(state.config));
+    state.history.committed.iter().all(|(c, _)| {
+        let holders: BTreeSet<NodeId> = (0..state.nodes.len())
+            .filter(|i| {
+                let node = &state.nodes[*i];
+                c.seqno <= node.durable && node.term_at(c.seqno) == Some(c.term)
+            })
+            .map(id)
+            .collect();
+        electorate.is_majority(&holders)
+    })
+}
+
+fn leaders_complete(state: &ModelState) -> bool {
+    state.nodes.iter().all(|node| {
+        let Role::Leader { term, .. } = node.role else { return true };
+        state
+            .history
+            .committed
+            .iter()
+            .filter(|(_, by)| *by < term)
+            .all(|(c, _)| node.term_at(c.seqno) == Some(c.term))
+    })
+}
+
+fn log_matching(state: &ModelState) -> bool {
+    let ordered = state.nodes.iter().all(|n| n.wal.windows(2).all(|w| w[0] <= w[1]));
+    let matching = state.nodes.iter().enumerate().all(|(i, a)| {
+        state.nodes.iter().skip(i + 1).all(|b| {
+            // Holding the same term at the highest common such seqno implies the same prefix.
+            let common = a.wal.iter().zip(&b.wal).rposition(|(x, y)| x == y);
+            common.is_none_or(|last| a.wal[..=last] == b.wal[..=last])
+        })
+    });
+    ordered && matching
+}
+
+fn one_acker_per_term(state: &ModelState) -> bool {
+    let mut acker: std::collections::BTreeMap<Term, NodeId> = std::collections::BTreeMap::new();
+    state.history.acked.iter().all(|a| *acker.entry(a.in_term).or_insert(a.by) == a.by)
+}
+
+/// Node ids of a model state, for reports.
+pub fn node_ids(state: &ModelState) -> Vec<NodeId> {
+    (0..state.nodes.len()).map(id).collect()
+}

@@ -1,0 +1,330 @@
+//! The model's state: per-node durable and in-memory state, the network, and history variables.
+//!
+//! A batch is abstracted as one seqno stamped with one term: `wal[i]` is the term of the batch at
+//! seqno `i + 1`. Everything the properties need that no single node remembers (what was acknowledged,
+//! what some leader declared committed, rules broken at a transition) is kept in [`History`].
+
+use std::collections::{BTreeMap, BTreeSet};
+use tidal_cluster::decide::{Located, LogView, ProbeAnswer};
+use tidal_types::{NodeId, Seqno, Term, TermSeqno};
+
+/// The whole cluster at one instant.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct ModelState {
+    /// Nodes, `nodes[i]` is `NodeId(i + 1)`.
+    pub nodes: Vec<NodeState>,
+    /// Messages in flight, the last one sent on each link. Delivery leaves it here, so it can be
+    /// delivered again (duplication), after messages on other links (reordering), or never (loss); a
+    /// newer message on the same link replaces it.
+    pub network: Network,
+    /// The highest term openraft has started (elections take terms in order).
+    pub last_term: Term,
+    /// Client writes accepted so far (bounded by the model).
+    pub writes: u8,
+    /// Crash-and-restarts so far (bounded by the model).
+    pub crashes: u8,
+    /// The membership configuration the data path is in.
+    pub config: Config,
+    /// History variables for the properties.
+    pub history: History,
+}
+
+/// One node.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct NodeState {
+    /// Persisted vote term (openraft's `save_vote` fsyncs it before returning).
+    pub term: Term,
+    /// Persisted: openraft made this node leader of this term (a restart may put it back in office).
+    pub elected: Option<Term>,
+    /// The WAL as appended: `wal[i]` is the term of the batch at seqno `i + 1`.
+    pub wal: Vec<Term>,
+    /// Last fsynced seqno: a crash keeps `wal[..durable]` only.
+    pub durable: Seqno,
+    /// Commit frontier (in memory).
+    pub commit: Seqno,
+    /// Applied seqno (persisted with the engine state; the model persists it at once).
+    pub applied: Seqno,
+    /// What the node is doing.
+    pub role: Role,
+    /// Accepted messages waiting for the fsync before their ack (PROTOCOL.md shipping step 4).
+    pub unsynced: BTreeSet<PendingAck>,
+}
+
+/// An accepted ship or chunk whose ack waits for the next fsync and the term re-check.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct PendingAck {
+    /// The message's term.
+    pub term: Term,
+    /// Who to ack (None for a pulled chunk: nobody counts it).
+    pub to: Option<NodeId>,
+    /// `matched` from the verdict.
+    pub matched: TermSeqno,
+    /// `commit` from the verdict.
+    pub commit: Seqno,
+}
+
+/// What a node is doing.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Role {
+    /// Accepts ships of its term.
+    Follower,
+    /// Elected in `term`, probing (taking office step 2).
+    Probing {
+        /// The term it was elected in.
+        term: Term,
+        /// Answers so far.
+        answers: BTreeMap<NodeId, ProbeAnswer>,
+        /// Commit frontiers seen while probing: read ONLY by the planted bug `choose_by_commit`.
+        commits: BTreeMap<NodeId, Seqno>,
+    },
+    /// Pulling the greatest log before opening the term (taking office step 3).
+    Syncing {
+        /// The term.
+        term: Term,
+        /// Node holding the greatest log.
+        source: NodeId,
+        /// Its last position: once held, the term opens.
+        target: TermSeqno,
+    },
+    /// Term opened (LeaderStart appended).
+    Leader {
+        /// The term.
+        term: Term,
+        /// Seqno of this term's LeaderStart.
+        start: Seqno,
+        /// LeaderStart committed and applied: reads and acks allowed.
+        serving: bool,
+        /// Per node (itself included), the last position acked in this term.
+        matched: BTreeMap<NodeId, TermSeqno>,
+        /// Client writes appended and not yet acknowledged.
+        waiting: BTreeSet<Seqno>,
+    },
+}
+
+/// The membership configuration (5-node variant; the 3-node model stays `Static`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Config {
+    /// One voter set that never changes.
+    Static,
+    /// The old voter set.
+    Old,
+    /// The leader of `term` decided on the change: it counts commit against both sets; openraft does
+    /// not know yet, so elections still use the old set.
+    Deciding {
+        /// The deciding leader's term.
+        term: Term,
+    },
+    /// Openraft committed the new configuration.
+    New,
+}
+
+/// The network: per link, the last message sent.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Network(BTreeMap<(NodeId, NodeId, bool), Message>);
+
+impl Network {
+    /// Sends `message`, replacing the one in flight on its link. False if it was already there.
+    pub fn send(&mut self, message: Message) -> bool {
+        let link = match &message {
+            Message::Ship { from, to, pull, .. } => (*from, *to, *pull),
+            Message::Ack { from, to, .. } => (*from, *to, false),
+        };
+        self.0.insert(link, message.clone()) != Some(message)
+    }
+
+    /// Messages in flight.
+    pub fn messages(&self) -> impl Iterator<Item = &Message> {
+        self.0.values()
+    }
+}
+
+/// A message on the network.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Message {
+    /// `ShipSegment`, or a chunk of a pull (`pull`), with single-seqno batches after `prev`.
+    Ship {
+        /// Sender.
+        from: NodeId,
+        /// Receiver.
+        to: NodeId,
+        /// Sender's term.
+        term: Term,
+        /// Position before the first batch.
+        prev: TermSeqno,
+        /// Batches, contiguous from `prev.seqno + 1`.
+        batches: Vec<TermSeqno>,
+        /// Sender's commit frontier.
+        commit: Seqno,
+        /// A pulled chunk (not acked).
+        pull: bool,
+    },
+    /// `Ack{term, matched}`.
+    Ack {
+        /// Follower.
+        from: NodeId,
+        /// Leader.
+        to: NodeId,
+        /// The acked message's term.
+        term: Term,
+        /// Last position verified or appended.
+        matched: TermSeqno,
+    },
+}
+
+/// History variables: what the properties need beyond the current state.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub struct History {
+    /// Every client acknowledgement.
+    pub acked: BTreeSet<Acked>,
+    /// Every position some leader counted as committed (quorum mode), with that leader's term.
+    pub committed: BTreeSet<(TermSeqno, Term)>,
+    /// Nodes that have served as leader.
+    pub served_by: BTreeSet<NodeId>,
+    /// A divergent suffix was moved to quarantine.
+    pub quarantined: bool,
+    /// Rules broken at a transition.
+    pub broken: BTreeSet<Broken>,
+}
+
+/// A client acknowledgement.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Acked {
+    /// The write's position.
+    pub batch: TermSeqno,
+    /// The acknowledging node.
+    pub by: NodeId,
+    /// Its term when it acknowledged.
+    pub in_term: Term,
+}
+
+/// A rule broken at a transition (not visible in a single state).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Broken {
+    /// A node's commit frontier went down without a restart.
+    CommitDecreased(NodeId),
+    /// A committed position was moved to quarantine.
+    QuarantinedCommitted(NodeId, TermSeqno),
+    /// A receiver halted (decide_ship refused to quarantine at or below its commit).
+    Halted(NodeId),
+}
+
+impl NodeState {
+    /// A node with an empty log in term 0.
+    pub fn new() -> NodeState {
+        NodeState {
+            term: Term(0),
+            elected: None,
+            wal: Vec::new(),
+            durable: Seqno::ZERO,
+            commit: Seqno::ZERO,
+            applied: Seqno::ZERO,
+            role: Role::Follower,
+            unsynced: BTreeSet::new(),
+        }
+    }
+
+    /// Last appended seqno.
+    pub fn len(&self) -> Seqno {
+        Seqno(self.wal.len() as u64)
+    }
+
+    /// The term of the batch at `seqno`, if held.
+    pub fn term_at(&self, seqno: Seqno) -> Option<Term> {
+        let index = usize::try_from(seqno.get()).ok()?.checked_sub(1)?;
+        self.wal.get(index).copied()
+    }
+
+    /// The position of `seqno` (`(0, 0)` for seqno 0 or one not held).
+    pub fn position(&self, seqno: Seqno) -> TermSeqno {
+        self.term_at(seqno).map_or_else(TermSeqno::default, |term| TermSeqno { term, seqno })
+    }
+
+    /// Last durable position.
+    pub fn durable_last(&self) -> TermSeqno {
+        self.position(self.durable)
+    }
+
+    /// Term history `[(term, first seqno)]` of `wal[..upto]`.
+    pub fn history(&self, upto: Seqno) -> Vec<TermSeqno> {
+        let mut history: Vec<TermSeqno> = Vec::new();
+        for (i, term) in self.wal.iter().enumerate().take(usize::try_from(upto.get()).unwrap_or(0)) {
+            if history.last().is_none_or(|entry| entry.term != *term) {
+                history.push(TermSeqno { term: *term, seqno: Seqno(i as u64 + 1) });
+            }
+        }
+        history
+    }
+
+    /// The term of the role, if the node holds or is taking office.
+    pub fn office_term(&self) -> Option<Term> {
+        match &self.role {
+            Role::Follower => None,
+            Role::Probing { term, .. } | Role::Syncing { term, .. } | Role::Leader { term, .. } => {
+                Some(*term)
+            }
+        }
+    }
+}
+
+impl Default for NodeState {
+    fn default() -> Self {
+        NodeState::new()
+    }
+}
+
+impl LogView for NodeState {
+    fn term(&self) -> Term {
+        self.term
+    }
+    fn last(&self) -> TermSeqno {
+        self.position(self.len())
+    }
+    fn locate(&self, seqno: Seqno) -> Located {
+        match self.term_at(seqno) {
+            Some(term) => Located::In { term, first: seqno, last: seqno },
+            None => Located::Beyond,
+        }
+    }
+    fn snapshot_position(&self) -> Option<TermSeqno> {
+        None
+    }
+    fn commit(&self) -> Seqno {
+        self.commit
+    }
+}
+
+/// A node's log seen with a lower term: the planted bug `accept_lower_term`.
+pub struct LowerTermView<'a> {
+    /// The node.
+    pub node: &'a NodeState,
+    /// The term to pretend.
+    pub term: Term,
+}
+
+impl LogView for LowerTermView<'_> {
+    fn term(&self) -> Term {
+        self.term
+    }
+    fn last(&self) -> TermSeqno {
+        self.node.last()
+    }
+    fn locate(&self, seqno: Seqno) -> Located {
+        self.node.locate(seqno)
+    }
+    fn snapshot_position(&self) -> Option<TermSeqno> {
+        None
+    }
+    fn commit(&self) -> Seqno {
+        self.node.commit
+    }
+}
+
+/// `NodeId` of node index `i`.
+pub fn id(i: usize) -> NodeId {
+    NodeId(i as u64 + 1)
+}
+
+/// Index of `NodeId`.
+pub fn index(node: NodeId) -> usize {
+    usize::try_from(node.0).map_or(usize::MAX, |n| n.wrapping_sub(1))
+}
