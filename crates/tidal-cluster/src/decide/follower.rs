@@ -206,10 +206,19 @@ pub fn decide_ship(log: &impl LogView, ship: &ShipMeta, quorum: bool) -> Verdict
                 steps.push(Step::Skip(i));
             }
             Located::In { term, first, .. } if first == batch.first => {
-                if quorum && batch.first <= log.commit() {
+                if batch.first <= log.commit() {
+                    // Quorum mode: a protocol bug. Leader mode: acknowledged writes were lost in a
+                    // failover; our state (commit, applied) is past the divergence point, and
+                    // accepting would leave commit above durable (found by the model check,
+                    // decisions/006). Either way nothing is written: the node needs a snapshot.
+                    let why = if quorum {
+                        "a protocol violation"
+                    } else {
+                        "leader mode lost them; install a snapshot"
+                    };
                     return Verdict::Halt {
                         reason: format!(
-                            "would quarantine committed seqno {} (commit {}) held with term {term}, sender has {}",
+                            "would quarantine committed seqno {} (commit {}) held with term {term}, sender has {}: {why}",
                             batch.first,
                             log.commit(),
                             batch.term
@@ -380,11 +389,21 @@ mod tests {
     }
 
     #[test]
-    fn quarantine_of_committed_data_halts_in_quorum_mode_only() {
+    fn quarantine_of_committed_data_halts_in_both_modes_and_uncommitted_is_quarantined() {
+        // Committed (and maybe applied) data would be cut: quorum mode, a protocol bug; leader mode,
+        // lost acknowledged writes that need a snapshot (decisions/006). Nothing is written.
         let l = log(2, vec![b(1, 100, 1), b(101, 105, 1)], 105);
         let s = ship(2, pos(1, 100), vec![b(101, 101, 2)], 101);
         assert!(matches!(decide_ship(&l, &s, true), Verdict::Halt { .. }));
-        assert!(matches!(decide_ship(&l, &s, false), Verdict::Accept { .. }));
+        assert!(matches!(decide_ship(&l, &s, false), Verdict::Halt { .. }));
+        // The same tail, uncommitted: quarantined and replaced in both modes.
+        let l = log(2, vec![b(1, 100, 1), b(101, 105, 1)], 100);
+        for quorum in [true, false] {
+            let verdict = decide_ship(&l, &s, quorum);
+            let Verdict::Accept { steps, commit, .. } = verdict else { panic!("{verdict:?}") };
+            assert_eq!(steps, vec![Step::QuarantineFrom(Seqno(101)), Step::Append(0)]);
+            assert!(commit <= Seqno(101), "commit never passes what we hold");
+        }
     }
 
     #[test]
