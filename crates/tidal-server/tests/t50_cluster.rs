@@ -318,3 +318,43 @@ async fn leader_durability_acknowledges_without_followers_and_they_converge_late
         cluster.stop(i).await;
     }
 }
+
+/// The operator verbs over HTTP: `heal` on the leader (dry run says what it would do and changes
+/// nothing; the real one resets the queue and the follower still converges), `heal` refused on a
+/// follower, `catchup` on a follower starts (or joins) a pull, and is refused on the leader.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn heal_and_catchup_verbs() {
+    let root = tempfile::tempdir().unwrap();
+    let mut cluster = Cluster::new(root.path(), 3, Durability::Quorum);
+    for i in 0..3 {
+        cluster.start(i).await;
+    }
+    let l = cluster.leader().await;
+    let f = cluster.followers_of(l)[0];
+    let f_id = cluster.spec.nodes[f].id.0;
+    let written = cluster.client(l).put_item(1, json!({"x": 1}), None).await.unwrap();
+    let post = |index: usize, path: String| {
+        let client = cluster.client(index).clone();
+        async move { client.json::<(), serde_json::Value>(reqwest::Method::POST, &path, None).await }
+    };
+    let dry = post(l, format!("/cluster/heal?node={f_id}&dry_run=true")).await.unwrap();
+    assert_eq!(dry["dry_run"], json!(true));
+    assert!(dry["action"].as_str().unwrap().starts_with("would reset"), "{dry}");
+    let healed = post(l, format!("/cluster/heal?node={f_id}")).await.unwrap();
+    assert!(healed["action"].as_str().unwrap().starts_with("reset"), "{healed}");
+    let refused = post(f, format!("/cluster/heal?node={f_id}")).await.unwrap_err();
+    assert_eq!(refused.code(), Some("not_ready"), "{refused:?}");
+    let catchup = post(f, "/cluster/catchup".to_string()).await.unwrap();
+    assert_eq!(catchup["leader"], json!(cluster.spec.nodes[l].id.0), "{catchup}");
+    assert!(
+        post(l, "/cluster/catchup".to_string()).await.is_err(),
+        "the leader has nothing to catch up from"
+    );
+    let after = cluster.client(l).put_item(2, json!({"x": 2}), None).await.unwrap();
+    assert!(after.seqno > written.seqno);
+    let digests = cluster.digests_at(after.seqno).await;
+    assert!(digests.windows(2).all(|w| w[0] == w[1]), "replicas differ after heal: {digests:?}");
+    for i in 0..3 {
+        cluster.stop(i).await;
+    }
+}
