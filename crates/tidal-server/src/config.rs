@@ -41,6 +41,11 @@ pub struct ServeArgs {
     /// This node's id in the cluster file.
     #[arg(long, env = "TIDAL_NODE_ID")]
     pub node_id: Option<u64>,
+    /// Override the cluster file's durability: `quorum` (acknowledge once a majority fsynced) or
+    /// `leader` (after the leader's fsync; a failover can lose acknowledged writes). Every member
+    /// must use the same mode.
+    #[arg(long, env = "TIDAL_DURABILITY")]
+    pub durability: Option<String>,
 }
 
 /// The cluster file: `cluster_id`, `secret_file`, `durability`, and `[[node]]` tables.
@@ -83,6 +88,14 @@ pub struct ClusterMembership {
     pub timing: tidal_cluster::ControlTiming,
 }
 
+fn parse_durability(mode: &str) -> anyhow::Result<tidal_cluster::Durability> {
+    match mode {
+        "quorum" => Ok(tidal_cluster::Durability::Quorum),
+        "leader" => Ok(tidal_cluster::Durability::Leader),
+        other => anyhow::bail!("durability must be \"quorum\" or \"leader\", got {other:?}"),
+    }
+}
+
 /// Reads a cluster file; a relative `secret_file` is relative to the cluster file.
 pub fn load_cluster(path: &Path, node_id: u64) -> anyhow::Result<ClusterMembership> {
     let text =
@@ -94,11 +107,7 @@ pub fn load_cluster(path: &Path, node_id: u64) -> anyhow::Result<ClusterMembersh
         .with_context(|| format!("read cluster secret {}", secret_path.display()))?
         .trim()
         .to_string();
-    let durability = match file.durability.as_str() {
-        "quorum" => tidal_cluster::Durability::Quorum,
-        "leader" => tidal_cluster::Durability::Leader,
-        other => anyhow::bail!("durability must be \"quorum\" or \"leader\", got {other:?}"),
-    };
+    let durability = parse_durability(&file.durability)?;
     let defaults = tidal_cluster::ControlTiming::default();
     let ms = |value: Option<u64>, default: std::time::Duration| {
         value.map_or(default, std::time::Duration::from_millis)
@@ -214,7 +223,13 @@ impl ServeConfig {
             anyhow::ensure!(weight.is_finite(), "signal kind {name} has a non-finite weight");
         }
         let cluster = match (&args.cluster, args.node_id) {
-            (Some(path), Some(id)) => Some(load_cluster(path, id)?),
+            (Some(path), Some(id)) => {
+                let mut membership = load_cluster(path, id)?;
+                if let Some(mode) = &args.durability {
+                    membership.spec.durability = parse_durability(mode)?;
+                }
+                Some(membership)
+            }
             (Some(_), None) => anyhow::bail!("--cluster needs --node-id"),
             _ => None,
         };
