@@ -13,6 +13,8 @@
 //!   per-kind counters; `idempotency`: the replicated idempotency table.
 //! - `feed_index`, `ranked`: the in-memory ranking index and the feed / similar / trending loops.
 //! - `negatives`: the hard negatives ORSWOT (outside the log); `digest`: state digests.
+//! - [`snapshot`]: the snapshot format; `db/snapshot_io`: [`TidalDb::export_snapshot`] and
+//!   [`TidalDb::install_snapshot`].
 //!
 //! Non-goals: this crate does no networking, reads no clock and knows no WAL files; it takes
 //! batches. fjall is named only here, and fjall's sequence numbers never leave it.
@@ -35,6 +37,7 @@ mod overlay;
 mod ranked;
 pub mod record;
 mod record_error;
+pub mod snapshot;
 mod stores;
 mod trend;
 
@@ -53,4 +56,5 @@ pub use record::{
     SignalEvent,
 };
 pub use record_error::RecordError;
+pub use snapshot::{SnapshotError, SnapshotInfo};
 pub use trend::Trend;
