@@ -11,10 +11,15 @@ pub mod commit_state;
 pub mod decide;
 pub mod replica;
 pub mod ship_feed;
+pub mod snapshot;
 pub mod spec;
 
 pub use applier::{Applier, ApplierInput, ApplierSender, CommitOnFlush};
 pub use commit_state::CommitState;
 pub use replica::{FollowerProgress, Replica, ReplicaHook, ReplicaService};
 pub use ship_feed::{ShipFeed, TailRead};
+pub use snapshot::{
+    install_snapshot, resume_pending_install, snapshot_needed, InstallError, InstallOutcome, InstallProgress,
+    InstallReport, SnapshotPin, SnapshotPins, SnapshotSource,
+};
 pub use spec::{ClusterSpec, Durability, NodeSpec, STATIC_TERM};
