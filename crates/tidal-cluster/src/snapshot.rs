@@ -37,7 +37,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use tidal_core::snapshot::read_snapshot;
-use tidal_core::{SnapshotError, TidalDb};
+use tidal_core::{SnapshotError, SnapshotInfo, TidalDb};
 use tidal_net::{NetError, Peer, SnapshotChunk, SnapshotRequest, SnapshotStream, SNAPSHOT_CHUNK_BYTES};
 use tidal_types::{NodeId, Seqno, Term, TermSeqno};
 use tidal_wal::wal_meta::TERM_HISTORY_LEN_MAX;
@@ -203,7 +203,7 @@ pub fn resume_pending_install(
     match read_marker(data_dir)? {
         Some(marker) => {
             tracing::warn!(position = %marker.position, "resuming an interrupted snapshot install");
-            finish_install(&local, &marker, Instant::now(), None).map(Some)
+            finish_install(&local, &marker, None, Instant::now(), None).map(Some)
         }
         None => {
             let dir = data_dir.join(SNAPSHOT_DIR_NAME);
@@ -247,8 +247,8 @@ async fn install(
         Err(position) => return Ok(InstallOutcome::NotNeeded { position }),
     };
     let report = blocking(move || {
-        write_marker(&local.data_dir, &marker)?;
-        finish_install(&local, &marker, started, stop_after)
+        write_marker(&local.data_dir, &marker.0)?;
+        finish_install(&local, &marker.0, Some(marker.1), started, stop_after)
     })
     .await?;
     Ok(InstallOutcome::Installed(report))
@@ -261,7 +261,7 @@ async fn receive(
     me: NodeId,
     local: &Local,
     progress: &mut (dyn FnMut(InstallProgress) + Send),
-) -> Result<Result<InstallMarker, TermSeqno>, InstallError> {
+) -> Result<Result<(InstallMarker, SnapshotInfo), TermSeqno>, InstallError> {
     let mut stream = Box::pin(peer.snapshot(me, SNAPSHOT_TRANSFER_DEADLINE).await?);
     let first = next_chunk(&mut stream).await?.ok_or_else(|| stream_error("ended before its first chunk"))?;
     let (position, Some(history)) = (first.position, first.history.clone()) else {
@@ -315,15 +315,17 @@ async fn receive(
                 info.position
             )));
         }
-        Ok(Ok(InstallMarker { position, history }))
+        Ok(Ok((InstallMarker { position, history }, info)))
     })
     .await
 }
 
 /// Steps 3-5: reset the WAL, replace the state, remove the marker and the file. Idempotent.
+/// `verified` is the file's verification if it was just done (else the install verifies it).
 fn finish_install(
     local: &Local,
     marker: &InstallMarker,
+    verified: Option<SnapshotInfo>,
     started: Instant,
     stop_after: Option<u64>,
 ) -> Result<InstallReport, InstallError> {
@@ -340,7 +342,10 @@ fn finish_install(
         local.db.simulate_interrupted_install(&file, entries)?;
         return Err(InstallError::Interrupted);
     }
-    let info = local.db.install_snapshot(&file)?;
+    let info = match verified {
+        Some(verified) => local.db.install_verified_snapshot(&file, verified)?,
+        None => local.db.install_snapshot(&file)?,
+    };
     if info.position != position {
         return Err(InstallError::Marker {
             path: local.data_dir.join(INSTALL_PENDING_FILE),

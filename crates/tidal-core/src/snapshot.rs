@@ -273,7 +273,8 @@ pub fn read_snapshot(
             return Err(reader.malformed(format!("expected section {name}, found tag {tag:#04x}")));
         }
         let len = usize::from(reader.u8()?);
-        let found = reader.bytes(len)?;
+        let mut found = Vec::new();
+        reader.bytes(len, &mut found)?;
         if found != name.as_bytes() {
             return Err(reader.malformed(format!("expected section {name}, found {:?}", hex(&found))));
         }
@@ -282,11 +283,12 @@ pub fn read_snapshot(
             state.keyspace(name);
         }
         let mut section = SectionCheck::new(index, position, dimension);
+        let (mut key, mut value) = (Vec::new(), Vec::new());
         loop {
             match reader.u8()? {
                 TAG_ENTRY => {
-                    let key = reader.sized(SNAPSHOT_KEY_BYTES_MAX, "key")?;
-                    let value = reader.sized(SNAPSHOT_VALUE_BYTES_MAX, "value")?;
+                    reader.sized(SNAPSHOT_KEY_BYTES_MAX, "key", &mut key)?;
+                    reader.sized(SNAPSHOT_VALUE_BYTES_MAX, "value", &mut value)?;
                     section
                         .entry(&key, &value)
                         .map_err(|reason| reader.malformed(format!("{name}: {reason}")))?;
@@ -378,7 +380,8 @@ struct SectionCheck {
     index: usize,
     position: TermSeqno,
     dimension: usize,
-    previous: Option<Vec<u8>>,
+    /// The previous key (empty before the first: keys are never empty).
+    previous: Vec<u8>,
     count: u64,
     meta_applied: Option<u64>,
     meta_dimension: Option<u32>,
@@ -390,7 +393,7 @@ impl SectionCheck {
             index,
             position,
             dimension: dimension as usize,
-            previous: None,
+            previous: Vec::new(),
             count: 0,
             meta_applied: None,
             meta_dimension: None,
@@ -401,10 +404,11 @@ impl SectionCheck {
         if key.is_empty() {
             return Err("empty key".into());
         }
-        if self.previous.as_deref().is_some_and(|previous| previous >= key) {
+        if self.previous.as_slice() >= key {
             return Err(format!("key {} is not above the previous one", hex(key)));
         }
-        self.previous = Some(key.to_vec());
+        self.previous.clear();
+        self.previous.extend_from_slice(key);
         self.count += 1;
         let vector_len = 8 + self.dimension * 4;
         let item_key =
@@ -512,26 +516,26 @@ impl<R: Read> Reader<R> {
         Ok(u64::from_le_bytes(self.array()?))
     }
 
-    /// Exactly `len` bytes; the buffer grows only with bytes actually read.
-    fn bytes(&mut self, len: usize) -> Result<Vec<u8>, SnapshotError> {
-        let mut bytes = Vec::with_capacity(len.min(64 * 1024));
-        (&mut self.input).take(len as u64).read_to_end(&mut bytes)?;
+    /// Exactly `len` bytes into `bytes` (reused); it grows only with bytes actually read.
+    fn bytes(&mut self, len: usize, bytes: &mut Vec<u8>) -> Result<(), SnapshotError> {
+        bytes.clear();
+        (&mut self.input).take(len as u64).read_to_end(bytes)?;
         if bytes.len() != len {
             let reason = format!("truncated: {} of {len} bytes", bytes.len());
             return Err(SnapshotError::Malformed { offset: self.offset + bytes.len() as u64, reason });
         }
-        self.checksum.update(&bytes);
+        self.checksum.update(bytes);
         self.offset += len as u64;
-        Ok(bytes)
+        Ok(())
     }
 
-    /// A u32 length, at most `max`, then that many bytes.
-    fn sized(&mut self, max: usize, what: &str) -> Result<Vec<u8>, SnapshotError> {
+    /// A u32 length, at most `max`, then that many bytes into `bytes`.
+    fn sized(&mut self, max: usize, what: &str, bytes: &mut Vec<u8>) -> Result<(), SnapshotError> {
         let len = u32::from_le_bytes(self.array()?) as usize;
         if len > max {
             return Err(self.malformed(format!("{what} of {len} bytes is over the limit of {max}")));
         }
-        self.bytes(len)
+        self.bytes(len, bytes)
     }
 }
 

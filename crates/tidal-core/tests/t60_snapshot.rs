@@ -178,3 +178,25 @@ fn an_interrupted_install_refuses_applies_until_it_is_installed_again() {
         assert_eq!(b.digest().unwrap(), a.digest().unwrap());
     }
 }
+
+#[test]
+fn a_verified_file_that_changes_before_the_install_is_refused_at_the_end_of_the_write_pass() {
+    let log = workload();
+    let (dir_a, dir_b, files) =
+        (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let a = open(dir_a.path());
+    apply_all(&a, &log.batches[..20]);
+    let (path, first) = export(&a, files.path());
+    let verified =
+        tidal_core::snapshot::read_snapshot(std::fs::File::open(&path).unwrap(), DIM, &mut |_, _, _| Ok(()))
+            .unwrap();
+    assert_eq!(verified, first);
+    apply_all(&a, &log.batches[20..]);
+    let (_, second) = export(&a, files.path());
+    assert_ne!(first, second, "the file now holds a later snapshot");
+    let b = open_with(dir_b.path(), config_b());
+    assert!(b.install_verified_snapshot(&path, verified).is_err());
+    assert!(b.install_incomplete(), "the state was being replaced: it stays marked incomplete");
+    assert_eq!(b.install_snapshot(&path).unwrap(), second);
+    assert_eq!(b.digest().unwrap(), a.digest().unwrap());
+}

@@ -97,14 +97,26 @@ impl TidalDb {
     /// negatives. The file is verified whole before anything changes: a bad file is an error and
     /// leaves the state untouched. Returns what was installed; the applied seqno is then its S.
     pub fn install_snapshot(&self, path: &Path) -> Result<SnapshotInfo, SnapshotError> {
-        self.install(path, u64::MAX)
+        self.install(path, None, u64::MAX)
+    }
+
+    /// [`TidalDb::install_snapshot`] of a file the caller has just verified whole with
+    /// [`crate::snapshot::read_snapshot`] (`verified` is what it returned): skips the verify pass.
+    /// The write pass still checks the checksum; a file that changed since is refused at its end,
+    /// with the state left marked incomplete.
+    pub fn install_verified_snapshot(
+        &self,
+        path: &Path,
+        verified: SnapshotInfo,
+    ) -> Result<SnapshotInfo, SnapshotError> {
+        self.install(path, Some(verified), u64::MAX)
     }
 
     /// Starts an install and stops it after `entries` entries, as a crash would: the state is left
     /// half-replaced and marked incomplete. For crash tests.
     #[doc(hidden)]
     pub fn simulate_interrupted_install(&self, path: &Path, entries: u64) -> Result<(), SnapshotError> {
-        match self.install(path, entries) {
+        match self.install(path, None, entries) {
             Err(SnapshotError::Interrupted) => Ok(()),
             Err(error) => Err(error),
             Ok(info) => Err(SnapshotError::Incompatible {
@@ -113,11 +125,22 @@ impl TidalDb {
         }
     }
 
-    fn install(&self, path: &Path, stop_after: u64) -> Result<SnapshotInfo, SnapshotError> {
+    fn install(
+        &self,
+        path: &Path,
+        verified: Option<SnapshotInfo>,
+        stop_after: u64,
+    ) -> Result<SnapshotInfo, SnapshotError> {
         let dimension = self.config.dimension;
-        let info = read_snapshot(open_file(path)?, dimension, &mut |_, _, _| Ok(()))?;
+        let info = match verified {
+            Some(info) => info,
+            None => read_snapshot(open_file(path)?, dimension, &mut |_, _, _| Ok(()))?,
+        };
         let started = std::time::Instant::now();
         let mut writer = self.lock_writer();
+        // Nothing of the old state may reach fjall after the replacement starts: flush it now
+        // (with a background flusher, this is also where an overlay in flight must be waited for).
+        self.flush(&mut writer)?;
         let mut state = self.write_state();
         self.import_incomplete.store(true, Ordering::Release);
         let mut marker = self.stores.database.batch();
