@@ -517,6 +517,15 @@ impl SnapshotPins {
     }
 }
 
+impl SnapshotPin {
+    /// Moves the pin up to `seqno` (once the snapshot's seqno is known); never down.
+    pub fn raise_to(&self, seqno: Seqno) {
+        if let Some(pin) = self.pins.lock().pins.get_mut(&self.id) {
+            pin.seqno = pin.seqno.max(seqno);
+        }
+    }
+}
+
 impl Drop for SnapshotPin {
     fn drop(&mut self) {
         if let Some(pin) = self.pins.lock().pins.get_mut(&self.id) {
@@ -602,11 +611,12 @@ fn serve_file(
     tx: &ChunkSender,
 ) -> Result<(), InstallError> {
     let started = Instant::now();
+    // Pinned BEFORE the cut, at what fjall holds now: the cut's seqno is at or above it, and a
+    // checkpoint taken while the cut runs could otherwise let a purge pass the cut's seqno + 1.
+    let pin = pins.pin(follower, db.flushed_applied_seqno());
     let file = File::create(path).map_err(io("create snapshot file"))?;
     let (info, _) = db.export_snapshot(std::io::BufWriter::new(file), |seqno| wal.term_at(seqno))?;
-    // Taken before any purge could pass the cut: purge never passes the checkpoint, which is at or
-    // below the seqno just cut.
-    let _pin = pins.pin(follower, info.position.seqno);
+    pin.raise_to(info.position.seqno);
     let history: Vec<TermSeqno> =
         wal.term_history().into_iter().filter(|entry| entry.seqno <= info.position.seqno).collect();
     let cut = started.elapsed();
@@ -714,6 +724,13 @@ mod tests {
         let other = pins.pin(NodeId(3), Seqno(300));
         assert_eq!(pins.purge_horizon(Seqno(500), now), Seqno(101));
         assert_eq!(pins.purge_horizon(Seqno(50), now), Seqno(50), "a pin never raises the horizon");
+        let early = pins.pin(NodeId(4), Seqno(20));
+        assert_eq!(pins.purge_horizon(Seqno(500), now), Seqno(21));
+        early.raise_to(Seqno(400));
+        early.raise_to(Seqno(10));
+        assert_eq!(pins.pinned().iter().find(|(node, _)| *node == NodeId(4)), Some(&(NodeId(4), Seqno(400))));
+        drop(early);
+        pins.follower_matched(NodeId(4), Seqno(400));
         pins.follower_matched(NodeId(2), Seqno(200));
         assert_eq!(pins.purge_horizon(Seqno(500), now), Seqno(101), "in flight: matched does not release it");
         drop(pin);
