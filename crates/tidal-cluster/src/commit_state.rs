@@ -15,6 +15,8 @@ use tidal_types::{NodeId, Seqno, Term, TermSeqno};
 use tokio::sync::watch;
 
 struct Matched {
+    /// The term this node leads in, while it holds office; acks count only then.
+    office: Option<Term>,
     positions: BTreeMap<NodeId, TermSeqno>,
     /// First seqno written in `term` by this leader: batches below it are of older terms and are
     /// committed only underneath a batch of `term`.
@@ -24,7 +26,6 @@ struct Matched {
 /// Commit bookkeeping shared by the WAL hook, the ShipQueues and the receiver.
 pub struct CommitState {
     me: NodeId,
-    term: Term,
     quorum: Quorum,
     durability: Durability,
     matched: Mutex<Matched>,
@@ -33,10 +34,10 @@ pub struct CommitState {
 }
 
 impl CommitState {
-    /// A commit state starting at `commit` (the engine's applied seqno is always committed).
+    /// A commit state starting at `commit` (the engine's applied seqno is always committed). It
+    /// counts nothing until [`CommitState::begin_term`].
     pub fn new(
         me: NodeId,
-        term: Term,
         voters: Vec<NodeId>,
         durability: Durability,
         commit: Seqno,
@@ -45,23 +46,40 @@ impl CommitState {
         let (commit_tx, _) = watch::channel(commit);
         CommitState {
             me,
-            term,
             quorum: Quorum::single(voters),
             durability,
-            matched: Mutex::new(Matched { positions: BTreeMap::new(), term_start: Seqno(1) }),
+            matched: Mutex::new(Matched { office: None, positions: BTreeMap::new(), term_start: Seqno(1) }),
             commit: commit_tx,
             applier,
         }
     }
 
-    /// The current term.
-    pub fn term(&self) -> Term {
-        self.term
+    /// The term this node leads in, while it holds office.
+    pub fn office(&self) -> Option<Term> {
+        self.lock().office
     }
 
-    /// Sets the first seqno of the current term in this node's log (from the WAL's term history).
-    pub fn set_term_start(&self, term_start: Seqno) {
-        self.lock().term_start = term_start;
+    /// Takes office in `term`: from now on acks of `term` count; `term_start` is the first seqno of
+    /// `term` in this node's log (its LeaderStart): older batches commit only beneath a batch of
+    /// `term`. Forgets every matched position of an earlier office.
+    pub fn begin_term(&self, term: Term, term_start: Seqno) {
+        let mut matched = self.lock();
+        matched.office = Some(term);
+        matched.term_start = term_start;
+        matched.positions.clear();
+    }
+
+    /// Leaves office: nothing counts any more. Called synchronously when a higher term is
+    /// persisted (before the vote is answered), so a deposed leader never commits again.
+    pub fn step_down(&self) {
+        let mut matched = self.lock();
+        matched.office = None;
+        matched.positions.clear();
+    }
+
+    /// The voters commit is counted against.
+    pub fn quorum(&self) -> &Quorum {
+        &self.quorum
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Matched> {
@@ -86,10 +104,10 @@ impl CommitState {
     /// Leader: a node (itself included) matched `position` in `term`. Acks of another term are
     /// ignored. Recomputes the frontier.
     pub fn record_matched(&self, node: NodeId, term: Term, position: TermSeqno) {
-        if term != self.term {
+        let mut matched = self.lock();
+        if matched.office != Some(term) {
             return;
         }
-        let mut matched = self.lock();
         let entry = matched.positions.entry(node).or_default();
         if position > *entry {
             *entry = position;
@@ -100,8 +118,8 @@ impl CommitState {
             Durability::Leader => current,
             Durability::Quorum => {
                 let term_start = matched.term_start;
-                let term_at = |seqno: Seqno| if seqno >= term_start { Some(self.term) } else { None };
-                commit_frontier(&self.quorum, &matched.positions, self.term, current, term_at)
+                let term_at = |seqno: Seqno| if seqno >= term_start { Some(term) } else { None };
+                commit_frontier(&self.quorum, &matched.positions, term, current, term_at)
             }
         };
         drop(matched);

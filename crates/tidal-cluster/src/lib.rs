@@ -1,13 +1,16 @@
 //! Tidal replication.
 //!
-//! This stage holds the I/O-free decision core (`decide`): the follower's acceptance rules and the
-//! leader's commit rule from PROTOCOL.md, as functions from state and message to a verdict. The
-//! receiver, ShipQueue and leader runtime (next stage) call these functions and only perform what they
-//! decide (append, fsync, send, apply); the model check drives the same functions.
+//! - `decide`: the I/O-free decision core (the follower's acceptance rules, the leader's commit rule,
+//!   taking office) from PROTOCOL.md, as functions from state and message to a verdict. The
+//!   receiver, ShipQueues and the office runtime call these functions and only perform what they
+//!   decide (append, fsync, send, apply); the model check (crates/tidal-model) drives the same ones.
+//! - `control`: openraft (terms, votes, membership) over fjall and the replication transport.
+//! - `replica`: one node's replication side (ShipQueues, receiver, pull, office).
 #![deny(missing_docs)]
 
 pub mod applier;
 pub mod commit_state;
+pub mod control;
 pub mod decide;
 pub mod replica;
 pub mod ship_feed;
@@ -16,10 +19,11 @@ pub mod spec;
 
 pub use applier::{Applier, ApplierInput, ApplierSender, CommitOnFlush};
 pub use commit_state::CommitState;
-pub use replica::{FollowerProgress, Replica, ReplicaHook, ReplicaService};
+pub use control::{ControlPlane, ControlTiming, TermGate};
+pub use replica::{commit_hint, FollowerProgress, Replica, ReplicaHook, ReplicaParts, ReplicaService, Role};
 pub use ship_feed::{ShipFeed, TailRead};
 pub use snapshot::{
     install_snapshot, resume_pending_install, snapshot_needed, InstallError, InstallOutcome, InstallProgress,
     InstallReport, SnapshotPin, SnapshotPins, SnapshotSource,
 };
-pub use spec::{ClusterSpec, Durability, NodeSpec, STATIC_TERM};
+pub use spec::{ClusterSpec, Durability, NodeSpec};

@@ -1,8 +1,8 @@
 //! One node of a cluster: the WAL hook, the follower receiver, the pull (catch-up) client and
 //! server, and the leader's ShipQueues, wired around the decision core in [`crate::decide`].
 //!
-//! Leadership is static in this stage (the lowest id leads in term 1, decisions/002); the control
-//! plane replaces that with openraft terms. Everything else follows PROTOCOL.md:
+//! Terms and leadership come from openraft ([`crate::control`]); taking and leaving office is in
+//! [`office`]. Everything else follows PROTOCOL.md:
 //! - the leader's writer hands each fsynced drain to the applier, the ship feed and its own matched
 //!   position; commit advances when a majority has matched (quorum) or at once (leader mode);
 //! - a follower decides every ship and pulled chunk with [`decide_ship`], appends byte-identical
@@ -10,22 +10,36 @@
 //!   frontier the leader sends;
 //! - a follower that lacks `prev` answers `Gap` and pulls from its last durable position.
 //!
-//! Delicate: one receive lock serializes decide → append → fsync → ack, so the log view the decision
-//! sees is exactly the durable log (the WAL's positions are durable-only). It is held across the
-//! fsync; with terms from openraft the term re-check after the fsync moves outside it (PROTOCOL.md).
+//! Delicate: the term lock ([`TermGate`]) serializes decide → append → fsync → ack with persisting a
+//! vote and answering a probe, so the log view the decision sees is exactly the durable log (the
+//! WAL's positions are durable-only) and an ack always names the term it was appended in. It is held
+//! across the fsync (simpler than PROTOCOL.md's release-and-re-check, and equally safe: no vote can
+//! slip between the append and the ack).
+
+mod office;
 
 use crate::applier::ApplierSender;
 use crate::commit_state::CommitState;
-use crate::decide::{decide_ship, BatchMeta, Located, LogView, ShipMeta, Step, Verdict};
+use crate::control::{ControlPlane, ControlTiming, TermGate};
+use crate::decide::{
+    answer_probe, decide_ship, divergence_point, BatchMeta, Located, LogView, ProbeAnswer, ShipMeta, Step,
+    Verdict,
+};
 use crate::ship_feed::{ShipFeed, TailRead};
 use crate::spec::{ClusterSpec, Durability};
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
-use tidal_net::{Chunk, ChunkOutcome, ChunkStream, NetError, Peer, Pull, Ship, ShipAnswer, ShipOutcome};
+use tidal_core::{RaftStore, RaftWrite};
+use tidal_net::{
+    Chunk, ChunkOutcome, ChunkStream, NetError, Peer, Probe, ProbeOutcome, ProbeReply, Pull, RaftCall, Ship,
+    ShipAnswer, ShipOutcome,
+};
 use tidal_types::{NodeId, Seqno, Term, TermSeqno};
 use tidal_wal::{Batch, FlushedHook, Position, Wal};
+use tokio::sync::watch;
 use tokio_stream::StreamExt;
 
 /// Bytes per ship or pulled chunk: big enough to carry a busy second of small batches in a few
@@ -51,8 +65,6 @@ pub struct ReplicaHook {
     pub feed: ShipFeed,
     /// This node.
     pub me: NodeId,
-    /// Whether this node leads (its own durable position counts as matched).
-    pub leading: bool,
 }
 
 impl FlushedHook for ReplicaHook {
@@ -61,8 +73,31 @@ impl FlushedHook for ReplicaHook {
         let position = TermSeqno { term: last.term(), seqno: last.last_seqno() };
         self.applier.flushed(batches.to_vec());
         self.feed.push(batches);
-        if self.leading {
-            self.commit.record_matched(self.me, self.commit.term(), position);
+        // While in office, the leader's own durable position counts as matched. CommitState ignores
+        // it unless this node holds office in the batch's term (stepping down is synchronous with
+        // persisting a higher vote, so a deposed leader never counts its own batches).
+        self.commit.record_matched(self.me, position.term, position);
+    }
+}
+
+/// A node's role, as status reports it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    /// Follows a leader (or knows none yet).
+    Follower,
+    /// Standing for election, or elected and taking office (not serving yet).
+    Candidate,
+    /// Leader in office: LeaderStart committed and applied.
+    Leader,
+}
+
+impl Role {
+    /// The status name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Follower => "follower",
+            Role::Candidate => "candidate",
+            Role::Leader => "leader",
         }
     }
 }
@@ -82,35 +117,81 @@ pub struct FollowerProgress {
     pub pulling: bool,
 }
 
+/// What a replica needs besides its WAL and commit state.
+pub struct ReplicaParts {
+    /// The cluster.
+    pub spec: ClusterSpec,
+    /// This node.
+    pub me: NodeId,
+    /// The data directory (`stream_baseline` lives there).
+    pub data_dir: PathBuf,
+    /// The control plane's store.
+    pub store: RaftStore,
+    /// Election timing.
+    pub timing: ControlTiming,
+}
+
 /// A cluster node's replication side.
 pub struct Replica {
     spec: ClusterSpec,
     me: NodeId,
-    leader: NodeId,
+    data_dir: PathBuf,
+    store: RaftStore,
+    timing: ControlTiming,
     wal: Wal,
     commit: Arc<CommitState>,
     feed: ShipFeed,
     peers: BTreeMap<NodeId, Peer>,
-    receive_lock: tokio::sync::Mutex<()>,
+    gate: Arc<TermGate>,
+    control: OnceLock<Arc<ControlPlane>>,
+    /// The leader as last learned (0: none known).
+    leader_hint: AtomicU64,
+    role: Mutex<Role>,
+    /// `Some(term)` while this node serves as leader of `term`.
+    serving: watch::Sender<Option<Term>>,
+    /// The running office (term and its stop signal).
+    office: Mutex<Option<(Term, watch::Sender<bool>)>>,
+    baseline: Mutex<TermSeqno>,
     pulling: AtomicBool,
     last_pull: Mutex<Option<Instant>>,
     progress: Mutex<BTreeMap<NodeId, FollowerProgress>>,
     halted: Mutex<Option<String>>,
-    applied: tokio::sync::watch::Receiver<Seqno>,
+    applied: watch::Receiver<Seqno>,
+    /// Follower: when the leader was last heard (a ship or heartbeat in our term).
+    last_heard: Mutex<Option<Instant>>,
+    /// Set when the replica stops: background tasks end.
+    stopped: watch::Sender<bool>,
+}
+
+/// Key of the commit hint in the control plane's store: a seqno known committed, so a restart may
+/// replay (apply) the WAL up to it without waiting for the leader.
+const KEY_COMMIT_HINT: &[u8] = b"commit_hint";
+/// How often the commit hint is saved.
+const COMMIT_HINT_INTERVAL: Duration = Duration::from_millis(200);
+
+/// The saved commit hint (0 if none).
+pub fn commit_hint(store: &RaftStore) -> Seqno {
+    store
+        .get(KEY_COMMIT_HINT)
+        .ok()
+        .flatten()
+        .and_then(|bytes| <[u8; 8]>::try_from(bytes.as_slice()).ok())
+        .map_or(Seqno::ZERO, |bytes| Seqno(u64::from_le_bytes(bytes)))
 }
 
 impl Replica {
-    /// Builds the replica over an opened WAL. `commit` and `feed` are the ones given to the hook.
+    /// Builds the replica over an opened WAL. `commit` and `feed` are the ones given to the hook;
+    /// `gate` is the term lock openraft's vote storage takes.
     pub fn new(
-        spec: ClusterSpec,
-        me: NodeId,
+        parts: ReplicaParts,
         wal: Wal,
         commit: Arc<CommitState>,
         feed: ShipFeed,
-        applied: tokio::sync::watch::Receiver<Seqno>,
+        applied: watch::Receiver<Seqno>,
+        gate: Arc<TermGate>,
     ) -> Result<Arc<Replica>, String> {
+        let ReplicaParts { spec, me, data_dir, store, timing } = parts;
         spec.validate()?;
-        let leader = spec.static_leader().ok_or("no leader")?;
         spec.node(me).ok_or_else(|| format!("node {me} is not in the cluster file"))?;
         let mut peers = BTreeMap::new();
         for node in spec.nodes.iter().filter(|node| node.id != me) {
@@ -118,27 +199,40 @@ impl Replica {
                 Peer::connect_lazy(&node.rpc, &spec.secret, &spec.cluster_id).map_err(|e| e.to_string())?;
             peers.insert(node.id, peer);
         }
-        let term_start = wal
-            .term_history()
-            .iter()
-            .find(|entry| entry.term == commit.term())
-            .map_or(wal.last_position().seqno.next(), |entry| entry.seqno);
-        commit.set_term_start(term_start);
-        Ok(Arc::new(Replica {
+        let (serving, _) = watch::channel(None);
+        let replica = Arc::new(Replica {
             spec,
             me,
-            leader,
+            data_dir,
+            store,
+            timing,
             wal,
             commit,
             feed,
             peers,
-            receive_lock: tokio::sync::Mutex::new(()),
+            gate,
+            control: OnceLock::new(),
+            leader_hint: AtomicU64::new(0),
+            role: Mutex::new(Role::Follower),
+            serving,
+            office: Mutex::new(None),
+            baseline: Mutex::new(TermSeqno::default()),
             pulling: AtomicBool::new(false),
             last_pull: Mutex::new(None),
             progress: Mutex::new(BTreeMap::new()),
             halted: Mutex::new(None),
             applied,
-        }))
+            last_heard: Mutex::new(None),
+            stopped: watch::channel(false).0,
+        });
+        // Losing office is synchronous with persisting a higher vote (PROTOCOL.md, "Losing office").
+        let weak = Arc::downgrade(&replica);
+        replica.gate.on_raise(Box::new(move |term| {
+            if let Some(replica) = weak.upgrade() {
+                replica.deposed(term);
+            }
+        }));
+        Ok(replica)
     }
 
     /// This node.
@@ -146,14 +240,42 @@ impl Replica {
         self.me
     }
 
-    /// The leader.
-    pub fn leader(&self) -> NodeId {
-        self.leader
+    /// The leader as last learned, if any.
+    pub fn leader(&self) -> Option<NodeId> {
+        match self.leader_hint.load(Ordering::SeqCst) {
+            0 => None,
+            id => Some(NodeId(id)),
+        }
     }
 
-    /// Whether this node leads.
+    /// Whether this node serves as leader (in office, LeaderStart committed and applied).
     pub fn is_leader(&self) -> bool {
-        self.me == self.leader
+        self.serving.borrow().is_some()
+    }
+
+    /// `Some(term)` while this node serves as leader; watch it to learn when office is lost.
+    pub fn serving(&self) -> watch::Receiver<Option<Term>> {
+        self.serving.subscribe()
+    }
+
+    /// The role, for status.
+    pub fn role(&self) -> Role {
+        *self.role.lock().expect("role lock is never held across a panic")
+    }
+
+    /// The stream baseline of the current (or last) office of this node.
+    pub fn baseline(&self) -> TermSeqno {
+        *self.baseline.lock().expect("baseline lock is never held across a panic")
+    }
+
+    /// How long since this follower last heard its leader (None: never, or this node leads).
+    pub fn leader_silence(&self) -> Option<Duration> {
+        self.last_heard.lock().expect("heard lock is never held across a panic").map(|at| at.elapsed())
+    }
+
+    /// The control plane, once started.
+    pub fn control(&self) -> Option<&Arc<ControlPlane>> {
+        self.control.get()
     }
 
     /// The cluster.
@@ -166,9 +288,9 @@ impl Replica {
         self.commit.commit()
     }
 
-    /// The current term.
+    /// The current (persisted vote) term.
     pub fn term(&self) -> Term {
-        self.commit.term()
+        self.gate.term()
     }
 
     /// Per-follower progress (leader).
@@ -181,16 +303,46 @@ impl Replica {
         self.halted.lock().expect("halt lock is never held across a panic").clone()
     }
 
-    /// Starts the background work: ShipQueues on the leader, a boot-time pull on a follower.
-    pub fn start(self: &Arc<Self>) {
-        if self.is_leader() {
-            for (&id, peer) in &self.peers {
-                let replica = self.clone();
-                let peer = peer.clone();
-                tokio::spawn(async move { replica.ship_queue(id, peer).await });
+    /// Starts the control plane and the background work: the office watcher (which takes and
+    /// leaves office as openraft decides) and the commit-hint saver.
+    pub async fn start(self: &Arc<Self>) -> Result<(), String> {
+        let control =
+            ControlPlane::start(self.me.0, &self.spec, self.timing, self.store.clone(), self.gate.clone())
+                .await?;
+        let control = Arc::new(control);
+        if self.control.set(control.clone()).is_err() {
+            return Err("replica started twice".into());
+        }
+        tokio::spawn(self.clone().watch_control(control));
+        tokio::spawn(self.clone().save_commit_hints());
+        Ok(())
+    }
+
+    /// Stops the control plane (a clean shutdown: a follower then elects another leader).
+    pub async fn stop(&self) {
+        self.stopped.send_replace(true);
+        self.leave_office();
+        if let Some(control) = self.control.get() {
+            control.shutdown().await;
+        }
+    }
+
+    async fn save_commit_hints(self: Arc<Self>) {
+        let mut saved = Seqno::ZERO;
+        let mut stopped = self.stopped.subscribe();
+        loop {
+            tokio::select! {
+                _ = tokio::time::sleep(COMMIT_HINT_INTERVAL) => {}
+                _ = stopped.wait_for(|stopped| *stopped) => return,
             }
-        } else {
-            self.clone().start_pull("boot");
+            let commit = self.commit.commit();
+            if commit > saved {
+                let put = RaftWrite::Put(KEY_COMMIT_HINT.to_vec(), commit.get().to_le_bytes().to_vec());
+                if let Err(error) = self.store.write(vec![put], false) {
+                    tracing::warn!("failed to save the commit hint: {error}");
+                }
+                saved = commit;
+            }
         }
     }
 
@@ -200,7 +352,13 @@ impl Replica {
 
     // ---------------------------------------------------------------- leader: one queue per follower
 
-    async fn ship_queue(self: Arc<Self>, follower: NodeId, peer: Peer) {
+    async fn ship_queue(
+        self: Arc<Self>,
+        follower: NodeId,
+        peer: Peer,
+        term: Term,
+        mut stop: watch::Receiver<bool>,
+    ) {
         let mut fed = self.feed.subscribe();
         let mut commits = self.commit.subscribe();
         // Optimistic start at our own end; a follower that lacks it answers Gap with its last.
@@ -209,6 +367,9 @@ impl Replica {
         let mut backoff = BACKOFF_MIN;
         let mut last_sent = Instant::now() - HEARTBEAT_INTERVAL;
         loop {
+            if *stop.borrow() || self.gate.term() != term {
+                return;
+            }
             let commit = self.commit.commit();
             let batches = match self.feed.read_after(after, SHIP_BYTES_MAX) {
                 TailRead::Batches(batches) => batches,
@@ -229,17 +390,18 @@ impl Replica {
                 tokio::select! {
                     _ = fed.changed() => {}
                     _ = commits.changed() => {}
+                    _ = stop.changed() => {}
                     _ = tokio::time::sleep(HEARTBEAT_INTERVAL) => {}
                 }
                 continue;
             }
             let ship = Ship {
                 cluster_id: self.spec.cluster_id.clone(),
-                term: self.term(),
+                term,
                 leader: self.me,
                 prev: after,
                 commit,
-                baseline: TermSeqno::default(),
+                baseline: self.baseline(),
                 batches,
             };
             last_sent = Instant::now();
@@ -291,9 +453,14 @@ impl Replica {
                 after
             }
             ShipOutcome::NotYet => after,
-            ShipOutcome::Diverged(_) => {
-                tracing::warn!(%follower, prev = %ship.prev, "follower diverged; it will pull");
-                self.feed.last()
+            ShipOutcome::Diverged(history) => {
+                // Resend from the divergence point; the follower quarantines its batches after it.
+                let ours = self.wal.term_history();
+                let follower_last =
+                    TermSeqno { term: history.last().map_or(Term(0), |e| e.term), seqno: answer.durable };
+                let from = divergence_point(&ours, self.wal.last_position(), &history, follower_last);
+                tracing::warn!(%follower, prev = %ship.prev, %from, "follower diverged; resending from the divergence point");
+                from
             }
             ShipOutcome::Refused(reason) => {
                 tracing::warn!(%follower, "follower refused a ship: {reason}");
@@ -306,7 +473,12 @@ impl Replica {
 
     /// Decides and performs one ship or pulled chunk (the one receive path).
     pub async fn receive(self: &Arc<Self>, ship: Ship) -> ShipAnswer {
-        let _guard = self.receive_lock.lock().await;
+        let _term_lock = self.gate.lock().await;
+        let term = self.gate.term();
+        if ship.term == term && ship.leader != self.me {
+            self.leader_hint.store(ship.leader.0, Ordering::SeqCst);
+            *self.last_heard.lock().expect("heard lock is never held across a panic") = Some(Instant::now());
+        }
         let meta = ShipMeta {
             term: ship.term,
             prev: ship.prev,
@@ -317,7 +489,8 @@ impl Replica {
                 .collect(),
             commit: ship.commit,
         };
-        let verdict = decide_ship(&WalView { wal: &self.wal, commit: &self.commit }, &meta, self.quorum());
+        let verdict =
+            decide_ship(&WalView { wal: &self.wal, commit: &self.commit, term }, &meta, self.quorum());
         let outcome = match verdict {
             Verdict::Fenced { .. } => ShipOutcome::Fenced,
             Verdict::NotYet { .. } => ShipOutcome::NotYet,
@@ -343,12 +516,7 @@ impl Replica {
                 Err(reason) => ShipOutcome::Refused(reason),
             },
         };
-        ShipAnswer {
-            term: self.term(),
-            durable: self.wal.durable_seqno(),
-            applied: *self.applied.borrow(),
-            outcome,
-        }
+        ShipAnswer { term, durable: self.wal.durable_seqno(), applied: *self.applied.borrow(), outcome }
     }
 
     async fn perform(&self, ship: &Ship, steps: Vec<Step>) -> Result<(), String> {
@@ -382,11 +550,24 @@ impl Replica {
         }
     }
 
+    /// Answers a probe of `term` under the term lock with our last DURABLE position.
+    pub async fn answer_probe(&self, term: Term) -> ProbeReply {
+        let _term_lock = self.gate.lock().await;
+        let ours = self.gate.term();
+        let outcome = match answer_probe(ours, term, self.wal.last_position(), &self.wal.term_history()) {
+            ProbeAnswer::NotYet { .. } => ProbeOutcome::NotYet,
+            ProbeAnswer::Fenced { .. } => ProbeOutcome::Fenced,
+            ProbeAnswer::Position { last, history } => ProbeOutcome::Position { last, history },
+        };
+        ProbeReply { term: ours, outcome }
+    }
+
     // ---------------------------------------------------------------- catch-up by pull
 
     /// Starts a pull from the leader unless one is running or one started too recently.
     pub fn start_pull(self: Arc<Self>, reason: &'static str) -> bool {
-        if self.is_leader() {
+        let Some(leader) = self.leader().filter(|leader| *leader != self.me) else { return false };
+        if self.commit.office().is_some() {
             return false;
         }
         {
@@ -400,21 +581,56 @@ impl Replica {
             *last = Some(Instant::now());
         }
         tokio::spawn(async move {
-            if let Err(error) = self.pull_once().await {
-                tracing::warn!(reason, "failed to pull from the leader: {error}");
+            let from = self.wal.last_position();
+            if let Err(error) = self.pull_from(leader, from).await {
+                tracing::warn!(reason, %leader, "failed to pull from the leader: {error}");
             }
             self.pulling.store(false, Ordering::SeqCst);
         });
         true
     }
 
-    async fn pull_once(self: &Arc<Self>) -> Result<(), String> {
-        let peer = self.peers.get(&self.leader).ok_or("no leader peer")?;
+    /// Pulls from `source` everything after `from` (our last durable position, or a divergence
+    /// point), through the one receive path. On `Diverged`, retries once from the divergence point.
+    async fn pull_from(self: &Arc<Self>, source: NodeId, from: TermSeqno) -> Result<(), String> {
+        match self.pull_once(source, from).await? {
+            None => Ok(()),
+            Some(history) => {
+                let theirs_last =
+                    TermSeqno { term: history.last().map_or(Term(0), |e| e.term), seqno: Seqno(u64::MAX) };
+                let point = divergence_point(
+                    &self.wal.term_history(),
+                    self.wal.last_position(),
+                    &history,
+                    theirs_last,
+                );
+                let applied = *self.applied.borrow();
+                if applied > point.seqno {
+                    return Err(format!(
+                        "our log diverged from {source}'s at {point} and we applied up to {applied}: this node needs a snapshot"
+                    ));
+                }
+                tracing::warn!(%source, %point, "our log diverged; pulling from the divergence point");
+                match self.pull_once(source, point).await? {
+                    None => Ok(()),
+                    Some(_) => Err(format!("still diverged from {source} after pulling from {point}")),
+                }
+            }
+        }
+    }
+
+    /// One pull; `Some(history)` when the source says we diverged.
+    async fn pull_once(
+        self: &Arc<Self>,
+        source: NodeId,
+        from: TermSeqno,
+    ) -> Result<Option<Vec<TermSeqno>>, String> {
+        let peer = self.peers.get(&source).ok_or_else(|| format!("node {source} is not a peer"))?;
         let pull = Pull {
             cluster_id: self.spec.cluster_id.clone(),
             term: self.term(),
             node: self.me,
-            from: self.wal.last_position(),
+            from,
             chunk_bytes_max: SHIP_BYTES_MAX as u64,
         };
         let mut stream = peer.pull(&pull, PULL_IDLE_TIMEOUT).await.map_err(|e: NetError| e.to_string())?;
@@ -438,7 +654,7 @@ impl Replica {
                         return Err(format!("pulled chunk not accepted: {:?}", answer.outcome));
                     }
                 }
-                ChunkOutcome::Diverged(_) => return Err("our log diverged from the leader's".into()),
+                ChunkOutcome::Diverged(history) => return Ok(Some(history)),
                 ChunkOutcome::Purged(at) => {
                     return Err(format!(
                         "the leader purged past our position (purge point {at}): needs a snapshot"
@@ -446,21 +662,18 @@ impl Replica {
                 }
             }
         }
-        tracing::info!(batches, last = %self.wal.last_position(), "pull done");
-        Ok(())
+        tracing::info!(batches, %source, last = %self.wal.last_position(), "pull done");
+        Ok(None)
     }
 
     /// Serves a pull: batches after `from`, from the WAL, in chunks.
     pub fn serve_pull(&self, pull: Pull) -> Result<ChunkStream, tonic::Status> {
         let from = pull.from;
         let purged = self.wal.purged();
-        let header = |outcome| Chunk {
-            term: self.term(),
-            leader: self.leader,
-            baseline: TermSeqno::default(),
-            commit: self.commit.commit(),
-            outcome,
-        };
+        let leader = self.leader().unwrap_or(self.me);
+        let baseline = self.baseline();
+        let header =
+            |outcome| Chunk { term: self.term(), leader, baseline, commit: self.commit.commit(), outcome };
         if from.seqno > Seqno::ZERO && from.seqno < purged.seqno {
             return Ok(Box::pin(tokio_stream::iter([Ok(header(ChunkOutcome::Purged(purged)))])));
         }
@@ -474,7 +687,7 @@ impl Replica {
             usize::try_from(pull.chunk_bytes_max).unwrap_or(SHIP_BYTES_MAX).clamp(1, SHIP_BYTES_MAX);
         let (tx, rx) = tokio::sync::mpsc::channel::<Result<Chunk, tonic::Status>>(4);
         let wal = self.wal.clone();
-        let (term, leader, commit) = (self.term(), self.leader, self.commit.commit());
+        let (term, commit) = (self.term(), self.commit.commit());
         let durable = self.wal.durable_seqno();
         tokio::task::spawn_blocking(move || {
             let reader = match wal.read_from(from.seqno.next()) {
@@ -491,7 +704,7 @@ impl Replica {
                 let chunk = Chunk {
                     term,
                     leader,
-                    baseline: TermSeqno::default(),
+                    baseline,
                     commit,
                     outcome: ChunkOutcome::Batches { prev, batches },
                 };
@@ -531,11 +744,12 @@ impl Replica {
 struct WalView<'a> {
     wal: &'a Wal,
     commit: &'a CommitState,
+    term: Term,
 }
 
 impl LogView for WalView<'_> {
     fn term(&self) -> Term {
-        self.commit.term()
+        self.term
     }
 
     fn last(&self) -> TermSeqno {
@@ -579,5 +793,16 @@ impl tidal_net::Handler for ReplicaService {
 
     async fn nudge(&self, _reason: String) -> Result<bool, tonic::Status> {
         Ok(self.0.clone().start_pull("nudge"))
+    }
+
+    async fn probe(&self, probe: Probe) -> Result<ProbeReply, tonic::Status> {
+        Ok(self.0.answer_probe(probe.term).await)
+    }
+
+    async fn raft(&self, call: RaftCall) -> Result<Vec<u8>, tonic::Status> {
+        match self.0.control.get() {
+            Some(control) => control.serve(call).await,
+            None => Err(tonic::Status::unavailable("control plane not started yet")),
+        }
     }
 }

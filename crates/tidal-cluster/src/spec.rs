@@ -1,7 +1,7 @@
 //! The cluster's shape: who the members are and how durable a write must be before it is
-//! acknowledged. Until the control plane decides terms, the lowest node id leads in term 1.
+//! acknowledged. Who leads, and in which term, is openraft's decision ([`crate::control`]).
 
-use tidal_types::{NodeId, Term};
+use tidal_types::NodeId;
 
 /// When a write is acknowledged.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -37,15 +37,7 @@ pub struct ClusterSpec {
     pub nodes: Vec<NodeSpec>,
 }
 
-/// The term every node writes in until openraft decides terms (decisions/002).
-pub const STATIC_TERM: Term = Term(1);
-
 impl ClusterSpec {
-    /// The leader while leadership is static: the lowest id.
-    pub fn static_leader(&self) -> Option<NodeId> {
-        self.nodes.iter().map(|node| node.id).min()
-    }
-
     /// A member by id.
     pub fn node(&self, id: NodeId) -> Option<&NodeSpec> {
         self.nodes.iter().find(|node| node.id == id)

@@ -139,6 +139,11 @@ enum Change<'a> {
 }
 
 impl TidalDb {
+    /// The control plane's store (the `raft` keyspace of this node's fjall database).
+    pub fn raft_store(&self) -> Result<crate::RaftStore, Error> {
+        crate::raft_store::RaftStore::open(&self.stores.database)
+    }
+
     /// Opens (or creates) the engine at `path` and rebuilds the in-memory index from fjall.
     pub fn open(path: &Path, config: EngineConfig) -> Result<TidalDb, Error> {
         config.validate()?;

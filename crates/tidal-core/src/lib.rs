@@ -34,6 +34,7 @@ mod idempotency;
 mod keys;
 mod negatives;
 mod overlay;
+mod raft_store;
 mod ranked;
 pub mod record;
 mod record_error;
@@ -50,6 +51,7 @@ pub use db::{ApplyOutcome, EngineStats, ItemState, TidalDb};
 pub use error::Error;
 pub use idempotency::{IdempotencyRecord, PRUNE_PER_APPLY_MAX};
 pub use negatives::{Actor, NegativesState, NEGATIVES_PER_USER_MAX};
+pub use raft_store::{RaftStore, RaftWrite};
 pub use ranked::{Ranked, RankedEntry, RANKED_LIMIT_MAX};
 pub use record::{
     decode_payload, encode_payload, records_fingerprint, ControlRecord, EncodedPayload, Envelope, Records,

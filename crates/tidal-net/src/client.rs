@@ -2,6 +2,7 @@
 //! message must not hang a queue).
 
 use crate::auth::SecretAttach;
+use crate::control::{check_raft_payload, Probe, ProbeReply, RaftCall};
 use crate::message::{Chunk, Pull, Ship, ShipAnswer, WireError, MESSAGE_BATCH_BYTES_MAX};
 use crate::pb;
 use crate::pb::replication_client::ReplicationClient;
@@ -103,5 +104,27 @@ impl Peer {
         });
         request.set_timeout(SHIP_TIMEOUT);
         Ok(self.client.clone().nudge(request).await?.into_inner().started)
+    }
+
+    /// Probes the peer for its last durable position in `probe.term`.
+    pub async fn probe(&self, probe: &Probe, timeout: Duration) -> Result<ProbeReply, NetError> {
+        let mut request = tonic::Request::new(pb::ProbeRequest::from(probe));
+        request.set_timeout(timeout);
+        let reply = self.client.clone().probe(request).await?.into_inner();
+        Ok(ProbeReply::try_from(reply)?)
+    }
+
+    /// Sends one openraft RPC and returns the encoded response.
+    pub async fn raft(&self, call: RaftCall, timeout: Duration) -> Result<Vec<u8>, NetError> {
+        check_raft_payload(&call.payload)?;
+        let mut request = tonic::Request::new(pb::RaftRequest {
+            cluster_id: self.cluster_id.clone(),
+            kind: call.kind,
+            payload: call.payload,
+        });
+        request.set_timeout(timeout);
+        let reply = self.client.clone().raft(request).await?.into_inner();
+        check_raft_payload(&reply.payload)?;
+        Ok(reply.payload)
     }
 }

@@ -47,7 +47,7 @@ pub enum WireError {
     },
 }
 
-fn position(p: Option<pb::Position>, field: &'static str) -> Result<TermSeqno, WireError> {
+pub(crate) fn position(p: Option<pb::Position>, field: &'static str) -> Result<TermSeqno, WireError> {
     let p = p.ok_or(WireError::Missing(field))?;
     Ok(TermSeqno { term: Term(p.term), seqno: Seqno(p.seqno) })
 }
@@ -165,11 +165,11 @@ pub struct ShipAnswer {
     pub outcome: ShipOutcome,
 }
 
-fn history_to_pb(history: &[TermSeqno]) -> pb::TermHistory {
+pub(crate) fn history_to_pb(history: &[TermSeqno]) -> pb::TermHistory {
     pb::TermHistory { entries: history.iter().map(|p| (*p).into()).collect() }
 }
 
-fn history_from_pb(history: pb::TermHistory) -> Vec<TermSeqno> {
+pub(crate) fn history_from_pb(history: pb::TermHistory) -> Vec<TermSeqno> {
     history.entries.into_iter().map(|p| TermSeqno { term: Term(p.term), seqno: Seqno(p.seqno) }).collect()
 }
 

@@ -6,6 +6,7 @@
 //! ([`crate::auth`]) and name this cluster; anything else is refused before the handler sees it.
 
 use crate::auth::SecretCheck;
+use crate::control::{check_raft_payload, Probe, ProbeReply, RaftCall};
 use crate::message::{Chunk, Pull, Ship, ShipAnswer, MESSAGE_BATCH_BYTES_MAX};
 use crate::pb;
 use crate::pb::replication_server::{Replication, ReplicationServer};
@@ -32,10 +33,17 @@ pub trait Handler: Send + Sync + 'static {
     async fn pull(&self, pull: Pull) -> Result<ChunkStream, Status>;
     /// The catch-up nudge: pull now. Returns whether a pull was started.
     async fn nudge(&self, reason: String) -> Result<bool, Status>;
+    /// A probe from a node taking office.
+    async fn probe(&self, _probe: Probe) -> Result<ProbeReply, Status> {
+        Err(Status::unimplemented("this node does not answer probes"))
+    }
+    /// An openraft RPC; returns the encoded response.
+    async fn raft(&self, _call: RaftCall) -> Result<Vec<u8>, Status> {
+        Err(Status::unimplemented("this node runs no control plane"))
+    }
     /// A snapshot request from a follower behind our purge point: the chunks of a snapshot of our
     /// state (tidal-cluster's `SnapshotSource::serve`). A node that serves none keeps the default.
-    async fn snapshot(&self, request: SnapshotRequest) -> Result<SnapshotStream, Status> {
-        let _ = request;
+    async fn snapshot(&self, _request: SnapshotRequest) -> Result<SnapshotStream, Status> {
         Err(Status::unimplemented("this node serves no snapshots"))
     }
 }
@@ -91,8 +99,11 @@ impl<H: Handler> Replication for Service<H> {
         Ok(Response::new(Box::pin(encoded)))
     }
 
-    async fn probe(&self, _request: Request<pb::ProbeRequest>) -> Result<Response<pb::ProbeReply>, Status> {
-        Err(Status::unimplemented("probe arrives with the control plane"))
+    async fn probe(&self, request: Request<pb::ProbeRequest>) -> Result<Response<pb::ProbeReply>, Status> {
+        let request = request.into_inner();
+        self.check_cluster(&request.cluster_id)?;
+        let reply = self.handler.probe(Probe::from(request)).await?;
+        Ok(Response::new(pb::ProbeReply::from(&reply)))
     }
 
     type SnapshotStream = Outgoing<pb::SnapshotChunk>;
@@ -115,8 +126,12 @@ impl<H: Handler> Replication for Service<H> {
         Ok(Response::new(pb::NudgeReply { started }))
     }
 
-    async fn raft(&self, _request: Request<pb::RaftRequest>) -> Result<Response<pb::RaftReply>, Status> {
-        Err(Status::unimplemented("openraft arrives with the control plane"))
+    async fn raft(&self, request: Request<pb::RaftRequest>) -> Result<Response<pb::RaftReply>, Status> {
+        let request = request.into_inner();
+        self.check_cluster(&request.cluster_id)?;
+        check_raft_payload(&request.payload).map_err(invalid)?;
+        let payload = self.handler.raft(RaftCall { kind: request.kind, payload: request.payload }).await?;
+        Ok(Response::new(pb::RaftReply { payload }))
     }
 }
 

@@ -124,14 +124,23 @@ async fn up(nodes: u64, dir: &Path, port_base: u16) -> anyhow::Result<()> {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }
-    let leader = membership.spec.static_leader().expect("validated");
+    // Every node is ready, so every node knows the leader openraft elected; ask the first.
+    let status: Option<tidal_types::ClusterStatus> = match client
+        .get(format!("http://{}/cluster/status", membership.spec.nodes[0].http))
+        .send()
+        .await
+    {
+        Ok(reply) => reply.json().await.ok(),
+        Err(_) => None,
+    };
+    let leader = status.and_then(|status| status.leader_id).map(tidal_types::NodeId);
     println!(
         "\nTidal cluster {:?} is up ({} nodes, quorum durability):",
         membership.spec.cluster_id,
         membership.spec.nodes.len()
     );
     for node in &membership.spec.nodes {
-        let role = if node.id == leader { "leader" } else { "follower" };
+        let role = if Some(node.id) == leader { "leader" } else { "follower" };
         println!("  n{}  {role:<8}  http://{}  (rpc {})", node.id.0, node.http, node.rpc);
     }
     let (first, last) = (&membership.spec.nodes[0], &membership.spec.nodes[membership.spec.nodes.len() - 1]);

@@ -51,6 +51,12 @@ struct ClusterFile {
     secret_file: PathBuf,
     #[serde(default = "default_durability")]
     durability: String,
+    /// openraft heartbeat interval (ms).
+    heartbeat_ms: Option<u64>,
+    /// Election timeout, lower bound (ms).
+    election_timeout_min_ms: Option<u64>,
+    /// Election timeout, upper bound (ms).
+    election_timeout_max_ms: Option<u64>,
     node: Vec<ClusterFileNode>,
 }
 
@@ -73,6 +79,8 @@ pub struct ClusterMembership {
     pub spec: tidal_cluster::ClusterSpec,
     /// This node.
     pub me: tidal_types::NodeId,
+    /// Election and heartbeat timing.
+    pub timing: tidal_cluster::ControlTiming,
 }
 
 /// Reads a cluster file; a relative `secret_file` is relative to the cluster file.
@@ -91,6 +99,20 @@ pub fn load_cluster(path: &Path, node_id: u64) -> anyhow::Result<ClusterMembersh
         "leader" => tidal_cluster::Durability::Leader,
         other => anyhow::bail!("durability must be \"quorum\" or \"leader\", got {other:?}"),
     };
+    let defaults = tidal_cluster::ControlTiming::default();
+    let ms = |value: Option<u64>, default: std::time::Duration| {
+        value.map_or(default, std::time::Duration::from_millis)
+    };
+    let timing = tidal_cluster::ControlTiming {
+        heartbeat: ms(file.heartbeat_ms, defaults.heartbeat),
+        election_min: ms(file.election_timeout_min_ms, defaults.election_min),
+        election_max: ms(file.election_timeout_max_ms, defaults.election_max),
+    };
+    anyhow::ensure!(
+        timing.heartbeat < timing.election_min && timing.election_min < timing.election_max,
+        "cluster file {}: need heartbeat_ms < election_timeout_min_ms < election_timeout_max_ms",
+        path.display()
+    );
     let spec = tidal_cluster::ClusterSpec {
         cluster_id: file.cluster_id,
         secret,
@@ -104,7 +126,7 @@ pub fn load_cluster(path: &Path, node_id: u64) -> anyhow::Result<ClusterMembersh
     spec.validate().map_err(|why| anyhow::anyhow!("cluster file {}: {why}", path.display()))?;
     let me = tidal_types::NodeId(node_id);
     anyhow::ensure!(spec.node(me).is_some(), "node id {node_id} is not in cluster file {}", path.display());
-    Ok(ClusterMembership { spec, me })
+    Ok(ClusterMembership { spec, me, timing })
 }
 
 /// The config file. Every field optional; the command line wins.

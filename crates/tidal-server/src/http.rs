@@ -52,21 +52,29 @@ pub struct AppState {
 /// Forwards writes from a follower to the leader, carrying the caller's own credential (there are
 /// no unauthenticated inter-node writes).
 pub struct Forwarder {
-    leader_url: Option<String>,
+    replica: Option<Arc<tidal_cluster::Replica>>,
     http: reqwest::Client,
 }
 
 impl Forwarder {
-    /// A forwarder for `node`: forwards only when the node is a follower.
+    /// A forwarder for `node`: forwards only while the node is a follower that knows its leader.
     pub fn new(node: &Node) -> Forwarder {
-        let leader_url = node.replica().filter(|replica| !replica.is_leader()).and_then(|replica| {
-            replica.spec().node(replica.leader()).map(|leader| format!("http://{}", leader.http))
-        });
         let http = reqwest::Client::builder()
             .timeout(Duration::from_secs(30))
             .build()
             .expect("a client with only a timeout always builds");
-        Forwarder { leader_url, http }
+        Forwarder { replica: node.replica().cloned(), http }
+    }
+
+    /// Where writes go now: the leader's URL, or None to handle them here (this node leads, takes
+    /// office, or knows no leader: the write path answers 503 `not_ready` then).
+    fn leader_url(&self) -> Option<String> {
+        let replica = self.replica.as_ref()?;
+        if replica.is_leader() {
+            return None;
+        }
+        let leader = replica.leader().filter(|leader| *leader != replica.me())?;
+        replica.spec().node(leader).map(|node| format!("http://{}", node.http))
     }
 }
 
@@ -74,7 +82,7 @@ impl Forwarder {
 const FORWARDED_HEADERS: [&str; 3] = ["authorization", "idempotency-key", "content-type"];
 
 async fn forward_writes(State(state): State<Arc<AppState>>, request: Request, next: Next) -> Response {
-    let Some(leader_url) = &state.forward.leader_url else {
+    let Some(leader_url) = state.forward.leader_url() else {
         return next.run(request).await;
     };
     let path = request.uri().path();
@@ -591,7 +599,16 @@ async fn get_status(
             }],
         }));
     };
-    let role = |id: tidal_types::NodeId| if id == replica.leader() { "leader" } else { "follower" };
+    let leader = replica.leader();
+    let role = |id: tidal_types::NodeId| {
+        if id == replica.me() {
+            replica.role().as_str()
+        } else if Some(id) == leader {
+            "leader"
+        } else {
+            "follower"
+        }
+    };
     let progress = replica.progress();
     let nodes = replica
         .spec()
@@ -619,7 +636,7 @@ async fn get_status(
         node_id: replica.me().0,
         role: role(replica.me()).into(),
         term: replica.term().get(),
-        leader_id: Some(replica.leader().0),
+        leader_id: leader.map(|id| id.0),
         durable_seqno: durable,
         commit_seqno: replica.commit_seqno().get(),
         applied_seqno: applied,
@@ -651,11 +668,55 @@ async fn healthz() -> &'static str {
     "ok\n"
 }
 
-async fn readyz(State(state): State<Arc<AppState>>) -> Response {
-    match state.node.fatal() {
-        None => (StatusCode::OK, "ready\n").into_response(),
-        Some(why) => ApiError::unavailable(ErrorCode::NotReady, why).into_response(),
+/// Default `max_lag_ms` of `/readyz` on a follower: how long it may go without hearing its leader.
+const READY_MAX_LAG_MS_DEFAULT: u64 = 5_000;
+
+async fn readyz(State(state): State<Arc<AppState>>, RawQuery(query): RawQuery) -> Response {
+    if let Some(why) = state.node.fatal() {
+        return ApiError::unavailable(ErrorCode::NotReady, why).into_response();
     }
+    let max_lag_ms = query
+        .as_deref()
+        .unwrap_or("")
+        .split('&')
+        .find_map(|pair| pair.strip_prefix("max_lag_ms="))
+        .map(|value| value.parse::<u64>())
+        .transpose();
+    let max_lag_ms = match max_lag_ms {
+        Ok(value) => value.unwrap_or(READY_MAX_LAG_MS_DEFAULT),
+        Err(_) => {
+            return ApiError::bad_request(ErrorCode::InvalidArgument, "max_lag_ms must be a whole number")
+                .into_response()
+        }
+    };
+    if let Some(replica) = state.node.replica() {
+        if replica.is_leader() {
+            return (StatusCode::OK, "ready: leader\n").into_response();
+        }
+        let Some(leader) = replica.leader().filter(|leader| *leader != replica.me()) else {
+            return ApiError::unavailable(
+                ErrorCode::NotReady,
+                "no leader is known (an election is under way)",
+            )
+            .into_response();
+        };
+        match replica.leader_silence() {
+            Some(silence) if silence.as_millis() as u64 <= max_lag_ms => {}
+            Some(silence) => {
+                let why = format!(
+                    "last heard from leader {leader} {} ms ago (max_lag_ms {max_lag_ms})",
+                    silence.as_millis()
+                );
+                return ApiError::unavailable(ErrorCode::NotReady, why).into_response();
+            }
+            None => {
+                let why = format!("has not heard from leader {leader} yet");
+                return ApiError::unavailable(ErrorCode::NotReady, why).into_response();
+            }
+        }
+        return (StatusCode::OK, "ready: follower\n").into_response();
+    }
+    (StatusCode::OK, "ready\n").into_response()
 }
 
 async fn metrics(State(state): State<Arc<AppState>>) -> Response {

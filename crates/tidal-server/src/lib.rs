@@ -74,7 +74,12 @@ pub async fn run(
                     tracing::error!("replication server failed: {error}");
                 }
             });
-            replica.start();
+            if let Err(why) = replica.start().await {
+                let _ = rpc_stop.send(true);
+                let closing = node.clone();
+                tokio::task::spawn_blocking(move || closing.shutdown()).await.context("shutdown task")?;
+                anyhow::bail!("start the control plane: {why}");
+            }
             Some(task)
         }
         (Some(_), None) => anyhow::bail!("a cluster member needs an RPC listener"),
@@ -86,6 +91,9 @@ pub async fn run(
     tracing::info!(addr = %listener.local_addr()?, data_dir = %config.data_dir.display(), "serving");
     let served = axum::serve(listener, http::router(state)).with_graceful_shutdown(shutdown).await;
     checkpointer.abort();
+    if let Some(replica) = node.replica() {
+        replica.stop().await;
+    }
     let _ = rpc_stop.send(true);
     if let Some(task) = rpc_task {
         let _ = task.await;

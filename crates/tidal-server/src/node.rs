@@ -27,8 +27,10 @@ use std::fs::File;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+use tidal_cluster::control::LogStore;
 use tidal_cluster::{
-    Applier, ApplierSender, CommitOnFlush, CommitState, Replica, ReplicaHook, ShipFeed, STATIC_TERM,
+    Applier, ApplierSender, CommitOnFlush, CommitState, Replica, ReplicaHook, ReplicaParts, ShipFeed,
+    TermGate,
 };
 use tidal_core::{EngineConfig, Envelope, Records, TidalDb};
 use tidal_types::{ErrorCode, Seqno, Term, TermSeqno};
@@ -92,11 +94,9 @@ impl Node {
         wal_config.segment_bytes_max = config.segment_bytes_max;
         // A cluster member's hook also feeds the ship tail and its commit bookkeeping.
         let cluster = config.cluster.as_ref().map(|membership| {
-            let leader = membership.spec.static_leader().expect("a validated spec has nodes");
             let voters = membership.spec.nodes.iter().map(|node| node.id).collect();
             let commit = Arc::new(CommitState::new(
                 membership.me,
-                STATIC_TERM,
                 voters,
                 membership.spec.durability,
                 db.applied_seqno(),
@@ -107,16 +107,15 @@ impl Node {
                 tidal_cluster::ship_feed::TAIL_BYTES_MAX_DEFAULT,
                 tidal_cluster::ship_feed::TAIL_BATCHES_MAX_DEFAULT,
             );
-            (membership.clone(), leader, commit, feed)
+            (membership.clone(), commit, feed)
         });
         let hook: Box<dyn tidal_wal::FlushedHook> = match &cluster {
             None => Box::new(CommitOnFlush(sender.clone())),
-            Some((membership, leader, commit, feed)) => Box::new(ReplicaHook {
+            Some((membership, commit, feed)) => Box::new(ReplicaHook {
                 applier: sender.clone(),
                 commit: commit.clone(),
                 feed: feed.clone(),
                 me: membership.me,
-                leading: membership.me == *leader,
             }),
         };
         let (wal, recovery) =
@@ -136,28 +135,33 @@ impl Node {
             recovery.durable,
             config.data_dir.display()
         );
-        // Static leadership never truncates a log (there is one term), so the whole durable log will be
-        // committed: replaying it is safe. With openraft terms, replay must stop at a persisted commit
-        // hint (the control-plane stage).
-        let replay = replay(&wal, &db, recovery.durable)?;
+        // A single node commits what it fsyncs: its whole durable log is committed. A cluster member
+        // may hold an uncommitted tail that a new leader will quarantine, so it replays only up to
+        // its saved commit hint; the rest is applied as the leader's commit frontier arrives.
+        let raft_store = db.raft_store().context("open the control plane's store")?;
+        let replay_to = match &cluster {
+            None => recovery.durable,
+            Some(_) => std::cmp::min(recovery.durable, tidal_cluster::commit_hint(&raft_store)),
+        };
+        let replay = replay(&wal, &db, replay_to)?;
         wal.set_term(std::cmp::max(recovery.last_term, Term(1)));
         let replica = match cluster {
             None => None,
-            Some((membership, leader, commit, feed)) => {
+            Some((membership, commit, feed)) => {
                 feed.reset(wal.last_position());
                 commit.advance(db.applied_seqno());
-                if membership.me == leader {
-                    commit.record_matched(membership.me, STATIC_TERM, wal.last_position());
-                }
-                let replica = Replica::new(
-                    membership.spec,
-                    membership.me,
-                    wal.clone(),
-                    commit,
-                    feed,
-                    applier.applied(),
-                )
-                .map_err(|why| anyhow::anyhow!("cluster: {why}"))?;
+                let term = LogStore::persisted_term(&raft_store)
+                    .map_err(|why| anyhow::anyhow!("read the persisted vote: {why}"))?;
+                let parts = ReplicaParts {
+                    spec: membership.spec,
+                    me: membership.me,
+                    data_dir: config.data_dir.clone(),
+                    store: raft_store,
+                    timing: membership.timing,
+                };
+                let replica =
+                    Replica::new(parts, wal.clone(), commit, feed, applier.applied(), TermGate::new(term))
+                        .map_err(|why| anyhow::anyhow!("cluster: {why}"))?;
                 Some(replica)
             }
         };
@@ -314,6 +318,18 @@ impl Node {
         if let Some(fatal) = self.fatal() {
             return Err(ApiError::unavailable(ErrorCode::NotReady, fatal));
         }
+        // A cluster member writes only while it serves as leader; losing office fails the wait (the
+        // outcome is unknown: the client retries with its Idempotency-Key).
+        let mut office = match &self.replica {
+            None => None,
+            Some(replica) => {
+                let office = replica.serving();
+                if office.borrow().is_none() {
+                    return Err(not_leader(replica));
+                }
+                Some(office)
+            }
+        };
         let (tx, rx) = tokio::sync::oneshot::channel();
         match self.wal.submit(request, Box::new(move |result| drop(tx.send(result)))) {
             Ok(()) => {}
@@ -338,7 +354,25 @@ impl Node {
             }
             Err(_) => return Err(ApiError::internal("WAL writer stopped; the outcome is unknown")),
         };
-        self.wait_applied(appended.last.get(), None).await?;
+        match &mut office {
+            None => self.wait_applied(appended.last.get(), None).await?,
+            Some(office) => {
+                let lost = office.wait_for(|term| term.is_none());
+                tokio::select! {
+                    applied = self.wait_applied(appended.last.get(), None) => applied?,
+                    _ = lost => {
+                        // Lost office before this write was committed and applied here.
+                        if self.applied_seqno() < appended.last.get() {
+                            return Err(ApiError::unavailable(
+                                ErrorCode::NotReady,
+                                "this node lost leadership before the write committed; the outcome is unknown, retry with the same Idempotency-Key",
+                            ));
+                        }
+                        appended.last.get()
+                    }
+                }
+            }
+        };
         Ok(appended.last.get())
     }
 
@@ -408,6 +442,18 @@ impl Node {
     }
 }
 
+fn not_leader(replica: &Replica) -> ApiError {
+    let hint = match replica.leader() {
+        Some(leader) if leader != replica.me() => {
+            let http = replica.spec().node(leader).map_or(String::new(), |node| node.http.clone());
+            format!("node {leader} leads (http {http})")
+        }
+        Some(_) => "this node was elected and is taking office".to_string(),
+        None => "no leader is known (an election is under way)".to_string(),
+    };
+    ApiError::unavailable(ErrorCode::NotReady, format!("this node does not accept writes now: {hint}; retry"))
+}
+
 fn idempotency_conflict() -> ApiError {
     ApiError::new(
         axum::http::StatusCode::UNPROCESSABLE_ENTITY,
@@ -469,6 +515,9 @@ fn replay(wal: &Wal, db: &TidalDb, durable: Seqno) -> anyhow::Result<ReplayRepor
     let mut last_progress = Instant::now();
     for batch in wal.read_from(from).context("read WAL for replay")? {
         let batch = batch.context("read WAL batch for replay")?;
+        if batch.last_seqno() > durable {
+            break;
+        }
         db.apply(&batch).with_context(|| format!("replay batch at seqno {}", batch.first_seqno()))?;
         report.batches += 1;
         report.bytes += batch.encoded().len() as u64;
@@ -479,8 +528,8 @@ fn replay(wal: &Wal, db: &TidalDb, durable: Seqno) -> anyhow::Result<ReplayRepor
     }
     report.elapsed = started.elapsed();
     anyhow::ensure!(
-        db.applied_seqno() == durable,
-        "replay ended at seqno {} but the WAL is durable to {durable}",
+        db.applied_seqno() >= durable,
+        "replay ended at seqno {} but should have reached {durable}",
         db.applied_seqno()
     );
     tracing::info!(

@@ -126,8 +126,11 @@ async fn cluster_up_starts_a_healthy_local_cluster_and_down_stops_it() {
     assert!(up.status.success(), "cluster up failed: {stdout}\n{}", String::from_utf8_lossy(&up.stderr));
     assert!(stdout.contains("is up (3 nodes"), "{stdout}");
     let follower = Client::new(format!("http://127.0.0.1:{}", port_base + 2), None);
+    // A write through any node reaches the leader (forwarded when this node follows).
     let reply = follower.put_item(5, serde_json::json!({"via": "follower"}), None).await.unwrap();
-    let leader = Client::new(format!("http://127.0.0.1:{port_base}"), None);
+    // openraft elected some node; the follower names it (node N serves HTTP on port_base + N - 1).
+    let leader_id = follower.status().await.unwrap().leader_id.expect("a ready node knows the leader");
+    let leader = Client::new(format!("http://127.0.0.1:{}", port_base + leader_id as u16 - 1), None);
     let status = leader.status().await.unwrap();
     assert_eq!(status.role, "leader");
     assert_eq!(status.nodes.len(), 3);

@@ -5,7 +5,7 @@
 //! it, and the batch at that seqno is of the current term: older-term batches become committed only
 //! underneath a current-term one (that is why every term opens with LeaderStart).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use tidal_types::{NodeId, Seqno, Term, TermSeqno};
 
 /// The voter sets whose majorities must agree: one set normally, two during a membership change.
@@ -19,6 +19,21 @@ impl Quorum {
     /// A single voter set.
     pub fn single(voters: Vec<NodeId>) -> Quorum {
         Quorum { voter_sets: vec![voters] }
+    }
+
+    /// Whether `node` is a voter of any voter set.
+    pub fn is_voter(&self, node: NodeId) -> bool {
+        self.voter_sets.iter().any(|voters| voters.contains(&node))
+    }
+
+    /// Whether `nodes` holds a majority of EVERY voter set (false when there is no voter set, or an
+    /// empty one: nothing can be decided without voters).
+    pub fn is_majority(&self, nodes: &BTreeSet<NodeId>) -> bool {
+        !self.voter_sets.is_empty()
+            && self.voter_sets.iter().all(|voters| {
+                let present = voters.iter().filter(|id| nodes.contains(id)).count();
+                !voters.is_empty() && present > voters.len() / 2
+            })
     }
 }
 
@@ -108,6 +123,20 @@ mod tests {
         let q = Quorum { voter_sets: vec![voters(&[1, 2, 3]), voters(&[1, 4, 5])] };
         let m = matched(&[(1, at(3, 30)), (2, at(3, 30)), (3, at(3, 30)), (4, at(3, 10)), (5, at(3, 0))]);
         assert_eq!(commit_frontier(&q, &m, Term(3), Seqno(0), |_| Some(Term(3))), Seqno(10));
+    }
+
+    #[test]
+    fn majority_of_every_voter_set() {
+        let set = |ids: &[u64]| ids.iter().map(|id| NodeId(*id)).collect::<BTreeSet<_>>();
+        let q = Quorum::single(voters(&[1, 2, 3]));
+        assert!(q.is_majority(&set(&[1, 2])));
+        assert!(!q.is_majority(&set(&[1, 4, 5])));
+        let joint = Quorum { voter_sets: vec![voters(&[1, 2, 3]), voters(&[1, 4, 5])] };
+        assert!(!joint.is_majority(&set(&[1, 2, 3])));
+        assert!(joint.is_majority(&set(&[1, 2, 4])));
+        assert!(!Quorum { voter_sets: vec![] }.is_majority(&set(&[1])));
+        assert!(!Quorum::single(vec![]).is_majority(&set(&[1])));
+        assert!(joint.is_voter(NodeId(5)) && !joint.is_voter(NodeId(6)));
     }
 
     #[test]

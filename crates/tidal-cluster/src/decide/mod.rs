@@ -3,6 +3,8 @@
 
 pub mod commit;
 pub mod follower;
+pub mod office;
 
 pub use commit::{commit_frontier, Quorum};
 pub use follower::{decide_ship, BatchMeta, Located, LogView, ShipMeta, Step, Verdict};
+pub use office::{answer_probe, divergence_point, plan_office, term_at, OfficePlan, OwnLog, ProbeAnswer};

@@ -310,3 +310,17 @@ impl<'a> Import<'a> {
 fn open_file(path: &Path) -> Result<BufReader<File>, SnapshotError> {
     Ok(BufReader::with_capacity(READ_BUFFER_BYTES, File::open(path)?))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn snapshot_sections_are_the_digests_keyspaces_in_order() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let db = TidalDb::open(dir.path(), crate::EngineConfig::default()).expect("open");
+        let names: Vec<&str> = db.stores.log_derived().iter().map(|(name, _)| *name).collect();
+        assert_eq!(names, SECTIONS[..NEGATIVES_SECTION]);
+        assert_eq!(SECTIONS[NEGATIVES_SECTION], NEGATIVES);
+    }
+}

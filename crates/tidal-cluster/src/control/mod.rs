@@ -1,0 +1,117 @@
+//! The control plane: openraft decides terms and membership (DESIGN.md, "Control plane").
+//!
+//! openraft's log holds only control entries (membership, `LeaderStart`); the data rides the WAL.
+//! Its storage is the node's fjall `raft` keyspace ([`store`]), its network the replication
+//! transport's `Raft` RPC ([`network`]). The openraft leader is the data leader; the replica watches
+//! openraft's metrics to take and leave office (see `crate::replica`).
+
+pub mod network;
+pub mod store;
+pub mod types;
+
+pub use store::{ControlState, LeaderStartRecord, LogStore, StateMachine, TermGate};
+pub use types::{ControlCmd, NodeInfo, TypeConfig};
+
+use crate::spec::ClusterSpec;
+use openraft::{Config, Raft, SnapshotPolicy};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+use tidal_core::RaftStore;
+use tidal_net::RaftCall;
+
+/// Election and heartbeat timing. Failover takes about one election timeout plus a probe round.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ControlTiming {
+    /// openraft heartbeat interval.
+    pub heartbeat: Duration,
+    /// Election timeout, lower bound (randomized up to `election_max`).
+    pub election_min: Duration,
+    /// Election timeout, upper bound.
+    pub election_max: Duration,
+}
+
+impl Default for ControlTiming {
+    fn default() -> ControlTiming {
+        ControlTiming {
+            heartbeat: Duration::from_millis(100),
+            election_min: Duration::from_millis(500),
+            election_max: Duration::from_millis(1000),
+        }
+    }
+}
+
+/// A node's openraft instance and its state machine.
+pub struct ControlPlane {
+    raft: Raft<TypeConfig>,
+    state: StateMachine,
+}
+
+impl ControlPlane {
+    /// Starts openraft over `store`. A node with nothing stored initializes the membership from the
+    /// cluster file: every member writes the same first entry, so any of them may do it.
+    pub async fn start(
+        me: u64,
+        spec: &ClusterSpec,
+        timing: ControlTiming,
+        store: RaftStore,
+        gate: Arc<TermGate>,
+    ) -> Result<ControlPlane, String> {
+        let config = Config {
+            cluster_name: spec.cluster_id.clone(),
+            heartbeat_interval: millis(timing.heartbeat),
+            election_timeout_min: millis(timing.election_min),
+            election_timeout_max: millis(timing.election_max),
+            snapshot_policy: SnapshotPolicy::LogsSinceLast(1000),
+            max_in_snapshot_log_to_keep: 100,
+            ..Config::default()
+        }
+        .validate()
+        .map_err(|e| format!("control-plane timing: {e}"))?;
+        let fresh = LogStore::is_fresh(&store)?;
+        let state = StateMachine::open(store.clone())?;
+        let network =
+            network::NetworkFactory { secret: spec.secret.clone(), cluster_id: spec.cluster_id.clone() };
+        let raft = Raft::new(me, Arc::new(config), network, LogStore::new(store, gate), state.clone())
+            .await
+            .map_err(|e| format!("start openraft: {e}"))?;
+        if fresh {
+            let members: BTreeMap<u64, NodeInfo> = spec
+                .nodes
+                .iter()
+                .map(|node| (node.id.0, NodeInfo { http: node.http.clone(), rpc: node.rpc.clone() }))
+                .collect();
+            if let Err(error) = raft.initialize(members).await {
+                // Another member's first entry reached us first: the same membership, nothing to do.
+                tracing::info!("control plane already initialized: {error}");
+            }
+        }
+        Ok(ControlPlane { raft, state })
+    }
+
+    /// The openraft handle.
+    pub fn raft(&self) -> &Raft<TypeConfig> {
+        &self.raft
+    }
+
+    /// The applied control state (membership, LeaderStarts).
+    pub fn state(&self) -> ControlState {
+        self.state.state()
+    }
+
+    /// Serves one openraft RPC from a peer.
+    pub async fn serve(&self, call: RaftCall) -> Result<Vec<u8>, tonic::Status> {
+        network::serve_call(&self.raft, call).await
+    }
+
+    /// Stops openraft.
+    pub async fn shutdown(&self) {
+        if let Err(error) = self.raft.shutdown().await {
+            tracing::warn!("openraft did not shut down cleanly: {error}");
+        }
+    }
+}
+
+fn millis(duration: Duration) -> u64 {
+    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
+}

@@ -1,0 +1,122 @@
+//! openraft's network over the replication transport (tidal-net's `Raft` RPC): each request is
+//! serialized with serde_json into a [`RaftCall`]; the answer carries openraft's own
+//! `Result<Response, RaftError>`, so remote refusals come back as openraft errors.
+
+// openraft's trait signatures fix the error types; they are large by its design.
+#![allow(clippy::result_large_err)]
+
+use super::types::{NodeInfo, TypeConfig};
+use openraft::error::{InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Unreachable};
+use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
+use openraft::raft::{
+    AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
+    VoteRequest, VoteResponse,
+};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use tidal_net::{NetError, Peer, RaftCall};
+
+/// RPC kinds.
+pub const KIND_APPEND: &str = "append";
+/// Vote RPC.
+pub const KIND_VOTE: &str = "vote";
+/// Snapshot RPC.
+pub const KIND_SNAPSHOT: &str = "snapshot";
+
+/// Makes one [`PeerNetwork`] per target.
+#[derive(Clone)]
+pub struct NetworkFactory {
+    /// Cluster secret.
+    pub secret: String,
+    /// Cluster id.
+    pub cluster_id: String,
+}
+
+/// The connection to one target.
+pub struct PeerNetwork {
+    target: u64,
+    peer: Result<Peer, String>,
+}
+
+impl RaftNetworkFactory<TypeConfig> for NetworkFactory {
+    type Network = PeerNetwork;
+
+    async fn new_client(&mut self, target: u64, node: &NodeInfo) -> PeerNetwork {
+        let peer = Peer::connect_lazy(&node.rpc, &self.secret, &self.cluster_id).map_err(|e| e.to_string());
+        PeerNetwork { target, peer }
+    }
+}
+
+impl PeerNetwork {
+    async fn call<Req, Resp, E>(
+        &self,
+        kind: &str,
+        request: &Req,
+        option: &RPCOption,
+    ) -> Result<Resp, RPCError<u64, NodeInfo, RaftError<u64, E>>>
+    where
+        Req: Serialize,
+        Resp: DeserializeOwned,
+        E: std::error::Error + DeserializeOwned,
+    {
+        let peer = self
+            .peer
+            .as_ref()
+            .map_err(|why| RPCError::Unreachable(Unreachable::new(&NetError::Config(why.clone()))))?;
+        let payload = serde_json::to_vec(request).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
+        let call = RaftCall { kind: kind.to_string(), payload };
+        let reply = peer.raft(call, option.hard_ttl()).await.map_err(|error| match error {
+            NetError::Status(ref status) if status.code() == tonic::Code::DeadlineExceeded => {
+                RPCError::Unreachable(Unreachable::new(&error))
+            }
+            _ => RPCError::Unreachable(Unreachable::new(&error)),
+        })?;
+        let answer: Result<Resp, RaftError<u64, E>> =
+            serde_json::from_slice(&reply).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
+        answer.map_err(|error| RPCError::RemoteError(RemoteError::new(self.target, error)))
+    }
+}
+
+impl RaftNetwork<TypeConfig> for PeerNetwork {
+    async fn append_entries(
+        &mut self,
+        rpc: AppendEntriesRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<AppendEntriesResponse<u64>, RPCError<u64, NodeInfo, RaftError<u64>>> {
+        self.call(KIND_APPEND, &rpc, &option).await
+    }
+
+    async fn install_snapshot(
+        &mut self,
+        rpc: InstallSnapshotRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<InstallSnapshotResponse<u64>, RPCError<u64, NodeInfo, RaftError<u64, InstallSnapshotError>>>
+    {
+        self.call(KIND_SNAPSHOT, &rpc, &option).await
+    }
+
+    async fn vote(
+        &mut self,
+        rpc: VoteRequest<u64>,
+        option: RPCOption,
+    ) -> Result<VoteResponse<u64>, RPCError<u64, NodeInfo, RaftError<u64>>> {
+        self.call(KIND_VOTE, &rpc, &option).await
+    }
+}
+
+/// Serves one incoming openraft RPC on `raft`; the answer is the encoded `Result`.
+pub async fn serve_call(raft: &openraft::Raft<TypeConfig>, call: RaftCall) -> Result<Vec<u8>, tonic::Status> {
+    fn decode<T: DeserializeOwned>(payload: &[u8]) -> Result<T, tonic::Status> {
+        serde_json::from_slice(payload)
+            .map_err(|e| tonic::Status::invalid_argument(format!("bad openraft payload: {e}")))
+    }
+    fn encode<T: Serialize>(value: &T) -> Result<Vec<u8>, tonic::Status> {
+        serde_json::to_vec(value).map_err(|e| tonic::Status::internal(e.to_string()))
+    }
+    match call.kind.as_str() {
+        KIND_APPEND => encode(&raft.append_entries(decode(&call.payload)?).await),
+        KIND_VOTE => encode(&raft.vote(decode(&call.payload)?).await),
+        KIND_SNAPSHOT => encode(&raft.install_snapshot(decode(&call.payload)?).await),
+        other => Err(tonic::Status::invalid_argument(format!("unknown openraft call {other:?}"))),
+    }
+}

@@ -1,0 +1,313 @@
+//! Taking and leaving office (PROTOCOL.md, "Taking office" and "Losing office").
+//!
+//! The replica watches openraft's metrics. When openraft makes this node leader of term T, it
+//! probes the voters, adopts the most up-to-date log of a probed majority ([`plan_office`], the
+//! same core the model check drives), quarantines and pulls if that log is not its own, appends
+//! `LeaderStart{T}` at `B(T) + 1`, persists the stream baseline, records the LeaderStart through
+//! openraft, activates its ShipQueues, and serves once the LeaderStart is committed and applied.
+//! Delicate:
+//! - stepping down is synchronous with persisting a higher vote ([`Replica::deposed`], called under
+//!   the term lock by the vote store), so a deposed leader never counts another ack;
+//! - every step re-checks that the term is still T; a stale office stops at its next step;
+//! - a node put back in office in the SAME term writes no second LeaderStart.
+
+use super::{Replica, Role, HEARTBEAT_INTERVAL};
+use crate::control::{ControlCmd, ControlPlane};
+use crate::decide::{plan_office, OfficePlan, OwnLog, ProbeAnswer};
+use openraft::ServerState;
+use std::collections::BTreeMap;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tidal_core::{encode_payload, ControlRecord, Envelope, Records};
+use tidal_net::{Probe, ProbeOutcome};
+use tidal_types::{Seqno, Term, TermSeqno};
+use tidal_wal::AppendRequest;
+use tokio::sync::watch;
+
+/// Deadline of one probe round.
+const PROBE_TIMEOUT: Duration = Duration::from_millis(500);
+/// Pause between probe rounds that did not reach a majority.
+const PROBE_RETRY: Duration = Duration::from_millis(50);
+/// Name of the stream baseline file in the data directory.
+pub const STREAM_BASELINE_FILE: &str = "stream_baseline";
+
+impl Replica {
+    /// Follows openraft's metrics: takes office when elected, leaves it when not leader any more,
+    /// and learns the leader (a follower pulls when the leader changes).
+    pub(super) async fn watch_control(self: Arc<Self>, control: Arc<ControlPlane>) {
+        let mut metrics = control.raft().metrics();
+        let mut known_leader = None;
+        let mut stopped = self.stopped.subscribe();
+        loop {
+            if *stopped.borrow() {
+                return;
+            }
+            let (state, term, leader) = {
+                let m = metrics.borrow_and_update();
+                (m.state, Term(m.current_term), m.current_leader)
+            };
+            let leading = state == ServerState::Leader && leader == Some(self.me.0);
+            let office_term = self
+                .office
+                .lock()
+                .expect("office lock is never held across a panic")
+                .as_ref()
+                .map(|(t, _)| *t);
+            if let Some(id) = leader {
+                self.leader_hint.store(id, Ordering::SeqCst);
+            }
+            match (leading, office_term) {
+                (true, Some(current)) if current == term => {}
+                (true, _) => {
+                    self.leave_office();
+                    self.start_office(term);
+                }
+                (false, Some(_)) => self.leave_office(),
+                (false, None) => {}
+            }
+            if !leading {
+                let role = if state == ServerState::Candidate { Role::Candidate } else { Role::Follower };
+                *self.role.lock().expect("role lock is never held across a panic") = role;
+                if leader.is_some() && leader != known_leader && leader != Some(self.me.0) {
+                    // A new leader: catch up from it now rather than at its first ship.
+                    self.clone().start_pull("leader change");
+                }
+            }
+            known_leader = leader;
+            tokio::select! {
+                changed = metrics.changed() => if changed.is_err() { return },
+                _ = stopped.changed() => {}
+            }
+        }
+    }
+
+    /// A higher term was persisted (under the term lock, before the vote is answered): stop
+    /// counting acks and stop serving at once. The office task notices and ends.
+    pub(super) fn deposed(&self, term: Term) {
+        if self.commit.office().is_some_and(|office| office < term) {
+            tracing::warn!(%term, "a higher term was persisted: leaving office");
+        }
+        self.commit.step_down();
+        self.serving.send_if_modified(|serving| {
+            if serving.is_some_and(|office| office < term) {
+                *serving = None;
+                true
+            } else {
+                false
+            }
+        });
+    }
+
+    /// Leaves office: parks the ShipQueues and stops serving.
+    pub(super) fn leave_office(&self) {
+        let office = self.office.lock().expect("office lock is never held across a panic").take();
+        if let Some((term, stop)) = office {
+            tracing::info!(%term, "leaving office");
+            let _ = stop.send(true);
+        }
+        self.commit.step_down();
+        self.serving.send_replace(None);
+    }
+
+    fn start_office(self: &Arc<Self>, term: Term) {
+        let (stop_tx, stop) = watch::channel(false);
+        *self.office.lock().expect("office lock is never held across a panic") = Some((term, stop_tx));
+        *self.role.lock().expect("role lock is never held across a panic") = Role::Candidate;
+        let replica = self.clone();
+        tokio::spawn(async move {
+            let started = Instant::now();
+            match replica.clone().take_office(term, stop).await {
+                Ok(baseline) => tracing::info!(
+                    %term, %baseline, ms = started.elapsed().as_millis() as u64, "in office: serving as leader"
+                ),
+                Err(why) => tracing::warn!(%term, "did not take office: {why}"),
+            }
+        });
+    }
+
+    fn still(&self, term: Term, stop: &watch::Receiver<bool>) -> Result<(), String> {
+        if *stop.borrow() {
+            return Err("office stopped".into());
+        }
+        if self.gate.term() != term {
+            return Err(format!("term moved on to {}", self.gate.term()));
+        }
+        Ok(())
+    }
+
+    async fn take_office(
+        self: Arc<Self>,
+        term: Term,
+        stop: watch::Receiver<bool>,
+    ) -> Result<TermSeqno, String> {
+        tracing::info!(%term, "elected: taking office");
+        // Steps 2-3: probe a majority and adopt the greatest log.
+        let (baseline, write_leader_start) = loop {
+            self.still(term, &stop)?;
+            let answers = self.probe_all(term).await;
+            let own = {
+                let _term_lock = self.gate.lock().await;
+                self.still(term, &stop)?;
+                OwnLog {
+                    last: self.wal.last_position(),
+                    history: self.wal.term_history(),
+                    applied: *self.applied.borrow(),
+                }
+            };
+            match plan_office(self.me, term, &own, &answers, self.commit.quorum()) {
+                OfficePlan::Wait => tokio::time::sleep(PROBE_RETRY).await,
+                OfficePlan::StepDown { term: higher } => {
+                    return Err(format!("a voter is at term {higher}: stepping down"));
+                }
+                OfficePlan::Sync { source, target, pull_from, quarantine_from, needs_snapshot } => {
+                    tracing::warn!(%term, %source, %target, %pull_from, ?quarantine_from, "adopting a more up-to-date log");
+                    if needs_snapshot {
+                        return Err(format!(
+                            "our applied state is past the divergence point {pull_from} with node {source}: a snapshot is needed first"
+                        ));
+                    }
+                    if let Some(from) = quarantine_from {
+                        let wal = self.wal.clone();
+                        let report = tokio::task::spawn_blocking(move || wal.quarantine_from(from))
+                            .await
+                            .map_err(|e| e.to_string())?
+                            .map_err(|e| format!("quarantine from {from}: {e}"))?;
+                        tracing::warn!(?report, "moved a divergent suffix to quarantine");
+                        self.feed.reset(self.wal.last_position());
+                    }
+                    if let Err(why) = self.pull_from(source, pull_from).await {
+                        tracing::warn!(%source, "pull while taking office failed: {why}");
+                        tokio::time::sleep(PROBE_RETRY).await;
+                    }
+                }
+                OfficePlan::Open { baseline, write_leader_start } => break (baseline, write_leader_start),
+            }
+        };
+        // Step 4: open the term.
+        let term_start = {
+            let _term_lock = self.gate.lock().await;
+            self.still(term, &stop)?;
+            self.wal.set_term(term);
+            let term_start = if write_leader_start {
+                baseline.seqno.next()
+            } else {
+                self.wal
+                    .term_history()
+                    .iter()
+                    .find(|entry| entry.term == term)
+                    .map_or(baseline.seqno.next(), |e| e.seqno)
+            };
+            self.commit.begin_term(term, term_start);
+            *self.baseline.lock().expect("baseline lock is never held across a panic") = baseline;
+            term_start
+        };
+        if write_leader_start {
+            let seqno = self.append_leader_start(term, baseline.seqno).await?;
+            if seqno != baseline.seqno.next() {
+                return Err(format!("LeaderStart landed at {seqno}, expected {}", baseline.seqno.next()));
+            }
+        } else {
+            // Our own matched: what we already hold of this term.
+            self.commit.record_matched(self.me, term, self.wal.last_position());
+        }
+        self.persist_baseline(term, baseline)?;
+        // Step 5: ship, then serve once LeaderStart is committed and applied.
+        for (&id, peer) in &self.peers {
+            let replica = self.clone();
+            let peer = peer.clone();
+            let stop = stop.clone();
+            tokio::spawn(async move { replica.ship_queue(id, peer, term, stop).await });
+        }
+        if let Some(control) = self.control.get().cloned() {
+            let record = ControlCmd::LeaderStart {
+                term: term.get(),
+                leader: self.me.0,
+                baseline: baseline.seqno.get(),
+            };
+            tokio::spawn(async move {
+                if let Err(error) = control.raft().client_write(record).await {
+                    tracing::info!("LeaderStart not recorded in the control log: {error}");
+                }
+            });
+        }
+        let mut commits = self.commit.subscribe();
+        let mut applied = self.applied.clone();
+        let mut stop_wait = stop.clone();
+        loop {
+            self.still(term, &stop)?;
+            if *commits.borrow() >= term_start && *applied.borrow() >= term_start {
+                break;
+            }
+            tokio::select! {
+                _ = commits.changed() => {}
+                _ = applied.changed() => {}
+                _ = stop_wait.changed() => {}
+                _ = tokio::time::sleep(HEARTBEAT_INTERVAL) => {}
+            }
+        }
+        {
+            let _term_lock = self.gate.lock().await;
+            self.still(term, &stop)?;
+            self.serving.send_replace(Some(term));
+            *self.role.lock().expect("role lock is never held across a panic") = Role::Leader;
+            self.leader_hint.store(self.me.0, Ordering::SeqCst);
+        }
+        Ok(baseline)
+    }
+
+    async fn probe_all(&self, term: Term) -> BTreeMap<tidal_types::NodeId, ProbeAnswer> {
+        let probe = Probe { cluster_id: self.spec.cluster_id.clone(), term, leader: self.me };
+        let mut calls = tokio::task::JoinSet::new();
+        for (&id, peer) in &self.peers {
+            let (probe, peer) = (probe.clone(), peer.clone());
+            calls.spawn(async move { (id, peer.probe(&probe, PROBE_TIMEOUT).await) });
+        }
+        let mut answers = BTreeMap::new();
+        while let Some(joined) = calls.join_next().await {
+            let Ok((id, reply)) = joined else { continue };
+            match reply {
+                Ok(reply) => {
+                    let answer = match reply.outcome {
+                        ProbeOutcome::NotYet => ProbeAnswer::NotYet { term: reply.term },
+                        ProbeOutcome::Fenced => ProbeAnswer::Fenced { term: reply.term },
+                        ProbeOutcome::Position { last, history } => ProbeAnswer::Position { last, history },
+                    };
+                    answers.insert(id, answer);
+                }
+                Err(error) => tracing::debug!(node = %id, "probe failed: {error}"),
+            }
+        }
+        answers
+    }
+
+    /// Appends the term's first batch, `LeaderStart{term}`, and waits until it is durable.
+    async fn append_leader_start(&self, term: Term, baseline: Seqno) -> Result<Seqno, String> {
+        let envelope = Envelope { time_ms: 0, principal: String::new(), idempotency_key: String::new() };
+        let records = Records::Control(ControlRecord::LeaderStart { term, leader: self.me, baseline });
+        let encoded = encode_payload(&envelope, &records);
+        let request =
+            AppendRequest { kind: encoded.kind, event_count: encoded.event_count, payload: encoded.payload };
+        let wal = self.wal.clone();
+        let appended = tokio::task::spawn_blocking(move || wal.append_blocking(request))
+            .await
+            .map_err(|e| e.to_string())?
+            .map_err(|e| format!("append LeaderStart: {e}"))?;
+        Ok(appended.last)
+    }
+
+    /// Writes `data_dir/stream_baseline` (`term baseline`), by write-then-rename, fsynced.
+    fn persist_baseline(&self, term: Term, baseline: TermSeqno) -> Result<(), String> {
+        use std::io::Write;
+        let path = self.data_dir.join(STREAM_BASELINE_FILE);
+        let temp = self.data_dir.join(format!("{STREAM_BASELINE_FILE}.tmp"));
+        let write = || -> std::io::Result<()> {
+            let mut file = std::fs::File::create(&temp)?;
+            writeln!(file, "{} {}", term.get(), baseline.seqno.get())?;
+            file.sync_all()?;
+            std::fs::rename(&temp, &path)?;
+            std::fs::File::open(&self.data_dir)?.sync_all()
+        };
+        write().map_err(|e| format!("persist {}: {e}", path.display()))
+    }
+}
