@@ -23,7 +23,8 @@ pub use control::{ControlPlane, ControlTiming, TermGate};
 pub use replica::{commit_hint, FollowerProgress, Replica, ReplicaHook, ReplicaParts, ReplicaService, Role};
 pub use ship_feed::{ShipFeed, TailRead};
 pub use snapshot::{
-    install_snapshot, resume_pending_install, snapshot_needed, InstallError, InstallOutcome, InstallProgress,
+    fetch_snapshot, install_fetched, install_snapshot, pending_install_position, resume_pending_install,
+    snapshot_needed, FetchOutcome, FetchedSnapshot, InstallError, InstallOutcome, InstallProgress,
     InstallReport, SnapshotPin, SnapshotPins, SnapshotSource,
 };
 pub use spec::{ClusterSpec, Durability, NodeSpec};

@@ -155,9 +155,96 @@ pub fn snapshot_needed(wal: &Wal, position: TermSeqno) -> bool {
     position.seqno > Seqno::ZERO && wal.term_at(position.seqno) != Some(position.term)
 }
 
-/// Fetches `peer`'s snapshot and installs it, if needed, in the order the module documents.
-/// `applier` is the running applier (`None` before it starts). The caller holds the receive lock.
-/// Run it on a tokio runtime; the blocking steps run on its blocking pool.
+/// A snapshot received and verified on disk (`snapshot/install.snap`), not installed yet.
+#[derive(Debug)]
+pub struct FetchedSnapshot {
+    marker: InstallMarker,
+    info: SnapshotInfo,
+    started: Instant,
+}
+
+impl FetchedSnapshot {
+    /// The snapshot's position.
+    pub fn position(&self) -> TermSeqno {
+        self.marker.position
+    }
+
+    /// Bytes of the snapshot.
+    pub fn bytes(&self) -> u64 {
+        self.info.bytes
+    }
+}
+
+/// What [`fetch_snapshot`] did.
+#[derive(Debug)]
+pub enum FetchOutcome {
+    /// Received and verified; install it with [`install_fetched`].
+    Fetched(FetchedSnapshot),
+    /// The WAL already holds the offered position with its term.
+    NotNeeded {
+        /// The position the peer offered.
+        position: TermSeqno,
+    },
+}
+
+/// Step 1 alone: receives `peer`'s snapshot into `data_dir/snapshot` and verifies it, if needed.
+/// Changes nothing else, so it needs no lock: the transfer may take long.
+pub async fn fetch_snapshot(
+    peer: &Peer,
+    me: NodeId,
+    wal: &Wal,
+    db: &Arc<TidalDb>,
+    data_dir: &Path,
+    progress: &mut (dyn FnMut(InstallProgress) + Send),
+) -> Result<FetchOutcome, InstallError> {
+    let local = Local { wal: wal.clone(), db: db.clone(), applier: None, data_dir: data_dir.into() };
+    if read_marker(&local.data_dir)?.is_some() {
+        return Err(InstallError::Stream("an interrupted install is pending: resume it first".into()));
+    }
+    let started = Instant::now();
+    Ok(match receive(peer, me, &local, progress).await? {
+        Ok((marker, info)) => FetchOutcome::Fetched(FetchedSnapshot { marker, info, started }),
+        Err(position) => FetchOutcome::NotNeeded { position },
+    })
+}
+
+/// Steps 2-5: installs a fetched snapshot. The caller holds the lock that keeps ships and pulled
+/// chunks out (for seconds: the state replacement). Checks again that the snapshot is needed (the
+/// log may have moved on during the transfer).
+pub async fn install_fetched(
+    fetched: FetchedSnapshot,
+    wal: &Wal,
+    db: &Arc<TidalDb>,
+    applier: Option<&ApplierSender>,
+    data_dir: &Path,
+) -> Result<InstallOutcome, InstallError> {
+    let local =
+        Local { wal: wal.clone(), db: db.clone(), applier: applier.cloned(), data_dir: data_dir.into() };
+    install_fetched_until(fetched, local, None).await
+}
+
+async fn install_fetched_until(
+    fetched: FetchedSnapshot,
+    local: Local,
+    stop_after: Option<u64>,
+) -> Result<InstallOutcome, InstallError> {
+    let position = fetched.marker.position;
+    if !snapshot_needed(&local.wal, position) {
+        remove_if_present(&local.data_dir.join(SNAPSHOT_DIR_NAME).join(INSTALL_FILE))?;
+        return Ok(InstallOutcome::NotNeeded { position });
+    }
+    let report = blocking(move || {
+        write_marker(&local.data_dir, &fetched.marker)?;
+        finish_install(&local, &fetched.marker, Some(fetched.info), fetched.started, stop_after)
+    })
+    .await?;
+    Ok(InstallOutcome::Installed(report))
+}
+
+/// [`fetch_snapshot`] then [`install_fetched`], in the order the module documents. `applier` is
+/// the running applier (`None` before it starts). The caller holds the receive lock throughout;
+/// a caller that must not hold it during the transfer calls the two halves itself. Run it on a
+/// tokio runtime; the blocking steps run on its blocking pool.
 pub async fn install_snapshot(
     peer: &Peer,
     me: NodeId,
@@ -167,9 +254,10 @@ pub async fn install_snapshot(
     data_dir: &Path,
     progress: &mut (dyn FnMut(InstallProgress) + Send),
 ) -> Result<InstallOutcome, InstallError> {
-    let local =
-        Local { wal: wal.clone(), db: db.clone(), applier: applier.cloned(), data_dir: data_dir.into() };
-    install(peer, me, local, progress, None).await
+    match fetch_snapshot(peer, me, wal, db, data_dir, progress).await? {
+        FetchOutcome::Fetched(fetched) => install_fetched(fetched, wal, db, applier, data_dir).await,
+        FetchOutcome::NotNeeded { position } => Ok(InstallOutcome::NotNeeded { position }),
+    }
 }
 
 /// [`install_snapshot`] that stops the state replacement after `entries` entries, as a crash would,
@@ -183,8 +271,14 @@ pub async fn simulate_interrupted_install(
     data_dir: &Path,
     entries: u64,
 ) -> Result<(), InstallError> {
+    let fetched = match fetch_snapshot(peer, me, wal, db, data_dir, &mut |_| {}).await? {
+        FetchOutcome::Fetched(fetched) => fetched,
+        FetchOutcome::NotNeeded { position } => {
+            return Err(InstallError::Stream(format!("a snapshot at {position} is not needed")))
+        }
+    };
     let local = Local { wal: wal.clone(), db: db.clone(), applier: None, data_dir: data_dir.into() };
-    match install(peer, me, local, &mut |_| {}, Some(entries)).await {
+    match install_fetched_until(fetched, local, Some(entries)).await {
         Err(InstallError::Interrupted) => Ok(()),
         Err(error) => Err(error),
         Ok(outcome) => Err(InstallError::Stream(format!("the install was not interrupted: {outcome:?}"))),
@@ -216,6 +310,13 @@ pub fn resume_pending_install(
     }
 }
 
+/// The position of an interrupted install whose marker is in `data_dir`, if any: at startup, what
+/// the node's applied seqno will be once [`resume_pending_install`] has run (for state that must
+/// be seeded before the WAL is open, like the commit frontier).
+pub fn pending_install_position(data_dir: &Path) -> Result<Option<TermSeqno>, InstallError> {
+    Ok(read_marker(data_dir)?.map(|marker| marker.position))
+}
+
 /// Where an install happens.
 struct Local {
     wal: Wal,
@@ -229,29 +330,6 @@ struct Local {
 struct InstallMarker {
     position: TermSeqno,
     history: Vec<TermSeqno>,
-}
-
-async fn install(
-    peer: &Peer,
-    me: NodeId,
-    local: Local,
-    progress: &mut (dyn FnMut(InstallProgress) + Send),
-    stop_after: Option<u64>,
-) -> Result<InstallOutcome, InstallError> {
-    if read_marker(&local.data_dir)?.is_some() {
-        return Err(InstallError::Stream("an interrupted install is pending: resume it first".into()));
-    }
-    let started = Instant::now();
-    let marker = match receive(peer, me, &local, progress).await? {
-        Ok(marker) => marker,
-        Err(position) => return Ok(InstallOutcome::NotNeeded { position }),
-    };
-    let report = blocking(move || {
-        write_marker(&local.data_dir, &marker.0)?;
-        finish_install(&local, &marker.0, Some(marker.1), started, stop_after)
-    })
-    .await?;
-    Ok(InstallOutcome::Installed(report))
 }
 
 /// Receives and verifies the snapshot into `snapshot/install.snap`; `Err(position)` if a snapshot

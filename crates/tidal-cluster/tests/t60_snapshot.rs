@@ -9,8 +9,8 @@ use std::time::Instant;
 
 use tidal_cluster::snapshot::{simulate_interrupted_install, INSTALL_PENDING_FILE};
 use tidal_cluster::{
-    install_snapshot, resume_pending_install, InstallError, InstallOutcome, InstallProgress, SnapshotPins,
-    SnapshotSource,
+    install_snapshot, pending_install_position, resume_pending_install, InstallError, InstallOutcome,
+    InstallProgress, SnapshotPins, SnapshotSource,
 };
 use tidal_core::{encode_payload, EngineConfig, Envelope, Records, SignalEvent, TidalDb};
 use tidal_net::{
@@ -236,6 +236,8 @@ async fn a_crash_in_the_middle_of_an_install_is_resumed_at_restart() {
     {
         tracing::info!("at restart the marker is found and the install resumed: a's digest at S");
         assert!(b.db.install_incomplete());
+        let pending = pending_install_position(dir_b.path()).unwrap();
+        assert_eq!(pending, Some(TermSeqno { term: Term(2), seqno: s }));
         let report = tokio::task::block_in_place(|| resume_pending_install(dir_b.path(), &b.wal, &b.db))
             .unwrap()
             .unwrap();
@@ -243,6 +245,7 @@ async fn a_crash_in_the_middle_of_an_install_is_resumed_at_restart() {
         assert!(!b.db.install_incomplete());
         assert_eq!(digest(&b), digest(&a));
         assert!(!dir_b.path().join(INSTALL_PENDING_FILE).exists());
+        assert_eq!(pending_install_position(dir_b.path()).unwrap(), None);
         assert!(tokio::task::block_in_place(|| resume_pending_install(dir_b.path(), &b.wal, &b.db))
             .unwrap()
             .is_none());
