@@ -19,9 +19,9 @@
 //! verified file; both steps are idempotent.
 //!
 //! Delicate:
-//! - The caller must keep ships and pulled chunks out during an install (hold the receive lock):
-//!   an append between the WAL reset and the state replacement would reach an engine still at its
-//!   old applied seqno.
+//! - The caller must keep ships and pulled chunks out during [`install_fetched`] (steps 2-5; hold
+//!   the receive lock): an append between the WAL reset and the state replacement would reach an
+//!   engine still at its old applied seqno. The transfer ([`fetch_snapshot`]) needs no lock.
 //! - A snapshot at S is installed only if the WAL does not hold S with S's term
 //!   ([`snapshot_needed`]); otherwise the log brings the follower on and the install answers
 //!   [`InstallOutcome::NotNeeded`].
