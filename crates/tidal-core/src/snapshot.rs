@@ -44,7 +44,7 @@ pub const SNAPSHOT_KEY_BYTES_MAX: usize = 65_536;
 /// Largest value: an item's metadata can be as large as a batch payload (64 MiB) plus its seqno;
 /// nothing else the engine stores comes close.
 pub const SNAPSHOT_VALUE_BYTES_MAX: usize = 64 * 1024 * 1024 + 1024;
-/// Section names, in stream order: [`crate::stores::Stores::log_derived`] order, then negatives.
+/// Section names, in stream order: the log-derived keyspaces in digest order, then negatives.
 pub const SECTIONS: [&str; 9] =
     ["meta", "items", "embeddings", "trending", "counters", "profiles", "seen", "idempotency", NEGATIVES];
 /// Name of the hard negatives section (not log-derived: merged by the importer).
