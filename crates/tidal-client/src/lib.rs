@@ -61,6 +61,11 @@ impl Client {
     }
 
     /// Base URL.
+    pub fn token(&self) -> Option<&str> {
+        self.token.as_deref()
+    }
+
+    /// The base URL.
     pub fn base(&self) -> &str {
         &self.base
     }

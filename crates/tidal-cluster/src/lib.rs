@@ -20,7 +20,9 @@ pub mod spec;
 pub use applier::{Applier, ApplierInput, ApplierSender, CommitOnFlush};
 pub use commit_state::CommitState;
 pub use control::{ControlPlane, ControlTiming, TermGate};
-pub use replica::{commit_hint, FollowerProgress, Replica, ReplicaHook, ReplicaParts, ReplicaService, Role};
+pub use replica::{
+    commit_hint, FollowerProgress, HealReport, Replica, ReplicaHook, ReplicaParts, ReplicaService, Role,
+};
 pub use ship_feed::{ShipFeed, TailRead};
 pub use snapshot::{
     fetch_snapshot, install_fetched, install_snapshot, pending_install_position, resume_pending_install,

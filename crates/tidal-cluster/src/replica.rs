@@ -161,6 +161,21 @@ pub struct Replica {
     last_heard: Mutex<Option<Instant>>,
     /// Set when the replica stops: background tasks end.
     stopped: watch::Sender<bool>,
+    /// Followers whose queue an operator asked to heal.
+    heal_requests: Mutex<std::collections::BTreeSet<NodeId>>,
+}
+
+/// What `heal` did (or, with `dry_run`, would do).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HealReport {
+    /// The follower.
+    pub node: NodeId,
+    /// Its last matched position in this term.
+    pub matched: TermSeqno,
+    /// Its last reported applied seqno.
+    pub applied: Seqno,
+    /// What the leader does.
+    pub action: String,
 }
 
 /// Key of the commit hint in the control plane's store: a seqno known committed, so a restart may
@@ -224,6 +239,7 @@ impl Replica {
             applied,
             last_heard: Mutex::new(None),
             stopped: watch::channel(false).0,
+            heal_requests: Mutex::new(std::collections::BTreeSet::new()),
         });
         // Losing office is synchronous with persisting a higher vote (PROTOCOL.md, "Losing office").
         let weak = Arc::downgrade(&replica);
@@ -346,6 +362,47 @@ impl Replica {
         }
     }
 
+    /// Operator `heal`: the leader resets `node`'s ShipQueue to that follower's last matched position
+    /// and nudges it to pull (no redelivery scan, no per-item traffic). Only the leader heals.
+    pub fn heal(&self, node: NodeId, dry_run: bool) -> Result<HealReport, String> {
+        if !self.is_leader() {
+            return Err(format!(
+                "node {} is not the serving leader; ask the leader ({:?})",
+                self.me,
+                self.leader()
+            ));
+        }
+        if node == self.me || !self.peers.contains_key(&node) {
+            return Err(format!("node {node} is not a follower of this leader"));
+        }
+        let progress = self.progress().get(&node).cloned().unwrap_or_default();
+        let verb = if dry_run { "would reset" } else { "reset" };
+        let report = HealReport {
+            node,
+            matched: progress.matched,
+            applied: progress.applied,
+            action: format!(
+                "{verb} the ShipQueue to {} and nudge the follower to pull from there",
+                progress.matched
+            ),
+        };
+        if !dry_run {
+            self.heal_requests.lock().expect("heal lock is never held across a panic").insert(node);
+        }
+        Ok(report)
+    }
+
+    /// Operator `catchup`: this follower pulls from its leader now. Returns whether a pull started.
+    pub fn catchup(self: &Arc<Self>) -> Result<bool, String> {
+        if self.is_leader() {
+            return Err("the leader has nothing to catch up from".into());
+        }
+        if self.leader().is_none() {
+            return Err("no leader is known yet".into());
+        }
+        Ok(self.clone().start_pull("catchup"))
+    }
+
     fn quorum(&self) -> bool {
         self.spec.durability == Durability::Quorum
     }
@@ -369,6 +426,12 @@ impl Replica {
         loop {
             if *stop.borrow() || self.gate.term() != term {
                 return;
+            }
+            if self.heal_requests.lock().expect("heal lock is never held across a panic").remove(&follower) {
+                let matched = self.progress().get(&follower).map(|p| p.matched).unwrap_or_default();
+                tracing::info!(%follower, %matched, "heal: queue reset to the follower's matched position; nudging it to pull");
+                after = matched;
+                let _ = peer.nudge("heal").await;
             }
             let commit = self.commit.commit();
             let batches = match self.feed.read_after(after, SHIP_BYTES_MAX) {

@@ -36,6 +36,16 @@ pub enum ClusterCommand {
         #[arg(long, default_value = "./tidal-cluster")]
         dir: PathBuf,
     },
+    /// Failover benchmark on a running local cluster: SIGKILL the leader, time until another node
+    /// acknowledges a write, restart the killed node; repeat.
+    FailoverBench {
+        /// Folder given to `up`.
+        #[arg(long, default_value = "./tidal-cluster")]
+        dir: PathBuf,
+        /// Kill rounds.
+        #[arg(long, default_value_t = 10)]
+        rounds: u32,
+    },
 }
 
 /// Runs a `tidal cluster` subcommand.
@@ -43,6 +53,7 @@ pub async fn run(command: ClusterCommand) -> anyhow::Result<()> {
     match command {
         ClusterCommand::Up { nodes, dir, port_base } => up(nodes, &dir, port_base).await,
         ClusterCommand::Down { dir } => down(&dir),
+        ClusterCommand::FailoverBench { dir, rounds } => crate::ops::failover_bench(&dir, rounds).await,
     }
 }
 
@@ -125,14 +136,11 @@ async fn up(nodes: u64, dir: &Path, port_base: u16) -> anyhow::Result<()> {
         }
     }
     // Every node is ready, so every node knows the leader openraft elected; ask the first.
-    let status: Option<tidal_types::ClusterStatus> = match client
-        .get(format!("http://{}/cluster/status", membership.spec.nodes[0].http))
-        .send()
-        .await
-    {
-        Ok(reply) => reply.json().await.ok(),
-        Err(_) => None,
-    };
+    let status: Option<tidal_types::ClusterStatus> =
+        match client.get(format!("http://{}/cluster/status", membership.spec.nodes[0].http)).send().await {
+            Ok(reply) => reply.json().await.ok(),
+            Err(_) => None,
+        };
     let leader = status.and_then(|status| status.leader_id).map(tidal_types::NodeId);
     println!(
         "\nTidal cluster {:?} is up ({} nodes, quorum durability):",

@@ -149,6 +149,8 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/inboxes/{*rest}", axum::routing::any(not_implemented))
         .route("/cluster/status", get(get_status))
         .route("/cluster/digest", get(get_digest))
+        .route("/cluster/heal", post(post_heal))
+        .route("/cluster/catchup", post(post_catchup))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
@@ -642,6 +644,44 @@ async fn get_status(
         applied_seqno: applied,
         nodes,
     }))
+}
+
+fn cluster_replica(state: &AppState) -> AppResult<&Arc<tidal_cluster::Replica>> {
+    state.node.replica().ok_or_else(|| {
+        ApiError::bad_request(ErrorCode::InvalidArgument, "this node is not a cluster member (no --cluster)")
+    })
+}
+
+async fn post_heal(
+    State(state): State<Arc<AppState>>,
+    RawQuery(query): RawQuery,
+) -> AppResult<Json<serde_json::Value>> {
+    let replica = cluster_replica(&state)?;
+    let node = query_param(&query, "node")
+        .and_then(|value| value.parse::<u64>().ok())
+        .ok_or_else(|| ApiError::bad_request(ErrorCode::InvalidArgument, "heal needs ?node=<id>"))?;
+    let dry_run = query_param(&query, "dry_run") == Some("true");
+    let report = replica
+        .heal(tidal_types::NodeId(node), dry_run)
+        .map_err(|why| ApiError::unavailable(ErrorCode::NotReady, why))?;
+    Ok(Json(serde_json::json!({
+        "node": report.node.0,
+        "matched": {"term": report.matched.term.get(), "seqno": report.matched.seqno.get()},
+        "applied_seqno": report.applied.get(),
+        "dry_run": dry_run,
+        "action": report.action,
+    })))
+}
+
+async fn post_catchup(State(state): State<Arc<AppState>>) -> AppResult<Json<serde_json::Value>> {
+    let replica = cluster_replica(&state)?;
+    let started = replica.catchup().map_err(|why| ApiError::unavailable(ErrorCode::NotReady, why))?;
+    Ok(Json(serde_json::json!({
+        "node": replica.me().0,
+        "leader": replica.leader().map(|id| id.0),
+        "pull_started": started,
+        "note": if started { "pulling from the leader now" } else { "a pull is already running or started moments ago" },
+    })))
 }
 
 async fn get_digest(

@@ -20,6 +20,7 @@ pub mod error;
 pub mod http;
 pub mod metrics;
 pub mod node;
+pub mod ops;
 
 use anyhow::Context;
 use std::future::Future;

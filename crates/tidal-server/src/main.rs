@@ -24,6 +24,21 @@ enum Command {
     /// A local cluster on loopback: `up` starts it, `down` stops it.
     #[command(subcommand)]
     Cluster(tidal_server::cluster_cmd::ClusterCommand),
+    /// Print the cluster's status as a table (asks the leader when it can).
+    Status(tidal_server::ops::VerbArgs),
+    /// Make the node at --url (a follower) pull from its leader now.
+    Catchup(tidal_server::ops::VerbArgs),
+    /// Make the leader reset a follower's ShipQueue to its matched position and nudge it to pull.
+    Heal {
+        #[command(flatten)]
+        verb: tidal_server::ops::VerbArgs,
+        /// The follower to heal.
+        #[arg(long)]
+        node: u64,
+        /// Say what would be done, change nothing.
+        #[arg(long)]
+        dry_run: bool,
+    },
 }
 
 fn main() -> anyhow::Result<()> {
@@ -41,6 +56,11 @@ fn main() -> anyhow::Result<()> {
         Command::Serve(args) => runtime.block_on(serve(args)),
         Command::Bench(args) => runtime.block_on(bench::run(args)),
         Command::Cluster(command) => runtime.block_on(tidal_server::cluster_cmd::run(command)),
+        Command::Status(verb) => runtime.block_on(tidal_server::ops::status(verb)),
+        Command::Catchup(verb) => runtime.block_on(tidal_server::ops::catchup(verb)),
+        Command::Heal { verb, node, dry_run } => {
+            runtime.block_on(tidal_server::ops::heal(verb, node, dry_run))
+        }
     }
 }
 

@@ -1,0 +1,179 @@
+//! Operator verbs on the command line (`tidal status`, `tidal catchup`, `tidal heal`) and the
+//! failover benchmark (`tidal cluster failover-bench`).
+//!
+//! The verbs are thin clients of the HTTP routes (`GET /cluster/status`, `POST /cluster/catchup`,
+//! `POST /cluster/heal`): they print readable tables, and exit non-zero when the node refuses.
+
+use anyhow::Context;
+use std::path::Path;
+use std::time::{Duration, Instant};
+use tidal_client::Client;
+use tidal_types::ClusterStatus;
+
+/// Options every verb takes.
+#[derive(Clone, Debug, clap::Args)]
+pub struct VerbArgs {
+    /// Any node of the cluster.
+    #[arg(long, default_value = "http://127.0.0.1:7070")]
+    pub url: String,
+    /// Admin token.
+    #[arg(long, env = "TIDAL_TOKEN")]
+    pub token: Option<String>,
+}
+
+/// Renders a status as a table.
+pub fn status_table(status: &ClusterStatus) -> String {
+    let mut out = format!(
+        "node {} ({}), term {}, leader {}, durable {}, commit {}, applied {}\n\n",
+        status.node_id,
+        status.role,
+        status.term,
+        status.leader_id.map_or("unknown".to_string(), |id| id.to_string()),
+        status.durable_seqno,
+        status.commit_seqno,
+        status.applied_seqno
+    );
+    out.push_str(&format!(
+        "{:<5} {:<10} {:<22} {:>12} {:>12} {:>10} {:>12}\n",
+        "id", "role", "http", "durable", "applied", "lag", "last ack"
+    ));
+    for node in &status.nodes {
+        let lag = status.commit_seqno.saturating_sub(node.applied_seqno);
+        let ack = if node.id == status.node_id {
+            "-".to_string()
+        } else if node.lag_ms == u64::MAX {
+            "never".to_string()
+        } else {
+            format!("{} ms", node.lag_ms)
+        };
+        out.push_str(&format!(
+            "{:<5} {:<10} {:<22} {:>12} {:>12} {:>10} {:>12}\n",
+            node.id, node.role, node.http, node.durable_seqno, node.applied_seqno, lag, ack
+        ));
+    }
+    out
+}
+
+/// `tidal status`.
+pub async fn status(args: VerbArgs) -> anyhow::Result<()> {
+    let client = Client::new(args.url.clone(), args.token);
+    let status = client.status().await.with_context(|| format!("GET {}/cluster/status", args.url))?;
+    // A follower only knows what the leader last told it; the leader knows every follower.
+    let status = match status.leader_id {
+        Some(leader) if leader != status.node_id => {
+            let leader_url =
+                status.nodes.iter().find(|n| n.id == leader).map(|n| format!("http://{}", n.http));
+            match leader_url {
+                Some(url) => {
+                    Client::new(url, client.token().map(str::to_string)).status().await.unwrap_or(status)
+                }
+                None => status,
+            }
+        }
+        _ => status,
+    };
+    print!("{}", status_table(&status));
+    Ok(())
+}
+
+/// `tidal catchup`: the node at `--url` pulls from its leader now.
+pub async fn catchup(args: VerbArgs) -> anyhow::Result<()> {
+    let client = Client::new(args.url.clone(), args.token);
+    let reply: serde_json::Value = client
+        .json::<(), _>(reqwest::Method::POST, "/cluster/catchup", None)
+        .await
+        .context("POST /cluster/catchup")?;
+    println!("{}", serde_json::to_string_pretty(&reply)?);
+    Ok(())
+}
+
+/// `tidal heal --node N [--dry-run]`: the leader nudges follower N to pull from its last matched position.
+pub async fn heal(args: VerbArgs, node: u64, dry_run: bool) -> anyhow::Result<()> {
+    let client = Client::new(args.url.clone(), args.token);
+    let path = format!("/cluster/heal?node={node}{}", if dry_run { "&dry_run=true" } else { "" });
+    let reply: serde_json::Value = client
+        .json::<(), _>(reqwest::Method::POST, &path, None)
+        .await
+        .with_context(|| format!("POST {path}"))?;
+    println!("{}", serde_json::to_string_pretty(&reply)?);
+    Ok(())
+}
+
+/// `tidal cluster failover-bench`: on a local cluster started by `tidal cluster up --dir DIR`,
+/// repeatedly SIGKILLs the leader and measures the time until another node acknowledges a write,
+/// then restarts the killed node (`cluster up` again) and waits until all are ready.
+pub async fn failover_bench(dir: &Path, rounds: u32) -> anyhow::Result<()> {
+    anyhow::ensure!((1..=100).contains(&rounds), "rounds must be 1..=100");
+    let membership = crate::config::load_cluster(&dir.join("cluster.toml"), 1).with_context(|| {
+        format!("no local cluster in {} (run `tidal cluster up --dir` first)", dir.display())
+    })?;
+    let nodes = membership.spec.nodes.clone();
+    let clients: Vec<(u64, Client)> =
+        nodes.iter().map(|n| (n.id.0, Client::new(format!("http://{}", n.http), None))).collect();
+    let mut gaps = Vec::new();
+    for round in 0..rounds {
+        let leader = wait_leader(&clients, Duration::from_secs(30)).await?;
+        let (_, leader_client) =
+            clients.iter().find(|(id, _)| *id == leader).context("leader not in cluster file")?;
+        leader_client
+            .put_item(1, serde_json::json!({"round": round}), None)
+            .await
+            .context("write before the kill")?;
+        let pid = std::fs::read_to_string(dir.join(format!("n{leader}.pid")))
+            .context("read the leader's pid file")?
+            .trim()
+            .to_string();
+        let killed = std::process::Command::new("kill").args(["-KILL", &pid]).status().context("run kill")?;
+        anyhow::ensure!(killed.success(), "kill -KILL {pid} failed");
+        let started = Instant::now();
+        let deadline = started + Duration::from_secs(30);
+        let gap = 'acked: loop {
+            for (id, client) in clients.iter().filter(|(id, _)| *id != leader) {
+                let write = client.put_item(2, serde_json::json!({"after": round, "via": id}), None);
+                if let Ok(Ok(_)) = tokio::time::timeout(Duration::from_millis(500), write).await {
+                    break 'acked started.elapsed();
+                }
+            }
+            anyhow::ensure!(Instant::now() < deadline, "no node accepted a write within 30 s of the kill");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        };
+        println!(
+            "round {round}: killed leader n{leader} (pid {pid}); a write was acknowledged after {} ms",
+            gap.as_millis()
+        );
+        gaps.push(gap);
+        // Restart the killed node quietly and wait until every node is ready again.
+        let exe = std::env::current_exe().context("find the tidal binary")?;
+        let up = std::process::Command::new(exe)
+            .args(["cluster", "up", "--dir"])
+            .arg(dir)
+            .output()
+            .context("restart the killed node")?;
+        anyhow::ensure!(up.status.success(), "cluster up failed: {}", String::from_utf8_lossy(&up.stderr));
+    }
+    gaps.sort();
+    let pick = |q: f64| gaps[((gaps.len() as f64 - 1.0) * q).round() as usize];
+    println!(
+        "failover over {} rounds (leader SIGKILL -> first acknowledged write on another node): p50 {} ms, p99 {} ms, max {} ms",
+        gaps.len(),
+        pick(0.5).as_millis(),
+        pick(0.99).as_millis(),
+        gaps.last().map_or(0, |g| g.as_millis())
+    );
+    Ok(())
+}
+
+async fn wait_leader(clients: &[(u64, Client)], timeout: Duration) -> anyhow::Result<u64> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        for (_, client) in clients {
+            if let Ok(status) = client.status().await {
+                if status.role == "leader" {
+                    return Ok(status.node_id);
+                }
+            }
+        }
+        anyhow::ensure!(Instant::now() < deadline, "no leader within {timeout:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
