@@ -25,7 +25,8 @@ pub const IDEMPOTENCY_KEYS_MAX_DEFAULT: usize = 100_000;
 /// batches) that its per-key cost is spread over many applies.
 pub const OVERLAY_BYTES_MAX_DEFAULT: usize = 64 * 1024 * 1024;
 /// Default bound on applies held in the overlay: bounds the WAL replay after a crash (replay
-/// re-folds at most this many batches past fjall's applied seqno) even when batches are tiny.
+/// re-folds at most twice this many batches past fjall's applied seqno: the overlay being flushed
+/// and the active one) even when batches are tiny.
 pub const OVERLAY_BATCHES_MAX_DEFAULT: usize = 100_000;
 
 /// How the engine folds and ranks.
@@ -51,8 +52,8 @@ pub struct EngineConfig {
     /// Flush the write-back overlay to fjall once its estimated size exceeds this (>= 1). Not
     /// log-derived: it changes when state reaches fjall, never what the state is.
     pub overlay_bytes_max: usize,
-    /// Flush the write-back overlay to fjall once it holds this many applies (>= 1; 1 writes every
-    /// apply through to fjall, as before the overlay existed).
+    /// Flush the write-back overlay to fjall once it holds this many applies (>= 1; 1 flushes every
+    /// apply, in the background: fjall trails the applied frontier by at most two applies).
     pub overlay_batches_max: usize,
 }
 

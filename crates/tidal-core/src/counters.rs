@@ -5,10 +5,13 @@
 //! turns the fjall get each signal used to pay into one hash lookup. Memory is bounded by
 //! items x kinds, like the trending scores the index already holds.
 //!
-//! Delicate: kind names are interned to small ids in first-seen order, which depends on history;
-//! the ids never leave this file (fjall keys and the digest use the names).
+//! Delicate:
+//! - Kind names are interned to small ids in first-seen order, which depends on history; the ids
+//!   never leave this file and [`DirtyCounters`] (fjall keys and the digest use the names).
+//! - The dirty set carries each counter's value, so freezing it for the background flusher is a
+//!   move ([`Counters::take_dirty`]), and the applier can keep counting while the flusher encodes.
 
-use crate::fast_hash::FastMap;
+use crate::fast_hash::{FastMap, FastState};
 
 use crate::error::Error;
 use crate::keys;
@@ -26,9 +29,17 @@ pub struct Counters {
     kind_ids: FastMap<Box<str>, u32>,
     /// Count of every (item, kind id) that has one (> 0).
     counts: FastMap<(u64, u32), u64>,
-    /// Keys changed since the last flush, with repeats (a push is cheaper than a set insert on
-    /// the hot path; the flush sorts and deduplicates). Absent from `counts` means deleted.
-    dirty: Vec<(u64, u32)>,
+    /// Value of every key changed since the last freeze; `None` means deleted.
+    dirty: FastMap<(u64, u32), Option<u64>>,
+}
+
+/// The counters changed in one flush window, with their values at its end: what a flush writes.
+#[derive(Debug, Default)]
+pub struct DirtyCounters {
+    /// Kind name of each kind id (the ids of `values`).
+    kinds: Vec<Box<str>>,
+    /// Value of every changed key; `None` means deleted.
+    values: FastMap<(u64, u32), Option<u64>>,
 }
 
 impl Counters {
@@ -49,39 +60,30 @@ impl Counters {
     /// Adds one to `(item, kind)`.
     pub fn increment(&mut self, item: u64, kind: &str) {
         let kind = self.kind_id(kind);
-        *self.counts.entry((item, kind)).or_insert(0) += 1;
-        self.dirty.push((item, kind));
+        let count = self.counts.entry((item, kind)).or_insert(0);
+        *count += 1;
+        self.dirty.insert((item, kind), Some(*count));
     }
 
     /// Deletes every counter of `item`.
     pub fn remove_item(&mut self, item: u64) {
         for kind in 0..self.kinds.len() as u32 {
             if self.counts.remove(&(item, kind)).is_some() {
-                self.dirty.push((item, kind));
+                self.dirty.insert((item, kind), None);
             }
         }
     }
 
-    /// Puts every dirty counter (or its removal) into `writes`, in item order.
-    pub fn flush_into(&mut self, stores: &Stores, writes: &mut fjall::OwnedWriteBatch) {
-        self.dirty.sort_unstable();
-        // One fjall batch must not hold a key twice.
-        self.dirty.dedup();
-        for &(item, kind) in &self.dirty {
-            let key = keys::counter_key(item, &self.kinds[kind as usize]);
-            match self.counts.get(&(item, kind)) {
-                Some(count) => writes.insert(&stores.counters, key, count.to_le_bytes()),
-                None => writes.remove(&stores.counters, key),
-            }
-        }
+    /// Moves the dirty set out (with the kind names it needs), leaving it empty: the counters of
+    /// one flush window.
+    pub fn take_dirty(&mut self) -> DirtyCounters {
+        // The next window is sized like this one: growing a map of a million keys rehashes them
+        // all, a pause of tens of milliseconds in the middle of an apply.
+        let next = FastMap::with_capacity_and_hasher(self.dirty.len(), FastState::default());
+        DirtyCounters { kinds: self.kinds.clone(), values: std::mem::replace(&mut self.dirty, next) }
     }
 
-    /// Forgets the dirty set once a flush committed.
-    pub fn flushed(&mut self) {
-        self.dirty.clear();
-    }
-
-    /// Counter changes since the last flush (with repeats).
+    /// Counters changed since the last freeze.
     pub fn dirty_len(&self) -> usize {
         self.dirty.len()
     }
@@ -100,6 +102,23 @@ impl Counters {
         self.kinds.push(kind.into());
         self.kind_ids.insert(kind.into(), id);
         id
+    }
+}
+
+impl DirtyCounters {
+    /// Puts every changed counter (or its removal) into `writes`, in key order.
+    pub fn flush_into(&self, stores: &Stores, writes: &mut fjall::OwnedWriteBatch) {
+        let mut changed: Vec<((u64, u32), Option<u64>)> =
+            self.values.iter().map(|(key, value)| (*key, *value)).collect();
+        // Key order: fjall's memtable inserts are cheaper in order.
+        changed.sort_unstable_by_key(|(key, _)| *key);
+        for ((item, kind), value) in changed {
+            let key = keys::counter_key(item, &self.kinds[kind as usize]);
+            match value {
+                Some(count) => writes.insert(&stores.counters, key, count.to_le_bytes()),
+                None => writes.remove(&stores.counters, key),
+            }
+        }
     }
 }
 

@@ -1,31 +1,37 @@
 //! [`TidalDb`]: the engine. One apply path folds WAL batches into an in-memory write-back overlay
-//! and the ranking index; flushes move the overlay to fjall; reads see the overlay over fjall.
+//! and the ranking index; a background flusher moves frozen overlays to fjall; reads see the
+//! active overlay over the frozen one over fjall.
 //!
 //! Delicate:
 //! - Atomicity: an apply changes only memory (overlay, index, counters, frontier). A flush writes
-//!   every dirty entry, the applied seqno and the logged time in ONE fjall write batch, so fjall
-//!   always holds a prefix of the log. After any crash, `open` finds fjall's applied seqno and the
-//!   caller replays the WAL from the next one; what the overlay held is folded again. No fsync per
-//!   flush: `checkpoint` flushes and persists, and its return is what the WAL may be purged below.
-//! - Bounds: the overlay is flushed once it exceeds `overlay_bytes_max` or `overlay_batches_max`
-//!   (right after the apply that crossed it), which bounds memory and the replay after a crash.
+//!   every dirty entry of one frozen overlay, its applied seqno and logged time in ONE fjall write
+//!   batch, so fjall always holds a prefix of the log. After any crash, `open` finds fjall's
+//!   applied seqno and the caller replays the WAL from the next one; what the overlays held is
+//!   folded again. No fsync per flush: `checkpoint` flushes and persists, and its return is what
+//!   the WAL may be purged below.
+//! - Bounds: once the active overlay exceeds `overlay_bytes_max` or `overlay_batches_max` it is
+//!   frozen (moved, O(1)) and handed to the flusher thread (`flusher.rs`), and a fresh one starts.
+//!   At most one frozen overlay is in flight: if the next one comes due first, apply waits
+//!   (backpressure). Memory holds at most two overlays; replay after a crash re-folds at most two.
 //! - Replays are harmless: a batch at or below the applied seqno is skipped, a batch that does not
 //!   start right after it is a gap; both change nothing.
 //! - A failed apply changes nothing: every fallible step (decoding, fjall reads) happens before the
-//!   first change, and the changes are merged under the state write lock. A flush that fails after
-//!   an apply is logged and retried by the next apply, which refuses to fold while it still fails.
-//! - Consistency of reads: the overlay and the index change together under the state write lock,
-//!   so a read holding the read lock sees one applied seqno. A flush commits while the overlay
-//!   still holds everything it wrote and clears it afterwards, so fjall changing under a reader
-//!   never changes what the reader sees.
-//! - Dropping the engine flushes the overlay (no fsync); a crash loses it, and replay restores it.
+//!   first change, and the changes are merged under the state write lock. A failed flush is fatal:
+//!   every later apply, checkpoint and digest returns [`Error::FlushFailed`].
+//! - Consistency of reads: the overlays and the index change together under the state write lock,
+//!   so a read holding the read lock sees one applied seqno. A frozen overlay leaves the read path
+//!   only after fjall holds it, so fjall changing under a reader never changes what it sees.
+//! - Dropping the engine flushes both overlays (no fsync) and stops the flusher; a crash loses
+//!   them, and replay restores them.
 //! - Hard negatives are NOT log-derived: written on any node, persisted with an fsync per change (a
 //!   lost change could reuse a CRDT dot), and excluded from [`TidalDb::digest`].
 
 use std::collections::HashSet;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::mpsc::{sync_channel, SyncSender};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::thread::JoinHandle;
 
 use fjall::PersistMode;
 use tidal_types::Seqno;
@@ -35,11 +41,12 @@ use crate::config::EngineConfig;
 use crate::counters::Counters;
 use crate::error::Error;
 use crate::feed_index::FeedIndex;
+use crate::flusher::{self, FlushHold, FlushShared, FlushStage, FlushStats, FlusherContext, FrozenOverlay};
 use crate::fold::{self, SignalsFold};
 use crate::idempotency::{self, IdempotencyRecord, NewKey, Window};
 use crate::keys;
 use crate::negatives::{Actor, NegativesState, NEGATIVES_PER_USER_MAX};
-use crate::overlay::{Overlay, WriterDirty, ENTRY_OVERHEAD_BYTES};
+use crate::overlay::{Overlay, OverlayView, WriterDirty, ENTRY_OVERHEAD_BYTES};
 use crate::ranked::{rank_feed, rank_similar, rank_trending, RankParams, Ranked, RANKED_LIMIT_MAX};
 use crate::record::{decode_payload, records_fingerprint, Records, SignalEvent};
 use crate::stores::Stores;
@@ -72,7 +79,8 @@ pub struct ItemState {
     pub seqno: Seqno,
 }
 
-/// Sizes, for metrics and status.
+/// Sizes and flush counters, for metrics and status. The sizes are log-derived (equal on replicas
+/// at one applied seqno); `flushed_applied_seqno` and `flush` are node-local.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct EngineStats {
     /// Applied frontier.
@@ -87,27 +95,34 @@ pub struct EngineStats {
     pub trending_items: u64,
     /// Users with a profile (every user who sent a signal).
     pub users: u64,
+    /// Applied seqno fjall holds.
+    pub flushed_applied_seqno: Seqno,
+    /// Background flushes.
+    pub flush: FlushStats,
 }
 
 /// The engine over one fjall database. `Send + Sync`: reads run concurrently with `apply`.
 pub struct TidalDb {
     stores: Stores,
     config: EngineConfig,
-    /// What reads see beside fjall: the ranking index and the overlay, changed together.
-    state: RwLock<State>,
-    /// Applied frontier (overlay over fjall); written under the state write lock.
+    /// What reads see beside fjall: the ranking index and the overlays, changed together. Shared
+    /// with the flusher thread, which retires a frozen overlay once fjall holds it.
+    state: Arc<RwLock<State>>,
+    /// Applied frontier (overlays over fjall); written under the state write lock.
     applied_seqno: AtomicU64,
     /// Logged time of the last applied batch; written with `applied_seqno`.
     last_time_ms: AtomicU64,
-    /// Applied seqno fjall holds (the last flush's); written under the writer lock.
-    flushed_seqno: AtomicU64,
     items: AtomicU64,
     users: AtomicU64,
-    /// The applier's own state; its lock serializes `apply`, flushes and checkpoints.
+    /// The applier's own state; its lock serializes `apply` and freezes.
     writer: Mutex<Writer>,
+    /// Flush progress, fjall's applied seqno and flush counters, shared with the flusher thread.
+    flush: Arc<FlushShared>,
+    /// The flusher thread; joined on drop.
+    flusher_thread: Option<JoinHandle<()>>,
     /// Serializes read-modify-write of hard negatives.
     negatives_lock: Mutex<()>,
-    /// False after [`TidalDb::simulate_crash`]: drop then leaves the overlay unflushed.
+    /// False after [`TidalDb::simulate_crash`]: drop then leaves the overlays unflushed.
     flush_on_drop: bool,
     /// True while a snapshot install is replacing the state, and after one that failed half-way
     /// (fjall holds [`crate::snapshot::META_IMPORT_PENDING`]): applies and exports are refused
@@ -115,10 +130,13 @@ pub struct TidalDb {
     import_incomplete: AtomicBool,
 }
 
-/// The index and the overlay, under one lock so reads see them at one applied seqno.
+/// The index and the overlays, under one lock so reads see them at one applied seqno.
 struct State {
     index: FeedIndex,
+    /// Changes since the last freeze.
     overlay: Overlay,
+    /// The overlay being flushed, until fjall holds it.
+    frozen: Option<Arc<FrozenOverlay>>,
 }
 
 /// State only the applier touches.
@@ -127,6 +145,10 @@ struct Writer {
     dirty: WriterDirty,
     /// Lower bound on the logged time of every idempotency entry (see `idempotency::fold`).
     idempotency_oldest_ms: Option<u64>,
+    /// Applied frontier at the last freeze (or open): the active overlay holds what is above it.
+    frozen_seqno: Seqno,
+    /// Hands frozen overlays to the flusher thread; `None` once the engine is closing.
+    frozen_overlays: Option<SyncSender<Arc<FrozenOverlay>>>,
 }
 
 /// What one decoded batch changes, computed before anything changes.
@@ -173,20 +195,37 @@ impl TidalDb {
         let items = stores.items.len()? as u64;
         let users = stores.profiles.len()? as u64;
         tracing::info!(applied_seqno, embeddings = index.embeddings(), items, users, "engine opened");
+        let state = Arc::new(RwLock::new(State { index, overlay: Overlay::default(), frozen: None }));
+        let flush = Arc::new(FlushShared::new(Seqno(applied_seqno)));
+        // One slot: at most one frozen overlay is in flight (`FlushShared::start` asserts it).
+        let (sender, receiver) = sync_channel(1);
+        let context = FlusherContext {
+            stores: stores.clone(),
+            state: state.clone(),
+            shared: flush.clone(),
+            retire: State::retire,
+        };
+        let flusher_thread = std::thread::Builder::new()
+            .name("tidal-flusher".into())
+            .spawn(move || flusher::run(context, receiver))
+            .map_err(|source| Error::Spawn { name: "tidal-flusher", source })?;
         Ok(TidalDb {
             stores,
             config,
-            state: RwLock::new(State { index, overlay: Overlay::default() }),
+            state,
             applied_seqno: AtomicU64::new(applied_seqno),
             last_time_ms: AtomicU64::new(last_time_ms),
-            flushed_seqno: AtomicU64::new(applied_seqno),
             items: AtomicU64::new(items),
             users: AtomicU64::new(users),
             writer: Mutex::new(Writer {
                 counters,
                 dirty: WriterDirty::default(),
                 idempotency_oldest_ms: None,
+                frozen_seqno: Seqno(applied_seqno),
+                frozen_overlays: Some(sender),
             }),
+            flush,
+            flusher_thread: Some(flusher_thread),
             negatives_lock: Mutex::new(()),
             flush_on_drop: true,
             import_incomplete: AtomicBool::new(import_incomplete),
@@ -207,7 +246,7 @@ impl TidalDb {
     /// The applied seqno fjall holds: the last flush's, committed atomically with the data it
     /// covers (not necessarily fsynced: [`TidalDb::checkpoint`] is). A process crash falls back to it.
     pub fn flushed_applied_seqno(&self) -> Seqno {
-        Seqno(self.flushed_seqno.load(Ordering::Acquire))
+        self.flush.flushed_seqno()
     }
 
     /// Logged time of the last applied batch: "now" for every ranking.
@@ -219,12 +258,16 @@ impl TidalDb {
     ///
     /// A batch at or below the applied frontier is skipped; one that does not start right after it
     /// is [`Error::Gap`]; a kind without an applier or a payload that does not decode is an error.
-    /// Errors write nothing.
+    /// Errors write nothing. After a failed background flush every apply is [`Error::FlushFailed`].
+    ///
+    /// Waits (backpressure) only if the active overlay is full while the previous one is still
+    /// being flushed.
     pub fn apply(&self, batch: &Batch) -> Result<ApplyOutcome, Error> {
         let mut writer = self.lock_writer();
         if self.import_incomplete.load(Ordering::Acquire) {
             return Err(Error::ImportIncomplete);
         }
+        self.flush.check()?;
         let applied = self.applied_seqno();
         if batch.last_seqno() <= applied {
             return Ok(ApplyOutcome::Skipped);
@@ -244,9 +287,9 @@ impl TidalDb {
                 records: records.event_count(),
             });
         }
-        // Only if the flush after an earlier apply failed: the overlay may not grow past its bound.
+        // The overlay crossed its bound while a flush was in flight: wait for it, then freeze.
         if self.overlay_full(&writer) {
-            self.flush(&mut writer)?;
+            self.freeze(&mut writer, Wait::Backpressure)?;
         }
         let now_ms = self.last_applied_time_ms().max(envelope.time_ms);
         let new_key = (!envelope.idempotency_key.is_empty()).then(|| NewKey {
@@ -262,7 +305,7 @@ impl TidalDb {
         let (change, idempotency_writes, idempotency_oldest_ms) = {
             let state = self.read_state();
             let mut idempotency_writes = Vec::new();
-            let table = state.overlay.idempotency_table(&self.stores);
+            let table = state.view().idempotency_table(&self.stores);
             let oldest_ms = idempotency::fold(
                 table,
                 &mut idempotency_writes,
@@ -288,11 +331,12 @@ impl TidalDb {
         drop(state);
         writer.dirty.bytes += bytes;
         writer.dirty.batches += 1;
-        if self.overlay_full(&writer) {
-            if let Err(error) = self.flush(&mut writer) {
-                tracing::error!(
-                    "failed to flush the overlay after seqno {last_seqno}: {error:#}; the next apply retries"
-                );
+        // Freeze now if the flusher is free (nothing waits: only the applier starts flushes);
+        // otherwise the next apply waits for it. A failed flush is not this apply's error (it
+        // applied): it is sticky, and the next apply returns it.
+        if self.overlay_full(&writer) && !self.flush.in_flight() {
+            if let Err(error) = self.freeze(&mut writer, Wait::Flush) {
+                tracing::debug!("no freeze after seqno {last_seqno}: {error:#}");
             }
         }
         tracing::trace!(%first_seqno, %last_seqno, kind = %batch.kind(), "applied");
@@ -301,21 +345,29 @@ impl TidalDb {
 
     /// Flushes the overlay to fjall and makes everything flushed durable (fsync). Returns the
     /// applied seqno now durable in fjall: WAL purge may not pass it.
+    ///
+    /// Applies continue meanwhile: only the freeze holds the applier's lock.
     pub fn checkpoint(&self) -> Result<Seqno, Error> {
-        let mut writer = self.lock_writer();
-        self.flush(&mut writer)?;
+        self.flush_all()?;
         let flushed = self.flushed_applied_seqno();
-        drop(writer);
         // Every commit up to `flushed` is already in fjall's journal; later flushes only add.
         self.stores.database.persist(PersistMode::SyncAll)?;
         Ok(flushed)
     }
 
-    /// Drops the engine without flushing the overlay, as a process crash would: fjall keeps what
-    /// the last flush wrote. For crash tests and benchmarks.
+    /// Drops the engine without flushing the overlays, as a process crash would: fjall keeps what
+    /// the last committed flush wrote; a flush not yet committed is dropped. For crash tests and
+    /// benchmarks.
     #[doc(hidden)]
     pub fn simulate_crash(mut self) {
         self.flush_on_drop = false;
+    }
+
+    /// Holds the flusher at `stage` of its next flush until the returned hold is dropped, so tests
+    /// can look at the engine while a flush is in flight. Without a hold nothing waits.
+    #[doc(hidden)]
+    pub fn hold_flushes(&self, stage: FlushStage) -> FlushHold {
+        self.flush.hold(stage)
     }
 
     /// An item's metadata; `None` if it has no metadata (even if it has an embedding).
@@ -327,7 +379,7 @@ impl TidalDb {
                 keys::split_seqno_value(value).ok_or_else(|| corrupt("items", "short value"))?;
             Ok(Some(ItemState { metadata: metadata.to_vec(), has_embedding, seqno }))
         };
-        match state.overlay.items.get(&id) {
+        match state.view().item(id) {
             Some(Some(value)) => item(value),
             Some(None) => Ok(None),
             None => match self.stores.items.get(keys::item_key(id))? {
@@ -340,11 +392,8 @@ impl TidalDb {
     /// An item's embedding and the seqno that stored it.
     pub fn get_embedding(&self, id: u64) -> Result<Option<(Vec<f32>, Seqno)>, Error> {
         let state = self.read_state();
-        match state.overlay.embeddings.get(&id) {
-            Some(Some(seqno)) => {
-                let vector = state.index.embedding(id).ok_or_else(|| corrupt("embeddings", "not indexed"))?;
-                return Ok(Some((vector.to_vec(), *seqno)));
-            }
+        match state.view().embedding(id) {
+            Some(Some((seqno, vector))) => return Ok(Some((vector.clone(), *seqno))),
             Some(None) => return Ok(None),
             None => {}
         }
@@ -363,11 +412,10 @@ impl TidalDb {
     pub fn feed(&self, user: &str, limit: usize, exclude: &[u64]) -> Result<Ranked, Error> {
         let state = self.read_state();
         let applied_seqno = self.applied_seqno();
-        let profile = state.overlay.profile(&self.stores, user, self.config.dimension as usize)?;
+        let view = state.view();
+        let profile = view.profile(&self.stores, user, self.config.dimension as usize)?;
         let mut excluded: HashSet<u64> = exclude.iter().copied().collect();
-        if let Some(dirty) = state.overlay.users.get(user) {
-            excluded.extend(dirty.seen.iter().copied());
-        }
+        excluded.extend(view.seen(user));
         let prefix = keys::seen_prefix(user);
         for guard in self.stores.seen.prefix(&prefix) {
             let key = guard.key()?;
@@ -413,7 +461,7 @@ impl TidalDb {
     pub fn idempotency_lookup(&self, principal: &str, key: &str) -> Result<Option<IdempotencyRecord>, Error> {
         let state = self.read_state();
         idempotency::lookup(
-            state.overlay.idempotency_table(&self.stores),
+            state.view().idempotency_table(&self.stores),
             principal,
             key,
             self.last_applied_time_ms(),
@@ -480,13 +528,12 @@ impl TidalDb {
     /// BLAKE3 over the canonical log-derived state, with the applied seqno it was taken at. Two
     /// replicas that applied the same log have equal digests. Excludes hard negatives.
     ///
-    /// Flushes the overlay first, so the digest is the same wherever the state sits.
+    /// Flushes the overlays first, so the digest is the same wherever the state sits. Applies
+    /// continue meanwhile; the digest is of the fjall snapshot taken right after the flush, and
+    /// its seqno is the applied seqno in that snapshot (every commit is one whole flush).
     pub fn digest(&self) -> Result<(Seqno, [u8; 32]), Error> {
-        let snapshot = {
-            let mut writer = self.lock_writer();
-            self.flush(&mut writer)?;
-            self.stores.database.snapshot()
-        };
+        self.flush_all()?;
+        let snapshot = self.stores.database.snapshot();
         crate::digest::state_digest(&self.stores, &snapshot)
     }
 
@@ -506,6 +553,8 @@ impl TidalDb {
             embeddings: index.embeddings() as u64,
             trending_items: index.trending_items() as u64,
             users: self.users.load(Ordering::Relaxed),
+            flushed_applied_seqno: self.flushed_applied_seqno(),
+            flush: self.flush.stats(),
         }
     }
 
@@ -523,7 +572,7 @@ impl TidalDb {
                 let fold = fold::signals(
                     stores,
                     &state.index,
-                    &state.overlay,
+                    state.view(),
                     &self.config,
                     envelope_time_ms,
                     events,
@@ -533,7 +582,7 @@ impl TidalDb {
             Records::ItemMetadata { item, metadata } => Change::ItemMetadata {
                 item: *item,
                 value: keys::seqno_value(seqno, metadata),
-                new: !state.overlay.has_item(stores, *item)?,
+                new: !state.view().has_item(stores, *item)?,
             },
             Records::ItemEmbedding { item, vector } => {
                 if vector.len() != self.config.dimension as usize {
@@ -546,7 +595,7 @@ impl TidalDb {
                 Change::ItemEmbedding { item: *item, seqno, vector }
             }
             Records::ItemDelete { item } => {
-                Change::ItemDelete { item: *item, existed: state.overlay.has_item(stores, *item)? }
+                Change::ItemDelete { item: *item, existed: state.view().has_item(stores, *item)? }
             }
             Records::Control(control) => Change::LeaderStart(fold::control_value(control)),
         })
@@ -563,9 +612,9 @@ impl TidalDb {
                 bytes += fold.trends.len() * 8;
                 for (item, trend) in fold.trends {
                     state.index.set_trend(item, trend);
-                    writer.dirty.trends.push(item);
+                    writer.dirty.trends.insert(item, Some(trend));
                 }
-                let State { index, overlay } = state;
+                let State { index, overlay, .. } = state;
                 let (new_users, user_bytes) =
                     fold::profiles(overlay, index, &self.config, envelope_time_ms, events, fold.loaded);
                 bytes += user_bytes;
@@ -580,7 +629,8 @@ impl TidalDb {
             }
             Change::ItemEmbedding { item, seqno, vector } => {
                 state.index.set_embedding(item, vector);
-                bytes += Overlay::set(&mut state.overlay.embeddings, item, Some(seqno), 8 + dimension * 4);
+                let entry = Some((seqno, vector.to_vec()));
+                bytes += Overlay::set(&mut state.overlay.embeddings, item, entry, 8 + dimension * 4);
             }
             Change::ItemDelete { item, existed } => {
                 // Users' seen sets and profiles keep what they already absorbed: they are history
@@ -589,7 +639,7 @@ impl TidalDb {
                 state.index.remove_item(item);
                 bytes += Overlay::set(&mut state.overlay.items, item, None, 0);
                 bytes += Overlay::set(&mut state.overlay.embeddings, item, None, 0);
-                writer.dirty.trends.push(item);
+                writer.dirty.trends.insert(item, None);
                 bytes += 8;
                 writer.counters.remove_item(item);
                 if existed {
@@ -611,33 +661,56 @@ impl TidalDb {
         bytes > self.config.overlay_bytes_max || writer.dirty.batches >= self.config.overlay_batches_max
     }
 
-    /// Writes the whole overlay, the applied seqno and the logged time to fjall in ONE batch, then
-    /// clears the overlay. On error nothing is cleared (fjall holds its previous prefix).
-    fn flush(&self, writer: &mut Writer) -> Result<(), Error> {
+    /// Freezes the active overlay (if it holds anything) and hands it to the flusher, after
+    /// waiting for the flush in flight, if any. Fails if a flush failed.
+    fn freeze(&self, writer: &mut Writer, wait: Wait) -> Result<(), Error> {
+        self.flush.wait_idle(wait == Wait::Backpressure)?;
         let applied = self.applied_seqno();
-        if applied == self.flushed_applied_seqno() {
+        if applied == writer.frozen_seqno {
             return Ok(());
         }
-        let started = std::time::Instant::now();
-        let state = self.read_state();
-        let mut writes = self.stores.database.batch();
-        state.overlay.flush_into(&self.stores, &state.index, &mut writes);
-        let Writer { counters, dirty, .. } = &mut *writer;
-        dirty.flush_into(&self.stores, &state.index, &mut writes);
-        counters.flush_into(&self.stores, &mut writes);
-        writes.insert(&self.stores.meta, keys::META_APPLIED_SEQNO, applied.0.to_le_bytes());
-        writes.insert(&self.stores.meta, keys::META_LAST_TIME_MS, self.last_applied_time_ms().to_le_bytes());
-        let entries = writes.len();
-        writes.commit()?;
-        drop(state);
-        self.flushed_seqno.store(applied.0, Ordering::Release);
-        // Readers saw the overlay's values until now and see the same values in fjall from now on.
-        self.write_state().overlay = Overlay::default();
-        let batches = writer.dirty.batches;
-        writer.dirty = WriterDirty::default();
-        writer.counters.flushed();
-        tracing::debug!(%applied, entries, batches, elapsed = ?started.elapsed(), "overlay flushed");
+        let Writer { counters, dirty, frozen_overlays, .. } = &mut *writer;
+        let sender = frozen_overlays.as_ref().ok_or_else(|| Error::FlushFailed {
+            reason: "the flusher is stopped: the engine is closing".into(),
+        })?;
+        let frozen = {
+            let mut state = self.write_state();
+            assert!(
+                state.frozen.is_none(),
+                "freezing at {applied} while the overlay frozen at {:?} is still read",
+                state.frozen.as_ref().map(|frozen| frozen.applied_seqno)
+            );
+            let frozen = Arc::new(FrozenOverlay {
+                overlay: std::mem::take(&mut state.overlay),
+                dirty: dirty.take(),
+                counters: counters.take_dirty(),
+                applied_seqno: applied,
+                last_time_ms: self.last_applied_time_ms(),
+            });
+            state.frozen = Some(frozen.clone());
+            frozen
+        };
+        self.flush.start(applied);
+        let sent = sender.send(frozen);
+        writer.frozen_seqno = applied;
+        if sent.is_err() {
+            // The flusher only stops after a failed flush, which `wait_idle` reported.
+            self.flush.check()?;
+            return Err(Error::FlushFailed { reason: "the flusher thread is gone".into() });
+        }
+        tracing::trace!(%applied, "overlay frozen");
         Ok(())
+    }
+
+    /// Freezes what is applied now and waits until fjall holds it. Holds the applier's lock only
+    /// for the freeze.
+    fn flush_all(&self) -> Result<(), Error> {
+        let target = {
+            let mut writer = self.lock_writer();
+            self.freeze(&mut writer, Wait::Flush)?;
+            writer.frozen_seqno
+        };
+        self.flush.wait_flushed(target)
     }
 
     fn lock_writer(&self) -> MutexGuard<'_, Writer> {
@@ -677,15 +750,45 @@ impl TidalDb {
 }
 
 impl Drop for TidalDb {
-    /// Flushes the overlay (no fsync), so a clean close needs no replay.
+    /// Flushes the overlays (no fsync), so a clean close needs no replay, then stops the flusher.
     fn drop(&mut self) {
         if !self.flush_on_drop {
-            return;
-        }
-        // A poisoned lock means an apply panicked half-way: leave fjall at its last flush.
-        let Ok(mut writer) = self.writer.lock() else { return };
-        if let Err(error) = self.flush(&mut writer) {
+            self.flush.abandon();
+        } else if self.writer.is_poisoned() {
+            // An apply panicked half-way: the active overlay may hold half a batch. A frozen one is
+            // whole; the flusher finishes it below.
+            tracing::error!("not flushing the overlay on close: an apply panicked");
+        } else if let Err(error) = self.flush_all() {
             tracing::error!("failed to flush the overlay on close: {error:#}");
+        }
+        // Closing the channel ends the flusher's loop once its flush in flight is done.
+        self.writer.get_mut().unwrap_or_else(PoisonError::into_inner).frozen_overlays = None;
+        if let Some(thread) = self.flusher_thread.take() {
+            if thread.join().is_err() {
+                tracing::error!("the flusher thread panicked");
+            }
+        }
+    }
+}
+
+/// Whether a freeze that finds a flush in flight is an apply waiting (counted as backpressure) or
+/// a checkpoint, digest or close.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Wait {
+    Backpressure,
+    Flush,
+}
+
+impl State {
+    /// The overlays as reads see them.
+    fn view(&self) -> OverlayView<'_> {
+        OverlayView { active: &self.overlay, frozen: self.frozen.as_deref().map(|frozen| &frozen.overlay) }
+    }
+
+    /// Called by the flusher once fjall holds `flushed`: reads stop consulting it.
+    fn retire(&mut self, flushed: &Arc<FrozenOverlay>) {
+        if self.frozen.as_ref().is_some_and(|frozen| Arc::ptr_eq(frozen, flushed)) {
+            self.frozen = None;
         }
     }
 }

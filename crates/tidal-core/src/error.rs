@@ -14,6 +14,21 @@ pub enum Error {
     /// fjall failed (I/O, or poisoned by an earlier fsync failure).
     #[error("storage: {0}")]
     Storage(#[from] fjall::Error),
+    /// The engine could not start a thread it needs.
+    #[error("spawn thread {name}: {source}")]
+    Spawn {
+        /// The thread's name.
+        name: &'static str,
+        /// What the OS said.
+        source: std::io::Error,
+    },
+    /// A background flush failed: fjall holds an older prefix, and the engine refuses applies until
+    /// the node restarts and replays the WAL from fjall's applied seqno.
+    #[error("background flush failed: {reason}")]
+    FlushFailed {
+        /// What failed.
+        reason: String,
+    },
     /// The batch does not start right after the applied frontier.
     #[error("batch starts at seqno {got}, expected {expected}")]
     Gap {

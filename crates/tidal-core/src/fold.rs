@@ -11,8 +11,8 @@
 //!   their order never reaches the state (each key's value is final; fjall and the digest order keys).
 //! - A batch of many events touching one item or user reads its own earlier updates: everything
 //!   is accumulated per key in memory first.
-//! - The starting values are the applied state: trends from the index, profiles from the overlay,
-//!   else fjall. Profiles are folded in place in the overlay: copying a 512-byte profile per user
+//! - The starting values are the applied state: trends from the index, profiles from the active
+//!   overlay, else the frozen one, else fjall. Profiles are folded in place in the overlay: copying a 512-byte profile per user
 //!   per batch cost more than the fold itself.
 
 use std::collections::hash_map::Entry;
@@ -23,7 +23,7 @@ use crate::error::Error;
 use crate::fast_hash::{FastMap, FastState};
 use crate::feed_index::FeedIndex;
 use crate::keys::Profile;
-use crate::overlay::Overlay;
+use crate::overlay::{Overlay, OverlayView};
 use crate::record::{ControlRecord, SignalEvent};
 use crate::stores::Stores;
 use crate::trend::{decay_factor, distance_ms, Trend};
@@ -41,7 +41,7 @@ pub struct SignalsFold<'a> {
 pub fn signals<'a>(
     stores: &Stores,
     index: &FeedIndex,
-    overlay: &Overlay,
+    view: OverlayView<'_>,
     config: &EngineConfig,
     envelope_time_ms: u64,
     events: &'a [SignalEvent],
@@ -66,8 +66,10 @@ pub fn signals<'a>(
                 slot.insert(trend);
             }
         }
-        if !overlay.users.contains_key(event.user.as_str()) && !loaded.contains_key(event.user.as_str()) {
-            loaded.insert(&event.user, overlay.profile(stores, &event.user, dimension)?);
+        // A user of the active overlay is folded in place; others start from the frozen overlay's
+        // profile, else fjall's.
+        if !view.active.users.contains_key(event.user.as_str()) && !loaded.contains_key(event.user.as_str()) {
+            loaded.insert(&event.user, view.profile(stores, &event.user, dimension)?);
         }
     }
     Ok(SignalsFold { trends, loaded })

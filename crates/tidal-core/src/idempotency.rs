@@ -102,36 +102,50 @@ pub struct Window {
 /// Changes to the table, in order: `(key, Some(value))` puts, `(key, None)` deletes.
 pub type Writes = Vec<(Vec<u8>, Option<Vec<u8>>)>;
 
-/// The applied table: the overlay's entries (`None` = deleted) over fjall's.
+/// The applied table: the active overlay's entries (`None` = deleted) over the frozen overlay's
+/// (a flush in flight) over fjall's.
 #[derive(Clone, Copy)]
 pub struct Table<'a> {
     /// The idempotency keyspace.
     pub keyspace: &'a Keyspace,
-    /// Entries changed since the last flush.
-    pub overlay: &'a BTreeMap<Vec<u8>, Option<Vec<u8>>>,
+    /// Entries changed since the last freeze.
+    pub active: &'a Overlay,
+    /// Entries of the flush in flight, if any.
+    pub frozen: Option<&'a Overlay>,
 }
+
+/// One overlay's idempotency entries by fjall key; `None` is a delete.
+pub type Overlay = BTreeMap<Vec<u8>, Option<Vec<u8>>>;
+
+/// Stands in for the frozen overlay when no flush is in flight.
+static NO_ENTRIES: Overlay = BTreeMap::new();
 
 impl<'a> Table<'a> {
     fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, Error> {
-        match self.overlay.get(key) {
+        match self.active.get(key).or_else(|| self.frozen.and_then(|frozen| frozen.get(key))) {
             Some(value) => Ok(value.clone()),
             None => Ok(self.keyspace.get(key)?.map(|value| value.to_vec())),
         }
     }
 
-    /// Entries under `prefix` in key order, the overlay's winning over fjall's.
+    /// Entries under `prefix` in key order: the active overlay's win over the frozen one's, which
+    /// win over fjall's.
     fn prefix(&self, prefix: &'a [u8]) -> impl Iterator<Item = Result<(Vec<u8>, Vec<u8>), Error>> + 'a {
         let fjall = self.keyspace.prefix(prefix).map(|guard| {
             let (key, value) = guard.into_inner()?;
             Ok((key.to_vec(), value.to_vec()))
         });
-        let overlay =
-            self.overlay.range(prefix.to_vec()..).take_while(move |(key, _)| key.starts_with(prefix));
-        Merged { fjall: fjall.peekable(), overlay: overlay.peekable() }
+        let under = move |overlay: &'a Overlay| {
+            overlay.range(prefix.to_vec()..).take_while(move |(key, _)| key.starts_with(prefix))
+        };
+        let frozen =
+            Merged { fjall: fjall.peekable(), overlay: under(self.frozen.unwrap_or(&NO_ENTRIES)).peekable() };
+        Merged { fjall: frozen.peekable(), overlay: under(self.active).peekable() }
     }
 }
 
 /// Merge of two key-ordered streams; on equal keys the overlay wins, and its deletes hide entries.
+/// `fjall` may itself be a merge (the frozen overlay over fjall).
 struct Merged<F: Iterator, O: Iterator> {
     fjall: Peekable<F>,
     overlay: Peekable<O>,

@@ -9,15 +9,17 @@
 //! # Layout
 //! - [`record`]: the payload codec (envelope + records), binding for every node.
 //! - `db`: [`TidalDb`], the one apply path and the reads.
-//! - `fold`: what a batch changes; `overlay`: dirty state not yet in fjall; `counters`: all
-//!   per-kind counters; `idempotency`: the replicated idempotency table.
+//! - `fold`: what a batch changes; `overlay`: dirty state not yet in fjall; `flusher`: the thread
+//!   that writes frozen overlays to fjall; `counters`: all per-kind counters; `idempotency`: the
+//!   replicated idempotency table.
 //! - `feed_index`, `ranked`: the in-memory ranking index and the feed / similar / trending loops.
 //! - `negatives`: the hard negatives ORSWOT (outside the log); `digest`: state digests.
 //! - [`snapshot`]: the snapshot format; `db/snapshot_io`: [`TidalDb::export_snapshot`] and
 //!   [`TidalDb::install_snapshot`].
 //!
-//! Non-goals: this crate does no networking, reads no clock and knows no WAL files; it takes
-//! batches. fjall is named only here, and fjall's sequence numbers never leave it.
+//! Non-goals: this crate does no networking, reads no clock for state (a monotonic clock only
+//! times flushes for metrics) and knows no WAL files; it takes batches. It runs one thread of its
+//! own, the flusher. fjall is named only here, and fjall's sequence numbers never leave it.
 #![deny(missing_docs)]
 #![deny(unsafe_code)]
 #![deny(clippy::unwrap_used)]
@@ -29,6 +31,7 @@ mod digest;
 mod error;
 mod fast_hash;
 mod feed_index;
+mod flusher;
 mod fold;
 mod idempotency;
 mod keys;
@@ -49,6 +52,9 @@ pub use config::{
 };
 pub use db::{ApplyOutcome, EngineStats, ItemState, TidalDb};
 pub use error::Error;
+#[doc(hidden)]
+pub use flusher::{FlushHold, FlushStage};
+pub use flusher::{FlushStats, FLUSH_DURATION_BUCKETS_MS};
 pub use idempotency::{IdempotencyRecord, PRUNE_PER_APPLY_MAX};
 pub use negatives::{Actor, NegativesState, NEGATIVES_PER_USER_MAX};
 pub use raft_store::{RaftStore, RaftWrite};

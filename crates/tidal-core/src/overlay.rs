@@ -1,14 +1,15 @@
-//! The write-back overlay, [`Overlay`]: log-derived state applied since the last flush, which
-//! reads see over fjall's.
+//! The write-back overlay, [`Overlay`]: log-derived state applied since the last freeze, which
+//! reads see over the frozen overlay (if a flush is in flight) and fjall: [`OverlayView`].
 //!
 //! Delicate:
-//! - Every read of a key the overlay may hold looks here first: a `None` value is a delete
-//!   (tombstone) that hides fjall's entry. Only then does it read fjall.
-//! - What the index already holds is not copied: embedding vectors and trending scores live in
-//!   the [`FeedIndex`]; the overlay remembers which items are dirty (and, for embeddings, the
-//!   seqno), and a flush encodes their values from the index.
+//! - Every read of a key an overlay may hold looks in the active overlay, then in the frozen one,
+//!   and only then in fjall: a `None` value is a delete (tombstone) that hides older layers.
+//! - Every value a flush writes is held here by value (embedding vectors included), never looked
+//!   up in the [`crate::feed_index::FeedIndex`] at flush time: the flusher encodes a frozen
+//!   overlay on its own thread while the applier keeps changing the index.
 //! - A flush writes every dirty entry, the applied seqno and the logged time in ONE fjall batch,
-//!   so fjall always holds a prefix of the log; the overlay is cleared only after that commit.
+//!   so fjall always holds a prefix of the log; a frozen overlay stays visible to reads until
+//!   after that commit.
 
 use std::collections::hash_map::Entry;
 use std::collections::BTreeMap;
@@ -16,21 +17,20 @@ use std::collections::BTreeMap;
 use tidal_types::Seqno;
 
 use crate::error::Error;
-use crate::fast_hash::FastMap;
-use crate::feed_index::FeedIndex;
+use crate::fast_hash::{FastMap, FastState};
 use crate::idempotency;
 use crate::keys::{self, Profile};
 use crate::stores::Stores;
+use crate::trend::Trend;
 
 /// Dirty state that reads must see. Changed only by `apply` (under the state write lock) and
-/// cleared by a flush.
+/// moved out whole when it is frozen for a flush.
 #[derive(Debug, Default)]
 pub struct Overlay {
     /// Item metadata: the encoded fjall value (seqno | JSON), or `None` if deleted.
     pub items: FastMap<u64, Option<Vec<u8>>>,
-    /// Embeddings: the seqno that stored the vector (the vector is in the index), or `None` if
-    /// deleted.
-    pub embeddings: FastMap<u64, Option<Seqno>>,
+    /// Embeddings: the seqno that stored the vector and the vector, or `None` if deleted.
+    pub embeddings: FastMap<u64, Option<(Seqno, Vec<f32>)>>,
     /// Users whose profile changed, with the items they saw in this window.
     pub users: FastMap<Box<str>, DirtyUser>,
     /// Idempotency entries by fjall key; `None` if deleted.
@@ -46,12 +46,21 @@ pub struct DirtyUser {
     pub seen: Vec<u64>,
 }
 
+/// The applied state as reads see it: the active overlay over the frozen one (a flush in flight)
+/// over fjall.
+#[derive(Clone, Copy)]
+pub struct OverlayView<'a> {
+    /// Changes since the last freeze.
+    pub active: &'a Overlay,
+    /// Changes of the flush in flight, if any; fjall may or may not hold them yet.
+    pub frozen: Option<&'a Overlay>,
+}
+
 /// Applier-side dirty state that no read needs (the digest flushes first).
 #[derive(Debug, Default)]
 pub struct WriterDirty {
-    /// Items whose trending score changed or was deleted, with repeats (sorted and deduplicated
-    /// at flush); the value is the index's.
-    pub trends: Vec<u64>,
+    /// Trending score of every item whose score changed, or `None` if its score was deleted.
+    pub trends: FastMap<u64, Option<Trend>>,
     /// The last LeaderStart folded (meta value).
     pub leader_start: Option<Vec<u8>>,
     /// Estimated bytes of the overlay and of the fjall batch that would flush it.
@@ -66,10 +75,15 @@ const USER_OVERHEAD_BYTES: usize = 96;
 /// Estimated bytes of one dirty item-keyed entry (map slot plus its fjall batch item).
 pub const ENTRY_OVERHEAD_BYTES: usize = 48;
 
-impl Overlay {
-    /// A user's profile: the overlay's, else fjall's.
+impl<'a> OverlayView<'a> {
+    /// The first answer of the active overlay, then of the frozen one.
+    fn find<T>(&self, lookup: impl Fn(&'a Overlay) -> Option<T>) -> Option<T> {
+        lookup(self.active).or_else(|| self.frozen.and_then(lookup))
+    }
+
+    /// A user's profile: the overlays', else fjall's.
     pub fn profile(&self, stores: &Stores, user: &str, dimension: usize) -> Result<Option<Profile>, Error> {
-        if let Some(dirty) = self.users.get(user) {
+        if let Some(dirty) = self.find(|overlay| overlay.users.get(user)) {
             return Ok(Some(dirty.profile.clone()));
         }
         match stores.profiles.get(user.as_bytes())? {
@@ -80,19 +94,43 @@ impl Overlay {
         }
     }
 
-    /// Whether the item has metadata: the overlay's answer, else fjall's.
+    /// Items a user saw in the overlays (fjall's seen set holds the rest), possibly repeated.
+    pub fn seen(&self, user: &str) -> impl Iterator<Item = u64> + 'a {
+        let seen = |overlay: Option<&'a Overlay>| {
+            overlay.and_then(|overlay| overlay.users.get(user)).into_iter().flat_map(|dirty| &dirty.seen)
+        };
+        seen(Some(self.active)).chain(seen(self.frozen)).copied()
+    }
+
+    /// An item's metadata entry in the overlays: `Some(None)` if deleted, `None` if not there.
+    pub fn item(&self, item: u64) -> Option<&'a Option<Vec<u8>>> {
+        self.find(|overlay| overlay.items.get(&item))
+    }
+
+    /// An item's embedding entry in the overlays: `Some(None)` if deleted, `None` if not there.
+    pub fn embedding(&self, item: u64) -> Option<&'a Option<(Seqno, Vec<f32>)>> {
+        self.find(|overlay| overlay.embeddings.get(&item))
+    }
+
+    /// Whether the item has metadata: the overlays' answer, else fjall's.
     pub fn has_item(&self, stores: &Stores, item: u64) -> Result<bool, Error> {
-        match self.items.get(&item) {
+        match self.item(item) {
             Some(value) => Ok(value.is_some()),
             None => Ok(stores.items.contains_key(keys::item_key(item))?),
         }
     }
 
     /// The idempotency table as reads see it.
-    pub fn idempotency_table<'a>(&'a self, stores: &'a Stores) -> idempotency::Table<'a> {
-        idempotency::Table { keyspace: &stores.idempotency, overlay: &self.idempotency }
+    pub fn idempotency_table(&self, stores: &'a Stores) -> idempotency::Table<'a> {
+        idempotency::Table {
+            keyspace: &stores.idempotency,
+            active: &self.active.idempotency,
+            frozen: self.frozen.map(|overlay| &overlay.idempotency),
+        }
     }
+}
 
+impl Overlay {
     /// Adds a user that is not dirty yet, with its current profile; returns the estimated bytes.
     pub fn add_user(&mut self, user: &str, profile: Profile) -> usize {
         let bytes = USER_OVERHEAD_BYTES + user.len() + profile.vector.len() * 4;
@@ -125,7 +163,7 @@ impl Overlay {
     }
 
     /// Puts every dirty entry of the overlay into `writes` (the caller adds the rest and commits).
-    pub fn flush_into(&self, stores: &Stores, index: &FeedIndex, writes: &mut fjall::OwnedWriteBatch) {
+    pub fn flush_into(&self, stores: &Stores, writes: &mut fjall::OwnedWriteBatch) {
         // Key order: fjall's memtable inserts are cheaper in order.
         let mut items: Vec<_> = self.items.iter().collect();
         items.sort_unstable_by_key(|(item, _)| **item);
@@ -137,12 +175,9 @@ impl Overlay {
         }
         let mut embeddings: Vec<_> = self.embeddings.iter().collect();
         embeddings.sort_unstable_by_key(|(item, _)| **item);
-        for (&item, seqno) in embeddings {
-            match seqno {
-                Some(seqno) => {
-                    let vector = index.embedding(item).unwrap_or_else(|| {
-                        panic!("overlay holds an embedding of item {item} at {seqno} that the index lacks")
-                    });
+        for (&item, entry) in embeddings {
+            match entry {
+                Some((seqno, vector)) => {
                     let mut value = Vec::with_capacity(8 + vector.len() * 4);
                     value.extend_from_slice(&seqno.0.to_le_bytes());
                     keys::f32s_to_bytes(vector, &mut value);
@@ -173,13 +208,24 @@ impl Overlay {
 }
 
 impl WriterDirty {
-    /// Puts the dirty trending scores (values from the index) and the LeaderStart into `writes`.
-    pub fn flush_into(&mut self, stores: &Stores, index: &FeedIndex, writes: &mut fjall::OwnedWriteBatch) {
-        self.trends.sort_unstable();
-        // One fjall batch must not hold a key twice.
-        self.trends.dedup();
-        for &item in &self.trends {
-            match index.trend(item) {
+    /// Moves this window's state out, leaving an empty one whose trend map is sized like it (see
+    /// `Counters::take_dirty`).
+    pub fn take(&mut self) -> WriterDirty {
+        let next = WriterDirty {
+            trends: FastMap::with_capacity_and_hasher(self.trends.len(), FastState::default()),
+            ..WriterDirty::default()
+        };
+        std::mem::replace(self, next)
+    }
+
+    /// Puts the dirty trending scores and the LeaderStart into `writes`.
+    pub fn flush_into(&self, stores: &Stores, writes: &mut fjall::OwnedWriteBatch) {
+        let mut trends: Vec<(u64, Option<Trend>)> =
+            self.trends.iter().map(|(item, trend)| (*item, *trend)).collect();
+        // Key order: fjall's memtable inserts are cheaper in order.
+        trends.sort_unstable_by_key(|(item, _)| *item);
+        for (item, trend) in trends {
+            match trend {
                 Some(trend) => writes.insert(&stores.trending, keys::item_key(item), trend.encode()),
                 None => writes.remove(&stores.trending, keys::item_key(item)),
             }

@@ -11,7 +11,8 @@ use fjall::{Database, Keyspace, KeyspaceCreateOptions};
 
 use crate::error::Error;
 
-/// The database and its keyspaces.
+/// The database and its keyspaces (handles: clones share the database).
+#[derive(Clone)]
 pub struct Stores {
     /// The fjall database.
     pub database: Database,

@@ -131,7 +131,7 @@ fn build(ops: &[(Op, u16)]) -> Log {
 fn snapshot(db: &TidalDb) -> impl PartialEq + std::fmt::Debug {
     let feeds: Vec<_> = (0..4).map(|u| db.feed(&format!("u{u}"), 20, &[]).unwrap()).collect();
     let similar: Vec<_> = (0..12).map(|i| db.similar(i, 20).unwrap()).collect();
-    (db.digest().unwrap(), feeds, similar, db.trending(20).unwrap(), db.stats())
+    (db.digest().unwrap(), feeds, similar, db.trending(20).unwrap(), sizes(db))
 }
 
 fn copy_dir(from: &Path, to: &Path) {

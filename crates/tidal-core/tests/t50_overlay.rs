@@ -41,14 +41,17 @@ fn the_digest_and_reads_do_not_depend_on_where_state_sits() {
         dirs.iter().zip(configs).map(|(dir, config)| open_with(dir.path(), config)).collect();
     {
         tracing::info!("apply the same log with three flush rhythms");
-        for batch in &log.batches {
+        for (n, batch) in log.batches.iter().enumerate() {
             for db in &dbs {
                 db.apply(batch).unwrap();
             }
-            assert_eq!(
-                dbs[0].flushed_applied_seqno(),
-                batch.last_seqno(),
-                "write-through flushes every apply"
+            // Flushes run in the background, one in flight, and the next apply waits for it.
+            let two_behind = if n >= 2 { log.batches[n - 2].last_seqno() } else { Seqno::ZERO };
+            let flushed = dbs[0].flushed_applied_seqno();
+            assert!(
+                two_behind <= flushed && flushed <= batch.last_seqno(),
+                "write-through keeps fjall at most two applies behind: flushed {flushed} at {}",
+                batch.last_seqno()
             );
             assert_eq!(dbs[1].flushed_applied_seqno(), Seqno::ZERO, "a huge overlay never flushes by itself");
             assert_eq!(dbs[1].applied_seqno(), batch.last_seqno());
@@ -59,7 +62,7 @@ fn the_digest_and_reads_do_not_depend_on_where_state_sits() {
         let expected = reads(&dbs[0]);
         for db in &dbs[1..] {
             assert_eq!(reads(db), expected);
-            assert_eq!(db.stats(), dbs[0].stats());
+            assert_eq!(sizes(db), sizes(&dbs[0]));
         }
         assert_eq!(dbs[1].flushed_applied_seqno(), Seqno::ZERO);
     }
@@ -148,16 +151,21 @@ fn a_crash_loses_only_the_overlay_and_replay_restores_the_same_state() {
         let dir = tempfile::tempdir().unwrap();
         copy_dir(template.path(), dir.path());
         let small = EngineConfig { overlay_batches_max: 4, ..config() };
-        let flushed = {
+        let (flushed, applied) = {
             let db = open_with(dir.path(), small.clone());
             apply_all(&db, &log.batches[..crash_after]);
-            let flushed = db.flushed_applied_seqno();
-            assert!(flushed <= db.applied_seqno());
+            let (flushed, applied) = (db.flushed_applied_seqno(), db.applied_seqno());
+            assert!(flushed <= applied);
             db.simulate_crash();
-            flushed
+            (flushed, applied)
         };
         let db = open_with(dir.path(), small);
-        assert_eq!(db.applied_seqno(), flushed, "crash after {crash_after} batches");
+        // A flush in flight at the crash may or may not have committed.
+        let recovered = db.applied_seqno();
+        assert!(
+            flushed <= recovered && recovered <= applied,
+            "crash after {crash_after} batches: recovered {recovered}, flushed {flushed}, applied {applied}"
+        );
         apply_all(&db, &log.batches);
         assert_eq!(reads(&db), clean.1, "crash after {crash_after} batches");
         assert_eq!(db.digest().unwrap(), clean.0, "crash after {crash_after} batches");

@@ -7,7 +7,7 @@ mod common;
 use std::path::{Path, PathBuf};
 
 use common::*;
-use tidal_core::{EngineConfig, Error, SnapshotError, SnapshotInfo, TidalDb};
+use tidal_core::{EngineConfig, Error, FlushStage, SnapshotError, SnapshotInfo, TidalDb};
 use tidal_types::{Seqno, Term};
 
 fn config_b() -> EngineConfig {
@@ -100,6 +100,87 @@ fn an_export_during_applies_is_the_state_at_exactly_its_seqno() {
     let b = open(dir_b.path());
     b.install_snapshot(&path).unwrap();
     assert_eq!(b.digest().unwrap(), c.digest().unwrap());
+}
+
+#[test]
+fn an_install_waits_for_the_flush_in_flight_and_resets_what_the_flusher_tracks() {
+    let log = workload();
+    let split = log.batches.len() / 3;
+    let (dir_a, dir_b, dir_c, files) = (
+        tempfile::tempdir().unwrap(),
+        tempfile::tempdir().unwrap(),
+        tempfile::tempdir().unwrap(),
+        tempfile::tempdir().unwrap(),
+    );
+    let a = open(dir_a.path());
+    apply_all(&a, &log.batches[..split]);
+    let (path, info) = export(&a, files.path());
+    let b = open_with(dir_b.path(), EngineConfig { overlay_batches_max: 10, ..config_b() });
+    let held = {
+        tracing::info!(
+            "b applied a longer, different log; an overlay holding item 999 is frozen and held in flight"
+        );
+        let mut other = Log::new();
+        let count = info.position.seqno.get() + 30;
+        for n in 0..count {
+            other.item(T0 + n, 1000 + n, r#"{"other":true}"#);
+        }
+        let (first, rest) = other.batches.split_at(other.batches.len() - 15);
+        apply_all(&b, first);
+        b.checkpoint().unwrap();
+        let hold = b.hold_flushes(FlushStage::BeforeCommit);
+        apply_all(&b, &rest[..10]);
+        hold.wait_parked();
+        apply_all(&b, &rest[10..]);
+        assert!(b.stats().flush.in_flight);
+        assert!(b.applied_seqno() > info.position.seqno, "b's frontier must go down for this test");
+        assert!(b.get_item(1000 + count - 12).unwrap().is_some(), "in the frozen overlay");
+        assert!(b.get_item(1000 + count - 1).unwrap().is_some(), "in the active overlay");
+        hold
+    };
+    {
+        tracing::info!(
+            "the install runs while the flush is held; it must wait for it, then replace everything"
+        );
+        let installed = std::thread::scope(|scope| {
+            let install = scope.spawn(|| b.install_snapshot(&path));
+            drop(held);
+            install.join().unwrap()
+        });
+        assert_eq!(installed.unwrap(), info);
+        assert_eq!(b.applied_seqno(), info.position.seqno);
+        assert_eq!(b.flushed_applied_seqno(), info.position.seqno, "fjall holds S, below b's old frontier");
+        assert!(!b.stats().flush.in_flight);
+        let count = info.position.seqno.get() + 30;
+        assert_eq!(
+            b.get_item(1000 + count - 12).unwrap(),
+            None,
+            "no frozen overlay of the old state is read"
+        );
+        assert_eq!(b.get_item(1000 + count - 1).unwrap(), None, "no active overlay of the old state is read");
+        assert_eq!(b.get_item(1003).unwrap(), None);
+        assert_eq!(b.digest().unwrap(), a.digest().unwrap());
+    }
+    {
+        tracing::info!(
+            "later flushes continue from S: checkpoints, the flushed seqno and a reopen are right"
+        );
+        for (n, batch) in log.batches[split..].iter().enumerate() {
+            b.apply(batch).unwrap();
+            if n % 13 == 0 {
+                assert_eq!(b.checkpoint().unwrap(), batch.last_seqno());
+                assert_eq!(b.flushed_applied_seqno(), batch.last_seqno());
+            }
+        }
+        let c = open(dir_c.path());
+        apply_all(&c, &log.batches);
+        assert_eq!(b.digest().unwrap(), c.digest().unwrap());
+        b.simulate_crash();
+        let b = open_with(dir_b.path(), config_b());
+        assert_eq!(b.flushed_applied_seqno(), b.applied_seqno());
+        apply_all(&b, &log.batches);
+        assert_eq!(b.digest().unwrap(), c.digest().unwrap());
+    }
 }
 
 #[test]

@@ -844,6 +844,77 @@ async fn metrics(State(state): State<Arc<AppState>>) -> Response {
         }
     }
     render_single(&mut out, "tidal_applied_seqno", "gauge", "Applied frontier.", node.applied_seqno() as f64);
+    let engine = node.db().stats();
+    let flush = &engine.flush;
+    let flush_bounds_ms = &tidal_core::FLUSH_DURATION_BUCKETS_MS;
+    let flush_bounds_s: Vec<f64> =
+        flush_bounds_ms[..flush_bounds_ms.len() - 1].iter().map(|ms| *ms as f64 / 1e3).collect();
+    render_histogram(
+        &mut out,
+        "tidal_engine_flush_duration_seconds",
+        "Engine overlay flush (encode + one fjall batch), off the apply path.",
+        &flush_bounds_s,
+        &flush.duration_ms_buckets,
+        flush.duration_ms_sum as f64 / 1e3,
+    );
+    for (name, kind, help, value) in [
+        (
+            "tidal_engine_flushes_total",
+            "counter",
+            "Engine overlay flushes committed to fjall.",
+            flush.flushes as f64,
+        ),
+        (
+            "tidal_engine_flush_entries_total",
+            "counter",
+            "Keys written by engine flushes.",
+            flush.entries as f64,
+        ),
+        (
+            "tidal_engine_flush_last_seconds",
+            "gauge",
+            "Duration of the last engine flush.",
+            flush.last_duration_ms as f64 / 1e3,
+        ),
+        (
+            "tidal_engine_flush_max_seconds",
+            "gauge",
+            "Longest engine flush.",
+            flush.max_duration_ms as f64 / 1e3,
+        ),
+        (
+            "tidal_engine_apply_backpressure_waits_total",
+            "counter",
+            "Applies that waited for an in-flight flush (the overlay filled faster than fjall took it).",
+            flush.backpressure_waits as f64,
+        ),
+        (
+            "tidal_engine_apply_backpressure_wait_seconds_total",
+            "counter",
+            "Time applies spent waiting for flushes.",
+            flush.backpressure_wait_ms_sum as f64 / 1e3,
+        ),
+        (
+            "tidal_engine_flush_in_flight",
+            "gauge",
+            "Whether an engine flush is running.",
+            f64::from(u8::from(flush.in_flight)),
+        ),
+        (
+            "tidal_engine_flush_failed",
+            "gauge",
+            "1 when an engine flush failed (fatal).",
+            f64::from(u8::from(flush.failed)),
+        ),
+        (
+            "tidal_engine_flushed_applied_seqno",
+            "gauge",
+            "Applied seqno fjall holds (a crash replays the WAL from here).",
+            engine.flushed_applied_seqno.get() as f64,
+        ),
+    ] {
+        render_single(&mut out, name, kind, help, value);
+    }
     render_single(
         &mut out,
         "tidal_checkpoint_seqno",

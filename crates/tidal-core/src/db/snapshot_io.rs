@@ -1,12 +1,14 @@
 //! Snapshot export and install on [`TidalDb`] (the format is in [`crate::snapshot`]).
 //!
-//! Export reads ONE fjall snapshot taken right after a flush of the overlay, so concurrent applies
-//! never tear it and it is exactly the state [`TidalDb::digest`] would hash at that seqno.
+//! Export takes the same complete flush as [`TidalDb::digest`] (freeze, wait until fjall holds it)
+//! and reads ONE fjall snapshot, so concurrent applies never tear it and it is exactly the state
+//! `digest()` would hash at that seqno.
 //!
 //! Install, in this order:
 //! 1. verify the whole file (checksum, shapes, digest of the records) without touching anything;
-//! 2. under the writer lock and the state write lock (applies and reads wait: neither ever sees a
-//!    half-replaced state), commit [`META_IMPORT_PENDING`] to fjall, then delete every log-derived
+//! 2. under the writer lock, flush the overlays and wait until the background flusher is idle (no
+//!    commit of the old state can land after this, and no frozen overlay stays visible); then under
+//!    the state write lock too (applies and reads wait: neither ever sees a half-replaced state), commit [`META_IMPORT_PENDING`] to fjall, then delete every log-derived
 //!    key, then write the snapshot's entries in bounded batches while the stream is read again;
 //! 3. commit the snapshot's meta (applied seqno = S) and the removal of the marker in ONE batch,
 //!    fsync, reload the in-memory index and counters, and check the digest against the snapshot's.
@@ -57,14 +59,21 @@ impl TidalDb {
         out: W,
         term_at: impl FnOnce(Seqno) -> Option<Term>,
     ) -> Result<(SnapshotInfo, W), SnapshotError> {
+        let incomplete =
+            || SnapshotError::Incompatible { reason: "this node's own install is incomplete".into() };
+        if self.install_incomplete() {
+            return Err(incomplete());
+        }
+        // The same complete flush `digest()` takes (applies continue meanwhile), then ONE fjall
+        // snapshot: every fjall commit is one whole flush, so the snapshot holds the state at the
+        // applied seqno it records. The snapshot is taken under the applier's lock, which an install
+        // holds from start to end, so it never sees a half-replaced state.
+        self.flush_all()?;
         let snapshot = {
-            let mut writer = self.lock_writer();
-            if self.import_incomplete.load(Ordering::Acquire) {
-                return Err(SnapshotError::Incompatible {
-                    reason: "this node's own install is incomplete".into(),
-                });
+            let _writer = self.lock_writer();
+            if self.install_incomplete() {
+                return Err(incomplete());
             }
-            self.flush(&mut writer)?;
             self.stores.database.snapshot()
         };
         let seqno = match snapshot.get(&self.stores.meta, keys::META_APPLIED_SEQNO)? {
@@ -138,10 +147,15 @@ impl TidalDb {
         };
         let started = std::time::Instant::now();
         let mut writer = self.lock_writer();
-        // Nothing of the old state may reach fjall after the replacement starts: flush it now
-        // (with a background flusher, this is also where an overlay in flight must be waited for).
-        self.flush(&mut writer)?;
+        // Nothing of the old state may reach fjall after the replacement starts: wait for the flush
+        // in flight, freeze what is left and wait until the flusher has committed AND retired it
+        // (`wait_idle` returns only once the flusher finished, after the retire). Only the applier
+        // starts flushes and we hold its lock, so no flush runs until the install ends, and no
+        // frozen overlay of the old state is left for reads.
+        self.freeze(&mut writer, super::Wait::Flush)?;
+        self.flush.wait_idle(false)?;
         let mut state = self.write_state();
+        debug_assert!(state.frozen.is_none(), "a frozen overlay survived the flush before an install");
         self.import_incomplete.store(true, Ordering::Release);
         let mut marker = self.stores.database.batch();
         marker.insert(&self.stores.meta, META_IMPORT_PENDING, info.position.seqno.0.to_le_bytes());
@@ -204,12 +218,17 @@ impl TidalDb {
         let dimension = self.config.dimension as usize;
         state.index = load_index(&self.stores, dimension)?;
         state.overlay = Overlay::default();
+        state.frozen = None;
         writer.counters = Counters::load(&self.stores)?;
         writer.dirty = WriterDirty::default();
         writer.idempotency_oldest_ms = None;
         let applied = meta_u64(&self.stores, keys::META_APPLIED_SEQNO)?;
         self.applied_seqno.store(applied, Ordering::Release);
-        self.flushed_seqno.store(applied, Ordering::Release);
+        // fjall holds exactly S now (it may be below the old frontier): the next freeze starts
+        // from S and `flushed_applied_seqno()` reports S. No flush is in flight (the caller holds
+        // the applier's lock after waiting for the flusher to go idle).
+        writer.frozen_seqno = Seqno(applied);
+        self.flush.reset_flushed(Seqno(applied));
         self.last_time_ms.store(meta_u64(&self.stores, keys::META_LAST_TIME_MS)?, Ordering::Release);
         self.items.store(self.stores.items.len()? as u64, Ordering::Relaxed);
         self.users.store(self.stores.profiles.len()? as u64, Ordering::Relaxed);

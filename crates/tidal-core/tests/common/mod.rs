@@ -4,7 +4,7 @@
 
 use std::path::Path;
 
-use tidal_core::{encode_payload, EngineConfig, Envelope, Records, SignalEvent, TidalDb};
+use tidal_core::{encode_payload, EngineConfig, EngineStats, Envelope, Records, SignalEvent, TidalDb};
 use tidal_types::{Seqno, Term};
 use tidal_wal::Batch;
 
@@ -76,6 +76,12 @@ impl Log {
     pub fn delete(&mut self, time_ms: u64, item: u64) -> Batch {
         self.push(time_ms, Records::ItemDelete { item })
     }
+}
+
+/// The state sizes of `db`'s stats: without the flush fields, which are node-local (when and how
+/// often a node flushed), so replicas of one log compare equal.
+pub fn sizes(db: &TidalDb) -> EngineStats {
+    EngineStats { flushed_applied_seqno: Seqno::ZERO, flush: Default::default(), ..db.stats() }
 }
 
 pub fn apply_all(db: &TidalDb, batches: &[Batch]) {

@@ -1,0 +1,374 @@
+//! The background flusher: a thread that writes frozen overlays ([`FrozenOverlay`]) to fjall, each
+//! in ONE write batch with its applied seqno, while the applier folds into a fresh active overlay.
+//!
+//! ```text
+//! applier:  apply ... overlay full -> freeze F1 (O(1) move) -> apply ... -> full -> wait -> freeze F2
+//! flusher:                          encode F1, commit {data, applied}, drop F1 from reads ^
+//! reads:    active -> F1 -> fjall   (F1 leaves the read path only after fjall holds it)
+//! ```
+//!
+//! Delicate:
+//! - At most one frozen overlay is in flight ([`FlushShared`]'s `in_flight`): a second freeze waits
+//!   for the first flush (backpressure on the applier), so memory holds at most two overlays and
+//!   fjall receives flushes in applied-seqno order, each a prefix of the log.
+//! - The frozen overlay is removed from the read path (under the state write lock) only after its
+//!   commit: until then every key the commit touches is hidden by the frozen overlay, so a reader
+//!   never sees fjall half-way through the commit, nor a value disappear.
+//! - A failed commit is fatal: it is logged here and kept in [`FlushShared`]; every later apply,
+//!   checkpoint and digest returns [`Error::FlushFailed`], and the frozen overlay stays readable.
+//! - Waiting never sleeps: waiters block on one condvar, notified at every state change.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::Receiver;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock};
+use std::time::{Duration, Instant};
+
+use tidal_types::Seqno;
+
+use crate::counters::DirtyCounters;
+use crate::error::Error;
+use crate::keys;
+use crate::overlay::{Overlay, WriterDirty};
+use crate::stores::Stores;
+
+/// Upper bounds (inclusive, milliseconds) of the flush duration buckets; the last is a catch-all.
+/// They span an overlay of a few keys (under a millisecond) up to a full 64 MiB overlay on a slow
+/// disk (seconds).
+pub const FLUSH_DURATION_BUCKETS_MS: [u64; 12] =
+    [1, 5, 10, 25, 50, 100, 250, 500, 1_000, 2_500, 5_000, u64::MAX];
+
+/// Flush counters, for metrics. A snapshot may mix values of two flushes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FlushStats {
+    /// Flushes committed to fjall.
+    pub flushes: u64,
+    /// Entries (keys put or removed) those flushes wrote.
+    pub entries: u64,
+    /// Count of flushes per bucket of [`FLUSH_DURATION_BUCKETS_MS`] (encode and commit).
+    pub duration_ms_buckets: [u64; FLUSH_DURATION_BUCKETS_MS.len()],
+    /// Sum of flush durations, milliseconds.
+    pub duration_ms_sum: u64,
+    /// Duration of the last flush, milliseconds.
+    pub last_duration_ms: u64,
+    /// Longest flush, milliseconds.
+    pub max_duration_ms: u64,
+    /// Applies that waited for a flush in flight before freezing the next overlay (backpressure).
+    pub backpressure_waits: u64,
+    /// Total time applies spent in those waits, milliseconds.
+    pub backpressure_wait_ms_sum: u64,
+    /// Whether a flush is in flight.
+    pub in_flight: bool,
+    /// Whether a flush failed (fatal: the engine refuses applies).
+    pub failed: bool,
+}
+
+/// The stage of a flush a test may hold the flusher at ([`crate::TidalDb::hold_flushes`]).
+#[doc(hidden)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FlushStage {
+    /// The frozen overlay is visible to reads; fjall does not hold it yet.
+    BeforeCommit,
+    /// fjall holds the frozen overlay; it is still visible to reads.
+    AfterCommit,
+}
+
+/// A test's hold on the flusher: while it lives, the flusher stops at its stage. Released on drop.
+#[doc(hidden)]
+pub struct FlushHold {
+    shared: Arc<FlushShared>,
+}
+
+/// Everything one flush writes: an overlay moved out of the applier at a freeze, by value.
+#[derive(Debug)]
+pub struct FrozenOverlay {
+    /// What reads see while the flush is in flight.
+    pub overlay: Overlay,
+    /// Trending scores and LeaderStart.
+    pub dirty: WriterDirty,
+    /// Changed counters.
+    pub counters: DirtyCounters,
+    /// The applied frontier at the freeze: what fjall's applied seqno becomes.
+    pub applied_seqno: Seqno,
+    /// The logged time of the last batch at the freeze.
+    pub last_time_ms: u64,
+}
+
+/// State shared by the engine and the flusher thread.
+#[derive(Debug, Default)]
+pub struct FlushShared {
+    progress: Mutex<Progress>,
+    /// Notified whenever `progress` changes.
+    changed: Condvar,
+    /// Applied seqno fjall holds (the last committed flush's).
+    flushed_seqno: AtomicU64,
+    flushes: AtomicU64,
+    entries: AtomicU64,
+    duration_ms_buckets: [AtomicU64; FLUSH_DURATION_BUCKETS_MS.len()],
+    duration_ms_sum: AtomicU64,
+    last_duration_ms: AtomicU64,
+    max_duration_ms: AtomicU64,
+    backpressure_waits: AtomicU64,
+    backpressure_wait_ms_sum: AtomicU64,
+}
+
+#[derive(Debug, Default)]
+struct Progress {
+    /// Applied seqno of the frozen overlay being flushed.
+    in_flight: Option<Seqno>,
+    /// Why a flush failed; sticky.
+    failed: Option<String>,
+    /// Set by a simulated crash: flushes not yet committed are dropped.
+    abandoned: bool,
+    /// A test's hold, and whether the flusher is stopped at it.
+    hold: Option<FlushStage>,
+    parked: Option<FlushStage>,
+}
+
+impl FlushShared {
+    /// Shared state for an engine whose fjall holds `flushed_seqno`.
+    pub fn new(flushed_seqno: Seqno) -> FlushShared {
+        FlushShared { flushed_seqno: AtomicU64::new(flushed_seqno.0), ..FlushShared::default() }
+    }
+
+    /// Applied seqno fjall holds.
+    pub fn flushed_seqno(&self) -> Seqno {
+        Seqno(self.flushed_seqno.load(Ordering::Acquire))
+    }
+
+    /// Sets the applied seqno fjall holds after the engine replaced its state (a snapshot install):
+    /// it may go down. The caller guarantees no flush is in flight.
+    pub fn reset_flushed(&self, seqno: Seqno) {
+        let progress = self.lock();
+        assert!(progress.in_flight.is_none(), "reset of the flushed seqno while a flush is in flight");
+        self.flushed_seqno.store(seqno.0, Ordering::Release);
+        drop(progress);
+        self.changed.notify_all();
+    }
+
+    /// The sticky error of a failed flush.
+    pub fn check(&self) -> Result<(), Error> {
+        failed(&self.lock())
+    }
+
+    /// Whether a flush is in flight.
+    pub fn in_flight(&self) -> bool {
+        self.lock().in_flight.is_some()
+    }
+
+    /// Blocks until no flush is in flight (or one failed). `backpressure`: an apply is waiting,
+    /// which the stats count.
+    pub fn wait_idle(&self, backpressure: bool) -> Result<(), Error> {
+        let mut progress = self.lock();
+        if progress.in_flight.is_some() && progress.failed.is_none() && backpressure {
+            let started = Instant::now();
+            self.backpressure_waits.fetch_add(1, Ordering::Relaxed);
+            progress = self.wait_while(progress, |p| p.in_flight.is_some() && p.failed.is_none());
+            self.backpressure_wait_ms_sum.fetch_add(millis(started.elapsed()), Ordering::Relaxed);
+        }
+        progress = self.wait_while(progress, |p| p.in_flight.is_some() && p.failed.is_none());
+        failed(&progress)
+    }
+
+    /// Blocks until fjall holds `seqno` (or a flush failed).
+    pub fn wait_flushed(&self, seqno: Seqno) -> Result<(), Error> {
+        let progress = self.wait_while(self.lock(), |p| p.failed.is_none() && self.flushed_seqno() < seqno);
+        failed(&progress)
+    }
+
+    /// Marks a flush of the overlay frozen at `seqno` in flight. The caller checked none was.
+    pub fn start(&self, seqno: Seqno) {
+        let mut progress = self.lock();
+        assert!(
+            progress.in_flight.is_none(),
+            "a flush starts at {seqno} while the one at {:?} is in flight",
+            progress.in_flight
+        );
+        progress.in_flight = Some(seqno);
+    }
+
+    /// Drops every flush not committed yet, as a crash would.
+    pub fn abandon(&self) {
+        self.lock().abandoned = true;
+        self.changed.notify_all();
+    }
+
+    /// A snapshot of the counters.
+    pub fn stats(&self) -> FlushStats {
+        let load = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
+        let progress = self.lock();
+        FlushStats {
+            flushes: load(&self.flushes),
+            entries: load(&self.entries),
+            duration_ms_buckets: std::array::from_fn(|bucket| load(&self.duration_ms_buckets[bucket])),
+            duration_ms_sum: load(&self.duration_ms_sum),
+            last_duration_ms: load(&self.last_duration_ms),
+            max_duration_ms: load(&self.max_duration_ms),
+            backpressure_waits: load(&self.backpressure_waits),
+            backpressure_wait_ms_sum: load(&self.backpressure_wait_ms_sum),
+            in_flight: progress.in_flight.is_some(),
+            failed: progress.failed.is_some(),
+        }
+    }
+
+    /// Holds the flusher at `stage` until the returned hold is dropped.
+    pub fn hold(self: &Arc<Self>, stage: FlushStage) -> FlushHold {
+        self.lock().hold = Some(stage);
+        FlushHold { shared: self.clone() }
+    }
+
+    /// Stops at `stage` while a test holds it. Returns false if the flush was abandoned.
+    fn pass(&self, stage: FlushStage) -> bool {
+        let mut progress = self.lock();
+        if progress.hold == Some(stage) && !progress.abandoned {
+            progress.parked = Some(stage);
+            self.changed.notify_all();
+            progress = self.wait_while(progress, |p| p.hold == Some(stage) && !p.abandoned);
+            progress.parked = None;
+        }
+        !progress.abandoned
+    }
+
+    /// Records a committed flush of the overlay frozen at `seqno`.
+    fn committed(&self, seqno: Seqno, entries: usize, elapsed: Duration) {
+        self.flushed_seqno.store(seqno.0, Ordering::Release);
+        let ms = millis(elapsed);
+        let bucket = FLUSH_DURATION_BUCKETS_MS.iter().position(|bound| ms <= *bound).unwrap_or(0);
+        self.duration_ms_buckets[bucket].fetch_add(1, Ordering::Relaxed);
+        self.duration_ms_sum.fetch_add(ms, Ordering::Relaxed);
+        self.last_duration_ms.store(ms, Ordering::Relaxed);
+        self.max_duration_ms.fetch_max(ms, Ordering::Relaxed);
+        self.entries.fetch_add(entries as u64, Ordering::Relaxed);
+        self.flushes.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Ends the flush in flight: done, dropped, or failed.
+    fn finish(&self, failure: Option<String>) {
+        let mut progress = self.lock();
+        progress.in_flight = None;
+        if progress.failed.is_none() {
+            progress.failed = failure;
+        }
+        drop(progress);
+        self.changed.notify_all();
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Progress> {
+        self.progress.lock().expect("flush progress lock poisoned: no code panics while holding it")
+    }
+
+    fn wait_while<'a>(
+        &self,
+        guard: MutexGuard<'a, Progress>,
+        condition: impl FnMut(&mut Progress) -> bool,
+    ) -> MutexGuard<'a, Progress> {
+        self.changed
+            .wait_while(guard, condition)
+            .expect("flush progress lock poisoned: no code panics while holding it")
+    }
+}
+
+impl FlushHold {
+    /// Blocks until the flusher is stopped at the held stage.
+    pub fn wait_parked(&self) {
+        let progress = self.shared.lock();
+        drop(self.shared.wait_while(progress, |p| p.hold.is_some() && p.parked != p.hold));
+    }
+
+    /// Moves the hold to a later `stage`: the flusher goes on to it and stops there.
+    pub fn advance(&self, stage: FlushStage) {
+        self.shared.lock().hold = Some(stage);
+        self.shared.changed.notify_all();
+    }
+}
+
+impl Drop for FlushHold {
+    fn drop(&mut self) {
+        self.shared.lock().hold = None;
+        self.shared.changed.notify_all();
+    }
+}
+
+impl FrozenOverlay {
+    /// Puts everything into `writes`: the data, then the applied seqno and the logged time.
+    pub fn flush_into(&self, stores: &Stores, writes: &mut fjall::OwnedWriteBatch) {
+        self.overlay.flush_into(stores, writes);
+        self.dirty.flush_into(stores, writes);
+        self.counters.flush_into(stores, writes);
+        writes.insert(&stores.meta, keys::META_APPLIED_SEQNO, self.applied_seqno.0.to_le_bytes());
+        writes.insert(&stores.meta, keys::META_LAST_TIME_MS, self.last_time_ms.to_le_bytes());
+    }
+}
+
+/// What the flusher thread touches: fjall, the state lock (to retire a flushed overlay) and the
+/// shared progress.
+pub struct FlusherContext<S> {
+    /// fjall handles.
+    pub stores: Stores,
+    /// The engine's read state; the flusher retires the frozen overlay from it.
+    pub state: Arc<RwLock<S>>,
+    /// Progress and counters.
+    pub shared: Arc<FlushShared>,
+    /// Removes the frozen overlay from the read state if it is `frozen`.
+    pub retire: fn(&mut S, &Arc<FrozenOverlay>),
+}
+
+/// The flusher thread's loop: one frozen overlay at a time, until the channel closes. A failed
+/// commit ends it (the failure is sticky).
+pub fn run<S>(context: FlusherContext<S>, frozen_overlays: Receiver<Arc<FrozenOverlay>>) {
+    let FlusherContext { stores, state, shared, retire } = context;
+    // If this thread panics, waiters must not wait forever.
+    let _guard = PanicGuard { shared: &shared };
+    for frozen in frozen_overlays {
+        if !shared.pass(FlushStage::BeforeCommit) {
+            shared.finish(None);
+            continue;
+        }
+        let started = Instant::now();
+        let mut writes = stores.database.batch();
+        frozen.flush_into(&stores, &mut writes);
+        let entries = writes.len();
+        if let Err(error) = writes.commit() {
+            let reason = format!("commit of the overlay frozen at {}: {error}", frozen.applied_seqno);
+            tracing::error!("failed to flush: {reason}; the engine refuses further applies");
+            shared.finish(Some(reason));
+            return;
+        }
+        let elapsed = started.elapsed();
+        shared.committed(frozen.applied_seqno, entries, elapsed);
+        shared.pass(FlushStage::AfterCommit);
+        // Readers saw the frozen overlay's values until now and see the same values in fjall from
+        // now on. A poisoned lock means an apply panicked; retiring is still correct.
+        match state.write() {
+            Ok(mut state) => retire(&mut state, &frozen),
+            Err(poisoned) => retire(&mut poisoned.into_inner(), &frozen),
+        }
+        let applied = frozen.applied_seqno;
+        // Freed here, off the applier and outside every lock.
+        drop(frozen);
+        shared.finish(None);
+        tracing::debug!(%applied, entries, ?elapsed, "overlay flushed");
+    }
+}
+
+struct PanicGuard<'a> {
+    shared: &'a FlushShared,
+}
+
+impl Drop for PanicGuard<'_> {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            self.shared.finish(Some("the flusher thread panicked".into()));
+        }
+    }
+}
+
+fn failed(progress: &Progress) -> Result<(), Error> {
+    match &progress.failed {
+        Some(reason) => Err(Error::FlushFailed { reason: reason.clone() }),
+        None => Ok(()),
+    }
+}
+
+fn millis(elapsed: Duration) -> u64 {
+    u64::try_from(elapsed.as_millis()).unwrap_or(u64::MAX)
+}

@@ -1,0 +1,231 @@
+//! The background flusher: reads while a frozen overlay is in flight, crashes with one in flight
+//! (in process and by a real abort), and backpressure when a second flush comes due. The flusher
+//! is held at a stage by `TidalDb::hold_flushes`, so nothing here depends on timing.
+#![allow(clippy::unwrap_used)] // test helpers outside #[test] functions
+
+mod common;
+
+use std::path::Path;
+
+use common::*;
+use tidal_core::{EngineConfig, FlushStage, ItemState, Ranked, TidalDb};
+use tidal_types::Seqno;
+
+const USERS: [&str; 8] = ["u0", "u1", "u2", "u3", "u4", "u5", "u6", "nobody"];
+
+/// Feeds, trending, similar, items, embeddings, idempotency records and the state sizes.
+type Reads = (
+    Vec<Ranked>,
+    Vec<Option<ItemState>>,
+    Vec<Option<(Vec<f32>, Seqno)>>,
+    Vec<Option<tidal_core::IdempotencyRecord>>,
+    tidal_core::EngineStats,
+);
+
+fn reads(db: &TidalDb) -> Reads {
+    let mut feeds: Vec<Ranked> = USERS.iter().map(|user| db.feed(user, 50, &[]).unwrap()).collect();
+    feeds.push(db.trending(50).unwrap());
+    feeds.push(db.similar(3, 50).unwrap().unwrap());
+    let items = (0..45).map(|item| db.get_item(item).unwrap()).collect();
+    let embeddings = (0..45).map(|item| db.get_embedding(item).unwrap()).collect();
+    let keys = (0..30)
+        .map(|round| db.idempotency_lookup(&format!("p{}", round % 2), &format!("k{round}")).unwrap())
+        .collect();
+    (feeds, items, embeddings, keys, sizes(db))
+}
+
+/// Nothing flushes before a checkpoint or a digest: the reference for reads at any prefix.
+fn never_flush() -> EngineConfig {
+    EngineConfig { overlay_bytes_max: usize::MAX, overlay_batches_max: usize::MAX, ..config() }
+}
+
+/// Reads of a database that applied `log.batches[..count]` and flushed nothing.
+fn reference_reads(log: &Log, count: usize) -> Reads {
+    let dir = tempfile::tempdir().unwrap();
+    let db = open_with(dir.path(), never_flush());
+    apply_all(&db, &log.batches[..count]);
+    reads(&db)
+}
+
+/// A flush window of `FLUSH_EVERY` applies, and the split of the workload the tests use: the first
+/// `CHECKPOINTED` batches reach fjall, the next `FLUSH_EVERY` fill the overlay that is frozen and
+/// held in flight, and `ACTIVE_AFTER` more sit in the fresh active overlay above it.
+const FLUSH_EVERY: usize = 20;
+const CHECKPOINTED: usize = 50;
+const ACTIVE_AFTER: usize = 7;
+
+/// Applies the checkpointed part, then fills and freezes one overlay while `stage` holds the
+/// flusher, then applies `ACTIVE_AFTER` more. Returns the hold and the frozen overlay's seqno.
+fn freeze_one_held(db: &TidalDb, log: &Log, stage: FlushStage) -> (tidal_core::FlushHold, Seqno) {
+    apply_all(db, &log.batches[..CHECKPOINTED]);
+    let checkpointed = db.checkpoint().unwrap();
+    assert_eq!(checkpointed, log.batches[CHECKPOINTED - 1].last_seqno());
+    let hold = db.hold_flushes(stage);
+    let frozen_at = CHECKPOINTED + FLUSH_EVERY;
+    apply_all(db, &log.batches[CHECKPOINTED..frozen_at]);
+    hold.wait_parked();
+    apply_all(db, &log.batches[frozen_at..frozen_at + ACTIVE_AFTER]);
+    (hold, log.batches[frozen_at - 1].last_seqno())
+}
+
+fn flush_window() -> EngineConfig {
+    EngineConfig { overlay_batches_max: FLUSH_EVERY, ..config() }
+}
+
+#[test]
+fn reads_during_an_in_flight_flush_return_what_they_returned_before_it() {
+    let log = workload();
+    let applied_count = CHECKPOINTED + FLUSH_EVERY + ACTIVE_AFTER;
+    let expected = reference_reads(&log, applied_count);
+    let dir = tempfile::tempdir().unwrap();
+    let db = open_with(dir.path(), flush_window());
+    let (hold, frozen_seqno) = freeze_one_held(&db, &log, FlushStage::BeforeCommit);
+    let checkpointed = log.batches[CHECKPOINTED - 1].last_seqno();
+    {
+        tracing::info!("held before the commit: reads see the active overlay over the frozen one over fjall");
+        assert_eq!(db.flushed_applied_seqno(), checkpointed);
+        assert!(db.stats().flush.in_flight);
+        assert_eq!(db.applied_seqno(), log.batches[applied_count - 1].last_seqno());
+        assert_eq!(reads(&db), expected);
+    }
+    {
+        tracing::info!("held after the commit: fjall holds the frozen overlay, which reads still see");
+        hold.advance(FlushStage::AfterCommit);
+        hold.wait_parked();
+        assert_eq!(db.flushed_applied_seqno(), frozen_seqno);
+        assert!(db.stats().flush.in_flight);
+        assert_eq!(reads(&db), expected);
+    }
+    {
+        tracing::info!("released: the frozen overlay leaves the read path; reads are unchanged");
+        drop(hold);
+        assert_eq!(db.checkpoint().unwrap(), db.applied_seqno());
+        assert!(!db.stats().flush.in_flight);
+        assert_eq!(reads(&db), expected);
+        apply_all(&db, &log.batches);
+        assert_eq!(reads(&db), reference_reads(&log, log.batches.len()));
+    }
+}
+
+#[test]
+fn a_crash_with_a_frozen_overlay_in_flight_recovers_by_replay_to_the_same_digest() {
+    let log = workload();
+    let clean = {
+        let dir = tempfile::tempdir().unwrap();
+        let db = open_with(dir.path(), never_flush());
+        apply_all(&db, &log.batches);
+        (db.digest().unwrap(), reads(&db))
+    };
+    let checkpointed = log.batches[CHECKPOINTED - 1].last_seqno();
+    for (stage, committed) in [(FlushStage::BeforeCommit, false), (FlushStage::AfterCommit, true)] {
+        let dir = tempfile::tempdir().unwrap();
+        let frozen_seqno = {
+            tracing::info!(?stage, "crash while the flusher is held");
+            let db = open_with(dir.path(), flush_window());
+            let (hold, frozen_seqno) = freeze_one_held(&db, &log, stage);
+            db.simulate_crash();
+            drop(hold);
+            frozen_seqno
+        };
+        {
+            tracing::info!(?stage, "reopen: fjall holds a whole flush, and replay restores the rest");
+            let db = open_with(dir.path(), flush_window());
+            let expected = if committed { frozen_seqno } else { checkpointed };
+            assert_eq!(db.applied_seqno(), expected, "crash at {stage:?}");
+            apply_all(&db, &log.batches);
+            assert_eq!(db.digest().unwrap(), clean.0, "crash at {stage:?}");
+            assert_eq!(reads(&db), clean.1, "crash at {stage:?}");
+            tracing::info!(?stage, "replaying again changes nothing");
+            apply_all(&db, &log.batches);
+            assert_eq!(db.digest().unwrap(), clean.0, "crash at {stage:?}");
+        }
+    }
+}
+
+const CHILD_DIR_ENV: &str = "TIDAL_CORE_FLUSH_CRASH_DIR";
+const CHILD_STAGE_ENV: &str = "TIDAL_CORE_FLUSH_CRASH_STAGE";
+
+/// The child side of `a_process_abort_with_a_frozen_overlay_in_flight_loses_only_overlays`: a no-op
+/// unless the parent set the environment. Aborts while the flusher is held.
+#[test]
+fn flush_crash_child() {
+    let (Some(dir), Some(stage)) = (std::env::var_os(CHILD_DIR_ENV), std::env::var_os(CHILD_STAGE_ENV))
+    else {
+        return;
+    };
+    let stage = if stage == "before" { FlushStage::BeforeCommit } else { FlushStage::AfterCommit };
+    let log = workload();
+    let db = open_with(Path::new(&dir), flush_window());
+    let (_hold, _) = freeze_one_held(&db, &log, stage);
+    // No drop, no checkpoint: the process dies as with kill -9, the flusher held mid-flight.
+    std::process::abort();
+}
+
+#[test]
+fn a_process_abort_with_a_frozen_overlay_in_flight_loses_only_overlays() {
+    let log = workload();
+    let clean = {
+        let dir = tempfile::tempdir().unwrap();
+        let db = open_with(dir.path(), never_flush());
+        apply_all(&db, &log.batches);
+        db.digest().unwrap()
+    };
+    let checkpointed = log.batches[CHECKPOINTED - 1].last_seqno();
+    let frozen_seqno = log.batches[CHECKPOINTED + FLUSH_EVERY - 1].last_seqno();
+    for (stage, expected) in [("before", checkpointed), ("after", frozen_seqno)] {
+        let dir = tempfile::tempdir().unwrap();
+        let status = std::process::Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", "flush_crash_child", "--nocapture", "--test-threads=1"])
+            .env(CHILD_DIR_ENV, dir.path())
+            .env(CHILD_STAGE_ENV, stage)
+            .status()
+            .unwrap();
+        assert!(!status.success(), "the child must abort");
+        let db = open_with(dir.path(), flush_window());
+        assert_eq!(db.applied_seqno(), expected, "abort {stage} the commit");
+        apply_all(&db, &log.batches);
+        assert_eq!(db.digest().unwrap(), clean, "abort {stage} the commit");
+    }
+}
+
+#[test]
+fn apply_waits_when_a_second_flush_comes_due_during_the_first() {
+    let log = workload();
+    let dir = tempfile::tempdir().unwrap();
+    let db = open_with(dir.path(), EngineConfig { overlay_batches_max: 2, ..config() });
+    let seqno_after = |count: usize| log.batches[count - 1].last_seqno();
+    let hold = db.hold_flushes(FlushStage::BeforeCommit);
+    {
+        tracing::info!("two applies fill the overlay: it is frozen and its flush held");
+        apply_all(&db, &log.batches[..2]);
+        hold.wait_parked();
+        assert!(db.stats().flush.in_flight);
+    }
+    {
+        tracing::info!("two more fill the fresh overlay: its flush is due, but nobody waits yet");
+        apply_all(&db, &log.batches[2..4]);
+        assert_eq!(db.applied_seqno(), seqno_after(4));
+        assert_eq!(db.stats().flush.backpressure_waits, 0);
+    }
+    std::thread::scope(|scope| {
+        tracing::info!("the next apply waits for the first flush rather than grow a third overlay");
+        let waiting = scope.spawn(|| db.apply(&log.batches[4]).unwrap());
+        while db.stats().flush.backpressure_waits == 0 {
+            std::thread::yield_now();
+        }
+        assert_eq!(db.applied_seqno(), seqno_after(4), "the waiting batch is not folded yet");
+        assert_eq!(db.flushed_applied_seqno(), Seqno::ZERO);
+        assert!(!waiting.is_finished());
+        drop(hold);
+        waiting.join().unwrap();
+    });
+    {
+        tracing::info!("released: the first flush landed, the second was frozen, the batch applied");
+        assert_eq!(db.applied_seqno(), seqno_after(5));
+        assert!(db.flushed_applied_seqno() >= seqno_after(2));
+        assert_eq!(db.checkpoint().unwrap(), seqno_after(5));
+        let stats = db.stats().flush;
+        assert_eq!((stats.flushes, stats.backpressure_waits, stats.failed), (3, 1, false));
+        assert_eq!(stats.duration_ms_buckets.iter().sum::<u64>(), 3);
+    }
+}
