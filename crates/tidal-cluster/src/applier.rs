@@ -35,6 +35,15 @@ pub enum ApplierInput {
     Truncated(Seqno),
     /// Apply what is committed and stop (shutdown, after the WAL writer has drained).
     Stop,
+    /// A snapshot install reset the WAL to `seqno`: every pending batch belongs to the quarantined
+    /// log and is dropped (never applied); `seqno` counts as committed. `done` is told once the
+    /// applier has done it, so the install replaces the state only afterwards.
+    SnapshotInstalled {
+        /// The snapshot's seqno.
+        seqno: Seqno,
+        /// Told when the pending batches are gone.
+        done: SyncSender<()>,
+    },
 }
 
 /// Sends to the applier. A send after the applier stopped is dropped: the node is already failing.
@@ -55,6 +64,13 @@ impl ApplierSender {
     /// Advances the commit frontier.
     pub fn commit(&self, commit: Seqno) {
         let _ = self.0.send(ApplierInput::Commit(commit));
+    }
+
+    /// Tells the applier that the WAL was reset to a snapshot at `seqno` and waits (blocking) until
+    /// it dropped its pending batches. False if the applier has stopped.
+    pub fn snapshot_installed(&self, seqno: Seqno) -> bool {
+        let (done, dropped) = std::sync::mpsc::sync_channel(1);
+        self.0.send(ApplierInput::SnapshotInstalled { seqno, done }).is_ok() && dropped.recv().is_ok()
     }
 }
 
@@ -124,6 +140,14 @@ fn run(
                 }
             }
             ApplierInput::Stop => stop = true,
+            ApplierInput::SnapshotInstalled { seqno, done } => {
+                if !pending.is_empty() {
+                    tracing::warn!(batches = pending.len(), %seqno, "dropped batches of the quarantined log");
+                }
+                pending.clear();
+                commit = commit.max(seqno);
+                let _ = done.send(());
+            }
         }
         while let Some(front) = pending.front() {
             if front.last_seqno() > commit {
@@ -158,5 +182,37 @@ impl FlushedHook for CommitOnFlush {
             self.0.flushed(batches.to_vec());
             self.0.commit(last);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tidal_core::{encode_payload, EngineConfig, Envelope, Records};
+    use tidal_types::Term;
+
+    fn item_batch(seqno: u64) -> Batch {
+        let envelope = Envelope { time_ms: 1, principal: "p".into(), idempotency_key: String::new() };
+        let encoded =
+            encode_payload(&envelope, &Records::ItemMetadata { item: seqno, metadata: b"{}".to_vec() });
+        Batch::new(encoded.kind, Term(1), Seqno(seqno), encoded.event_count, &encoded.payload)
+    }
+
+    #[test]
+    fn a_snapshot_install_drops_the_pending_batches_of_the_old_log() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = Arc::new(TidalDb::open(dir.path(), EngineConfig::with_dimension(4)).unwrap());
+        let (applier, sender) = Applier::spawn(db.clone()).unwrap();
+        sender.flushed(vec![item_batch(1), item_batch(2)]);
+        assert!(sender.snapshot_installed(Seqno::ZERO));
+        sender.commit(Seqno(2));
+        // Messages are handled in order: once this one is acknowledged the commit was handled too.
+        assert!(sender.snapshot_installed(Seqno::ZERO));
+        assert_eq!(db.applied_seqno(), Seqno::ZERO, "a dropped batch was applied");
+        sender.flushed(vec![item_batch(1)]);
+        sender.commit(Seqno(1));
+        assert!(sender.snapshot_installed(Seqno::ZERO));
+        assert_eq!(db.applied_seqno(), Seqno(1), "batches after the install apply");
+        applier.join(sender);
     }
 }

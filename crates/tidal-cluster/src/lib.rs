@@ -14,13 +14,20 @@ pub mod control;
 pub mod decide;
 pub mod replica;
 pub mod ship_feed;
+pub mod snapshot;
 pub mod spec;
 
 pub use applier::{Applier, ApplierInput, ApplierSender, CommitOnFlush};
 pub use commit_state::CommitState;
 pub use control::{ControlPlane, ControlTiming, TermGate};
 pub use replica::{
-    commit_hint, FollowerProgress, HealReport, Replica, ReplicaHook, ReplicaParts, ReplicaService, Role,
+    commit_hint, FollowerProgress, HealReport, InstallStats, Replica, ReplicaHook, ReplicaParts,
+    ReplicaService, Role,
 };
 pub use ship_feed::{ShipFeed, TailRead};
+pub use snapshot::{
+    fetch_snapshot, install_fetched, install_snapshot, pending_install_position, resume_pending_install,
+    snapshot_needed, FetchOutcome, FetchedSnapshot, InstallError, InstallOutcome, InstallProgress,
+    InstallReport, SnapshotPin, SnapshotPins, SnapshotSource,
+};
 pub use spec::{ClusterSpec, Durability, NodeSpec};

@@ -26,16 +26,19 @@ use crate::decide::{
     Verdict,
 };
 use crate::ship_feed::{ShipFeed, TailRead};
+use crate::snapshot::{
+    fetch_snapshot, install_fetched, FetchOutcome, InstallOutcome, SnapshotPins, SnapshotSource,
+};
 use crate::spec::{ClusterSpec, Durability};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
-use tidal_core::{RaftStore, RaftWrite};
+use tidal_core::{RaftStore, RaftWrite, TidalDb};
 use tidal_net::{
     Chunk, ChunkOutcome, ChunkStream, NetError, Peer, Probe, ProbeOutcome, ProbeReply, Pull, RaftCall, Ship,
-    ShipAnswer, ShipOutcome,
+    ShipAnswer, ShipOutcome, SnapshotRequest, SnapshotStream,
 };
 use tidal_types::{NodeId, Seqno, Term, TermSeqno};
 use tidal_wal::{Batch, FlushedHook, Position, Wal};
@@ -54,6 +57,10 @@ const BACKOFF_MAX: Duration = Duration::from_secs(1);
 const PULL_IDLE_TIMEOUT: Duration = Duration::from_secs(30);
 /// Pulls started by gaps are at least this far apart (rate limit per source).
 const PULL_INTERVAL_MIN: Duration = Duration::from_millis(200);
+/// Automatic snapshot installs on this node start at least this far apart: a follower that keeps
+/// needing one (a leader purging faster than it can follow) does not cut and move the whole state
+/// in a loop.
+pub const SNAPSHOT_INSTALL_INTERVAL_MIN: Duration = Duration::from_secs(5);
 
 /// The WAL hook of a cluster node.
 pub struct ReplicaHook {
@@ -123,6 +130,17 @@ pub struct FollowerProgress {
     pub pulling: bool,
 }
 
+/// This node's own snapshot installs (follower side), for status and metrics.
+#[derive(Clone, Debug, Default)]
+pub struct InstallStats {
+    /// Installs completed since start.
+    pub installed: u64,
+    /// Installs that failed (transfer or install) since start.
+    pub failed: u64,
+    /// Position of the last completed install.
+    pub last_position: Option<TermSeqno>,
+}
+
 /// What a replica needs besides its WAL and commit state.
 pub struct ReplicaParts {
     /// The cluster.
@@ -135,6 +153,12 @@ pub struct ReplicaParts {
     pub store: RaftStore,
     /// Election timing.
     pub timing: ControlTiming,
+    /// The engine (snapshot installs replace its state).
+    pub db: Arc<TidalDb>,
+    /// The applier's input (an install makes it drop its pending batches).
+    pub applier: ApplierSender,
+    /// Serves this node's snapshots; its pins bound the WAL purge horizon.
+    pub snapshots: Arc<SnapshotSource>,
 }
 
 /// A cluster node's replication side.
@@ -169,6 +193,14 @@ pub struct Replica {
     stopped: watch::Sender<bool>,
     /// Followers whose queue an operator asked to heal.
     heal_requests: Mutex<std::collections::BTreeSet<NodeId>>,
+    db: Arc<TidalDb>,
+    applier: ApplierSender,
+    snapshots: Arc<SnapshotSource>,
+    /// Held while this node fetches and installs a snapshot (one at a time: the files are shared).
+    installing: tokio::sync::Mutex<()>,
+    /// When the last automatic install started (rate limit).
+    last_install: Mutex<Option<Instant>>,
+    installs: Mutex<InstallStats>,
 }
 
 /// What `heal` did (or, with `dry_run`, would do).
@@ -211,7 +243,7 @@ impl Replica {
         applied: watch::Receiver<Seqno>,
         gate: Arc<TermGate>,
     ) -> Result<Arc<Replica>, String> {
-        let ReplicaParts { spec, me, data_dir, store, timing } = parts;
+        let ReplicaParts { spec, me, data_dir, store, timing, db, applier, snapshots } = parts;
         spec.validate()?;
         spec.node(me).ok_or_else(|| format!("node {me} is not in the cluster file"))?;
         let mut peers = BTreeMap::new();
@@ -246,6 +278,12 @@ impl Replica {
             last_heard: Mutex::new(None),
             stopped: watch::channel(false).0,
             heal_requests: Mutex::new(std::collections::BTreeSet::new()),
+            db,
+            applier,
+            snapshots,
+            installing: tokio::sync::Mutex::new(()),
+            last_install: Mutex::new(None),
+            installs: Mutex::new(InstallStats::default()),
         });
         // Losing office is synchronous with persisting a higher vote (PROTOCOL.md, "Losing office").
         let weak = Arc::downgrade(&replica);
@@ -318,6 +356,16 @@ impl Replica {
     /// Per-follower progress (leader).
     pub fn progress(&self) -> BTreeMap<NodeId, FollowerProgress> {
         self.progress.lock().expect("progress lock is never held across a panic").clone()
+    }
+
+    /// The pins served snapshots hold on the WAL purge horizon.
+    pub fn snapshot_pins(&self) -> &SnapshotPins {
+        self.snapshots.pins()
+    }
+
+    /// This node's snapshot installs.
+    pub fn install_stats(&self) -> InstallStats {
+        self.installs.lock().expect("install stats lock is never held across a panic").clone()
     }
 
     /// Why the receiver halted, if it did (a protocol violation: the node must be looked at).
@@ -511,6 +559,11 @@ impl Replica {
                 entry.pulling = false;
             }
         }
+        if let ShipOutcome::Matched(matched) = answer.outcome {
+            // A follower that installed one of our snapshots and has caught up on the log no longer
+            // needs the purge horizon pinned.
+            self.snapshots.pins().follower_matched(follower, matched.seqno);
+        }
         match answer.outcome {
             ShipOutcome::Matched(matched) => {
                 self.commit.record_matched(follower, answer.term, matched);
@@ -661,10 +714,18 @@ impl Replica {
 
     /// Pulls from `source` everything after `from` (our last durable position, or a divergence
     /// point), through the one receive path. On `Diverged`, retries once from the divergence point.
+    /// When the log alone cannot bring this node back (the source purged past our position, or we
+    /// diverged and already applied past the divergence point), installs the source's snapshot
+    /// ([`Replica::install_from`]) and pulls on from it.
     async fn pull_from(self: &Arc<Self>, source: NodeId, from: TermSeqno) -> Result<(), String> {
         match self.pull_once(source, from).await? {
-            None => Ok(()),
-            Some(history) => {
+            PullEnd::Done => Ok(()),
+            PullEnd::Purged(at) => {
+                tracing::warn!(%source, %from, purged = %at, "the source purged past our position: installing its snapshot");
+                self.install_from(source, "behind the source's purge point").await?;
+                self.pull_after_install(source).await
+            }
+            PullEnd::Diverged(history) => {
                 let theirs_last =
                     TermSeqno { term: history.last().map_or(Term(0), |e| e.term), seqno: Seqno(u64::MAX) };
                 let point = divergence_point(
@@ -675,25 +736,109 @@ impl Replica {
                 );
                 let applied = *self.applied.borrow();
                 if applied > point.seqno {
-                    return Err(format!(
-                        "our log diverged from {source}'s at {point} and we applied up to {applied}: this node needs a snapshot"
-                    ));
+                    tracing::warn!(%source, %point, %applied, "our log diverged and we applied past the divergence point: installing the source's snapshot");
+                    self.install_from(source, "applied past the divergence point").await?;
+                    return self.pull_after_install(source).await;
                 }
                 tracing::warn!(%source, %point, "our log diverged; pulling from the divergence point");
                 match self.pull_once(source, point).await? {
-                    None => Ok(()),
-                    Some(_) => Err(format!("still diverged from {source} after pulling from {point}")),
+                    PullEnd::Done => Ok(()),
+                    PullEnd::Purged(at) => {
+                        Err(format!("{source} purged past the divergence point {point} ({at})"))
+                    }
+                    PullEnd::Diverged(_) => {
+                        Err(format!("still diverged from {source} after pulling from {point}"))
+                    }
                 }
             }
         }
     }
 
-    /// One pull; `Some(history)` when the source says we diverged.
-    async fn pull_once(
+    /// After an install: pulls from our new last position (the snapshot's).
+    async fn pull_after_install(self: &Arc<Self>, source: NodeId) -> Result<(), String> {
+        match self.pull_once(source, self.wal.last_position()).await? {
+            PullEnd::Done => Ok(()),
+            PullEnd::Purged(at) => {
+                Err(format!("{source} purged past its own snapshot ({at}); retrying later"))
+            }
+            PullEnd::Diverged(_) => {
+                Err(format!("diverged from {source} right after installing its snapshot"))
+            }
+        }
+    }
+
+    /// Fetches `source`'s snapshot (no lock held: the transfer may take long), then installs it under
+    /// the term lock (ships and pulled chunks wait for the seconds the state replacement takes) and
+    /// moves the ship feed and the commit frontier to the snapshot's position. At most one install
+    /// runs at a time and automatic installs start at most every [`SNAPSHOT_INSTALL_INTERVAL_MIN`].
+    pub(crate) async fn install_from(self: &Arc<Self>, source: NodeId, why: &str) -> Result<(), String> {
+        let peer = self.peers.get(&source).ok_or_else(|| format!("node {source} is not a peer"))?;
+        let Ok(_installing) = self.installing.try_lock() else {
+            return Err("a snapshot install is already running".into());
+        };
+        {
+            let mut last = self.last_install.lock().expect("install lock is never held across a panic");
+            if let Some(at) = last.filter(|at| at.elapsed() < SNAPSHOT_INSTALL_INTERVAL_MIN) {
+                return Err(format!(
+                    "needs a snapshot ({why}), but the last install started {:?} ago (at most one every {SNAPSHOT_INSTALL_INTERVAL_MIN:?}); retrying later",
+                    at.elapsed()
+                ));
+            }
+            *last = Some(Instant::now());
+        }
+        let result = self.fetch_and_install(peer, source, why).await;
+        let mut stats = self.installs.lock().expect("install stats lock is never held across a panic");
+        match &result {
+            Ok(Some(position)) => {
+                stats.installed += 1;
+                stats.last_position = Some(*position);
+            }
+            Ok(None) => {}
+            Err(_) => stats.failed += 1,
+        }
+        result.map(|_| ())
+    }
+
+    /// `Some(position)` if a snapshot was installed, `None` if the log turned out to suffice.
+    async fn fetch_and_install(
         self: &Arc<Self>,
+        peer: &Peer,
         source: NodeId,
-        from: TermSeqno,
-    ) -> Result<Option<Vec<TermSeqno>>, String> {
+        why: &str,
+    ) -> Result<Option<TermSeqno>, String> {
+        tracing::warn!(%source, why, "fetching a snapshot");
+        let fetched = fetch_snapshot(peer, self.me, &self.wal, &self.db, &self.data_dir, &mut |_| {})
+            .await
+            .map_err(|e| format!("snapshot transfer from {source}: {e}"))?;
+        let fetched = match fetched {
+            FetchOutcome::Fetched(fetched) => fetched,
+            FetchOutcome::NotNeeded { position } => {
+                tracing::info!(%source, %position, "snapshot not needed: our log holds its position");
+                return Ok(None);
+            }
+        };
+        tracing::info!(%source, position = %fetched.position(), bytes = fetched.bytes(), "snapshot received; installing");
+        let _term_lock = self.gate.lock().await;
+        let outcome = install_fetched(fetched, &self.wal, &self.db, Some(&self.applier), &self.data_dir)
+            .await
+            .map_err(|e| format!("snapshot install from {source}: {e}"))?;
+        match outcome {
+            InstallOutcome::Installed(report) => {
+                self.feed.reset(self.wal.last_position());
+                self.commit.advance(report.position.seqno);
+                tracing::info!(%source, position = %report.position, bytes = report.bytes,
+                    elapsed = ?report.elapsed, "snapshot installed; pulling on from it");
+                Ok(Some(report.position))
+            }
+            InstallOutcome::NotNeeded { position } => {
+                tracing::info!(%source, %position, "snapshot not needed any more: the log moved on");
+                Ok(None)
+            }
+        }
+    }
+
+    /// One pull.
+    async fn pull_once(self: &Arc<Self>, source: NodeId, from: TermSeqno) -> Result<PullEnd, String> {
         let peer = self.peers.get(&source).ok_or_else(|| format!("node {source} is not a peer"))?;
         let pull = Pull {
             cluster_id: self.spec.cluster_id.clone(),
@@ -723,16 +868,12 @@ impl Replica {
                         return Err(format!("pulled chunk not accepted: {:?}", answer.outcome));
                     }
                 }
-                ChunkOutcome::Diverged(history) => return Ok(Some(history)),
-                ChunkOutcome::Purged(at) => {
-                    return Err(format!(
-                        "the leader purged past our position (purge point {at}): needs a snapshot"
-                    ))
-                }
+                ChunkOutcome::Diverged(history) => return Ok(PullEnd::Diverged(history)),
+                ChunkOutcome::Purged(at) => return Ok(PullEnd::Purged(at)),
             }
         }
         tracing::info!(batches, %source, last = %self.wal.last_position(), "pull done");
-        Ok(None)
+        Ok(PullEnd::Done)
     }
 
     /// Serves a pull: batches after `from`, from the WAL, in chunks.
@@ -809,6 +950,16 @@ impl Replica {
     }
 }
 
+/// How one pull ended.
+enum PullEnd {
+    /// The stream ended: we hold what the source held when it started.
+    Done,
+    /// The source's log diverged from ours; its term history.
+    Diverged(Vec<TermSeqno>),
+    /// The source purged past our position (its purge point): only a snapshot brings us back.
+    Purged(TermSeqno),
+}
+
 /// The decision core's view of this node's durable log.
 struct WalView<'a> {
     wal: &'a Wal,
@@ -866,6 +1017,10 @@ impl tidal_net::Handler for ReplicaService {
 
     async fn probe(&self, probe: Probe) -> Result<ProbeReply, tonic::Status> {
         Ok(self.0.answer_probe(probe.term).await)
+    }
+
+    async fn snapshot(&self, request: SnapshotRequest) -> Result<SnapshotStream, tonic::Status> {
+        self.0.snapshots.serve(request)
     }
 
     async fn raft(&self, call: RaftCall) -> Result<Vec<u8>, tonic::Status> {

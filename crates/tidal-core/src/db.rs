@@ -28,7 +28,7 @@
 
 use std::collections::HashSet;
 use std::path::Path;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{sync_channel, SyncSender};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::thread::JoinHandle;
@@ -51,6 +51,8 @@ use crate::ranked::{rank_feed, rank_similar, rank_trending, RankParams, Ranked, 
 use crate::record::{decode_payload, records_fingerprint, Records, SignalEvent};
 use crate::stores::Stores;
 use crate::trend::Trend;
+
+mod snapshot_io;
 
 /// What [`TidalDb::apply`] did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -122,6 +124,10 @@ pub struct TidalDb {
     negatives_lock: Mutex<()>,
     /// False after [`TidalDb::simulate_crash`]: drop then leaves the overlays unflushed.
     flush_on_drop: bool,
+    /// True while a snapshot install is replacing the state, and after one that failed half-way
+    /// (fjall holds [`crate::snapshot::META_IMPORT_PENDING`]): applies and exports are refused
+    /// until an install completes.
+    import_incomplete: AtomicBool,
 }
 
 /// The index and the overlays, under one lock so reads see them at one applied seqno.
@@ -179,6 +185,10 @@ impl TidalDb {
             }
         }
         let applied_seqno = meta_u64(&stores, keys::META_APPLIED_SEQNO)?;
+        let import_incomplete = stores.meta.contains_key(crate::snapshot::META_IMPORT_PENDING)?;
+        if import_incomplete {
+            tracing::error!("a snapshot install was interrupted: applies are refused until it is resumed");
+        }
         let last_time_ms = meta_u64(&stores, keys::META_LAST_TIME_MS)?;
         let index = load_index(&stores, config.dimension as usize)?;
         let counters = Counters::load(&stores)?;
@@ -218,6 +228,7 @@ impl TidalDb {
             flusher_thread: Some(flusher_thread),
             negatives_lock: Mutex::new(()),
             flush_on_drop: true,
+            import_incomplete: AtomicBool::new(import_incomplete),
         })
     }
 
@@ -253,6 +264,9 @@ impl TidalDb {
     /// being flushed.
     pub fn apply(&self, batch: &Batch) -> Result<ApplyOutcome, Error> {
         let mut writer = self.lock_writer();
+        if self.import_incomplete.load(Ordering::Acquire) {
+            return Err(Error::ImportIncomplete);
+        }
         self.flush.check()?;
         let applied = self.applied_seqno();
         if batch.last_seqno() <= applied {

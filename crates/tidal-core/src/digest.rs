@@ -16,17 +16,14 @@ use crate::stores::Stores;
 
 /// `(applied seqno, digest)` of the log-derived state in `snapshot`.
 pub fn state_digest(stores: &Stores, snapshot: &fjall::Snapshot) -> Result<(Seqno, [u8; 32]), Error> {
-    let mut hasher = blake3::Hasher::new();
+    let mut hasher = StateHasher::default();
     for (name, keyspace) in stores.log_derived() {
-        put(&mut hasher, name.as_bytes());
-        let mut count = 0u64;
+        hasher.keyspace(name);
         for guard in snapshot.iter(keyspace) {
             let (key, value) = guard.into_inner()?;
-            put(&mut hasher, &key);
-            put(&mut hasher, &value);
-            count += 1;
+            hasher.entry(&key, &value);
         }
-        hasher.update(&count.to_le_bytes());
+        hasher.end_keyspace();
     }
     let applied = match snapshot.get(&stores.meta, keys::META_APPLIED_SEQNO)? {
         None => 0,
@@ -35,8 +32,42 @@ pub fn state_digest(stores: &Stores, snapshot: &fjall::Snapshot) -> Result<(Seqn
             reason: "applied seqno is not a u64".into(),
         })?,
     };
-    hasher.update(&applied.to_le_bytes());
-    Ok((Seqno(applied), *hasher.finalize().as_bytes()))
+    Ok((Seqno(applied), hasher.finish(Seqno(applied))))
+}
+
+/// The state digest's encoding, fed one keyspace at a time in [`Stores::log_derived`] order. Shared
+/// by [`state_digest`] and the snapshot codec, so a snapshot's records can be checked against the
+/// digest its exporter computed without writing them anywhere.
+#[derive(Default)]
+pub struct StateHasher {
+    hasher: blake3::Hasher,
+    count: u64,
+}
+
+impl StateHasher {
+    /// Starts a keyspace.
+    pub fn keyspace(&mut self, name: &str) {
+        put(&mut self.hasher, name.as_bytes());
+        self.count = 0;
+    }
+
+    /// One entry of the current keyspace, in key order.
+    pub fn entry(&mut self, key: &[u8], value: &[u8]) {
+        put(&mut self.hasher, key);
+        put(&mut self.hasher, value);
+        self.count += 1;
+    }
+
+    /// Ends the current keyspace.
+    pub fn end_keyspace(&mut self) {
+        self.hasher.update(&self.count.to_le_bytes());
+    }
+
+    /// The digest, given the applied seqno the state is at.
+    pub fn finish(mut self, applied: Seqno) -> [u8; 32] {
+        self.hasher.update(&applied.0.to_le_bytes());
+        *self.hasher.finalize().as_bytes()
+    }
 }
 
 /// Digest of every user's hard negatives state (stored in canonical form).

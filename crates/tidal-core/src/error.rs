@@ -96,6 +96,10 @@ pub enum Error {
         /// What is wrong.
         reason: String,
     },
+    /// A snapshot install is under way or was interrupted: the state is not a prefix of the log
+    /// until an install completes (a restart resumes it).
+    #[error("a snapshot install is incomplete: nothing can be applied until it is resumed")]
+    ImportIncomplete,
     /// A user already has the most hard negatives allowed.
     #[error("user has {count} hard negatives, the limit")]
     NegativesFull {

@@ -135,6 +135,16 @@ impl FlushShared {
         Seqno(self.flushed_seqno.load(Ordering::Acquire))
     }
 
+    /// Sets the applied seqno fjall holds after the engine replaced its state (a snapshot install):
+    /// it may go down. The caller guarantees no flush is in flight.
+    pub fn reset_flushed(&self, seqno: Seqno) {
+        let progress = self.lock();
+        assert!(progress.in_flight.is_none(), "reset of the flushed seqno while a flush is in flight");
+        self.flushed_seqno.store(seqno.0, Ordering::Release);
+        drop(progress);
+        self.changed.notify_all();
+    }
+
     /// The sticky error of a failed flush.
     pub fn check(&self) -> Result<(), Error> {
         failed(&self.lock())

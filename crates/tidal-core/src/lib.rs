@@ -14,6 +14,8 @@
 //!   replicated idempotency table.
 //! - `feed_index`, `ranked`: the in-memory ranking index and the feed / similar / trending loops.
 //! - `negatives`: the hard negatives ORSWOT (outside the log); `digest`: state digests.
+//! - [`snapshot`]: the snapshot format; `db/snapshot_io`: [`TidalDb::export_snapshot`] and
+//!   [`TidalDb::install_snapshot`].
 //!
 //! Non-goals: this crate does no networking, reads no clock for state (a monotonic clock only
 //! times flushes for metrics) and knows no WAL files; it takes batches. It runs one thread of its
@@ -39,6 +41,7 @@ mod raft_store;
 mod ranked;
 pub mod record;
 mod record_error;
+pub mod snapshot;
 mod stores;
 mod trend;
 
@@ -61,4 +64,5 @@ pub use record::{
     SignalEvent,
 };
 pub use record_error::RecordError;
+pub use snapshot::{SnapshotError, SnapshotInfo};
 pub use trend::Trend;

@@ -6,7 +6,9 @@ use crate::control::{check_raft_payload, Probe, ProbeReply, RaftCall};
 use crate::message::{Chunk, Pull, Ship, ShipAnswer, WireError, MESSAGE_BATCH_BYTES_MAX};
 use crate::pb;
 use crate::pb::replication_client::ReplicationClient;
+use crate::snapshot_message::{SnapshotChunk, SnapshotRequest};
 use std::time::Duration;
+use tidal_types::NodeId;
 use tokio_stream::{Stream, StreamExt};
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Channel, Endpoint};
@@ -78,6 +80,20 @@ impl Peer {
         request.set_timeout(idle_timeout);
         let stream = self.client.clone().stream_segments(request).await?.into_inner();
         Ok(stream.map(|chunk| Ok(Chunk::try_from(chunk?)?)))
+    }
+
+    /// Asks the peer for its snapshot. The whole transfer must end within `deadline`; the caller
+    /// bounds the wait for each chunk (a stalled stream must not hang an install).
+    pub async fn snapshot(
+        &self,
+        node: NodeId,
+        deadline: Duration,
+    ) -> Result<impl Stream<Item = Result<SnapshotChunk, NetError>>, NetError> {
+        let request = SnapshotRequest { cluster_id: self.cluster_id.clone(), node };
+        let mut request = tonic::Request::new(pb::SnapshotRequest::from(&request));
+        request.set_timeout(deadline);
+        let stream = self.client.clone().snapshot(request).await?.into_inner();
+        Ok(stream.map(|chunk| Ok(SnapshotChunk::try_from(chunk?)?)))
     }
 
     /// Asks the peer to pull now.

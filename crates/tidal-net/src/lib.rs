@@ -11,6 +11,7 @@ pub mod client;
 pub mod control;
 pub mod message;
 pub mod server;
+pub mod snapshot_message;
 
 pub use client::{NetError, Peer};
 pub use control::{Probe, ProbeOutcome, ProbeReply, RaftCall, RAFT_PAYLOAD_BYTES_MAX};
@@ -18,7 +19,10 @@ pub use message::{
     join_batches, split_batches, Chunk, ChunkOutcome, Pull, Ship, ShipAnswer, ShipOutcome, WireError,
     MESSAGE_BATCH_BYTES_MAX,
 };
-pub use server::{serve, ChunkStream, Handler};
+pub use server::{serve, ChunkStream, Handler, SnapshotStream};
+pub use snapshot_message::{
+    SnapshotChunk, SnapshotRequest, SNAPSHOT_BYTES_MAX, SNAPSHOT_CHUNK_BYTES, SNAPSHOT_CHUNK_BYTES_MAX,
+};
 
 /// Generated messages and services (`tidal.v1`).
 #[allow(missing_docs, clippy::all, clippy::unwrap_used)]

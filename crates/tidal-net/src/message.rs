@@ -27,6 +27,14 @@ pub enum WireError {
         /// What failed.
         reason: String,
     },
+    /// A field's value breaks the message's rules.
+    #[error("{what}: {reason}")]
+    Invalid {
+        /// Which message.
+        what: &'static str,
+        /// What is wrong.
+        reason: String,
+    },
     /// Over a size bound.
     #[error("{what} is {got} bytes, over the limit of {max}")]
     TooLarge {

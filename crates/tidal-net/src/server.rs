@@ -10,6 +10,7 @@ use crate::control::{check_raft_payload, Probe, ProbeReply, RaftCall};
 use crate::message::{Chunk, Pull, Ship, ShipAnswer, MESSAGE_BATCH_BYTES_MAX};
 use crate::pb;
 use crate::pb::replication_server::{Replication, ReplicationServer};
+use crate::snapshot_message::{SnapshotChunk, SnapshotRequest};
 use std::pin::Pin;
 use std::sync::Arc;
 use tokio_stream::{Stream, StreamExt};
@@ -17,6 +18,8 @@ use tonic::{Request, Response, Status};
 
 /// A stream of pull chunks.
 pub type ChunkStream = Pin<Box<dyn Stream<Item = Result<Chunk, Status>> + Send + 'static>>;
+/// A stream of snapshot chunks.
+pub type SnapshotStream = Pin<Box<dyn Stream<Item = Result<SnapshotChunk, Status>> + Send + 'static>>;
 
 /// What a node does with replication requests. Refusals are answers (in [`ShipAnswer`]), not
 /// errors; an `Err` is for requests the node cannot serve at all.
@@ -37,6 +40,11 @@ pub trait Handler: Send + Sync + 'static {
     /// An openraft RPC; returns the encoded response.
     async fn raft(&self, _call: RaftCall) -> Result<Vec<u8>, Status> {
         Err(Status::unimplemented("this node runs no control plane"))
+    }
+    /// A snapshot request from a follower behind our purge point: the chunks of a snapshot of our
+    /// state (tidal-cluster's `SnapshotSource::serve`). A node that serves none keeps the default.
+    async fn snapshot(&self, _request: SnapshotRequest) -> Result<SnapshotStream, Status> {
+        Err(Status::unimplemented("this node serves no snapshots"))
     }
 }
 
@@ -102,9 +110,13 @@ impl<H: Handler> Replication for Service<H> {
 
     async fn snapshot(
         &self,
-        _request: Request<pb::SnapshotRequest>,
+        request: Request<pb::SnapshotRequest>,
     ) -> Result<Response<Self::SnapshotStream>, Status> {
-        Err(Status::unimplemented("snapshot transfer is not built yet"))
+        let request = SnapshotRequest::from(request.into_inner());
+        self.check_cluster(&request.cluster_id)?;
+        let chunks = self.handler.snapshot(request).await?;
+        let encoded = chunks.map(|chunk| chunk.map(pb::SnapshotChunk::from));
+        Ok(Response::new(Box::pin(encoded)))
     }
 
     async fn nudge(&self, request: Request<pb::NudgeRequest>) -> Result<Response<pb::NudgeReply>, Status> {

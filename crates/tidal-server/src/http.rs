@@ -796,6 +796,14 @@ async fn metrics(State(state): State<Arc<AppState>>) -> Response {
         "Writes queued for the WAL writer.",
         wal.queue_batches as f64,
     );
+    let purged = node.wal().purged().seqno.get() as f64;
+    render_single(
+        &mut out,
+        "tidal_wal_purged_seqno",
+        "gauge",
+        "WAL purge point: seqnos at or below it are gone.",
+        purged,
+    );
     let durable = node.wal().durable_seqno().get() as f64;
     render_single(&mut out, "tidal_durable_seqno", "gauge", "Durable frontier.", durable);
     let commit = node.replica().map_or(durable, |replica| replica.commit_seqno().get() as f64);
@@ -809,6 +817,21 @@ async fn metrics(State(state): State<Arc<AppState>>) -> Response {
             f64::from(replica.is_leader()),
         );
         render_single(&mut out, "tidal_term", "gauge", "Current term.", replica.term().get() as f64);
+        let installs = replica.install_stats();
+        render_single(
+            &mut out,
+            "tidal_snapshot_installs_total",
+            "counter",
+            "Snapshots this node installed (it was behind its source's purge point or applied a divergent suffix).",
+            installs.installed as f64,
+        );
+        render_single(
+            &mut out,
+            "tidal_snapshot_install_failures_total",
+            "counter",
+            "Snapshot fetches or installs on this node that failed.",
+            installs.failed as f64,
+        );
         let progress = replica.progress();
         if !progress.is_empty() {
             out.push_str(

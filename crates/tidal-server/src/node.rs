@@ -30,7 +30,7 @@ use std::time::{Duration, Instant};
 use tidal_cluster::control::LogStore;
 use tidal_cluster::{
     Applier, ApplierSender, CommitOnFlush, CommitState, Replica, ReplicaHook, ReplicaParts, ShipFeed,
-    TermGate,
+    SnapshotPins, SnapshotSource, TermGate,
 };
 use tidal_core::{EngineConfig, Envelope, Records, TidalDb};
 use tidal_types::{ErrorCode, Seqno, Term, TermSeqno};
@@ -90,6 +90,12 @@ impl Node {
             TidalDb::open(&config.data_dir.join("state"), engine_config(&config)).context("open engine")?;
         let db = Arc::new(db);
         let (applier, sender) = Applier::spawn(db.clone()).context("start applier")?;
+        // An install interrupted by a crash is finished below, before replay: the engine will then
+        // be at the snapshot's seqno, which is where commit bookkeeping starts (the engine itself
+        // still reports its half-replaced state's seqno until then).
+        let pending_install = tidal_cluster::pending_install_position(&config.data_dir)
+            .context("read the snapshot install marker")?;
+        let start_applied = pending_install.map_or(db.applied_seqno(), |position| position.seqno);
         let mut wal_config = WalConfig::new(config.data_dir.join("wal"));
         wal_config.segment_bytes_max = config.segment_bytes_max;
         // A cluster member's hook also feeds the ship tail and its commit bookkeeping.
@@ -99,7 +105,7 @@ impl Node {
                 membership.me,
                 voters,
                 membership.spec.durability,
-                db.applied_seqno(),
+                start_applied,
                 sender.clone(),
             ));
             let feed = ShipFeed::new(
@@ -127,12 +133,19 @@ impl Node {
             durable = %recovery.durable, segments = recovery.segments, batches = recovery.batches,
             "WAL recovered"
         );
+        // Before anything reads the engine's frontier: finish an interrupted snapshot install (WAL
+        // reset + state replacement), or remove what a transfer that never reached its marker left.
+        if let Some(report) = tidal_cluster::resume_pending_install(&config.data_dir, &wal, &db)
+            .context("resume snapshot install")?
+        {
+            tracing::info!(position = %report.position, "interrupted snapshot install finished");
+        }
+        let durable = wal.durable_seqno();
         let applied = db.applied_seqno();
         anyhow::ensure!(
-            applied <= recovery.durable,
-            "engine state is at seqno {applied} but the WAL ends at {}: the WAL in {} was lost or replaced; \
+            applied <= durable,
+            "engine state is at seqno {applied} but the WAL ends at {durable}: the WAL in {} was lost or replaced; \
              refusing to start (restore the WAL or wipe the data dir)",
-            recovery.durable,
             config.data_dir.display()
         );
         // A single node commits what it fsyncs: its whole durable log is committed. A cluster member
@@ -140,16 +153,16 @@ impl Node {
         // its saved commit hint; the rest is applied as the leader's commit frontier arrives.
         let raft_store = db.raft_store().context("open the control plane's store")?;
         let replay_to = match &cluster {
-            None => recovery.durable,
-            Some(_) => std::cmp::min(recovery.durable, tidal_cluster::commit_hint(&raft_store)),
+            None => durable,
+            Some(_) => std::cmp::min(durable, tidal_cluster::commit_hint(&raft_store)),
         };
         let replay = replay(&wal, &db, replay_to)?;
-        if replay_to < recovery.durable {
+        if replay_to < durable {
             // The durable tail past the commit hint waits in the applier until the leader's commit
             // frontier covers it (or a new leader's log quarantines it).
-            hand_tail_to_applier(&wal, &sender, db.applied_seqno(), recovery.durable)?;
+            hand_tail_to_applier(&wal, &sender, db.applied_seqno(), durable)?;
         }
-        wal.set_term(std::cmp::max(recovery.last_term, Term(1)));
+        wal.set_term(std::cmp::max(std::cmp::max(recovery.last_term, wal.last_position().term), Term(1)));
         let replica = match cluster {
             None => None,
             Some((membership, commit, feed)) => {
@@ -157,12 +170,18 @@ impl Node {
                 commit.advance(db.applied_seqno());
                 let term = LogStore::persisted_term(&raft_store)
                     .map_err(|why| anyhow::anyhow!("read the persisted vote: {why}"))?;
+                let snapshots =
+                    SnapshotSource::new(db.clone(), wal.clone(), &config.data_dir, SnapshotPins::default())
+                        .context("snapshot source")?;
                 let parts = ReplicaParts {
                     spec: membership.spec,
                     me: membership.me,
                     data_dir: config.data_dir.clone(),
                     store: raft_store,
                     timing: membership.timing,
+                    db: db.clone(),
+                    applier: sender.clone(),
+                    snapshots: Arc::new(snapshots),
                 };
                 let replica =
                     Replica::new(parts, wal.clone(), commit, feed, applier.applied(), TermGate::new(term))
@@ -425,7 +444,12 @@ impl Node {
             horizon = Some(segment.first_seqno);
         }
         if let Some(horizon) = horizon {
-            let horizon = std::cmp::min(horizon, checkpoint.next());
+            let mut horizon = std::cmp::min(horizon, checkpoint.next());
+            if let Some(replica) = &self.replica {
+                // A snapshot being served (or just served) keeps its seqno + 1 in the WAL, so its
+                // follower can continue from the log.
+                horizon = replica.snapshot_pins().purge_horizon(horizon, Instant::now());
+            }
             let report = self.wal.purge_below(horizon).context("purge WAL")?;
             tracing::debug!(?report, "WAL purge");
         }

@@ -163,9 +163,17 @@ impl Replica {
                 OfficePlan::Sync { source, target, pull_from, quarantine_from, needs_snapshot } => {
                     tracing::warn!(%term, %source, %target, %pull_from, ?quarantine_from, "adopting a more up-to-date log");
                     if needs_snapshot {
-                        return Err(format!(
-                            "our applied state is past the divergence point {pull_from} with node {source}: a snapshot is needed first"
-                        ));
+                        // Our applied state holds data the adopted log does not: only the source's
+                        // state repairs it. Install it, then probe again (the plan is now a pull).
+                        tracing::warn!(%term, %source, %pull_from, "applied past the divergence point: installing the source's snapshot");
+                        if let Err(why) = self
+                            .install_from(source, "taking office, applied past the divergence point")
+                            .await
+                        {
+                            tracing::warn!(%source, "snapshot install while taking office failed: {why}");
+                            tokio::time::sleep(PROBE_RETRY).await;
+                        }
+                        continue;
                     }
                     if let Some(from) = quarantine_from {
                         let wal = self.wal.clone();
