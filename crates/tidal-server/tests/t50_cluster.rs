@@ -6,135 +6,13 @@
 
 #![allow(clippy::unwrap_used)] // tests may unwrap; helpers outside #[test] are not covered by allow-unwrap-in-tests
 
+mod common;
+
+use common::cluster::{same, Cluster};
 use serde_json::json;
-use std::path::{Path, PathBuf};
 use std::time::Duration;
-use tidal_client::Client;
-use tidal_cluster::{ClusterSpec, Durability, NodeSpec};
-use tidal_server::config::{ClusterMembership, ServeArgs, ServeConfig};
-use tidal_types::{NodeId, SignalIn};
-
-struct Member {
-    client: Client,
-    shutdown: Option<tokio::sync::oneshot::Sender<()>>,
-    task: Option<tokio::task::JoinHandle<anyhow::Result<()>>>,
-}
-
-struct Cluster {
-    spec: ClusterSpec,
-    dirs: Vec<PathBuf>,
-    members: Vec<Option<Member>>,
-}
-
-fn reserve() -> (std::net::TcpListener, String) {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let address = listener.local_addr().unwrap().to_string();
-    (listener, address)
-}
-
-impl Cluster {
-    fn new(root: &Path, size: u64, durability: Durability) -> Cluster {
-        let mut nodes = Vec::new();
-        for id in 1..=size {
-            let (_http, http) = reserve();
-            let (_rpc, rpc) = reserve();
-            nodes.push(NodeSpec { id: NodeId(id), http, rpc });
-        }
-        let spec = ClusterSpec {
-            cluster_id: "t50".into(),
-            secret: "cluster-secret-0123456789".into(),
-            durability,
-            nodes,
-        };
-        let dirs = (1..=size).map(|id| root.join(format!("n{id}"))).collect();
-        Cluster { spec, dirs, members: (0..size).map(|_| None).collect() }
-    }
-
-    async fn start(&mut self, index: usize) {
-        let node = &self.spec.nodes[index];
-        let args =
-            ServeArgs { data_dir: Some(self.dirs[index].clone()), dimension: Some(4), ..Default::default() };
-        let mut config = ServeConfig::resolve(&args).unwrap();
-        config.http = node.http.parse().unwrap();
-        config.cluster = Some(ClusterMembership {
-            spec: self.spec.clone(),
-            me: node.id,
-            timing: tidal_cluster::ControlTiming::default(),
-        });
-        let http = tokio::net::TcpListener::bind(&node.http).await.unwrap();
-        let rpc = tokio::net::TcpListener::bind(&node.rpc).await.unwrap();
-        let (shutdown, on_shutdown) = tokio::sync::oneshot::channel::<()>();
-        let task = tokio::spawn(tidal_server::run(config, http, Some(rpc), async move {
-            let _ = on_shutdown.await;
-        }));
-        let client = Client::new(format!("http://{}", node.http), None);
-        for _ in 0..400 {
-            assert!(!task.is_finished(), "node {} exited during startup", node.id);
-            if client.status().await.is_ok() {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(25)).await;
-        }
-        self.members[index] = Some(Member { client, shutdown: Some(shutdown), task: Some(task) });
-    }
-
-    async fn stop(&mut self, index: usize) {
-        let mut member = self.members[index].take().unwrap();
-        let _ = member.shutdown.take().unwrap().send(());
-        member.task.take().unwrap().await.unwrap().unwrap();
-    }
-
-    fn client(&self, index: usize) -> &Client {
-        &self.members[index].as_ref().unwrap().client
-    }
-
-    /// Waits until a running node serves as leader and every running node names it; returns its
-    /// index.
-    async fn leader(&self) -> usize {
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-        loop {
-            let mut leader = None;
-            let mut named = Vec::new();
-            for (index, member) in self.members.iter().enumerate() {
-                let Some(member) = member else { continue };
-                if let Ok(status) = member.client.status().await {
-                    if status.role == "leader" {
-                        leader = Some(index);
-                    }
-                    named.push(status.leader_id);
-                }
-            }
-            if let Some(index) = leader {
-                let id = self.spec.nodes[index].id.0;
-                if named.iter().all(|named| *named == Some(id)) {
-                    return index;
-                }
-            }
-            assert!(tokio::time::Instant::now() < deadline, "no leader within 30 s");
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    }
-
-    fn followers_of(&self, leader: usize) -> Vec<usize> {
-        (0..self.members.len()).filter(|i| *i != leader && self.members[*i].is_some()).collect()
-    }
-
-    /// Waits until every running node has applied `seqno` (bounded by the node's read wait), then
-    /// returns their digests.
-    async fn digests_at(&self, seqno: u64) -> Vec<String> {
-        let mut digests = Vec::new();
-        for member in self.members.iter().flatten() {
-            let digest: tidal_types::DigestView = member
-                .client
-                .json::<(), _>(reqwest::Method::GET, &format!("/cluster/digest?min_seqno={seqno}"), None)
-                .await
-                .unwrap();
-            assert_eq!(digest.applied_seqno, seqno, "node {} applied past the last write", digest.node_id);
-            digests.push(digest.digest);
-        }
-        digests
-    }
-}
+use tidal_cluster::Durability;
+use tidal_types::SignalIn;
 
 fn signals(n: u64) -> Vec<SignalIn> {
     (0..n)
@@ -155,7 +33,7 @@ async fn writes_on_leader_and_follower_converge_and_a_restarted_follower_catches
         .with_test_writer()
         .try_init();
     let root = tempfile::tempdir().unwrap();
-    let mut cluster = Cluster::new(root.path(), 3, Durability::Quorum);
+    let mut cluster = Cluster::new(root.path(), 3, Durability::Quorum, |_| {});
     for i in 0..3 {
         cluster.start(i).await;
     }
@@ -176,7 +54,7 @@ async fn writes_on_leader_and_follower_converge_and_a_restarted_follower_catches
             cluster.client(f1).put_item(42, json!({"via": "follower"}), Some("k-42")).await.unwrap();
         assert_eq!(via_follower, retried, "the idempotency key holds across nodes");
         let digests = cluster.digests_at(via_follower.seqno).await;
-        assert!(digests.windows(2).all(|w| w[0] == w[1]), "replicas differ: {digests:?}");
+        assert!(same(&digests), "replicas differ: {digests:?}");
         let feeds: Vec<_> = futures_feeds(&cluster, "u3").await;
         assert!(feeds.windows(2).all(|w| w[0] == w[1]), "feeds differ: {feeds:?}");
         let item = cluster.client(f1).get_item(42).await.unwrap();
@@ -208,7 +86,7 @@ async fn writes_on_leader_and_follower_converge_and_a_restarted_follower_catches
         }
         cluster.start(f2).await;
         let digests = cluster.digests_at(last).await;
-        assert!(digests.windows(2).all(|w| w[0] == w[1]), "replicas differ after catch-up: {digests:?}");
+        assert!(same(&digests), "replicas differ after catch-up: {digests:?}");
     }
     {
         tracing::info!("phase 3: without a majority the leader acknowledges nothing; with one it does");
@@ -246,7 +124,7 @@ async fn writes_on_leader_and_follower_converge_and_a_restarted_follower_catches
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failover_keeps_acknowledged_writes_and_the_old_leader_rejoins() {
     let root = tempfile::tempdir().unwrap();
-    let mut cluster = Cluster::new(root.path(), 3, Durability::Quorum);
+    let mut cluster = Cluster::new(root.path(), 3, Durability::Quorum, |_| {});
     for i in 0..3 {
         cluster.start(i).await;
     }
@@ -273,7 +151,7 @@ async fn failover_keeps_acknowledged_writes_and_the_old_leader_rejoins() {
     cluster.start(old).await;
     let digests = cluster.digests_at(last).await;
     assert_eq!(digests.len(), 3);
-    assert!(digests.windows(2).all(|w| w[0] == w[1]), "replicas differ after failover: {digests:?}");
+    assert!(same(&digests), "replicas differ after failover: {digests:?}");
     for i in 0..3 {
         cluster.stop(i).await;
     }
@@ -294,7 +172,7 @@ async fn futures_feeds(cluster: &Cluster, user: &str) -> Vec<Vec<(u64, String)>>
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn leader_durability_acknowledges_without_followers_and_they_converge_later() {
     let root = tempfile::tempdir().unwrap();
-    let mut cluster = Cluster::new(root.path(), 3, Durability::Leader);
+    let mut cluster = Cluster::new(root.path(), 3, Durability::Leader, |_| {});
     for i in 0..3 {
         cluster.start(i).await;
     }
@@ -313,7 +191,7 @@ async fn leader_durability_acknowledges_without_followers_and_they_converge_late
         cluster.start(*f).await;
     }
     let digests = cluster.digests_at(reply.seqno).await;
-    assert!(digests.windows(2).all(|w| w[0] == w[1]), "replicas differ: {digests:?}");
+    assert!(same(&digests), "replicas differ: {digests:?}");
     for i in 0..3 {
         cluster.stop(i).await;
     }
@@ -325,7 +203,7 @@ async fn leader_durability_acknowledges_without_followers_and_they_converge_late
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn heal_and_catchup_verbs() {
     let root = tempfile::tempdir().unwrap();
-    let mut cluster = Cluster::new(root.path(), 3, Durability::Quorum);
+    let mut cluster = Cluster::new(root.path(), 3, Durability::Quorum, |_| {});
     for i in 0..3 {
         cluster.start(i).await;
     }
@@ -353,7 +231,7 @@ async fn heal_and_catchup_verbs() {
     let after = cluster.client(l).put_item(2, json!({"x": 2}), None).await.unwrap();
     assert!(after.seqno > written.seqno);
     let digests = cluster.digests_at(after.seqno).await;
-    assert!(digests.windows(2).all(|w| w[0] == w[1]), "replicas differ after heal: {digests:?}");
+    assert!(same(&digests), "replicas differ after heal: {digests:?}");
     for i in 0..3 {
         cluster.stop(i).await;
     }

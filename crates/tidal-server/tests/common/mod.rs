@@ -1,6 +1,8 @@
 //! A node started in-process on a loopback port, for HTTP tests.
 #![allow(dead_code, clippy::unwrap_used)]
 
+pub mod cluster;
+
 use std::path::Path;
 use std::time::Duration;
 use tidal_client::Client;

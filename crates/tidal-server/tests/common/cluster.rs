@@ -1,0 +1,143 @@
+//! An N-node cluster in-process over real tonic and HTTP on loopback, for the cluster tests.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+use tidal_client::Client;
+use tidal_cluster::{ClusterSpec, Durability, NodeSpec};
+use tidal_server::config::{ClusterMembership, ServeArgs, ServeConfig};
+use tidal_types::NodeId;
+
+/// Deadline of every wait on observable state.
+pub const DEADLINE: Duration = Duration::from_secs(60);
+/// Polling step of those waits (not a synchronization: each wait re-checks state until DEADLINE).
+pub const POLL: Duration = Duration::from_millis(50);
+
+pub struct Member {
+    pub client: Client,
+    shutdown: Option<tokio::sync::oneshot::Sender<()>>,
+    task: Option<tokio::task::JoinHandle<anyhow::Result<()>>>,
+}
+
+pub struct Cluster {
+    pub spec: ClusterSpec,
+    pub dirs: Vec<PathBuf>,
+    pub members: Vec<Option<Member>>,
+    tweak: fn(&mut ServeConfig),
+}
+
+fn reserve() -> (std::net::TcpListener, String) {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let address = listener.local_addr().unwrap().to_string();
+    (listener, address)
+}
+
+/// True when every digest (node id, digest) is the same.
+pub fn same(digests: &[(u64, String)]) -> bool {
+    digests.windows(2).all(|w| w[0].1 == w[1].1)
+}
+
+impl Cluster {
+    /// A cluster of `size` nodes under `root`; `tweak` adjusts every node's configuration.
+    pub fn new(root: &Path, size: u64, durability: Durability, tweak: fn(&mut ServeConfig)) -> Cluster {
+        let mut nodes = Vec::new();
+        for id in 1..=size {
+            let (_http, http) = reserve();
+            let (_rpc, rpc) = reserve();
+            nodes.push(NodeSpec { id: NodeId(id), http, rpc });
+        }
+        let spec = ClusterSpec {
+            cluster_id: "test".into(),
+            secret: "cluster-secret-0123456789".into(),
+            durability,
+            nodes,
+        };
+        let dirs = (1..=size).map(|id| root.join(format!("n{id}"))).collect();
+        Cluster { spec, dirs, members: (0..size).map(|_| None).collect(), tweak }
+    }
+
+    pub async fn start(&mut self, index: usize) {
+        let node = &self.spec.nodes[index];
+        let args =
+            ServeArgs { data_dir: Some(self.dirs[index].clone()), dimension: Some(4), ..Default::default() };
+        let mut config = ServeConfig::resolve(&args).unwrap();
+        config.http = node.http.parse().unwrap();
+        config.cluster = Some(ClusterMembership {
+            spec: self.spec.clone(),
+            me: node.id,
+            timing: tidal_cluster::ControlTiming::default(),
+        });
+        (self.tweak)(&mut config);
+        let http = tokio::net::TcpListener::bind(&node.http).await.unwrap();
+        let rpc = tokio::net::TcpListener::bind(&node.rpc).await.unwrap();
+        let (shutdown, on_shutdown) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(tidal_server::run(config, http, Some(rpc), async move {
+            let _ = on_shutdown.await;
+        }));
+        let client = Client::new(format!("http://{}", node.http), None);
+        let deadline = tokio::time::Instant::now() + DEADLINE;
+        while client.status().await.is_err() {
+            assert!(!task.is_finished(), "node {} exited during startup", node.id);
+            assert!(tokio::time::Instant::now() < deadline, "node {} did not start", node.id);
+            tokio::time::sleep(POLL).await;
+        }
+        self.members[index] = Some(Member { client, shutdown: Some(shutdown), task: Some(task) });
+    }
+
+    pub async fn stop(&mut self, index: usize) {
+        let mut member = self.members[index].take().unwrap();
+        let _ = member.shutdown.take().unwrap().send(());
+        member.task.take().unwrap().await.unwrap().unwrap();
+    }
+
+    pub fn client(&self, index: usize) -> &Client {
+        &self.members[index].as_ref().unwrap().client
+    }
+
+    /// Waits until a running node serves as leader and every running node names it; returns its
+    /// index.
+    pub async fn leader(&self) -> usize {
+        let deadline = tokio::time::Instant::now() + DEADLINE;
+        loop {
+            let mut leader = None;
+            let mut named = Vec::new();
+            for (index, member) in self.members.iter().enumerate() {
+                let Some(member) = member else { continue };
+                if let Ok(status) = member.client.status().await {
+                    if status.role == "leader" {
+                        leader = Some(index);
+                    }
+                    named.push(status.leader_id);
+                }
+            }
+            if let Some(index) = leader {
+                let id = self.spec.nodes[index].id.0;
+                if named.iter().all(|named| *named == Some(id)) {
+                    return index;
+                }
+            }
+            assert!(tokio::time::Instant::now() < deadline, "no leader within {DEADLINE:?}");
+            tokio::time::sleep(POLL).await;
+        }
+    }
+
+    /// The running nodes other than `leader`.
+    pub fn followers_of(&self, leader: usize) -> Vec<usize> {
+        (0..self.members.len()).filter(|i| *i != leader && self.members[*i].is_some()).collect()
+    }
+
+    /// Every running node's (id, digest) once it has applied `seqno` (the endpoint waits for it);
+    /// asserts none applied past it.
+    pub async fn digests_at(&self, seqno: u64) -> Vec<(u64, String)> {
+        let mut digests = Vec::new();
+        for member in self.members.iter().flatten() {
+            let digest: tidal_types::DigestView = member
+                .client
+                .json::<(), _>(reqwest::Method::GET, &format!("/cluster/digest?min_seqno={seqno}"), None)
+                .await
+                .unwrap();
+            assert_eq!(digest.applied_seqno, seqno, "node {} applied past the last write", digest.node_id);
+            digests.push((digest.node_id, digest.digest));
+        }
+        digests
+    }
+}
