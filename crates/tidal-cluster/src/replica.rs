@@ -323,7 +323,8 @@ impl Replica {
         *self.role.lock().expect("role lock is never held across a panic")
     }
 
-    /// The stream baseline of the current (or last) office of this node.
+    /// The stream baseline `(T, B(T))` of this node's current (or last) office: its term, and the
+    /// last seqno before that term's LeaderStart.
     pub fn baseline(&self) -> TermSeqno {
         *self.baseline.lock().expect("baseline lock is never held across a panic")
     }

@@ -582,6 +582,8 @@ async fn get_status(
     let node = &state.node;
     let durable = node.wal().durable_seqno().get();
     let http = node.config().http.to_string();
+    let quarantine = tidal_wal::quarantine_summary(&node.config().data_dir.join("wal"))
+        .map_err(|error| ApiError::internal(format!("read the quarantine directory: {error}")))?;
     let Some(replica) = node.replica() else {
         return Ok(Json(ClusterStatus {
             node_id: 1,
@@ -591,6 +593,10 @@ async fn get_status(
             durable_seqno: durable,
             commit_seqno: durable,
             applied_seqno: applied,
+            baseline_term: 0,
+            baseline_seqno: 0,
+            quarantine_files: quarantine.files,
+            quarantined_seqnos: quarantine.seqnos,
             nodes: vec![NodeStatus {
                 id: 1,
                 role: "leader".into(),
@@ -598,6 +604,8 @@ async fn get_status(
                 durable_seqno: durable,
                 applied_seqno: applied,
                 lag_ms: 0,
+                matched_seqno: durable,
+                pulling: false,
             }],
         }));
     };
@@ -617,12 +625,12 @@ async fn get_status(
         .nodes
         .iter()
         .map(|spec| {
-            let (durable_seqno, applied_seqno, lag_ms) = if spec.id == replica.me() {
-                (durable, applied, 0)
+            let (durable_seqno, applied_seqno, lag_ms, matched_seqno, pulling) = if spec.id == replica.me() {
+                (durable, applied, 0, durable, false)
             } else {
                 let p = progress.get(&spec.id).cloned().unwrap_or_default();
                 let lag = p.last_ack.map_or(u64::MAX, |at| at.elapsed().as_millis() as u64);
-                (p.durable.get(), p.applied.get(), lag)
+                (p.durable.get(), p.applied.get(), lag, p.matched.seqno.get(), p.pulling)
             };
             NodeStatus {
                 id: spec.id.0,
@@ -631,6 +639,8 @@ async fn get_status(
                 durable_seqno,
                 applied_seqno,
                 lag_ms,
+                matched_seqno,
+                pulling,
             }
         })
         .collect();
@@ -642,6 +652,10 @@ async fn get_status(
         durable_seqno: durable,
         commit_seqno: replica.commit_seqno().get(),
         applied_seqno: applied,
+        baseline_term: replica.baseline().term.get(),
+        baseline_seqno: replica.baseline().seqno.get(),
+        quarantine_files: quarantine.files,
+        quarantined_seqnos: quarantine.seqnos,
         nodes,
     }))
 }

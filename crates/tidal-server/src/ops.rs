@@ -24,18 +24,22 @@ pub struct VerbArgs {
 /// Renders a status as a table.
 pub fn status_table(status: &ClusterStatus) -> String {
     let mut out = format!(
-        "node {} ({}), term {}, leader {}, durable {}, commit {}, applied {}\n\n",
+        "node {} ({}), term {}, leader {}, durable {}, commit {}, applied {}, baseline (t{}, {}), quarantined {} seqnos in {} files\n\n",
         status.node_id,
         status.role,
         status.term,
         status.leader_id.map_or("unknown".to_string(), |id| id.to_string()),
         status.durable_seqno,
         status.commit_seqno,
-        status.applied_seqno
+        status.applied_seqno,
+        status.baseline_term,
+        status.baseline_seqno,
+        status.quarantined_seqnos,
+        status.quarantine_files
     );
     out.push_str(&format!(
-        "{:<5} {:<10} {:<22} {:>12} {:>12} {:>10} {:>12}\n",
-        "id", "role", "http", "durable", "applied", "lag", "last ack"
+        "{:<5} {:<10} {:<22} {:>12} {:>12} {:>12} {:>10} {:>12} {:>8}\n",
+        "id", "role", "http", "matched", "durable", "applied", "lag", "last ack", "pulling"
     ));
     for node in &status.nodes {
         let lag = status.commit_seqno.saturating_sub(node.applied_seqno);
@@ -47,8 +51,16 @@ pub fn status_table(status: &ClusterStatus) -> String {
             format!("{} ms", node.lag_ms)
         };
         out.push_str(&format!(
-            "{:<5} {:<10} {:<22} {:>12} {:>12} {:>10} {:>12}\n",
-            node.id, node.role, node.http, node.durable_seqno, node.applied_seqno, lag, ack
+            "{:<5} {:<10} {:<22} {:>12} {:>12} {:>12} {:>10} {:>12} {:>8}\n",
+            node.id,
+            node.role,
+            node.http,
+            node.matched_seqno,
+            node.durable_seqno,
+            node.applied_seqno,
+            lag,
+            ack,
+            if node.pulling { "yes" } else { "no" }
         ));
     }
     out

@@ -139,6 +139,8 @@ async fn failover_keeps_acknowledged_writes_and_the_old_leader_rejoins() {
     assert_ne!(new, old);
     let status = cluster.client(new).status().await.unwrap();
     assert!(status.term >= 2, "a new leader runs in a new term: {status:?}");
+    assert_eq!(status.baseline_term, status.term, "the new leader's baseline names its term: {status:?}");
+    assert!(status.baseline_seqno >= acknowledged.last().unwrap().1.seqno, "{status:?}");
     for id in 20..30u64 {
         acknowledged
             .push((id, cluster.client(new).put_item(id, json!({"term": "second"}), None).await.unwrap()));

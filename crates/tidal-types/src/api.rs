@@ -227,6 +227,12 @@ pub struct NodeStatus {
     pub applied_seqno: u64,
     /// Replication lag in ms (0 for the leader itself).
     pub lag_ms: u64,
+    /// Last position matched in the current term (leader's view; 0 when unknown).
+    #[serde(default)]
+    pub matched_seqno: u64,
+    /// Whether the leader sees it catching up by pull (its ship tail no longer covers it).
+    #[serde(default)]
+    pub pulling: bool,
 }
 
 /// `GET /cluster/status`.
@@ -246,6 +252,19 @@ pub struct ClusterStatus {
     pub commit_seqno: u64,
     /// Applied frontier.
     pub applied_seqno: u64,
+    /// Stream baseline `(T, B(T))` of this node's last office: the term it led, and the last seqno
+    /// before that term's LeaderStart (0 if it never led).
+    #[serde(default)]
+    pub baseline_term: u64,
+    /// See `baseline_term`.
+    #[serde(default)]
+    pub baseline_seqno: u64,
+    /// Files in this node's WAL quarantine directory.
+    #[serde(default)]
+    pub quarantine_files: u64,
+    /// Seqnos those files hold.
+    #[serde(default)]
+    pub quarantined_seqnos: u64,
     /// Every node.
     pub nodes: Vec<NodeStatus>,
 }

@@ -46,7 +46,7 @@ pub use clock::{Clock, ManualClock, SystemClock};
 pub use config::WalConfig;
 pub use error::{Error, ReplicatedSubmitError, SubmitError};
 pub use io::{FileIo, StdIo, WalFile};
-pub use quarantine::QuarantineReport;
+pub use quarantine::{quarantine_summary, QuarantineReport, QuarantineSummary};
 pub use reader::WalReader;
 pub use recovery::{Recovery, TornTail};
 pub use segment::SegmentInfo;

@@ -338,6 +338,38 @@ fn batch_offset(bytes: &[u8], first: Seqno, cut: Seqno) -> Option<u64> {
 }
 
 /// Removes quarantine files a crash left half-written.
+/// What the quarantine directory holds.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct QuarantineSummary {
+    /// Quarantine files.
+    pub files: u64,
+    /// Seqnos they cover (from their names `<term>-<first>-<last>-<unix ms>.wal`).
+    pub seqnos: u64,
+}
+
+/// Summarizes the quarantine directory of the WAL in `dir` (empty if there is none). Files whose
+/// names do not parse count as files covering no seqno.
+pub fn quarantine_summary(dir: &Path) -> std::io::Result<QuarantineSummary> {
+    let mut summary = QuarantineSummary::default();
+    let entries = match std::fs::read_dir(dir.join(QUARANTINE_DIR_NAME)) {
+        Ok(entries) => entries,
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(summary),
+        Err(error) => return Err(error),
+    };
+    for entry in entries {
+        let name = entry?.file_name();
+        let Some(stem) = name.to_str().and_then(|name| name.strip_suffix(QUARANTINE_SUFFIX)) else {
+            continue;
+        };
+        summary.files += 1;
+        let parts: Vec<u64> = stem.split('-').filter_map(|part| part.parse().ok()).collect();
+        if let [_term, first, last, _ms] = parts[..] {
+            summary.seqnos += last.saturating_sub(first) + 1;
+        }
+    }
+    Ok(summary)
+}
+
 pub(crate) fn remove_incomplete_quarantine_files(io: &dyn FileIo, dir: &Path) -> Result<(), Error> {
     let quarantine_dir = dir.join(QUARANTINE_DIR_NAME);
     let Ok(paths) = io.list_dir(&quarantine_dir) else {
@@ -357,4 +389,23 @@ pub(crate) fn remove_incomplete_quarantine_files(io: &dyn FileIo, dir: &Path) ->
             .map_err(|err| Error::fatal("fsync quarantine directory", &quarantine_dir, err))?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn quarantine_summary_counts_files_and_seqnos_from_their_names() {
+        let dir = tempfile::tempdir().unwrap();
+        assert_eq!(quarantine_summary(dir.path()).unwrap(), QuarantineSummary::default());
+        let q = dir.path().join(QUARANTINE_DIR_NAME);
+        std::fs::create_dir_all(&q).unwrap();
+        std::fs::write(q.join("1-101-105-1700000000000.wal"), b"x").unwrap();
+        std::fs::write(q.join("2-7-7-1700000000001.wal"), b"x").unwrap();
+        std::fs::write(q.join("garbage.wal"), b"x").unwrap();
+        std::fs::write(q.join("3-1-2-1700000000002.wal.tmp"), b"x").unwrap();
+        assert_eq!(quarantine_summary(dir.path()).unwrap(), QuarantineSummary { files: 3, seqnos: 6 });
+    }
 }

@@ -207,7 +207,9 @@ impl Replica {
                     .map_or(baseline.seqno.next(), |e| e.seqno)
             };
             self.commit.begin_term(term, term_start);
-            *self.baseline.lock().expect("baseline lock is never held across a panic") = baseline;
+            // The stream baseline (T, B(T)): this office's term and the last seqno before it.
+            *self.baseline.lock().expect("baseline lock is never held across a panic") =
+                TermSeqno { term, seqno: baseline.seqno };
             term_start
         };
         if write_leader_start {
