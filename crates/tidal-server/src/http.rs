@@ -671,9 +671,7 @@ async fn post_heal(
     RawQuery(query): RawQuery,
 ) -> AppResult<Json<serde_json::Value>> {
     let replica = cluster_replica(&state)?;
-    let node = query_param(&query, "node")
-        .and_then(|value| value.parse::<u64>().ok())
-        .ok_or_else(|| ApiError::bad_request(ErrorCode::InvalidArgument, "heal needs ?node=<id>"))?;
+    let node = query_u64(&query, "node")?.ok_or_else(|| ApiError::invalid("heal needs ?node=<id>"))?;
     let dry_run = query_param(&query, "dry_run") == Some("true");
     let report = replica
         .heal(tidal_types::NodeId(node), dry_run)
@@ -729,19 +727,9 @@ async fn readyz(State(state): State<Arc<AppState>>, RawQuery(query): RawQuery) -
     if let Some(why) = state.node.fatal() {
         return ApiError::unavailable(ErrorCode::NotReady, why).into_response();
     }
-    let max_lag_ms = query
-        .as_deref()
-        .unwrap_or("")
-        .split('&')
-        .find_map(|pair| pair.strip_prefix("max_lag_ms="))
-        .map(|value| value.parse::<u64>())
-        .transpose();
-    let max_lag_ms = match max_lag_ms {
+    let max_lag_ms = match query_u64(&query, "max_lag_ms") {
         Ok(value) => value.unwrap_or(READY_MAX_LAG_MS_DEFAULT),
-        Err(_) => {
-            return ApiError::bad_request(ErrorCode::InvalidArgument, "max_lag_ms must be a whole number")
-                .into_response()
-        }
+        Err(error) => return error.into_response(),
     };
     if let Some(replica) = state.node.replica() {
         if replica.is_leader() {

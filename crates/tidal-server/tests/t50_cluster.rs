@@ -222,6 +222,12 @@ async fn heal_and_catchup_verbs() {
     assert!(dry["action"].as_str().unwrap().starts_with("would reset"), "{dry}");
     let healed = post(l, format!("/cluster/heal?node={f_id}")).await.unwrap();
     assert!(healed["action"].as_str().unwrap().starts_with("reset"), "{healed}");
+    for bad in ["/cluster/heal", "/cluster/heal?node=x"] {
+        let error = post(l, bad.to_string()).await.unwrap_err();
+        assert_eq!(error.code(), Some("invalid_argument"), "{bad}: {error:?}");
+    }
+    let ready = reqwest::get(format!("{}/readyz?max_lag_ms=soon", cluster.client(f).base())).await.unwrap();
+    assert_eq!(ready.status(), reqwest::StatusCode::BAD_REQUEST);
     let refused = post(f, format!("/cluster/heal?node={f_id}")).await.unwrap_err();
     assert_eq!(refused.code(), Some("not_ready"), "{refused:?}");
     let catchup = post(f, "/cluster/catchup".to_string()).await.unwrap();
