@@ -17,6 +17,9 @@
 //! slip between the append and the ack).
 
 mod office;
+mod promote;
+
+pub use promote::{PromoteError, PromoteReport};
 
 use crate::applier::ApplierSender;
 use crate::commit_state::CommitState;
@@ -201,6 +204,8 @@ pub struct Replica {
     /// When the last automatic install started (rate limit).
     last_install: Mutex<Option<Instant>>,
     installs: Mutex<InstallStats>,
+    /// Set while a leadership transfer runs on this leader (single flight).
+    promoting: AtomicBool,
 }
 
 /// What `heal` did (or, with `dry_run`, would do).
@@ -284,6 +289,7 @@ impl Replica {
             installing: tokio::sync::Mutex::new(()),
             last_install: Mutex::new(None),
             installs: Mutex::new(InstallStats::default()),
+            promoting: AtomicBool::new(false),
         });
         // Losing office is synchronous with persisting a higher vote (PROTOCOL.md, "Losing office").
         let weak = Arc::downgrade(&replica);
@@ -1022,6 +1028,10 @@ impl tidal_net::Handler for ReplicaService {
 
     async fn snapshot(&self, request: SnapshotRequest) -> Result<SnapshotStream, tonic::Status> {
         self.0.snapshots.serve(request)
+    }
+
+    async fn elect(&self, term: u64, leader: u64) -> Result<Result<(), String>, tonic::Status> {
+        Ok(self.0.stand_for_election(term, leader).await)
     }
 
     async fn raft(&self, call: RaftCall) -> Result<Vec<u8>, tonic::Status> {
