@@ -206,6 +206,8 @@ pub struct Replica {
     installs: Mutex<InstallStats>,
     /// Set while a leadership transfer runs on this leader (single flight).
     promoting: AtomicBool,
+    /// The node leadership is being handed to, while this leader refuses new writes (0: none).
+    handing_to: AtomicU64,
 }
 
 /// What `heal` did (or, with `dry_run`, would do).
@@ -290,6 +292,7 @@ impl Replica {
             last_install: Mutex::new(None),
             installs: Mutex::new(InstallStats::default()),
             promoting: AtomicBool::new(false),
+            handing_to: AtomicU64::new(0),
         });
         // Losing office is synchronous with persisting a higher vote (PROTOCOL.md, "Losing office").
         let weak = Arc::downgrade(&replica);

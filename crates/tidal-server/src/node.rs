@@ -351,6 +351,12 @@ impl Node {
                 if office.borrow().is_none() {
                     return Err(not_leader(replica));
                 }
+                if let Some(target) = replica.handing_to() {
+                    return Err(ApiError::unavailable(
+                        ErrorCode::NotReady,
+                        format!("leadership is moving to node {target}; retry in a moment"),
+                    ));
+                }
                 Some(office)
             }
         };

@@ -6,7 +6,10 @@
 //! (`Elect` RPC) to stand for election. The voters' own election timers fire only a full election
 //! timeout after the lease, so the target campaigns alone; it wins with the higher term, takes office
 //! as after any election (probe, sync, LeaderStart) and the old leader is deposed by the higher vote.
-//! The write gap is therefore the new leader's taking office, not the pause. Delicate:
+//! At the end of the pause the leader stops taking new writes and waits until the target has
+//! matched its whole log, so the target takes office without pulling anything (Raft's transfer
+//! recipe); the write gap is the election round plus the target's probe round and LeaderStart,
+//! not the pause. Delicate:
 //! - heartbeats are switched back on whatever happens (a guard), or a later office of this node would
 //!   lose its followers to elections;
 //! - the target checks that the request's term is its own: a stale request starts nothing.
@@ -23,8 +26,11 @@ const LEASE_MARGIN: Duration = Duration::from_millis(50);
 const PROMOTE_SILENCE_MAX: Duration = Duration::from_secs(2);
 /// How long, after the target was asked, the leader waits for the new leader to be known.
 const TRANSFER_DEADLINE: Duration = Duration::from_secs(5);
-/// Poll step while waiting for the new leader (re-checks observable state each step).
-const TRANSFER_POLL: Duration = Duration::from_millis(10);
+/// Poll step while waiting for the target to match and for the new leader (re-checks observable
+/// state each step).
+const TRANSFER_POLL: Duration = Duration::from_millis(2);
+/// How long the leader, no longer taking writes, waits for the target to match its log.
+const CATCH_UP_DEADLINE: Duration = Duration::from_secs(1);
 
 /// What `promote` did (or, with `dry_run`, would do).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -71,12 +77,13 @@ impl Drop for HeartbeatsOff<'_> {
     }
 }
 
-/// Clears the single-flight flag when the transfer ends.
-struct Promoting<'a>(&'a std::sync::atomic::AtomicBool);
+/// Clears the single-flight flag and takes writes again when the transfer ends.
+struct Promoting<'a>(&'a Replica);
 
 impl Drop for Promoting<'_> {
     fn drop(&mut self) {
-        self.0.store(false, Ordering::SeqCst);
+        self.0.handing_to.store(0, Ordering::SeqCst);
+        self.0.promoting.store(false, Ordering::SeqCst);
     }
 }
 
@@ -143,7 +150,7 @@ impl Replica {
         if self.promoting.swap(true, Ordering::SeqCst) {
             return Err(Unavailable("a promote is already running on this leader".into()));
         }
-        let _promoting = Promoting(&self.promoting);
+        let _promoting = Promoting(self);
         let started = Instant::now();
         let raft = control.raft();
         raft.runtime_config().heartbeat(false);
@@ -159,6 +166,25 @@ impl Replica {
                 "lost office during the transfer (now led by {:?}); nothing was asked",
                 self.leader()
             )));
+        }
+        // Stop taking writes and let the target match everything this leader holds, so it takes
+        // office without a pull.
+        self.handing_to.store(target.0, Ordering::SeqCst);
+        let caught_up_by = Instant::now() + CATCH_UP_DEADLINE;
+        loop {
+            let matched = self.progress().get(&target).map_or(Seqno::ZERO, |p| p.matched.seqno);
+            if matched >= self.wal.durable_seqno() {
+                break;
+            }
+            if Instant::now() >= caught_up_by {
+                return Err(Unavailable(format!(
+                    "node {target} did not match this leader's log (at {matched} of {}) within {} ms; writes resume \
+                     here",
+                    self.wal.durable_seqno(),
+                    CATCH_UP_DEADLINE.as_millis()
+                )));
+            }
+            tokio::time::sleep(TRANSFER_POLL).await;
         }
         match peer.elect(term.get(), self.me.0).await {
             Ok(Ok(())) => {}
@@ -187,6 +213,14 @@ impl Replica {
         };
         tracing::info!(%target, new_leader = ?report.new_leader, elapsed_ms = report.elapsed.as_millis() as u64, "promote: done");
         Ok(report)
+    }
+
+    /// While this leader hands over to another node and refuses new writes: that node.
+    pub fn handing_to(&self) -> Option<NodeId> {
+        match self.handing_to.load(Ordering::SeqCst) {
+            0 => None,
+            id => Some(NodeId(id)),
+        }
     }
 
     /// The target side of `promote`: stand for election now, if the leader's term is ours.
