@@ -19,7 +19,7 @@
 mod office;
 mod promote;
 
-pub use promote::{PromoteError, PromoteReport};
+pub use promote::{PromoteError, PromoteReport, WriteTicket};
 
 use crate::applier::ApplierSender;
 use crate::commit_state::CommitState;
@@ -208,6 +208,8 @@ pub struct Replica {
     promoting: AtomicBool,
     /// The node leadership is being handed to, while this leader refuses new writes (0: none).
     handing_to: AtomicU64,
+    /// Client writes between their admission and their WAL append (see `admit_write`).
+    writes_in_flight: std::sync::atomic::AtomicUsize,
 }
 
 /// What `heal` did (or, with `dry_run`, would do).
@@ -293,6 +295,7 @@ impl Replica {
             installs: Mutex::new(InstallStats::default()),
             promoting: AtomicBool::new(false),
             handing_to: AtomicU64::new(0),
+            writes_in_flight: std::sync::atomic::AtomicUsize::new(0),
         });
         // Losing office is synchronous with persisting a higher vote (PROTOCOL.md, "Losing office").
         let weak = Arc::downgrade(&replica);

@@ -77,6 +77,15 @@ impl Drop for HeartbeatsOff<'_> {
     }
 }
 
+/// An admitted client write (see [`Replica::admit_write`]); dropping it ends the admission.
+pub struct WriteTicket<'a>(&'a std::sync::atomic::AtomicUsize);
+
+impl Drop for WriteTicket<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
 /// Clears the single-flight flag and takes writes again when the transfer ends.
 struct Promoting<'a>(&'a Replica);
 
@@ -173,7 +182,8 @@ impl Replica {
         let caught_up_by = Instant::now() + CATCH_UP_DEADLINE;
         loop {
             let matched = self.progress().get(&target).map_or(Seqno::ZERO, |p| p.matched.seqno);
-            if matched >= self.wal.durable_seqno() {
+            let admitted = self.writes_in_flight.load(Ordering::SeqCst);
+            if admitted == 0 && matched >= self.wal.durable_seqno() {
                 break;
             }
             if Instant::now() >= caught_up_by {
@@ -220,6 +230,22 @@ impl Replica {
         match self.handing_to.load(Ordering::SeqCst) {
             0 => None,
             id => Some(NodeId(id)),
+        }
+    }
+
+    /// Admits a client write on this leader, unless leadership is being handed over (then the
+    /// target). Hold the ticket until the write is appended: a transfer waits for every admitted
+    /// write, so the target it hands to holds all of them. (Counting before checking, and the
+    /// transfer setting its flag before reading the count, both SeqCst: a write either sees the
+    /// flag or is waited for.)
+    pub fn admit_write(&self) -> Result<WriteTicket<'_>, NodeId> {
+        self.writes_in_flight.fetch_add(1, Ordering::SeqCst);
+        match self.handing_to() {
+            None => Ok(WriteTicket(&self.writes_in_flight)),
+            Some(target) => {
+                self.writes_in_flight.fetch_sub(1, Ordering::SeqCst);
+                Err(target)
+            }
         }
     }
 
