@@ -249,7 +249,8 @@ async fn heal_and_catchup_verbs() {
 
 /// `promote` hands leadership to the named voter (sent to any node: followers forward it), a dry
 /// run changes nothing, bad targets are refused; acknowledged writes survive the transfer and the old
-/// leader follows. A linearizable read sent to a follower is answered by the leader after a quorum
+/// leader follows; an Idempotency-Key retry answered by the new leader returns the first result. A
+/// linearizable read sent to a follower is answered by the leader after a quorum
 /// confirmed it and sees every write acknowledged before it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn promote_hands_over_and_linearizable_reads_see_acknowledged_writes() {
@@ -262,7 +263,7 @@ async fn promote_hands_over_and_linearizable_reads_see_acknowledged_writes() {
     let followers = cluster.followers_of(l);
     let (f, o) = (followers[0], followers[1]);
     let (l_id, f_id) = (cluster.spec.nodes[l].id.0, cluster.spec.nodes[f].id.0);
-    let first = cluster.client(l).put_item(1, json!({"before": true}), None).await.unwrap();
+    let first = cluster.client(l).put_item(1, json!({"before": true}), Some("promote-key")).await.unwrap();
     let post = |index: usize, path: String| {
         let client = cluster.client(index).clone();
         async move { client.json::<(), serde_json::Value>(reqwest::Method::POST, &path, None).await }
@@ -294,6 +295,10 @@ async fn promote_hands_over_and_linearizable_reads_see_acknowledged_writes() {
     assert_eq!(cluster.leader().await, f, "the cluster does not follow the promoted node");
     let item = cluster.client(f).get_item(1).await.unwrap();
     assert_eq!(item.metadata, json!({"before": true}), "an acknowledged write was lost in the transfer");
+    // The Idempotency-Key window rides the log: the retry, answered by the new leader, returns the
+    // first result instead of writing again.
+    let retried = cluster.client(o).put_item(1, json!({"before": true}), Some("promote-key")).await.unwrap();
+    assert_eq!(retried.seqno, first.seqno, "a retry after the transfer wrote twice");
     // The old leader now forwards writes to the new one.
     let second = cluster.client(l).put_item(2, json!({"after": true}), None).await.unwrap();
     assert!(second.seqno > first.seqno);
