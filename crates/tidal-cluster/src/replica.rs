@@ -18,8 +18,10 @@
 
 mod office;
 mod promote;
+mod reconcile;
 
 pub use promote::{PromoteError, PromoteReport, WriteTicket};
+pub use reconcile::{PeerReconcile, RECONCILE_INTERVAL};
 
 use crate::applier::ApplierSender;
 use crate::commit_state::CommitState;
@@ -398,6 +400,7 @@ impl Replica {
         }
         tokio::spawn(self.clone().watch_control(control));
         tokio::spawn(self.clone().save_commit_hints());
+        tokio::spawn(self.clone().reconcile_loop());
         Ok(())
     }
 
@@ -1034,6 +1037,14 @@ impl tidal_net::Handler for ReplicaService {
 
     async fn snapshot(&self, request: SnapshotRequest) -> Result<SnapshotStream, tonic::Status> {
         self.0.snapshots.serve(request)
+    }
+
+    async fn negatives(
+        &self,
+        after_user: String,
+        limit: u32,
+    ) -> Result<tidal_net::NegativesPage, tonic::Status> {
+        self.0.serve_negatives(after_user, limit).await.map_err(tonic::Status::internal)
     }
 
     async fn elect(&self, term: u64, leader: u64) -> Result<Result<(), String>, tonic::Status> {

@@ -525,6 +525,25 @@ impl TidalDb {
         Ok(users)
     }
 
+    /// Up to `limit` users' hard negatives states with user names after `after` (ascending), for
+    /// anti-entropy pages.
+    pub fn negatives_page(&self, after: &str, limit: usize) -> Result<Vec<(String, NegativesState)>, Error> {
+        let mut page = Vec::new();
+        // The first key after `after` is `after` followed by a zero byte.
+        let mut from = after.as_bytes().to_vec();
+        if !from.is_empty() {
+            from.push(0);
+        }
+        for guard in self.stores.negatives.range(from..).take(limit) {
+            let (key, value) = guard.into_inner()?;
+            let user = std::str::from_utf8(&key).map_err(|_| corrupt("negatives", "user is not UTF-8"))?;
+            let state = NegativesState::from_bytes(&value)
+                .map_err(|reason| Error::Corrupt { keyspace: "negatives", reason })?;
+            page.push((user.to_owned(), state));
+        }
+        Ok(page)
+    }
+
     /// BLAKE3 over the canonical log-derived state, with the applied seqno it was taken at. Two
     /// replicas that applied the same log have equal digests. Excludes hard negatives.
     ///

@@ -115,6 +115,22 @@ impl Peer {
         Ok(if reply.started { Ok(()) } else { Err(reply.reason) })
     }
 
+    /// A page of the peer's hard-negatives states after `after_user` (`limit` 0: only its digest).
+    pub async fn negatives(
+        &self,
+        after_user: &str,
+        limit: u32,
+    ) -> Result<crate::server::NegativesPage, NetError> {
+        let mut request = tonic::Request::new(pb::NegativesRequest {
+            cluster_id: self.cluster_id.clone(),
+            after_user: after_user.to_string(),
+            limit,
+        });
+        request.set_timeout(SHIP_TIMEOUT);
+        let reply = self.client.clone().negatives(request).await?.into_inner();
+        Ok((reply.digest, reply.entries.into_iter().map(|e| (e.user, e.state)).collect()))
+    }
+
     /// Probes the peer for its last durable position in `probe.term`.
     pub async fn probe(&self, probe: &Probe, timeout: Duration) -> Result<ProbeReply, NetError> {
         let mut request = tonic::Request::new(pb::ProbeRequest::from(probe));

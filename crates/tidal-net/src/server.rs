@@ -21,6 +21,13 @@ pub type ChunkStream = Pin<Box<dyn Stream<Item = Result<Chunk, Status>> + Send +
 /// A stream of snapshot chunks.
 pub type SnapshotStream = Pin<Box<dyn Stream<Item = Result<SnapshotChunk, Status>> + Send + 'static>>;
 
+/// Most users' states in one hard-negatives page.
+pub const NEGATIVES_PAGE_MAX: u32 = 1024;
+
+/// A page of hard-negatives states: the serving node's negatives digest and `(user, encoded
+/// state)` pairs.
+pub type NegativesPage = (Vec<u8>, Vec<(String, Vec<u8>)>);
+
 /// What a node does with replication requests. Refusals are answers (in [`ShipAnswer`]), not
 /// errors; an `Err` is for requests the node cannot serve at all.
 #[tonic::async_trait]
@@ -45,6 +52,10 @@ pub trait Handler: Send + Sync + 'static {
     /// is a refusal: the node did not start an election.
     async fn elect(&self, _term: u64, _leader: u64) -> Result<Result<(), String>, Status> {
         Err(Status::unimplemented("this node runs no control plane"))
+    }
+    /// A page of hard-negatives states for anti-entropy: `(digest, [(user, encoded state)])`.
+    async fn negatives(&self, _after_user: String, _limit: u32) -> Result<NegativesPage, Status> {
+        Err(Status::unimplemented("this node serves no hard negatives"))
     }
     /// A snapshot request from a follower behind our purge point: the chunks of a snapshot of our
     /// state (tidal-cluster's `SnapshotSource::serve`). A node that serves none keeps the default.
@@ -139,6 +150,20 @@ impl<H: Handler> Replication for Service<H> {
             Err(reason) => pb::ElectReply { started: false, reason },
         };
         Ok(Response::new(reply))
+    }
+
+    async fn negatives(
+        &self,
+        request: Request<pb::NegativesRequest>,
+    ) -> Result<Response<pb::NegativesReply>, Status> {
+        let request = request.into_inner();
+        self.check_cluster(&request.cluster_id)?;
+        if request.limit > NEGATIVES_PAGE_MAX {
+            return Err(invalid(format!("negatives page limit {} over {NEGATIVES_PAGE_MAX}", request.limit)));
+        }
+        let (digest, entries) = self.handler.negatives(request.after_user, request.limit).await?;
+        let entries = entries.into_iter().map(|(user, state)| pb::NegativesEntry { user, state }).collect();
+        Ok(Response::new(pb::NegativesReply { entries, digest }))
     }
 
     async fn raft(&self, request: Request<pb::RaftRequest>) -> Result<Response<pb::RaftReply>, Status> {

@@ -22,10 +22,9 @@ use tidal_core::{Records, SignalEvent};
 use tidal_types::{
     Accepted, ClusterStatus, DigestView, EmbeddingView, ErrorCode, ItemPut, ItemView, NegativeAdd,
     NegativesView, NodeStatus, RankedItem, RankedList, SignalsRequest, WriteReply, RESERVED_PREFIX,
+    USER_BYTES_MAX,
 };
 
-/// Longest user id, in bytes.
-const USER_BYTES_MAX: usize = 256;
 /// Largest metadata document, in bytes: metadata is a catalogue entry, not a blob store.
 const METADATA_BYTES_MAX: usize = 1024 * 1024;
 /// Largest `limit` on ranked reads.
@@ -162,6 +161,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/cluster/heal", post(post_heal))
         .route("/cluster/catchup", post(post_catchup))
         .route("/cluster/promote", post(post_promote))
+        .route("/cluster/reconcile", post(post_reconcile))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
@@ -740,6 +740,29 @@ async fn post_promote(
         "dry_run": dry_run,
         "action": report.action,
     })))
+}
+
+async fn post_reconcile(
+    State(state): State<Arc<AppState>>,
+    RawQuery(query): RawQuery,
+) -> AppResult<Json<serde_json::Value>> {
+    let replica = cluster_replica(&state)?;
+    let dry_run = query_param(&query, "dry_run") == Some("true");
+    let peers: Vec<serde_json::Value> = replica
+        .reconcile(dry_run)
+        .await
+        .into_iter()
+        .map(|peer| {
+            serde_json::json!({
+                "node": peer.node.0,
+                "differed": peer.differed,
+                "merged_users": peer.merged_users,
+                "refused": peer.refused,
+                "outcome": peer.outcome,
+            })
+        })
+        .collect();
+    Ok(Json(serde_json::json!({"node": replica.me().0, "dry_run": dry_run, "peers": peers})))
 }
 
 async fn post_catchup(State(state): State<Arc<AppState>>) -> AppResult<Json<serde_json::Value>> {

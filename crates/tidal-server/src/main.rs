@@ -39,6 +39,14 @@ enum Command {
         #[arg(long)]
         dry_run: bool,
     },
+    /// Reconcile hard negatives (the CRDT outside the log) between the node at --url and every peer now.
+    Reconcile {
+        #[command(flatten)]
+        verb: tidal_server::ops::VerbArgs,
+        /// Only compare digests, merge nothing.
+        #[arg(long)]
+        dry_run: bool,
+    },
     /// Hand leadership to another voter (leadership transfer); any node forwards it to the leader.
     Promote {
         #[command(flatten)]
@@ -72,6 +80,7 @@ fn main() -> anyhow::Result<()> {
         Command::Heal { verb, node, dry_run } => {
             runtime.block_on(tidal_server::ops::heal(verb, node, dry_run))
         }
+        Command::Reconcile { verb, dry_run } => runtime.block_on(tidal_server::ops::reconcile(verb, dry_run)),
         Command::Promote { verb, node, dry_run } => {
             runtime.block_on(tidal_server::ops::promote(verb, node, dry_run))
         }

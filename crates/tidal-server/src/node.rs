@@ -86,8 +86,12 @@ impl Node {
         std::fs::create_dir_all(&config.data_dir)
             .with_context(|| format!("create data dir {}", config.data_dir.display()))?;
         let lock = lock_data_dir(&config.data_dir)?;
-        let db =
-            TidalDb::open(&config.data_dir.join("state"), engine_config(&config)).context("open engine")?;
+        let mut engine = engine_config(&config);
+        engine.node_actor = (
+            config.cluster.as_ref().map_or(1, |membership| membership.me.0),
+            incarnation(&config.data_dir).context("read or create the CRDT incarnation")?,
+        );
+        let db = TidalDb::open(&config.data_dir.join("state"), engine).context("open engine")?;
         let db = Arc::new(db);
         let (applier, sender) = Applier::spawn(db.clone()).context("start applier")?;
         // An install interrupted by a crash is finished below, before replay: the engine will then
@@ -521,6 +525,47 @@ fn engine_config(config: &ServeConfig) -> EngineConfig {
         overlay_bytes_max: config.engine_overlay_bytes_max,
         ..EngineConfig::default()
     }
+}
+
+/// Name of the file holding this data dir's CRDT incarnation.
+const INCARNATION_FILE: &str = "incarnation";
+
+/// This node's incarnation in the hard-negatives CRDT (its actor is `(node id, incarnation)`): read
+/// from `data_dir/incarnation`, or drawn anew when the state is fresh (a wiped data dir must never
+/// reuse a dot it issued before: peers already saw those dots and would drop new items under them).
+/// Drawn from the time, the process id and the path through BLAKE3; persisted write-then-rename,
+/// fsynced, before the engine opens.
+fn incarnation(data_dir: &std::path::Path) -> anyhow::Result<u64> {
+    use std::io::Write;
+    let path = data_dir.join(INCARNATION_FILE);
+    let fresh_state = !data_dir.join("state").exists();
+    if !fresh_state {
+        if let Ok(text) = std::fs::read_to_string(&path) {
+            return text
+                .trim()
+                .parse::<u64>()
+                .with_context(|| format!("{} does not hold an unsigned integer", path.display()));
+        }
+    }
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |elapsed| elapsed.as_nanos());
+    let mut hasher = blake3::Hasher::new();
+    hasher.update(&nanos.to_le_bytes());
+    hasher.update(&std::process::id().to_le_bytes());
+    hasher.update(data_dir.as_os_str().as_encoded_bytes());
+    let hash = hasher.finalize();
+    let mut first = [0u8; 8];
+    first.copy_from_slice(&hash.as_bytes()[..8]);
+    let incarnation = u64::from_le_bytes(first).max(1);
+    let temp = data_dir.join(format!("{INCARNATION_FILE}.tmp"));
+    let mut file = File::create(&temp).with_context(|| format!("create {}", temp.display()))?;
+    writeln!(file, "{incarnation}")?;
+    file.sync_all()?;
+    std::fs::rename(&temp, &path).with_context(|| format!("rename to {}", path.display()))?;
+    File::open(data_dir)?.sync_all()?;
+    tracing::info!(incarnation, "new CRDT incarnation for a fresh state");
+    Ok(incarnation)
 }
 
 fn lock_data_dir(dir: &std::path::Path) -> anyhow::Result<File> {

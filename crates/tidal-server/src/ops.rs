@@ -126,6 +126,18 @@ pub async fn promote(args: VerbArgs, node: u64, dry_run: bool) -> anyhow::Result
     Ok(())
 }
 
+/// `tidal reconcile [--dry-run]`: the node at `--url` reconciles its hard negatives with every peer.
+pub async fn reconcile(args: VerbArgs, dry_run: bool) -> anyhow::Result<()> {
+    let client = Client::new(args.url.clone(), args.token);
+    let path = format!("/cluster/reconcile{}", if dry_run { "?dry_run=true" } else { "" });
+    let reply: serde_json::Value = client
+        .json::<(), _>(reqwest::Method::POST, &path, None)
+        .await
+        .with_context(|| format!("POST {path}"))?;
+    println!("{}", serde_json::to_string_pretty(&reply)?);
+    Ok(())
+}
+
 fn local_clients(dir: &Path) -> anyhow::Result<Vec<(u64, Client)>> {
     let membership = crate::config::load_cluster(&dir.join("cluster.toml"), 1).with_context(|| {
         format!("no local cluster in {} (run `tidal cluster up --dir` first)", dir.display())

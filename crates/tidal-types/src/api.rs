@@ -3,6 +3,10 @@
 
 use serde::{Deserialize, Serialize};
 
+/// Longest user name the API accepts (bytes); also the bound on names a peer sends in
+/// hard-negatives anti-entropy.
+pub const USER_BYTES_MAX: usize = 256;
+
 /// Error codes of the contract. The string form is what clients match on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum ErrorCode {
