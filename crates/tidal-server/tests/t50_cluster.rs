@@ -394,6 +394,16 @@ async fn reconcile_converges_hard_negatives_added_on_different_nodes() {
             .unwrap();
         assert_eq!(u2.items, vec![7], "node {i}");
     }
+    // The RPC refuses an oversize page, and an Elect for a term that is not the node's starts nothing.
+    let node = &cluster.spec.nodes[0];
+    let peer =
+        tidal_net::Peer::connect_lazy(&node.rpc, &cluster.spec.secret, &cluster.spec.cluster_id).unwrap();
+    let oversize = peer.negatives("", tidal_net::NEGATIVES_PAGE_MAX + 1).await.unwrap_err();
+    assert!(oversize.to_string().contains("limit"), "{oversize}");
+    let page = peer.negatives("u1", 10).await.unwrap().1;
+    assert_eq!(page.iter().map(|(user, _)| user.as_str()).collect::<Vec<_>>(), vec!["u2"], "page after u1");
+    let refused = peer.elect(u64::MAX, 2).await.unwrap();
+    assert!(refused.is_err(), "an Elect for a foreign term started an election");
     let same_now = post(0, "/cluster/reconcile".into(), None).await.unwrap();
     assert!(
         same_now["peers"].as_array().unwrap().iter().all(|p| p["differed"] == json!(false)),
