@@ -159,7 +159,7 @@ pub fn start_node(dir: &Path, id: u64) -> anyhow::Result<u32> {
         .append(true)
         .open(dir.join(format!("{name}.log")))
         .context("open node log")?;
-    let child = Command::new(&exe)
+    let mut child = Command::new(&exe)
         .arg("serve")
         .arg("--cluster")
         .arg(dir.join("cluster.toml"))
@@ -171,8 +171,17 @@ pub fn start_node(dir: &Path, id: u64) -> anyhow::Result<u32> {
         .stderr(log)
         .spawn()
         .with_context(|| format!("start {name}"))?;
-    std::fs::write(dir.join(format!("{name}.pid")), child.id().to_string()).context("write pid file")?;
-    Ok(child.id())
+    let pid = child.id();
+    std::fs::write(dir.join(format!("{name}.pid")), pid.to_string()).context("write pid file")?;
+    // Reap the child when it exits, so a long-lived caller (gates, demo) leaves no zombie that
+    // `stop` would wait for; `cluster up` exits at once and init adopts its children instead.
+    std::thread::Builder::new()
+        .name(format!("reap-{name}"))
+        .spawn(move || {
+            let _ = child.wait();
+        })
+        .context("start the reaper thread")?;
+    Ok(pid)
 }
 
 /// Polls `GET /readyz` of node `id` (HTTP address `http`) until it answers 200 or `timeout` passes.

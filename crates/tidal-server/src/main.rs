@@ -59,7 +59,13 @@ fn main() -> anyhow::Result<()> {
     match cli.command {
         Command::Serve(args) => runtime.block_on(serve(args)),
         Command::Bench(args) => runtime.block_on(bench::run(args)),
-        Command::Gates(args) => runtime.block_on(tidal_server::gates::run(args)),
+        Command::Gates(args) => {
+            if !runtime.block_on(tidal_server::gates::run(args))? {
+                // The gate lines already say which failed; the status tells scripts and make.
+                std::process::exit(1);
+            }
+            Ok(())
+        }
         Command::Demo(args) => runtime.block_on(tidal_server::demo::run(args)),
         Command::Cluster(command) => runtime.block_on(tidal_server::cluster_cmd::run(command)),
         Command::Status(verb) => runtime.block_on(tidal_server::ops::status(verb)),
