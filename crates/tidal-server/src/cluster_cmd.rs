@@ -149,6 +149,21 @@ pub async fn start(
     Ok((membership, started))
 }
 
+/// The first port base from `preferred` on (in steps of 1000) whose HTTP and RPC ports for `nodes`
+/// nodes are all free right now, for commands that make a throwaway cluster (gates, demo). Another
+/// process may still take a port before the nodes bind it; the nodes then fail to start, loudly.
+pub fn free_port_base(preferred: u16, nodes: u16) -> anyhow::Result<u16> {
+    let free = |port: u16| std::net::TcpListener::bind(("127.0.0.1", port)).is_ok();
+    let mut base = preferred;
+    while base <= 65_000 - RPC_PORT_OFFSET - nodes {
+        if (0..nodes).all(|i| free(base + i) && free(base + RPC_PORT_OFFSET + i)) {
+            return Ok(base);
+        }
+        base += 1000;
+    }
+    anyhow::bail!("no free loopback ports from {preferred} on")
+}
+
 /// Starts node `id` of the local cluster in `dir` (its cluster file must exist) as a `tidal serve`
 /// process: log in `nN.log` (appended to, so a restart keeps the history), pid in `nN.pid`.
 pub fn start_node(dir: &Path, id: u64) -> anyhow::Result<u32> {

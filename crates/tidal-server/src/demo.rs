@@ -20,7 +20,7 @@ const POLL_INTERVAL: Duration = Duration::from_millis(20);
 /// `tidal demo` options.
 #[derive(Clone, Debug, clap::Args)]
 pub struct DemoArgs {
-    /// HTTP port of node 1 (the demo's 3 nodes use base..base+2, RPC 100 higher).
+    /// HTTP port of node 1 (nodes use base..base+2, RPC 100 higher); if taken, the next free base 1000 up.
     #[arg(long, default_value_t = 26070)]
     pub port_base: u16,
     /// Keep the cluster folder (data dirs and logs) afterwards.
@@ -54,6 +54,7 @@ fn say(line: &str) {
 
 async fn tour(dir: &Path, port_base: u16) -> anyhow::Result<()> {
     step("1 start", &format!("a 3-node cluster on loopback in {}", dir.display()));
+    let port_base = cluster_cmd::free_port_base(port_base, 3)?;
     let (membership, started) = cluster_cmd::start(3, dir, port_base).await?;
     for (name, pid) in &started {
         say(&format!("{name}: pid {}", pid.map_or("?".into(), |pid| pid.to_string())));

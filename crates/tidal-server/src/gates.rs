@@ -52,7 +52,7 @@ pub struct GatesArgs {
     /// Keep the cluster folder afterwards (for reading the node logs).
     #[arg(long, env = "GATE_KEEP")]
     pub keep: bool,
-    /// HTTP port of node 1 (RPC ports are 100 higher).
+    /// HTTP port of node 1 (RPC ports are 100 higher); if any is taken, the next free base 1000 up.
     #[arg(long, env = "GATE_PORT_BASE", default_value_t = 25070)]
     pub port_base: u16,
     /// read-anywhere: writes measured (each read back on every node).
@@ -167,7 +167,8 @@ async fn run_on_cluster(
     dir: &Path,
     selected: &dyn Fn(&str) -> bool,
 ) -> anyhow::Result<Vec<Verdict>> {
-    let (membership, _) = cluster_cmd::start(3, dir, args.port_base).await.context("start the cluster")?;
+    let port_base = cluster_cmd::free_port_base(args.port_base, 3)?;
+    let (membership, _) = cluster_cmd::start(3, dir, port_base).await.context("start the cluster")?;
     let nodes: Vec<(u64, String)> =
         membership.spec.nodes.iter().map(|node| (node.id.0, format!("http://{}", node.http))).collect();
     let mut verdicts = Vec::new();
