@@ -83,6 +83,9 @@ bench-peers: build
 	$(TIDAL) bench --url http://127.0.0.1:27070 --workload signals --batch 100 --concurrency 16 --seconds $(BENCH_SECONDS) | tee -a $(REPORT_DIR)/tidal-bench.md
 	$(TIDAL) cluster down --dir $(REPORT_DIR)/cluster
 	-GATES=replication-lag,heal-100k GATE_DOWN_SECONDS=0 $(TIDAL) gates --anchors $(ANCHORS) --anchors-work $(ANCHORS_WORK) --results $(REPORT_DIR)/tidal-gates.txt
+	bash $(ANCHORS_WORK)/anchors/setup.sh
+	# setup.sh's `import redis` check passes inside the anchors folder (its redis/ script folder); check from /.
+	cd / && $(abspath $(ANCHORS_WORK))/anchors/.venv/bin/python -c 'import redis.client' || $(abspath $(ANCHORS_WORK))/anchors/.venv/bin/pip install -q 'redis>=5,<9'
 	bash $(ANCHORS_WORK)/anchors/run-all.sh redis postgres nats etcd
 	python3 bench/peer_report.py --tidal-bench $(REPORT_DIR)/tidal-bench.md --tidal-gates $(REPORT_DIR)/tidal-gates.txt --anchors $(ANCHORS_WORK)/anchors/results --out $(REPORT_DIR)
 

@@ -284,7 +284,8 @@ async fn drive(client: &Client, args: &BenchArgs) -> anyhow::Result<Report> {
     // and reads every node.
     let followers: Vec<Client> =
         args.followers.iter().map(|url| Client::new(url.clone(), args.token.clone())).collect();
-    let everyone: Arc<Vec<Client>> = Arc::new(std::iter::once(client.clone()).chain(followers.clone()).collect());
+    let everyone: Arc<Vec<Client>> =
+        Arc::new(std::iter::once(client.clone()).chain(followers.clone()).collect());
     let followers = Arc::new(followers);
     let mut workers = Vec::new();
     for worker in 0..args.concurrency {

@@ -91,7 +91,9 @@ async fn up(nodes: u64, dir: &Path, port_base: u16) -> anyhow::Result<()> {
     let (membership, started) = start(nodes, dir, port_base).await?;
     for (name, pid) in started {
         match pid {
-            Some(pid) => println!("{name}: started (pid {pid}), log {}", dir.join(format!("{name}.log")).display()),
+            Some(pid) => {
+                println!("{name}: started (pid {pid}), log {}", dir.join(format!("{name}.log")).display())
+            }
             None => println!("{name}: already running"),
         }
     }

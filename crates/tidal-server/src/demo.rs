@@ -69,10 +69,14 @@ async fn tour(dir: &Path, port_base: u16) -> anyhow::Result<()> {
     say(&format!("every node is ready; openraft elected n{leader} leader (quorum durability)"));
 
     let follower = nodes.iter().map(|(id, _)| *id).find(|id| *id != leader).context("no follower")?;
-    step("2 write", &format!("PUT item 1 on the leader n{leader}, item 2 on follower n{follower} (it forwards)"));
+    step(
+        "2 write",
+        &format!("PUT item 1 on the leader n{leader}, item 2 on follower n{follower} (it forwards)"),
+    );
     let first = client(&nodes, leader).put_item(1, serde_json::json!({"title": "hello"}), None).await?;
     say(&format!("n{leader} acknowledged item 1 at seqno {} (fsynced on a majority, applied)", first.seqno));
-    let second = client(&nodes, follower).put_item(2, serde_json::json!({"title": "via a follower"}), None).await?;
+    let second =
+        client(&nodes, follower).put_item(2, serde_json::json!({"title": "via a follower"}), None).await?;
     say(&format!("n{follower} forwarded item 2; acknowledged at seqno {}", second.seqno));
 
     step("3 replicate", "read both items on every node with min_seqno (read-your-writes anywhere)");
@@ -102,7 +106,8 @@ async fn tour(dir: &Path, port_base: u16) -> anyhow::Result<()> {
 
     step("5 restart", &format!("start n{leader} again on its data dir"));
     let pid = cluster_cmd::start_node(dir, leader)?;
-    let http = membership.spec.node(tidal_types::NodeId(leader)).context("node in the cluster file")?.http.clone();
+    let http =
+        membership.spec.node(tidal_types::NodeId(leader)).context("node in the cluster file")?.http.clone();
     cluster_cmd::wait_ready(dir, leader, &http, STEP_TIMEOUT).await?;
     let rejoined = client(&nodes, leader).status().await?;
     say(&format!(
@@ -112,7 +117,10 @@ async fn tour(dir: &Path, port_base: u16) -> anyhow::Result<()> {
         rejoined.leader_id.map_or("?".into(), |id| id.to_string())
     ));
 
-    step("6 heal", &format!("tidal heal --node {leader}: the leader nudges n{leader} to pull the log it missed"));
+    step(
+        "6 heal",
+        &format!("tidal heal --node {leader}: the leader nudges n{leader} to pull the log it missed"),
+    );
     let path = format!("/cluster/heal?node={leader}");
     let healed: serde_json::Value =
         client(&nodes, new_leader).json::<(), _>(reqwest::Method::POST, &path, None).await.context("heal")?;
@@ -164,7 +172,10 @@ async fn write_until_acked(
                 return Ok((*id, reply));
             }
         }
-        anyhow::ensure!(since.elapsed() < STEP_TIMEOUT, "no node acknowledged a write within {STEP_TIMEOUT:?}");
+        anyhow::ensure!(
+            since.elapsed() < STEP_TIMEOUT,
+            "no node acknowledged a write within {STEP_TIMEOUT:?}"
+        );
         tokio::time::sleep(POLL_INTERVAL).await;
     }
 }

@@ -133,8 +133,7 @@ pub async fn run(args: GatesArgs) -> anyhow::Result<bool> {
     for name in &args.only {
         anyhow::ensure!(GATE_NAMES.contains(&name.as_str()), "unknown gate {name:?}; gates: {GATE_NAMES:?}");
     }
-    let selected =
-        |name: &str| args.only.is_empty() || args.only.iter().any(|only| only == name);
+    let selected = |name: &str| args.only.is_empty() || args.only.iter().any(|only| only == name);
     let parent = args.tmp.clone().unwrap_or_else(std::env::temp_dir);
     let folder = tempfile::Builder::new()
         .prefix("tidal-gates")
@@ -222,7 +221,10 @@ fn value(key: &str, value: impl ToString) -> (String, String) {
 
 /// A write on each node in turn (followers forward), read back with `min_seqno` on every node.
 async fn read_anywhere(args: &GatesArgs, nodes: &[(u64, String)], goal: &str) -> anyhow::Result<Verdict> {
-    eprintln!("gates: read-anywhere: {} writes, round robin over every node, each read on every node", args.samples);
+    eprintln!(
+        "gates: read-anywhere: {} writes, round robin over every node, each read on every node",
+        args.samples
+    );
     let bench = BenchArgs {
         url: nodes[0].1.clone(),
         followers: nodes[1..].iter().map(|(_, url)| url.clone()).collect(),
@@ -263,8 +265,12 @@ async fn read_anywhere(args: &GatesArgs, nodes: &[(u64, String)], goal: &str) ->
 /// anchor's lag measurement and compares the p99s.
 async fn replication_lag(args: &GatesArgs, nodes: &[(u64, String)]) -> anyhow::Result<Verdict> {
     let leader = leader_url(nodes, Duration::from_secs(30)).await?;
-    let followers: Vec<String> = nodes.iter().filter(|(_, url)| *url != leader).map(|(_, url)| url.clone()).collect();
-    eprintln!("gates: replication-lag: maximum rate probe, {} s of 64 concurrent item writes", args.rate_seconds);
+    let followers: Vec<String> =
+        nodes.iter().filter(|(_, url)| *url != leader).map(|(_, url)| url.clone()).collect();
+    eprintln!(
+        "gates: replication-lag: maximum rate probe, {} s of 64 concurrent item writes",
+        args.rate_seconds
+    );
     let probe = bench::measure(&BenchArgs {
         url: leader.clone(),
         workload: Workload::Items,
@@ -305,7 +311,12 @@ async fn replication_lag(args: &GatesArgs, nodes: &[(u64, String)]) -> anyhow::R
     };
     let (load, lag) = tokio::join!(bench::measure(&load), bench::measure(&samples));
     let (load, lag) = (load?, lag?);
-    anyhow::ensure!(lag.errors == 0 && lag.requests > 0, "{} errors in {} lag samples", lag.errors, lag.requests);
+    anyhow::ensure!(
+        lag.errors == 0 && lag.requests > 0,
+        "{} errors in {} lag samples",
+        lag.errors,
+        lag.requests
+    );
     let mut values = vec![
         value("max_rate", format!("{max_rate:.0}")),
         value("max_rate_p50_ms", format!("{:.3}", probe.p50_ms)),
@@ -387,7 +398,10 @@ async fn redis_lag(anchors: &Path, work: &Path) -> anyhow::Result<RedisLag> {
             anchors.display()
         );
     }
-    eprintln!("gates: replication-lag: Redis anchor (setup, then PHASES=lag redis/run.sh) in {}", copy.display());
+    eprintln!(
+        "gates: replication-lag: Redis anchor (setup, then PHASES=lag redis/run.sh) in {}",
+        copy.display()
+    );
     let mut setup = std::process::Command::new("bash");
     setup.arg(copy.join("setup.sh"));
     let setup = output(setup).await.context("run setup.sh")?;
@@ -396,6 +410,7 @@ async fn redis_lag(anchors: &Path, work: &Path) -> anyhow::Result<RedisLag> {
         "anchors setup.sh failed: {}",
         String::from_utf8_lossy(&setup.stderr).lines().last().unwrap_or("")
     );
+    ensure_redis_py(&copy).await?;
     let mut run = std::process::Command::new("bash");
     run.arg(copy.join("redis").join("run.sh")).env("PHASES", "lag");
     let run = output(run).await.context("run redis/run.sh")?;
@@ -424,6 +439,27 @@ async fn redis_lag(anchors: &Path, work: &Path) -> anyhow::Result<RedisLag> {
         p99_ms: field("vis_after_ack_p99_ms")?.parse().context("parse vis_after_ack_p99_ms")?,
         load_cmds_per_s: field("primary_cmds_per_s_during")?,
     })
+}
+
+/// Installs redis-py into the anchors' venv if it is missing. setup.sh checks for it with
+/// `python -c 'import redis'` from inside the anchors folder, where the `redis/` script folder
+/// itself satisfies that import, so on a fresh copy it never installs the client; check from `/`.
+async fn ensure_redis_py(copy: &Path) -> anyhow::Result<()> {
+    let venv = std::fs::canonicalize(copy.join(".venv").join("bin")).context("find the anchors' venv")?;
+    let mut check = std::process::Command::new(venv.join("python"));
+    check.args(["-c", "import redis.client"]).current_dir("/");
+    if output(check).await.context("run the venv's python")?.status.success() {
+        return Ok(());
+    }
+    let mut install = std::process::Command::new(venv.join("pip"));
+    install.args(["install", "-q", "redis>=5,<9"]);
+    let installed = output(install).await.context("run pip")?;
+    anyhow::ensure!(
+        installed.status.success(),
+        "pip install redis failed: {}",
+        String::from_utf8_lossy(&installed.stderr).lines().last().unwrap_or("")
+    );
+    Ok(())
 }
 
 /// Runs a command to completion off the async threads and collects its output.
@@ -496,7 +532,8 @@ async fn heal(args: &GatesArgs, dir: &Path, nodes: &[(u64, String)], goal: &str)
     let install_failures = metric(&metrics, "tidal_snapshot_install_failures_total").unwrap_or(f64::NAN);
     let wal_batches = metric(&metrics, "tidal_wal_batches_total").unwrap_or(0.0);
     let heal_calls = heal_calls(&leader_url).await? - heal_calls_before;
-    let quarantined = follower_client.status().await.context("follower status")?.quarantine_files - quarantine_before;
+    let quarantined =
+        follower_client.status().await.context("follower status")?.quarantine_files - quarantine_before;
     let items = load.requests - load.errors;
     let seconds = converged.as_secs_f64();
     let pass = digests_equal
@@ -553,7 +590,8 @@ async fn digests_agree(a: &Client, b: &Client, timeout: Duration) -> anyhow::Res
 /// Leader SIGKILL -> first acknowledged write, over the failover benchmark's rounds.
 async fn failover(args: &GatesArgs, dir: &Path, goal: &str) -> anyhow::Result<Verdict> {
     eprintln!("gates: failover: {} rounds of leader SIGKILL", args.failover_rounds);
-    let mut gaps = crate::ops::failover_rounds(dir, args.failover_rounds, |line| eprintln!("gates: {line}")).await?;
+    let mut gaps =
+        crate::ops::failover_rounds(dir, args.failover_rounds, |line| eprintln!("gates: {line}")).await?;
     gaps.sort();
     let pick = |q: f64| gaps[((gaps.len() as f64 - 1.0) * q).round() as usize];
     let (p50, p99, max) = (pick(0.5), pick(0.99), gaps[gaps.len() - 1]);
@@ -612,7 +650,9 @@ async fn heal_calls(url: &str) -> anyhow::Result<f64> {
     let text = fetch_metrics(url).await?;
     Ok(text
         .lines()
-        .filter(|line| line.starts_with("tidal_http_requests_total{") && line.contains("route=\"/cluster/heal\""))
+        .filter(|line| {
+            line.starts_with("tidal_http_requests_total{") && line.contains("route=\"/cluster/heal\"")
+        })
         .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
         .sum())
 }
