@@ -284,3 +284,19 @@ pub fn stop(dir: &Path, say: impl Fn(String)) -> anyhow::Result<usize> {
     }
     Ok(stopped)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn free_port_base_skips_a_taken_port() {
+        let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = taken.local_addr().unwrap().port();
+        // Either a base 1000 up, or no room left above it; never the taken port.
+        if let Ok(base) = free_port_base(port, 1) {
+            assert_ne!(base, port, "port {port} is bound, yet it was chosen");
+            assert_eq!((base - port) % 1000, 0, "bases step by 1000: {port} -> {base}");
+        }
+    }
+}
