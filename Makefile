@@ -1,8 +1,14 @@
 # Tidal: build, test, bench. `make verify` is the read-only gate CI runs; `make fix` mutates.
 CARGO ?= cargo
 BENCH_SECONDS ?= 10
+# The binary cargo builds (CARGO_TARGET_DIR moves it).
+TIDAL ?= $(or $(CARGO_TARGET_DIR),target)/release/tidal
+# The peer anchors (read only; gates and bench-peers run a writable copy under ANCHORS_WORK).
+ANCHORS ?= ../shared/anchors
+ANCHORS_WORK ?= target/anchors-work
+REPORT_DIR ?= target/bench-report
 
-.PHONY: build run down single test model-check verify fix lint bench bench-wal bench-feed bench-cluster clean
+.PHONY: build run down single test model-check verify fix lint bench bench-wal bench-feed bench-cluster bench-peers gates demo clean
 
 build:
 	$(CARGO) build --release --bin tidal
@@ -10,14 +16,14 @@ build:
 # The quick start: a local 3-node cluster on loopback (data, logs and the cluster file in
 # ./tidal-cluster; HTTP on 127.0.0.1:7070-7072). Stop it with `make down`.
 run: build
-	./target/release/tidal cluster up --nodes 3 --dir ./tidal-cluster
+	$(TIDAL) cluster up --nodes 3 --dir ./tidal-cluster
 
 down:
-	./target/release/tidal cluster down --dir ./tidal-cluster
+	$(TIDAL) cluster down --dir ./tidal-cluster
 
 # One node on its defaults (data in ./tidal-data, HTTP on 127.0.0.1:7070).
 single: build
-	./target/release/tidal serve
+	$(TIDAL) serve
 
 # Every test in the workspace (unit, crate integration, recovery, golden fixture, HTTP end to end).
 test:
@@ -38,18 +44,50 @@ fix:
 	$(CARGO) fmt --all
 	$(CARGO) clippy --workspace --all-targets --fix --allow-dirty -- -D warnings
 
-# Benchmarks print numbers; tests never time anything.
-bench: build bench-wal bench-feed bench-cluster
-	./target/release/tidal bench --spawn --workload signals --batch 1000 --concurrency 16 --seconds $(BENCH_SECONDS)
-	./target/release/tidal bench --spawn --workload items --concurrency 64 --seconds $(BENCH_SECONDS)
-	./target/release/tidal bench --spawn --workload embeddings --concurrency 64 --seconds $(BENCH_SECONDS)
+# Benchmarks print numbers; tests never time anything. `make bench` ends with the peer report.
+bench: build bench-wal bench-feed bench-cluster bench-peers
+	$(TIDAL) bench --spawn --workload signals --batch 1000 --concurrency 16 --seconds $(BENCH_SECONDS)
+	$(TIDAL) bench --spawn --workload items --concurrency 64 --seconds $(BENCH_SECONDS)
+	$(TIDAL) bench --spawn --workload embeddings --concurrency 64 --seconds $(BENCH_SECONDS)
 
 # A 3-node local cluster (quorum): replication lag (ack -> visible on every follower) and ingest.
 bench-cluster: build
-	./target/release/tidal cluster up --dir ./target/bench-cluster --port-base 24070
-	./target/release/tidal bench --url http://127.0.0.1:24070 --followers http://127.0.0.1:24071,http://127.0.0.1:24072 --workload lag --concurrency 4 --seconds $(BENCH_SECONDS)
-	./target/release/tidal bench --url http://127.0.0.1:24070 --workload signals --batch 1000 --concurrency 16 --seconds $(BENCH_SECONDS)
-	./target/release/tidal cluster down --dir ./target/bench-cluster
+	$(TIDAL) cluster up --dir ./target/bench-cluster --port-base 24070
+	$(TIDAL) bench --url http://127.0.0.1:24070 --followers http://127.0.0.1:24071,http://127.0.0.1:24072 --workload lag --concurrency 4 --seconds $(BENCH_SECONDS)
+	$(TIDAL) bench --url http://127.0.0.1:24070 --workload signals --batch 1000 --concurrency 16 --seconds $(BENCH_SECONDS)
+	$(TIDAL) cluster down --dir ./target/bench-cluster
+
+# The exit gates on a fresh local 3-node cluster (about 20 min; under 45): one line per gate,
+# `gate <name>: <figure> (goal <goal>) PASS|FAIL`, then a summary; non-zero exit on any FAIL.
+# Shorter knobs for a quick run: GATE_DOWN_SECONDS=60 GATE_FAILOVER_ROUNDS=5 GATE_SAMPLES=500 ...
+# (see `tidal gates --help`); GATES=heal-100k,failover runs a subset.
+gates: build
+	$(TIDAL) gates --anchors $(ANCHORS) --anchors-work $(ANCHORS_WORK) --results $(REPORT_DIR)/gates.txt
+
+# A guided tour: write, replicate, SIGKILL the leader, failover, restart, heal, equal digests.
+demo: build
+	$(TIDAL) demo
+
+# Tidal's cluster and the peers (Redis, PostgreSQL, NATS JetStream, etcd) in the same sitting, then
+# $(REPORT_DIR)/REPORT.md (table of ratios) and ratios.svg. About 20 min; apt/pip installs the peers.
+bench-peers: build
+	mkdir -p $(REPORT_DIR) $(ANCHORS_WORK)
+	test -f $(ANCHORS_WORK)/anchors/run-all.sh || { cp -r $(ANCHORS) $(ANCHORS_WORK)/ && chmod -R u+w $(ANCHORS_WORK)/anchors; }
+	$(TIDAL) cluster down --dir $(REPORT_DIR)/cluster 2>/dev/null || true
+	rm -rf $(REPORT_DIR)/cluster
+	$(TIDAL) cluster up --dir $(REPORT_DIR)/cluster --port-base 27070
+	: > $(REPORT_DIR)/tidal-bench.md
+	for c in 1 16 50; do \
+	  $(TIDAL) bench --url http://127.0.0.1:27070 --workload items --concurrency $$c --seconds $(BENCH_SECONDS) | tee -a $(REPORT_DIR)/tidal-bench.md || exit 1; \
+	done
+	$(TIDAL) bench --url http://127.0.0.1:27070 --workload signals --batch 100 --concurrency 16 --seconds $(BENCH_SECONDS) | tee -a $(REPORT_DIR)/tidal-bench.md
+	$(TIDAL) cluster down --dir $(REPORT_DIR)/cluster
+	-GATES=replication-lag,heal-100k GATE_DOWN_SECONDS=0 $(TIDAL) gates --anchors $(ANCHORS) --anchors-work $(ANCHORS_WORK) --results $(REPORT_DIR)/tidal-gates.txt
+	bash $(ANCHORS_WORK)/anchors/setup.sh
+	# setup.sh's `import redis` check passes inside the anchors folder (its redis/ script folder); check from /.
+	cd / && $(abspath $(ANCHORS_WORK))/anchors/.venv/bin/python -c 'import redis.client' || $(abspath $(ANCHORS_WORK))/anchors/.venv/bin/pip install -q 'redis>=5,<9'
+	bash $(ANCHORS_WORK)/anchors/run-all.sh redis postgres nats etcd
+	python3 bench/peer_report.py --tidal-bench $(REPORT_DIR)/tidal-bench.md --tidal-gates $(REPORT_DIR)/tidal-gates.txt --anchors $(ANCHORS_WORK)/anchors/results --out $(REPORT_DIR)
 
 bench-wal:
 	$(CARGO) run --release -p tidal-wal --example wal_bench -- --seconds 3

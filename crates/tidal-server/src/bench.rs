@@ -31,6 +31,10 @@ pub enum Workload {
     /// `--followers` URL; the latency is from the write's acknowledgement until every follower has
     /// answered (it includes one HTTP round trip to each follower).
     Lag,
+    /// Read anywhere: PUT an item on each node in turn (`--url`, then every `--followers` URL; a
+    /// follower forwards it), then read it with `min_seqno` from EVERY node; the latency is from
+    /// the write's acknowledgement until every node has answered.
+    ReadAnywhere,
 }
 
 /// `tidal bench` options.
@@ -69,13 +73,79 @@ pub struct BenchArgs {
     /// Distinct users.
     #[arg(long, default_value_t = 10_000)]
     pub users: u64,
-    /// Follower URLs, comma separated (lag workload).
+    /// Follower URLs, comma separated (lag and read-anywhere workloads).
     #[arg(long, value_delimiter = ',')]
     pub followers: Vec<String>,
+    /// Target request rate per second over all workers (0: as fast as the workers go). Requests are
+    /// paced on a fixed schedule, so a slow reply does not lower the offered rate.
+    #[arg(long, default_value_t = 0)]
+    pub rate: u64,
+    /// First item id the item, embedding, lag and read-anywhere workloads write (runs that must
+    /// not overwrite each other's items pick disjoint ranges).
+    #[arg(long, default_value_t = 0)]
+    pub id_base: u64,
+    /// No progress line on stderr.
+    #[arg(long)]
+    pub quiet: bool,
+}
+
+impl Default for BenchArgs {
+    fn default() -> BenchArgs {
+        BenchArgs {
+            url: "http://127.0.0.1:7070".into(),
+            spawn: false,
+            token: None,
+            workload: Workload::Signals,
+            batch: 1000,
+            concurrency: 16,
+            seconds: 10,
+            requests_max: 1_000_000,
+            dim: 128,
+            items: 100_000,
+            users: 10_000,
+            followers: Vec::new(),
+            rate: 0,
+            id_base: 0,
+            quiet: false,
+        }
+    }
+}
+
+/// What one bench run measured.
+#[derive(Clone, Debug)]
+pub struct Summary {
+    /// Requests finished (acknowledged or failed).
+    pub requests: u64,
+    /// Events acknowledged (signals count one per signal).
+    pub events: u64,
+    /// Requests that failed.
+    pub errors: u64,
+    /// Wall time of the run.
+    pub seconds: f64,
+    /// Latency percentiles of the acknowledged requests, in ms: p50, p99, max.
+    pub p50_ms: f64,
+    /// See `p50_ms`.
+    pub p99_ms: f64,
+    /// See `p50_ms`.
+    pub max_ms: f64,
+}
+
+impl Summary {
+    /// Acknowledged requests per second (failed ones excluded).
+    pub fn acked_per_second(&self) -> f64 {
+        self.requests.saturating_sub(self.errors) as f64 / self.seconds.max(1e-9)
+    }
 }
 
 /// Runs the bench and prints its table.
 pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
+    let summary = measure(&args).await?;
+    summary.print(&args);
+    Ok(())
+}
+
+/// Runs the bench and returns what it measured (`tidal gates` builds on this).
+pub async fn measure(args: &BenchArgs) -> anyhow::Result<Summary> {
     anyhow::ensure!(args.concurrency >= 1 && args.concurrency <= 4096, "concurrency must be 1..=4096");
     anyhow::ensure!(args.batch >= 1, "batch must be at least 1");
     let mut spawned = None;
@@ -88,21 +158,25 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     };
     let client = Client::new(url.clone(), args.token.clone());
     if let Workload::Feed = args.workload {
-        preload(&client, &args).await?;
+        preload(&client, args).await?;
     }
-    if let Workload::Lag = args.workload {
-        anyhow::ensure!(!args.followers.is_empty(), "the lag workload needs --followers URL[,URL...]");
+    if let Workload::Lag | Workload::ReadAnywhere = args.workload {
+        anyhow::ensure!(
+            !args.followers.is_empty(),
+            "the lag and read-anywhere workloads need --followers URL[,URL...]"
+        );
     }
-    eprintln!(
-        "bench: {:?} against {url}, concurrency {}, {} s or {} requests",
-        args.workload, args.concurrency, args.seconds, args.requests_max
-    );
-    let report = drive(&client, &args).await;
+    if !args.quiet {
+        eprintln!(
+            "bench: {:?} against {url}, concurrency {}, {} s or {} requests",
+            args.workload, args.concurrency, args.seconds, args.requests_max
+        );
+    }
+    let report = drive(&client, args).await;
     if let Some(handle) = spawned {
         handle.stop().await?;
     }
-    report?.print(&args);
-    Ok(())
+    Ok(report?.summary())
 }
 
 struct SpawnedNode {
@@ -206,11 +280,17 @@ async fn drive(client: &Client, args: &BenchArgs) -> anyhow::Result<Report> {
     let stop = Arc::new(AtomicBool::new(false));
     let started = Instant::now();
     let deadline = started + Duration::from_secs(args.seconds);
-    let followers: Arc<Vec<Client>> =
-        Arc::new(args.followers.iter().map(|url| Client::new(url.clone(), args.token.clone())).collect());
+    // Lag writes on `--url` and reads every follower; read-anywhere writes on each node in turn
+    // and reads every node.
+    let followers: Vec<Client> =
+        args.followers.iter().map(|url| Client::new(url.clone(), args.token.clone())).collect();
+    let everyone: Arc<Vec<Client>> =
+        Arc::new(std::iter::once(client.clone()).chain(followers.clone()).collect());
+    let followers = Arc::new(followers);
     let mut workers = Vec::new();
     for worker in 0..args.concurrency {
-        let (client, args, followers) = (client.clone(), args.clone(), followers.clone());
+        let (client, args, followers, everyone) =
+            (client.clone(), args.clone(), followers.clone(), everyone.clone());
         let (issued, done, events, errors, stop) =
             (issued.clone(), done.clone(), events.clone(), errors.clone(), stop.clone());
         workers.push(tokio::spawn(async move {
@@ -220,15 +300,31 @@ async fn drive(client: &Client, args: &BenchArgs) -> anyhow::Result<Report> {
                 if n >= args.requests_max || Instant::now() >= deadline || stop.load(Ordering::Relaxed) {
                     return latencies;
                 }
-                let sent = Instant::now();
-                let (result, micros) = if let Workload::Lag = args.workload {
-                    match lag_request(&client, &followers, n).await {
-                        Ok(lag) => (Ok(1), lag),
-                        Err(error) => (Err(error), 0),
+                if args.rate > 0 {
+                    // Request n is due at n / rate seconds: an open-loop schedule.
+                    let due = started + Duration::from_secs_f64(n as f64 / args.rate as f64);
+                    if due >= deadline {
+                        return latencies;
                     }
-                } else {
-                    let result = one_request(&client, &args, worker as u64, n).await;
-                    (result, u32::try_from(sent.elapsed().as_micros()).unwrap_or(u32::MAX))
+                    tokio::time::sleep_until(due.into()).await;
+                }
+                let sent = Instant::now();
+                let id = args.id_base + n;
+                let lag = match args.workload {
+                    Workload::Lag => Some(lag_request(&client, &followers, id).await),
+                    Workload::ReadAnywhere => {
+                        let writer = &everyone[(n % everyone.len() as u64) as usize];
+                        Some(lag_request(writer, &everyone, id).await)
+                    }
+                    _ => None,
+                };
+                let (result, micros) = match lag {
+                    Some(Ok(lag)) => (Ok(1), lag),
+                    Some(Err(error)) => (Err(error), 0),
+                    None => {
+                        let result = one_request(&client, &args, worker as u64, n).await;
+                        (result, u32::try_from(sent.elapsed().as_micros()).unwrap_or(u32::MAX))
+                    }
                 };
                 match result {
                     Ok(count) => {
@@ -248,10 +344,10 @@ async fn drive(client: &Client, args: &BenchArgs) -> anyhow::Result<Report> {
         }));
     }
     let progress = {
-        let (done, events, stop) = (done.clone(), events.clone(), stop.clone());
+        let (done, events, stop, quiet) = (done.clone(), events.clone(), stop.clone(), args.quiet);
         tokio::spawn(async move {
             let mut last = (Instant::now(), 0u64);
-            while !stop.load(Ordering::Relaxed) {
+            while !stop.load(Ordering::Relaxed) && !quiet {
                 tokio::time::sleep(Duration::from_secs(1)).await;
                 let now = Instant::now();
                 let total = events.load(Ordering::Relaxed);
@@ -274,7 +370,9 @@ async fn drive(client: &Client, args: &BenchArgs) -> anyhow::Result<Report> {
     stop.store(true, Ordering::Relaxed);
     let elapsed = started.elapsed();
     progress.abort();
-    eprintln!();
+    if !args.quiet {
+        eprintln!();
+    }
     Ok(Report {
         requests: done.load(Ordering::Relaxed),
         events: events.load(Ordering::Relaxed),
@@ -306,31 +404,31 @@ async fn one_request(
         }
         Workload::Items => {
             let metadata = serde_json::json!({"title": format!("item {n}"), "worker": worker});
-            client.put_item(n, metadata, None).await?;
+            client.put_item(args.id_base + n, metadata, None).await?;
             Ok(1)
         }
         Workload::Embeddings => {
-            client.put_embedding(n, embedding(n, args.dim)).await?;
+            client.put_embedding(args.id_base + n, embedding(n, args.dim)).await?;
             Ok(1)
         }
         Workload::Feed => {
             client.feed(&format!("u{}", (n * 7) % args.users.max(1)), 20).await?;
             Ok(1)
         }
-        Workload::Lag => unreachable!("lag requests are timed by lag_request"),
+        Workload::Lag | Workload::ReadAnywhere => unreachable!("lag requests are timed by lag_request"),
     }
 }
 
-/// One lag sample: writes on the leader, then reads with `min_seqno` from every follower at once;
-/// returns the time from the write's acknowledgement until every follower has answered.
-async fn lag_request(client: &Client, followers: &[Client], n: u64) -> Result<u32, tidal_client::Error> {
-    let reply = client.put_item(n, serde_json::json!({"lag": n}), None).await?;
+/// One lag sample: writes item `id` through `writer`, then reads it with `min_seqno` from every
+/// reader at once; returns the time from the write's acknowledgement until every reader has answered.
+async fn lag_request(writer: &Client, readers: &[Client], id: u64) -> Result<u32, tidal_client::Error> {
+    let reply = writer.put_item(id, serde_json::json!({"lag": id}), None).await?;
     let acked = Instant::now();
-    let path = format!("/v1/items/{n}?min_seqno={}", reply.seqno);
-    let reads = followers.iter().map(|follower| {
-        let (follower, path) = (follower.clone(), path.clone());
+    let path = format!("/v1/items/{id}?min_seqno={}", reply.seqno);
+    let reads = readers.iter().map(|reader| {
+        let (reader, path) = (reader.clone(), path.clone());
         tokio::spawn(async move {
-            follower.json::<(), tidal_types::ItemView>(reqwest::Method::GET, &path, None).await
+            reader.json::<(), tidal_types::ItemView>(reqwest::Method::GET, &path, None).await
         })
     });
     for read in reads.collect::<Vec<_>>() {
@@ -340,7 +438,7 @@ async fn lag_request(client: &Client, followers: &[Client], n: u64) -> Result<u3
 }
 
 impl Report {
-    fn print(mut self, args: &BenchArgs) {
+    fn summary(mut self) -> Summary {
         self.latencies_us.sort_unstable();
         let percentile = |p: f64| -> f64 {
             if self.latencies_us.is_empty() {
@@ -349,7 +447,20 @@ impl Report {
             let index = ((self.latencies_us.len() as f64 - 1.0) * p).round() as usize;
             f64::from(self.latencies_us[index]) / 1000.0
         };
-        let seconds = self.elapsed.as_secs_f64().max(1e-9);
+        Summary {
+            requests: self.requests,
+            events: self.events,
+            errors: self.errors,
+            seconds: self.elapsed.as_secs_f64().max(1e-9),
+            p50_ms: percentile(0.50),
+            p99_ms: percentile(0.99),
+            max_ms: percentile(1.0),
+        }
+    }
+}
+
+impl Summary {
+    fn print(&self, args: &BenchArgs) {
         println!("| workload | concurrency | batch | requests | errors | seconds | requests/s | events/s | p50 ms | p99 ms | max ms |");
         println!("|---|---|---|---|---|---|---|---|---|---|---|");
         println!(
@@ -359,12 +470,12 @@ impl Report {
             if matches!(args.workload, Workload::Signals) { args.batch } else { 1 },
             self.requests,
             self.errors,
-            seconds,
-            self.requests as f64 / seconds,
-            self.events as f64 / seconds,
-            percentile(0.50),
-            percentile(0.99),
-            percentile(1.0),
+            self.seconds,
+            self.requests as f64 / self.seconds,
+            self.events as f64 / self.seconds,
+            self.p50_ms,
+            self.p99_ms,
+            self.max_ms,
         );
     }
 }

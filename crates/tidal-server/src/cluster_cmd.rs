@@ -99,53 +99,16 @@ fn write_cluster_file(nodes: u64, dir: &Path, port_base: u16) -> anyhow::Result<
 }
 
 async fn up(nodes: u64, dir: &Path, port_base: u16) -> anyhow::Result<()> {
-    anyhow::ensure!((1024..=65_000).contains(&port_base), "port base must be 1024..=65000");
-    std::fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))?;
-    let cluster_file = write_cluster_file(nodes, dir, port_base)?;
-    let membership = crate::config::load_cluster(&cluster_file, 1)?;
-    let exe = std::env::current_exe().context("find the tidal binary")?;
-    for node in &membership.spec.nodes {
-        let name = format!("n{}", node.id.0);
-        let pid_path = dir.join(format!("{name}.pid"));
-        if let Some(pid) = running_pid(&pid_path) {
-            println!("{name}: already running (pid {pid})");
-            continue;
+    let (membership, started) = start(nodes, dir, port_base).await?;
+    for (name, pid) in started {
+        match pid {
+            Some(pid) => {
+                println!("{name}: started (pid {pid}), log {}", dir.join(format!("{name}.log")).display())
+            }
+            None => println!("{name}: already running"),
         }
-        let log = std::fs::File::create(dir.join(format!("{name}.log"))).context("create node log")?;
-        let child = Command::new(&exe)
-            .arg("serve")
-            .arg("--cluster")
-            .arg(&cluster_file)
-            .args(["--node-id", &node.id.0.to_string()])
-            .arg("--data-dir")
-            .arg(dir.join(&name))
-            .stdin(Stdio::null())
-            .stdout(log.try_clone()?)
-            .stderr(log)
-            .spawn()
-            .with_context(|| format!("start {name}"))?;
-        std::fs::write(&pid_path, child.id().to_string()).context("write pid file")?;
-        println!("{name}: started (pid {}), log {}", child.id(), dir.join(format!("{name}.log")).display());
     }
     let client = reqwest::Client::builder().timeout(Duration::from_secs(2)).build()?;
-    let deadline = Instant::now() + READY_TIMEOUT;
-    for node in &membership.spec.nodes {
-        loop {
-            let ready = client.get(format!("http://{}/readyz", node.http)).send().await;
-            if ready.is_ok_and(|reply| reply.status().is_success()) {
-                break;
-            }
-            if Instant::now() > deadline {
-                anyhow::bail!(
-                    "node {} did not become ready within {:?}; see {}",
-                    node.id,
-                    READY_TIMEOUT,
-                    dir.join(format!("n{}.log", node.id.0)).display()
-                );
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    }
     // Every node is ready, so every node knows the leader openraft elected; ask the first.
     let status: Option<tidal_types::ClusterStatus> =
         match client.get(format!("http://{}/cluster/status", membership.spec.nodes[0].http)).send().await {
@@ -172,6 +135,118 @@ async fn up(nodes: u64, dir: &Path, port_base: u16) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Writes the cluster file under `dir` if it is missing, starts every node that is not running and
+/// waits until every node is ready. Returns the membership and, per node, the pid it was started
+/// with (`None`: it was already running).
+pub async fn start(
+    nodes: u64,
+    dir: &Path,
+    port_base: u16,
+) -> anyhow::Result<(crate::config::ClusterMembership, Vec<(String, Option<u32>)>)> {
+    anyhow::ensure!((1024..=65_000).contains(&port_base), "port base must be 1024..=65000");
+    std::fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))?;
+    let cluster_file = write_cluster_file(nodes, dir, port_base)?;
+    let membership = crate::config::load_cluster(&cluster_file, 1)?;
+    let mut started = Vec::new();
+    for node in &membership.spec.nodes {
+        let name = format!("n{}", node.id.0);
+        if running_pid(&dir.join(format!("{name}.pid"))).is_some() {
+            started.push((name, None));
+            continue;
+        }
+        started.push((name, Some(start_node(dir, node.id.0)?)));
+    }
+    for node in &membership.spec.nodes {
+        wait_ready(dir, node.id.0, &node.http, READY_TIMEOUT).await?;
+    }
+    Ok((membership, started))
+}
+
+/// The first port base from `preferred` on (in steps of 1000) whose HTTP and RPC ports for `nodes`
+/// nodes are all free right now, for commands that make a throwaway cluster (gates, demo). Another
+/// process may still take a port before the nodes bind it; the nodes then fail to start, loudly.
+pub fn free_port_base(preferred: u16, nodes: u16) -> anyhow::Result<u16> {
+    let free = |port: u16| std::net::TcpListener::bind(("127.0.0.1", port)).is_ok();
+    let mut base = preferred;
+    while base <= 65_000 - RPC_PORT_OFFSET - nodes {
+        if (0..nodes).all(|i| free(base + i) && free(base + RPC_PORT_OFFSET + i)) {
+            return Ok(base);
+        }
+        base += 1000;
+    }
+    anyhow::bail!("no free loopback ports from {preferred} on")
+}
+
+/// Starts node `id` of the local cluster in `dir` (its cluster file must exist) as a `tidal serve`
+/// process: log in `nN.log` (appended to, so a restart keeps the history), pid in `nN.pid`.
+pub fn start_node(dir: &Path, id: u64) -> anyhow::Result<u32> {
+    let name = format!("n{id}");
+    let exe = std::env::current_exe().context("find the tidal binary")?;
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(dir.join(format!("{name}.log")))
+        .context("open node log")?;
+    let mut child = Command::new(&exe)
+        .arg("serve")
+        .arg("--cluster")
+        .arg(dir.join("cluster.toml"))
+        .args(["--node-id", &id.to_string()])
+        .arg("--data-dir")
+        .arg(dir.join(&name))
+        .stdin(Stdio::null())
+        .stdout(log.try_clone()?)
+        .stderr(log)
+        .spawn()
+        .with_context(|| format!("start {name}"))?;
+    let pid = child.id();
+    std::fs::write(dir.join(format!("{name}.pid")), pid.to_string()).context("write pid file")?;
+    // Reap the child when it exits, so a long-lived caller (gates, demo) leaves no zombie that
+    // `stop` would wait for; `cluster up` exits at once and init adopts its children instead.
+    std::thread::Builder::new()
+        .name(format!("reap-{name}"))
+        .spawn(move || {
+            let _ = child.wait();
+        })
+        .context("start the reaper thread")?;
+    Ok(pid)
+}
+
+/// Polls `GET /readyz` of node `id` (HTTP address `http`) until it answers 200 or `timeout` passes.
+pub async fn wait_ready(dir: &Path, id: u64, http: &str, timeout: Duration) -> anyhow::Result<()> {
+    let client = reqwest::Client::builder().timeout(Duration::from_secs(2)).build()?;
+    let deadline = Instant::now() + timeout;
+    loop {
+        let ready = client.get(format!("http://{http}/readyz")).send().await;
+        if ready.is_ok_and(|reply| reply.status().is_success()) {
+            return Ok(());
+        }
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "node {id} did not become ready within {timeout:?}; see {}",
+            dir.join(format!("n{id}.log")).display()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// SIGKILLs node `id` of the local cluster in `dir` and waits until the process is gone; returns
+/// its pid.
+pub fn kill_node(dir: &Path, id: u64) -> anyhow::Result<u32> {
+    let pid_path = dir.join(format!("n{id}.pid"));
+    let pid = running_pid(&pid_path).with_context(|| format!("node {id} is not running"))?;
+    let killed = Command::new("kill").args(["-KILL", &pid.to_string()]).status().context("run kill")?;
+    anyhow::ensure!(killed.success(), "kill -KILL {pid} failed");
+    let deadline = Instant::now() + READY_TIMEOUT;
+    // The node was started by a process that has exited, so init reaps it; wait until it is gone.
+    while Path::new(&format!("/proc/{pid}")).exists() && running_pid(&pid_path).is_some() {
+        anyhow::ensure!(Instant::now() < deadline, "pid {pid} still alive {READY_TIMEOUT:?} after SIGKILL");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    std::fs::remove_file(&pid_path).ok();
+    Ok(pid)
+}
+
 fn url(http: &str) -> String {
     format!("http://{http}")
 }
@@ -184,6 +259,14 @@ fn running_pid(pid_path: &Path) -> Option<u32> {
 }
 
 fn down(dir: &Path) -> anyhow::Result<()> {
+    let stopped = stop(dir, |line| println!("{line}"))?;
+    println!("{stopped} node(s) stopped");
+    Ok(())
+}
+
+/// Stops (SIGTERM) every node of the local cluster in `dir` that is running, waits until they have
+/// exited, and returns how many there were; `say` gets one line per node.
+pub fn stop(dir: &Path, say: impl Fn(String)) -> anyhow::Result<usize> {
     let mut stopped = 0;
     let mut waiting: Vec<u32> = Vec::new();
     for entry in std::fs::read_dir(dir).with_context(|| format!("read {}", dir.display()))? {
@@ -195,10 +278,10 @@ fn down(dir: &Path) -> anyhow::Result<()> {
             let status =
                 Command::new("kill").args(["-TERM", &pid.to_string()]).status().context("run kill")?;
             if status.success() {
-                println!(
+                say(format!(
                     "{}: stopping (pid {pid})",
                     path.file_stem().map(|s| s.to_string_lossy()).unwrap_or_default()
-                );
+                ));
                 stopped += 1;
                 waiting.push(pid);
             }
@@ -210,6 +293,21 @@ fn down(dir: &Path) -> anyhow::Result<()> {
     while waiting.iter().any(|pid| Path::new(&format!("/proc/{pid}")).exists()) && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(50));
     }
-    println!("{stopped} node(s) stopped");
-    Ok(())
+    Ok(stopped)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn free_port_base_skips_a_taken_port() {
+        let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = taken.local_addr().unwrap().port();
+        // Either a base 1000 up, or no room left above it; never the taken port.
+        if let Ok(base) = free_port_base(port, 1) {
+            assert_ne!(base, port, "port {port} is bound, yet it was chosen");
+            assert_eq!((base - port) % 1000, 0, "bases step by 1000: {port} -> {base}");
+        }
+    }
 }

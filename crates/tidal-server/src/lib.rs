@@ -7,6 +7,8 @@
 //! - `http`: the axum router (the API contract).
 //! - `metrics`: Prometheus text.
 //! - `bench`: the `tidal bench` load generator.
+//! - `cluster_cmd`, `ops`: `tidal cluster up/down/failover-bench` and the operator verbs.
+//! - `gates`: `tidal gates`, the exit gates on a local cluster; `demo`: `tidal demo`, the guided tour.
 //!
 //! Library code takes its listener and shutdown signal from the caller (`run`), so tests and the
 //! simulation can drive it; only `main.rs` binds sockets from configuration and reads signals.
@@ -16,7 +18,9 @@ pub mod auth;
 pub mod bench;
 pub mod cluster_cmd;
 pub mod config;
+pub mod demo;
 pub mod error;
+pub mod gates;
 pub mod http;
 pub mod metrics;
 pub mod node;

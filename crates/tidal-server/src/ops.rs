@@ -249,6 +249,22 @@ pub async fn promote_bench(dir: &Path, rounds: u32) -> anyhow::Result<()> {
 /// repeatedly SIGKILLs the leader and measures the time until another node acknowledges a write,
 /// then restarts the killed node (`cluster up` again) and waits until all are ready.
 pub async fn failover_bench(dir: &Path, rounds: u32) -> anyhow::Result<()> {
+    let mut gaps = failover_rounds(dir, rounds, |line| println!("{line}")).await?;
+    gaps.sort();
+    let pick = |q: f64| gaps[((gaps.len() as f64 - 1.0) * q).round() as usize];
+    println!(
+        "failover over {} rounds (leader SIGKILL -> first acknowledged write on another node): p50 {} ms, p99 {} ms, max {} ms",
+        gaps.len(),
+        pick(0.5).as_millis(),
+        pick(0.99).as_millis(),
+        gaps.last().map_or(0, |g| g.as_millis())
+    );
+    Ok(())
+}
+
+/// The rounds of the failover benchmark: one gap (leader SIGKILL -> first acknowledged write) per
+/// round, in round order; `say` gets one line per round.
+pub async fn failover_rounds(dir: &Path, rounds: u32, say: impl Fn(String)) -> anyhow::Result<Vec<Duration>> {
     anyhow::ensure!((1..=100).contains(&rounds), "rounds must be 1..=100");
     let membership = crate::config::load_cluster(&dir.join("cluster.toml"), 1).with_context(|| {
         format!("no local cluster in {} (run `tidal cluster up --dir` first)", dir.display())
@@ -283,10 +299,10 @@ pub async fn failover_bench(dir: &Path, rounds: u32) -> anyhow::Result<()> {
             anyhow::ensure!(Instant::now() < deadline, "no node accepted a write within 30 s of the kill");
             tokio::time::sleep(Duration::from_millis(10)).await;
         };
-        println!(
+        say(format!(
             "round {round}: killed leader n{leader} (pid {pid}); a write was acknowledged after {} ms",
             gap.as_millis()
-        );
+        ));
         gaps.push(gap);
         // Restart the killed node quietly and wait until every node is ready again.
         let exe = std::env::current_exe().context("find the tidal binary")?;
@@ -297,16 +313,7 @@ pub async fn failover_bench(dir: &Path, rounds: u32) -> anyhow::Result<()> {
             .context("restart the killed node")?;
         anyhow::ensure!(up.status.success(), "cluster up failed: {}", String::from_utf8_lossy(&up.stderr));
     }
-    gaps.sort();
-    let pick = |q: f64| gaps[((gaps.len() as f64 - 1.0) * q).round() as usize];
-    println!(
-        "failover over {} rounds (leader SIGKILL -> first acknowledged write on another node): p50 {} ms, p99 {} ms, max {} ms",
-        gaps.len(),
-        pick(0.5).as_millis(),
-        pick(0.99).as_millis(),
-        gaps.last().map_or(0, |g| g.as_millis())
-    );
-    Ok(())
+    Ok(gaps)
 }
 
 async fn wait_leader(clients: &[(u64, Client)], timeout: Duration) -> anyhow::Result<u64> {
