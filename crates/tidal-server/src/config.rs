@@ -219,6 +219,9 @@ pub struct NodeIo {
     pub wal_clock: std::sync::Arc<dyn tidal_wal::Clock>,
     /// How replication and control-plane RPCs reach peers.
     pub connector: tidal_net::Connector,
+    /// Whether a follower forwards writes to the leader (over the OS's HTTP client). The simulation
+    /// turns it off: its network has no OS sockets, and a follower then answers 503 `not_ready`.
+    pub forward_writes: bool,
 }
 
 impl Default for NodeIo {
@@ -227,6 +230,7 @@ impl Default for NodeIo {
             wal_files: std::sync::Arc::new(tidal_wal::StdIo),
             wal_clock: std::sync::Arc::new(tidal_wal::SystemClock),
             connector: tidal_net::Connector::tcp(),
+            forward_writes: true,
         }
     }
 }
