@@ -19,6 +19,10 @@ use tonic::transport::{Channel, Endpoint};
 pub const SHIP_TIMEOUT: Duration = Duration::from_secs(10);
 /// Connect timeout.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+/// How often an HTTP/2 ping checks a peer connection.
+pub const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(2);
+/// A connection whose ping is not answered within this is dropped (the channel reconnects).
+pub const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// Why a call failed. The outcome of a ship that failed with `Transport` is unknown.
 #[derive(Debug, thiserror::Error)]
@@ -60,7 +64,13 @@ impl Peer {
         let endpoint = Endpoint::from_shared(format!("http://{address}"))
             .map_err(|error| NetError::Config(format!("bad peer address {address:?}: {error}")))?
             .connect_timeout(CONNECT_TIMEOUT)
-            .tcp_nodelay(true);
+            .tcp_nodelay(true)
+            // A connection whose peer vanished without a reset (power loss, a silently dropped
+            // segment) would otherwise hang every later call until its deadline, forever: HTTP/2
+            // pings detect it and the channel reconnects (found by harness/sim, decisions/008).
+            .http2_keep_alive_interval(KEEPALIVE_INTERVAL)
+            .keep_alive_timeout(KEEPALIVE_TIMEOUT)
+            .keep_alive_while_idle(true);
         let attach = SecretAttach::new(secret)?;
         let channel = match connector.custom() {
             None => endpoint.connect_lazy(),
