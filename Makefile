@@ -2,7 +2,7 @@
 CARGO ?= cargo
 BENCH_SECONDS ?= 10
 
-.PHONY: build run down single test model-check verify fix lint bench bench-wal bench-feed bench-cluster clean
+.PHONY: build run down single test model-check sim sim-determinism verify fix lint bench bench-wal bench-feed bench-cluster clean
 
 build:
 	$(CARGO) build --release --bin tidal
@@ -27,6 +27,19 @@ test:
 # minutes). The last line: `model-check: <states> states, <violations> violations, <found>/<planted> ...`.
 model-check:
 	$(CARGO) run --release -p tidal-model -- --deep
+
+# The turmoil simulation (harness/sim): SEEDS seeds from FIRST over every scenario (or SCENARIO=name:
+# steady, network, crash, chaos); one summary line per run, then fault totals and the last line
+# `sim: <runs> runs, <failed> failed, <violations> violations`. A failing run prints its replay command.
+SEEDS ?= 8
+FIRST ?= 1
+SCENARIO ?=
+sim:
+	$(CARGO) run --profile test -p tidal-sim -- --seeds $(SEEDS) --first $(FIRST) $(if $(SCENARIO),--scenario $(SCENARIO))
+
+# 32 seeds twice each; prints how many replay to the same trace hash (decisions/008).
+sim-determinism:
+	$(CARGO) nextest run --profile default -p tidal-sim --test sim --run-ignored only --no-capture determinism
 
 lint:
 	$(CARGO) fmt --all -- --check

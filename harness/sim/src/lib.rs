@@ -89,6 +89,8 @@ pub struct Outcome {
     pub counters: Counters,
     /// Hash of the run's trace (faults applied, acknowledgements, final digest).
     pub trace_hash: String,
+    /// Hash of the fault plan drawn from the seed (the part of a run the seed alone fixes).
+    pub plan_hash: String,
     /// Write outcomes.
     pub stats: workload::WriteStats,
     /// Simulated time of the run.
@@ -299,7 +301,8 @@ pub fn run(seed: u64, scenario: &Scenario) -> anyhow::Result<Outcome> {
     if plan.latency_max > Duration::from_millis(1) {
         counters.bump("latency");
     }
-    let mut trace = vec![format!("plan latency {:?} fail {}", plan.latency_max, plan.fail_rate)];
+    let plan_hash = blake3::hash(format!("{plan:?}").as_bytes()).to_hex()[..16].to_string();
+    let mut trace = vec![format!("plan {plan_hash}")];
     let mut pending = plan.windows.clone();
     pending.reverse();
     let mut active: Option<faults::Window> = None;
@@ -406,6 +409,7 @@ pub fn run(seed: u64, scenario: &Scenario) -> anyhow::Result<Outcome> {
         violations,
         counters,
         trace_hash,
+        plan_hash,
         stats: shared.stats,
         simulated,
         converged_after_ms: shared.converged_after_ms,

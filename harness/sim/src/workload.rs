@@ -202,7 +202,11 @@ async fn monitor(nodes: usize, shared: Rc<RefCell<Shared>>) {
 }
 
 async fn writer(workload: Workload, shared: Rc<RefCell<Shared>>, load_end: Instant) {
+    // Pace the writes over the whole load phase, so the faults (drawn over it) meet writes.
+    let per_writer = (workload.writes_max / workload.writers.max(1) as u64).max(1);
+    let interval = workload.load / u32::try_from(per_writer).unwrap_or(u32::MAX);
     while Instant::now() < load_end {
+        let next = Instant::now() + interval;
         let id = {
             let mut shared = shared.borrow_mut();
             if shared.next_id > workload.writes_max {
@@ -212,6 +216,7 @@ async fn writer(workload: Workload, shared: Rc<RefCell<Shared>>, load_end: Insta
             shared.next_id - 1
         };
         write_one(&workload, &shared, id).await;
+        tokio::time::sleep_until(next).await;
     }
 }
 
