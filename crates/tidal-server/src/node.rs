@@ -125,7 +125,8 @@ impl Node {
             }),
         };
         let (wal, recovery) =
-            Wal::open(wal_config, config.io.wal_files.clone(), config.io.wal_clock.clone(), hook).context("open WAL")?;
+            Wal::open(wal_config, config.io.wal_files.clone(), config.io.wal_clock.clone(), hook)
+                .context("open WAL")?;
         if let Some(torn) = &recovery.truncated {
             tracing::warn!(?torn, "WAL had a torn tail; truncated");
         }

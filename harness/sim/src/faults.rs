@@ -90,7 +90,8 @@ impl Plan {
         }
         let latency_max =
             if classes.network { Duration::from_millis(rng.range(1, 40)) } else { Duration::from_millis(1) };
-        let fail_rate = if classes.network && rng.chance(0.3) { rng.range(1, 20) as f64 / 10_000.0 } else { 0.0 };
+        let fail_rate =
+            if classes.network && rng.chance(0.3) { rng.range(1, 20) as f64 / 10_000.0 } else { 0.0 };
         let load_ms = u64::try_from(load.as_millis()).unwrap_or(u64::MAX);
         let mut windows = Vec::new();
         let mut at = rng.range(300, 1200);
@@ -117,12 +118,17 @@ impl Plan {
                     Fault::Hold { a, b }
                 }
                 "isolate" => Fault::Isolate { node: node(rng) },
-                "crash_torn" => {
-                    Fault::Crash { node: node(rng), mode: CrashMode::TornUnsynced { keep: rng.range(1, 200) as usize } }
-                }
+                "crash_torn" => Fault::Crash {
+                    node: node(rng),
+                    mode: CrashMode::TornUnsynced { keep: rng.range(1, 200) as usize },
+                },
                 _ => Fault::Crash { node: node(rng), mode: CrashMode::LoseUnsynced },
             };
-            windows.push(Window { at: Duration::from_millis(at), length: Duration::from_millis(length), fault });
+            windows.push(Window {
+                at: Duration::from_millis(at),
+                length: Duration::from_millis(length),
+                fault,
+            });
             at += length + rng.range(300, 1500);
         }
         Plan { latency_max, fail_rate, windows }

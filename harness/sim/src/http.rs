@@ -44,7 +44,8 @@ async fn request_inner(
     headers: &[(&str, String)],
 ) -> anyhow::Result<Answer> {
     let stream = turmoil::net::TcpStream::connect(host).await?;
-    let (mut sender, connection) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream)).await?;
+    let (mut sender, connection) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream)).await?;
     let driver = tokio::task::spawn_local(async move {
         let _ = connection.await;
     });

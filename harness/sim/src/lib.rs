@@ -64,9 +64,24 @@ impl Scenario {
         };
         vec![
             base.clone(),
-            Scenario { name: "network", classes: Classes { network: true, crashes: false }, load: Duration::from_secs(8), ..base.clone() },
-            Scenario { name: "crash", classes: Classes { network: false, crashes: true }, load: Duration::from_secs(8), ..base.clone() },
-            Scenario { name: "chaos", classes: Classes { network: true, crashes: true }, load: Duration::from_secs(10), ..base },
+            Scenario {
+                name: "network",
+                classes: Classes { network: true, crashes: false },
+                load: Duration::from_secs(8),
+                ..base.clone()
+            },
+            Scenario {
+                name: "crash",
+                classes: Classes { network: false, crashes: true },
+                load: Duration::from_secs(8),
+                ..base.clone()
+            },
+            Scenario {
+                name: "chaos",
+                classes: Classes { network: true, crashes: true },
+                load: Duration::from_secs(10),
+                ..base
+            },
         ]
     }
 

@@ -15,7 +15,9 @@ fn usage() -> ! {
 
 fn main() -> anyhow::Result<()> {
     tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("TIDAL_SIM_LOG").unwrap_or_else(|_| "off".into()))
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("TIDAL_SIM_LOG").unwrap_or_else(|_| "off".into()),
+        )
         .with_writer(std::io::stderr)
         .init();
     let mut args = std::env::args().skip(1);
@@ -59,7 +61,10 @@ fn main() -> anyhow::Result<()> {
             for violation in &outcome.violations {
                 println!("    violation: {violation}");
             }
-            println!("    replay: cargo run -p tidal-sim --release -- --seed {seed} --scenario {}", scenario.name);
+            println!(
+                "    replay: cargo run -p tidal-sim --release -- --seed {seed} --scenario {}",
+                scenario.name
+            );
         }
         totals.add(&outcome.counters);
     }

@@ -37,8 +37,7 @@ impl tidal_server::Listener for SimListener {
 
 /// Binds a simulated listener on `port` of the current host.
 pub async fn bind(port: u16) -> std::io::Result<SimListener> {
-    let listener =
-        turmoil::net::TcpListener::bind((std::net::IpAddr::from([0u8, 0, 0, 0]), port)).await?;
+    let listener = turmoil::net::TcpListener::bind((std::net::IpAddr::from([0u8, 0, 0, 0]), port)).await?;
     Ok(SimListener(listener))
 }
 

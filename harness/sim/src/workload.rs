@@ -164,7 +164,10 @@ pub async fn run(workload: Workload, shared: Rc<RefCell<Shared>>) -> turmoil::Re
             break;
         }
         if started.elapsed() > FIRST_LEADER_DEADLINE {
-            shared.borrow_mut().violations.push(format!("no leader within {FIRST_LEADER_DEADLINE:?} of start"));
+            shared
+                .borrow_mut()
+                .violations
+                .push(format!("no leader within {FIRST_LEADER_DEADLINE:?} of start"));
             shared.borrow_mut().phase = Phase::Done;
             return Ok(());
         }
@@ -304,7 +307,13 @@ async fn converge_and_check(workload: &Workload, shared: &Rc<RefCell<Shared>>, h
                     None => format!("n{}: no status", node + 1),
                     Some(s) => format!(
                         "n{}: {} term {} leader {:?} durable {} commit {} applied {}",
-                        s.node_id, s.role, s.term, s.leader_id, s.durable_seqno, s.commit_seqno, s.applied_seqno
+                        s.node_id,
+                        s.role,
+                        s.term,
+                        s.leader_id,
+                        s.durable_seqno,
+                        s.commit_seqno,
+                        s.applied_seqno
                     ),
                 })
                 .collect();
@@ -323,7 +332,9 @@ async fn converge_and_check(workload: &Workload, shared: &Rc<RefCell<Shared>>, h
     let mut digests = Vec::new();
     for node in 0..workload.nodes {
         let path = format!("/cluster/digest?min_seqno={}", position.1);
-        match request(&host(node), "GET", &path, None, &[], REQUEST_TIMEOUT).await.and_then(|a| a.json::<DigestView>())
+        match request(&host(node), "GET", &path, None, &[], REQUEST_TIMEOUT)
+            .await
+            .and_then(|a| a.json::<DigestView>())
         {
             Ok(view) => digests.push((view.applied_seqno, view.digest)),
             Err(error) => shared.borrow_mut().violations.push(format!("digest of n{}: {error:#}", node + 1)),
@@ -344,14 +355,15 @@ async fn converge_and_check(workload: &Workload, shared: &Rc<RefCell<Shared>>, h
         for node in 0..workload.nodes {
             let path = format!("/v1/items/{}?min_seqno={}", ack.id, ack.seqno);
             let read = request(&host(node), "GET", &path, None, &[], REQUEST_TIMEOUT).await;
-            let found = match &read {
-                Ok(answer) if answer.status == 200 => answer
-                    .json::<serde_json::Value>()
-                    .ok()
-                    .and_then(|value| value.pointer("/metadata/w").and_then(serde_json::Value::as_u64))
-                    == Some(ack.id),
-                _ => false,
-            };
+            let found =
+                match &read {
+                    Ok(answer) if answer.status == 200 => {
+                        answer.json::<serde_json::Value>().ok().and_then(|value| {
+                            value.pointer("/metadata/w").and_then(serde_json::Value::as_u64)
+                        }) == Some(ack.id)
+                    }
+                    _ => false,
+                };
             if !found {
                 let what = match read {
                     Ok(answer) => format!("{} {}", answer.status, String::from_utf8_lossy(&answer.body)),

@@ -44,7 +44,8 @@ impl RaftNetworkFactory<TypeConfig> for NetworkFactory {
     type Network = PeerNetwork;
 
     async fn new_client(&mut self, target: u64, node: &NodeInfo) -> PeerNetwork {
-        let peer = Peer::connect_lazy_with(&node.rpc, &self.secret, &self.cluster_id, &self.connector).map_err(|e| e.to_string());
+        let peer = Peer::connect_lazy_with(&node.rpc, &self.secret, &self.cluster_id, &self.connector)
+            .map_err(|e| e.to_string());
         PeerNetwork { target, peer }
     }
 }
