@@ -37,9 +37,10 @@ SCENARIO ?=
 sim:
 	$(CARGO) run --profile test -p tidal-sim -- --seeds $(SEEDS) --first $(FIRST) $(if $(SCENARIO),--scenario $(SCENARIO))
 
-# 32 seeds twice each; prints how many replay to the same trace hash (decisions/008).
+# 32 seeds twice each (SCENARIO=chaos by default); prints how many replay to the same trace hash
+# (decisions/008). Not under nextest: it runs for minutes.
 sim-determinism:
-	$(CARGO) nextest run --profile default -p tidal-sim --test sim --run-ignored only --no-capture determinism
+	TIDAL_SIM_SCENARIO=$(or $(SCENARIO),chaos) $(CARGO) test --profile test -p tidal-sim --test sim -- --ignored --nocapture determinism
 
 lint:
 	$(CARGO) fmt --all -- --check

@@ -62,7 +62,7 @@ fn main() -> anyhow::Result<()> {
                 println!("    violation: {violation}");
             }
             println!(
-                "    replay: cargo run -p tidal-sim --release -- --seed {seed} --scenario {}",
+                "    replay: cargo run --profile test -p tidal-sim -- --seed {seed} --scenario {}",
                 scenario.name
             );
         }
