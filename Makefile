@@ -8,7 +8,7 @@ ANCHORS ?= ../shared/anchors
 ANCHORS_WORK ?= target/anchors-work
 REPORT_DIR ?= target/bench-report
 
-.PHONY: build run down single test model-check verify fix lint bench bench-wal bench-feed bench-cluster bench-peers gates demo clean
+.PHONY: build run down single test model-check sim sim-determinism verify fix lint bench bench-wal bench-feed bench-cluster bench-peers gates demo clean
 
 build:
 	$(CARGO) build --release --bin tidal
@@ -33,6 +33,20 @@ test:
 # minutes). The last line: `model-check: <states> states, <violations> violations, <found>/<planted> ...`.
 model-check:
 	$(CARGO) run --release -p tidal-model -- --deep
+
+# The turmoil simulation (harness/sim): SEEDS seeds from FIRST over every scenario (or SCENARIO=name:
+# steady, network, crash, chaos); one summary line per run, then fault totals and the last line
+# `sim: <runs> runs, <failed> failed, <violations> violations`. A failing run prints its replay command.
+SEEDS ?= 8
+FIRST ?= 1
+SCENARIO ?=
+sim:
+	$(CARGO) run --profile test -p tidal-sim -- --seeds $(SEEDS) --first $(FIRST) $(if $(SCENARIO),--scenario $(SCENARIO))
+
+# 32 seeds twice each (SCENARIO=chaos by default); prints how many replay to the same trace hash
+# (decisions/008). Not under nextest: it runs for minutes.
+sim-determinism:
+	TIDAL_SIM_SCENARIO=$(or $(SCENARIO),chaos) $(CARGO) test --profile test -p tidal-sim --test sim -- --ignored --nocapture determinism
 
 lint:
 	$(CARGO) fmt --all -- --check

@@ -164,6 +164,8 @@ pub struct ReplicaParts {
     pub applier: ApplierSender,
     /// Serves this node's snapshots; its pins bound the WAL purge horizon.
     pub snapshots: Arc<SnapshotSource>,
+    /// How peers are reached (the OS's TCP in production; the simulation's network in harness/sim).
+    pub connector: tidal_net::Connector,
 }
 
 /// A cluster node's replication side.
@@ -177,6 +179,7 @@ pub struct Replica {
     commit: Arc<CommitState>,
     feed: ShipFeed,
     peers: BTreeMap<NodeId, Peer>,
+    connector: tidal_net::Connector,
     gate: Arc<TermGate>,
     control: OnceLock<Arc<ControlPlane>>,
     /// The leader as last learned (0: none known).
@@ -254,13 +257,13 @@ impl Replica {
         applied: watch::Receiver<Seqno>,
         gate: Arc<TermGate>,
     ) -> Result<Arc<Replica>, String> {
-        let ReplicaParts { spec, me, data_dir, store, timing, db, applier, snapshots } = parts;
+        let ReplicaParts { spec, me, data_dir, store, timing, db, applier, snapshots, connector } = parts;
         spec.validate()?;
         spec.node(me).ok_or_else(|| format!("node {me} is not in the cluster file"))?;
         let mut peers = BTreeMap::new();
         for node in spec.nodes.iter().filter(|node| node.id != me) {
-            let peer =
-                Peer::connect_lazy(&node.rpc, &spec.secret, &spec.cluster_id).map_err(|e| e.to_string())?;
+            let peer = Peer::connect_lazy_with(&node.rpc, &spec.secret, &spec.cluster_id, &connector)
+                .map_err(|e| e.to_string())?;
             peers.insert(node.id, peer);
         }
         let (serving, _) = watch::channel(None);
@@ -274,6 +277,7 @@ impl Replica {
             commit,
             feed,
             peers,
+            connector,
             gate,
             control: OnceLock::new(),
             leader_hint: AtomicU64::new(0),
@@ -391,9 +395,15 @@ impl Replica {
     /// Starts the control plane and the background work: the office watcher (which takes and
     /// leaves office as openraft decides) and the commit-hint saver.
     pub async fn start(self: &Arc<Self>) -> Result<(), String> {
-        let control =
-            ControlPlane::start(self.me.0, &self.spec, self.timing, self.store.clone(), self.gate.clone())
-                .await?;
+        let control = ControlPlane::start(
+            self.me.0,
+            &self.spec,
+            self.timing,
+            self.store.clone(),
+            self.gate.clone(),
+            self.connector.clone(),
+        )
+        .await?;
         let control = Arc::new(control);
         if self.control.set(control.clone()).is_err() {
             return Err("replica started twice".into());

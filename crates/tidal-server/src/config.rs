@@ -203,6 +203,42 @@ pub struct ServeConfig {
     pub signal_kinds: BTreeMap<String, f64>,
     /// Cluster membership, when serving as a cluster member.
     pub cluster: Option<ClusterMembership>,
+    /// What the node's disk and network I/O goes through (the OS unless a harness says otherwise).
+    pub io: NodeIo,
+}
+
+/// The seams through which a node reaches its disk, clock and peers. Production uses
+/// [`NodeIo::default`] (real files, the system clock, the OS's TCP); the simulation (harness/sim)
+/// hands in an in-memory fault-injecting WAL file system, a simulated clock and its simulated
+/// network, so the same node code runs there.
+#[derive(Clone)]
+pub struct NodeIo {
+    /// The WAL's file I/O.
+    pub wal_files: std::sync::Arc<dyn tidal_wal::FileIo>,
+    /// Where the WAL writer reads the logged time.
+    pub wal_clock: std::sync::Arc<dyn tidal_wal::Clock>,
+    /// How replication and control-plane RPCs reach peers.
+    pub connector: tidal_net::Connector,
+    /// Whether a follower forwards writes to the leader (over the OS's HTTP client). The simulation
+    /// turns it off: its network has no OS sockets, and a follower then answers 503 `not_ready`.
+    pub forward_writes: bool,
+}
+
+impl Default for NodeIo {
+    fn default() -> NodeIo {
+        NodeIo {
+            wal_files: std::sync::Arc::new(tidal_wal::StdIo),
+            wal_clock: std::sync::Arc::new(tidal_wal::SystemClock),
+            connector: tidal_net::Connector::tcp(),
+            forward_writes: true,
+        }
+    }
+}
+
+impl std::fmt::Debug for NodeIo {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        formatter.debug_struct("NodeIo").field("connector", &self.connector).finish_non_exhaustive()
+    }
 }
 
 impl ServeConfig {
@@ -275,6 +311,7 @@ impl ServeConfig {
                 .unwrap_or(tidal_core::OVERLAY_BYTES_MAX_DEFAULT),
             signal_kinds,
             cluster,
+            io: NodeIo::default(),
         };
         config.validate()?;
         Ok(config)

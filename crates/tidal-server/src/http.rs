@@ -62,7 +62,8 @@ impl Forwarder {
             .timeout(Duration::from_secs(30))
             .build()
             .expect("a client with only a timeout always builds");
-        Forwarder { replica: node.replica().cloned(), http }
+        let replica = node.replica().filter(|_| node.config().io.forward_writes).cloned();
+        Forwarder { replica, http }
     }
 
     /// Where writes go now: the leader's URL, or None to handle them here (this node leads, takes

@@ -42,6 +42,10 @@ pub fn check_bind_policy(addr: std::net::SocketAddr, has_tokens: bool, insecure:
     Ok(())
 }
 
+/// A source of accepted connections: the OS's TCP listener, or the simulation's (harness/sim). It
+/// retries (and logs) accept errors itself.
+pub use axum::serve::Listener;
+
 /// Runs a node on `listener` (HTTP) and, for a cluster member, `rpc_listener` (replication) until
 /// `shutdown` resolves, then drains writes and checkpoints.
 pub async fn run(
@@ -50,6 +54,21 @@ pub async fn run(
     rpc_listener: Option<tokio::net::TcpListener>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
+    run_on(config, listener, rpc_listener, shutdown).await
+}
+
+/// [`run`] over any [`Listener`]s: the transport seam the simulation uses. Peers are dialled with
+/// `config.io.connector`.
+pub async fn run_on<H, R>(
+    config: config::ServeConfig,
+    listener: H,
+    rpc_listener: Option<R>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()>
+where
+    H: Listener<Addr = std::net::SocketAddr>,
+    R: Listener<Addr = std::net::SocketAddr>,
+{
     let tokens = config.token_file.as_deref().map(auth::Tokens::load).transpose()?;
     check_bind_policy(listener.local_addr()?, tokens.is_some(), config.insecure)?;
     let open_config = config.clone();
@@ -69,7 +88,7 @@ pub async fn run(
             let service = Arc::new(tidal_cluster::ReplicaService(replica.clone()));
             let secret = replica.spec().secret.clone();
             tracing::info!(addr = %rpc_listener.local_addr()?, "serving replication RPCs");
-            let incoming = tokio_stream::wrappers::TcpListenerStream::new(rpc_listener);
+            let incoming = accepted_stream(rpc_listener, rpc_stopped.clone());
             let mut stopped = rpc_stopped.clone();
             let task = tokio::spawn(async move {
                 let until = async move {
@@ -108,6 +127,26 @@ pub async fn run(
     tokio::task::spawn_blocking(move || closing.shutdown()).await.context("shutdown task")?;
     served.context("HTTP server")?;
     Ok(())
+}
+
+/// The connections `listener` accepts, as the stream tonic serves, until `stop` is set.
+fn accepted_stream<R: Listener>(
+    mut listener: R,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) -> tokio_stream::wrappers::ReceiverStream<std::io::Result<tidal_net::Accepted<R::Io>>> {
+    let (sender, receiver) = tokio::sync::mpsc::channel(16);
+    tokio::spawn(async move {
+        loop {
+            let (io, _) = tokio::select! {
+                accepted = listener.accept() => accepted,
+                _ = stop.wait_for(|stop| *stop) => return,
+            };
+            if sender.send(Ok(tidal_net::Accepted(io))).await.is_err() {
+                return;
+            }
+        }
+    });
+    tokio_stream::wrappers::ReceiverStream::new(receiver)
 }
 
 fn spawn_checkpointer(node: Arc<node::Node>) -> tokio::task::JoinHandle<()> {

@@ -34,7 +34,7 @@ use tidal_cluster::{
 };
 use tidal_core::{EngineConfig, Envelope, Records, TidalDb};
 use tidal_types::{ErrorCode, Seqno, Term, TermSeqno};
-use tidal_wal::{AppendRequest, StdIo, SubmitError, SystemClock, Wal, WalConfig};
+use tidal_wal::{AppendRequest, SubmitError, Wal, WalConfig};
 use tokio::sync::{watch, Semaphore};
 
 /// Most writes submitted and not yet acknowledged; matches the WAL queue bound with room to spare.
@@ -129,7 +129,8 @@ impl Node {
             }),
         };
         let (wal, recovery) =
-            Wal::open(wal_config, Arc::new(StdIo), Arc::new(SystemClock), hook).context("open WAL")?;
+            Wal::open(wal_config, config.io.wal_files.clone(), config.io.wal_clock.clone(), hook)
+                .context("open WAL")?;
         if let Some(torn) = &recovery.truncated {
             tracing::warn!(?torn, "WAL had a torn tail; truncated");
         }
@@ -186,6 +187,7 @@ impl Node {
                     db: db.clone(),
                     applier: sender.clone(),
                     snapshots: Arc::new(snapshots),
+                    connector: config.io.connector.clone(),
                 };
                 let replica =
                     Replica::new(parts, wal.clone(), commit, feed, applier.applied(), TermGate::new(term))

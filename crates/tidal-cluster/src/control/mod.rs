@@ -56,6 +56,7 @@ impl ControlPlane {
         timing: ControlTiming,
         store: RaftStore,
         gate: Arc<TermGate>,
+        connector: tidal_net::Connector,
     ) -> Result<ControlPlane, String> {
         let config = Config {
             cluster_name: spec.cluster_id.clone(),
@@ -70,8 +71,11 @@ impl ControlPlane {
         .map_err(|e| format!("control-plane timing: {e}"))?;
         let fresh = LogStore::is_fresh(&store)?;
         let state = StateMachine::open(store.clone())?;
-        let network =
-            network::NetworkFactory { secret: spec.secret.clone(), cluster_id: spec.cluster_id.clone() };
+        let network = network::NetworkFactory {
+            secret: spec.secret.clone(),
+            cluster_id: spec.cluster_id.clone(),
+            connector,
+        };
         let raft = Raft::new(me, Arc::new(config), network, LogStore::new(store, gate), state.clone())
             .await
             .map_err(|e| format!("start openraft: {e}"))?;

@@ -30,6 +30,8 @@ pub struct NetworkFactory {
     pub secret: String,
     /// Cluster id.
     pub cluster_id: String,
+    /// How peers are reached.
+    pub connector: tidal_net::Connector,
 }
 
 /// The connection to one target.
@@ -42,7 +44,8 @@ impl RaftNetworkFactory<TypeConfig> for NetworkFactory {
     type Network = PeerNetwork;
 
     async fn new_client(&mut self, target: u64, node: &NodeInfo) -> PeerNetwork {
-        let peer = Peer::connect_lazy(&node.rpc, &self.secret, &self.cluster_id).map_err(|e| e.to_string());
+        let peer = Peer::connect_lazy_with(&node.rpc, &self.secret, &self.cluster_id, &self.connector)
+            .map_err(|e| e.to_string());
         PeerNetwork { target, peer }
     }
 }

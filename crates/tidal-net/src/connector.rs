@@ -1,0 +1,111 @@
+//! How a [`crate::Peer`] reaches its address: [`Connector::tcp`] (the OS's TCP, the production
+//! default) or any function that opens a byte stream to `host:port`. The simulation hands in one
+//! over its simulated network, so the same client code runs there.
+
+use std::future::Future;
+use std::io;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use tokio::io::{AsyncRead, AsyncWrite};
+
+/// A connected byte stream.
+pub trait Stream: AsyncRead + AsyncWrite + Send + Unpin + 'static {}
+impl<T: AsyncRead + AsyncWrite + Send + Unpin + 'static> Stream for T {}
+
+/// A boxed connected stream.
+pub type BoxStream = Box<dyn Stream>;
+/// The future a connect function returns.
+pub type ConnectFuture = Pin<Box<dyn Future<Output = io::Result<BoxStream>> + Send>>;
+type ConnectFn = dyn Fn(String) -> ConnectFuture + Send + Sync;
+
+/// Opens connections to peers.
+#[derive(Clone, Default)]
+pub struct Connector {
+    /// `None`: the OS's TCP through tonic's own connector (socket options included).
+    custom: Option<Arc<ConnectFn>>,
+}
+
+impl std::fmt::Debug for Connector {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        formatter.write_str(if self.custom.is_some() { "Connector(custom)" } else { "Connector(tcp)" })
+    }
+}
+
+impl Connector {
+    /// The OS's TCP (what production uses).
+    pub fn tcp() -> Connector {
+        Connector { custom: None }
+    }
+
+    /// Connections opened by `connect`, called with the peer's `host:port`.
+    pub fn new<F>(connect: F) -> Connector
+    where
+        F: Fn(String) -> ConnectFuture + Send + Sync + 'static,
+    {
+        Connector { custom: Some(Arc::new(connect)) }
+    }
+
+    pub(crate) fn custom(&self) -> Option<Service> {
+        self.custom.clone().map(Service)
+    }
+}
+
+/// The connect function as the tower service tonic's channel calls with the endpoint's URI.
+#[derive(Clone)]
+pub(crate) struct Service(Arc<ConnectFn>);
+
+impl tower_service::Service<tonic::codegen::http::Uri> for Service {
+    type Response = hyper_util::rt::TokioIo<BoxStream>;
+    type Error = io::Error;
+    type Future = Pin<Box<dyn Future<Output = io::Result<Self::Response>> + Send>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, uri: tonic::codegen::http::Uri) -> Self::Future {
+        let connect = self.0.clone();
+        Box::pin(async move {
+            let authority = uri.authority().map(|authority| authority.to_string()).ok_or_else(|| {
+                io::Error::new(io::ErrorKind::InvalidInput, format!("peer uri {uri} has no host:port"))
+            })?;
+            let stream = connect(authority).await?;
+            Ok(hyper_util::rt::TokioIo::new(stream))
+        })
+    }
+}
+
+/// An accepted stream for [`crate::serve`] when the transport is not the OS's TCP: tonic asks every
+/// incoming stream for its connection info; this one has none.
+pub struct Accepted<T>(pub T);
+
+impl<T> tonic::transport::server::Connected for Accepted<T> {
+    type ConnectInfo = ();
+
+    fn connect_info(&self) -> Self::ConnectInfo {}
+}
+
+impl<T: AsyncRead + Unpin> AsyncRead for Accepted<T> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.0).poll_read(cx, buf)
+    }
+}
+
+impl<T: AsyncWrite + Unpin> AsyncWrite for Accepted<T> {
+    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.0).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.0).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.0).poll_shutdown(cx)
+    }
+}
