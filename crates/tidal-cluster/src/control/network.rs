@@ -6,6 +6,7 @@
 #![allow(clippy::result_large_err)]
 
 use super::types::{NodeInfo, TypeConfig};
+use crate::spec::ClusterSpec;
 use openraft::error::{InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Unreachable};
 use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
 use openraft::raft::{
@@ -14,6 +15,7 @@ use openraft::raft::{
 };
 use serde::de::DeserializeOwned;
 use serde::Serialize;
+use std::collections::BTreeMap;
 use tidal_net::{NetError, Peer, RaftCall};
 
 /// RPC kinds.
@@ -30,6 +32,20 @@ pub struct NetworkFactory {
     pub secret: String,
     /// Cluster id.
     pub cluster_id: String,
+    /// This node's dial overrides ([`ClusterSpec::dial`]): openraft hands us the membership's
+    /// `NodeInfo.rpc`, which is the same on every node; the override is this node's own route.
+    pub dial: BTreeMap<u64, String>,
+}
+
+impl NetworkFactory {
+    /// The factory for a member of `spec`.
+    pub fn new(spec: &ClusterSpec) -> NetworkFactory {
+        NetworkFactory {
+            secret: spec.secret.clone(),
+            cluster_id: spec.cluster_id.clone(),
+            dial: spec.dial.iter().map(|(id, address)| (id.0, address.clone())).collect(),
+        }
+    }
 }
 
 /// The connection to one target.
@@ -42,7 +58,8 @@ impl RaftNetworkFactory<TypeConfig> for NetworkFactory {
     type Network = PeerNetwork;
 
     async fn new_client(&mut self, target: u64, node: &NodeInfo) -> PeerNetwork {
-        let peer = Peer::connect_lazy(&node.rpc, &self.secret, &self.cluster_id).map_err(|e| e.to_string());
+        let address = self.dial.get(&target).map_or(node.rpc.as_str(), String::as_str);
+        let peer = Peer::connect_lazy(address, &self.secret, &self.cluster_id).map_err(|e| e.to_string());
         PeerNetwork { target, peer }
     }
 }
