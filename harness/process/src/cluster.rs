@@ -67,11 +67,13 @@ impl ProcessCluster {
     ) -> anyhow::Result<ProcessCluster> {
         anyhow::ensure!((1..=9).contains(&size), "a process cluster has 1..=9 nodes");
         std::fs::create_dir_all(root).with_context(|| format!("create {}", root.display()))?;
+        // Hold the nodes' ports until the relays have theirs, so no relay lands on a node's port.
+        let mut reserved = Vec::new();
         let mut addresses = Vec::new();
         for id in 1..=size {
-            let http: SocketAddr = format!("127.0.0.1:{}", crate::free_port()?).parse()?;
-            let rpc: SocketAddr = format!("127.0.0.1:{}", crate::free_port()?).parse()?;
-            addresses.push((id, http, rpc));
+            let (http, rpc) = (reserve()?, reserve()?);
+            addresses.push((id, http.local_addr()?, rpc.local_addr()?));
+            reserved.extend([http, rpc]);
         }
         let mut relays = BTreeMap::new();
         for (from, _, _) in &addresses {
@@ -79,6 +81,7 @@ impl ProcessCluster {
                 relays.insert((*from, *to), Relay::start(*rpc).await?);
             }
         }
+        drop(reserved);
         let cluster_file = write_cluster_file(root, durability, &addresses)?;
         let members = addresses
             .iter()
@@ -392,6 +395,10 @@ impl ProcessCluster {
     fn index(&self, id: u64) -> usize {
         self.members.iter().position(|member| member.id == id).unwrap_or_else(|| panic!("no node {id}"))
     }
+}
+
+fn reserve() -> anyhow::Result<std::net::TcpListener> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?)
 }
 
 fn lock(process: &Mutex<Option<NodeProcess>>) -> std::sync::MutexGuard<'_, Option<NodeProcess>> {
