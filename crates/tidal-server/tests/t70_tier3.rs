@@ -34,6 +34,8 @@ const FAILURE_BACKOFF: Duration = Duration::from_millis(20);
 /// Bounds on each load writer: writes and time.
 const WRITES_PER_WRITER_MAX: u64 = 5_000;
 const LOAD_DURATION_MAX: Duration = Duration::from_secs(120);
+/// Size of the large item bodies that show replication going through the relays.
+const BLOB_BYTES: usize = 900_000;
 /// Acknowledged load writes each phase waits for before and after a fault.
 const ACKS_PER_PHASE: usize = 150;
 
@@ -264,6 +266,21 @@ async fn writes_converge_a_killed_follower_catches_up_from_the_log_and_operator_
             );
             let vector = embedding(item);
             last = last.max(until_acked("embedding", || client.put_embedding(item, vector.clone())).await);
+        }
+        // Replication (not only openraft) dials through the relays (`--dial`): the followers' links
+        // from the leader carry these bodies; openraft's heartbeats are a few hundred bytes each.
+        let relayed_before =
+            [cluster.link_bytes(leader, f1).unwrap(), cluster.link_bytes(leader, f2).unwrap()];
+        let blob = "x".repeat(BLOB_BYTES);
+        for item in 101..=103u64 {
+            let client = cluster.client(leader);
+            let key = format!("blob-{item}");
+            last = last
+                .max(until_acked("blob", || client.put_item(item, json!({"blob": blob}), Some(&key))).await);
+        }
+        for (follower, before) in [f1, f2].into_iter().zip(relayed_before) {
+            let relayed = cluster.link_bytes(leader, follower).unwrap() - before;
+            assert!(relayed >= 3 * BLOB_BYTES as u64, "relay {leader}->{follower} carried {relayed} bytes");
         }
         for (round, via) in [leader, f1, f2].into_iter().enumerate() {
             let client = cluster.client(via);

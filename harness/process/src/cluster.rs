@@ -215,6 +215,11 @@ impl ProcessCluster {
         Ok(())
     }
 
+    /// Bytes relay (`from`, `to`) has forwarded so far: `from`'s calls to `to` and their answers.
+    pub fn link_bytes(&self, from: u64, to: u64) -> anyhow::Result<u64> {
+        Ok(self.relays.get(&(from, to)).context("no such link")?.bytes_forwarded())
+    }
+
     /// Waits until `id`'s `/readyz` answers 200 (for a follower: it knows a leader and hears it).
     pub async fn wait_ready(&self, id: u64) -> anyhow::Result<()> {
         let deadline = Instant::now() + DEADLINE;

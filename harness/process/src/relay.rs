@@ -8,6 +8,10 @@
 //! of each of its links.
 
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -17,8 +21,13 @@ pub struct Relay {
     address: SocketAddr,
     target: SocketAddr,
     cut: watch::Sender<bool>,
+    /// Bytes forwarded, both directions, every connection.
+    bytes: Arc<AtomicU64>,
     accept: JoinHandle<()>,
 }
+
+/// Copy buffer per direction of a connection.
+const PUMP_BUFFER_BYTES: usize = 64 * 1024;
 
 impl Relay {
     /// Listens on a fresh loopback port and forwards every connection to `target`.
@@ -26,8 +35,15 @@ impl Relay {
         let listener = TcpListener::bind("127.0.0.1:0").await?;
         let address = listener.local_addr()?;
         let (cut, _) = watch::channel(false);
-        let accept = tokio::spawn(accept_loop(listener, target, cut.clone()));
-        Ok(Relay { address, target, cut, accept })
+        let bytes = Arc::new(AtomicU64::new(0));
+        let accept = tokio::spawn(accept_loop(listener, target, cut.clone(), bytes.clone()));
+        Ok(Relay { address, target, cut, bytes, accept })
+    }
+
+    /// Bytes forwarded so far (both directions, every connection): shows that a node dials its
+    /// peer through this relay for a given kind of traffic.
+    pub fn bytes_forwarded(&self) -> u64 {
+        self.bytes.load(Ordering::Relaxed)
     }
 
     /// Where the dialing node connects.
@@ -63,7 +79,12 @@ impl Drop for Relay {
     }
 }
 
-async fn accept_loop(listener: TcpListener, target: SocketAddr, cut: watch::Sender<bool>) {
+async fn accept_loop(
+    listener: TcpListener,
+    target: SocketAddr,
+    cut: watch::Sender<bool>,
+    bytes: Arc<AtomicU64>,
+) {
     loop {
         let inbound = match listener.accept().await {
             Ok((inbound, _)) => inbound,
@@ -80,31 +101,58 @@ async fn accept_loop(listener: TcpListener, target: SocketAddr, cut: watch::Send
             drop(inbound);
             continue;
         }
+        let bytes = bytes.clone();
         tokio::spawn(async move {
             let Ok(outbound) = TcpStream::connect(target).await else {
                 return; // the target is down: the dialer sees its connection closed
             };
-            forward(inbound, outbound, &mut on_cut).await;
+            forward(inbound, outbound, &mut on_cut, &bytes).await;
         });
     }
 }
 
-async fn forward(mut inbound: TcpStream, mut outbound: TcpStream, on_cut: &mut watch::Receiver<bool>) {
+async fn forward(
+    inbound: TcpStream,
+    outbound: TcpStream,
+    on_cut: &mut watch::Receiver<bool>,
+    bytes: &AtomicU64,
+) {
     // Replication latency matters to the tests' deadlines; do not let Nagle batch small frames.
     let _ = inbound.set_nodelay(true);
     let _ = outbound.set_nodelay(true);
+    let (inbound_read, inbound_write) = inbound.into_split();
+    let (outbound_read, outbound_write) = outbound.into_split();
     tokio::select! {
-        _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound) => {}
+        _ = async { tokio::join!(pump(inbound_read, outbound_write, bytes), pump(outbound_read, inbound_write, bytes)) } => {}
         // A cut (or the relay dropped: the sender is gone) ends the connection; dropping both
-        // sockets closes them.
+        // halves of both sockets closes them.
         _ = on_cut.wait_for(|cut| *cut) => {}
+    }
+}
+
+/// Copies one direction until EOF (then half-closes the other side) or an error.
+async fn pump(mut from: OwnedReadHalf, mut to: OwnedWriteHalf, bytes: &AtomicU64) {
+    let mut buffer = vec![0u8; PUMP_BUFFER_BYTES];
+    loop {
+        match from.read(&mut buffer).await {
+            Ok(0) | Err(_) => {
+                let _ = to.shutdown().await;
+                return;
+            }
+            Ok(read) => {
+                // Counted before it is written, so a reader that got the bytes sees them counted.
+                bytes.fetch_add(read as u64, Ordering::Relaxed);
+                if to.write_all(&buffer[..read]).await.is_err() {
+                    return;
+                }
+            }
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     async fn echo_server() -> SocketAddr {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -132,6 +180,7 @@ mod tests {
         let relay = Relay::start(echo_server().await).await.unwrap();
         let mut live = TcpStream::connect(relay.address()).await.unwrap();
         assert_eq!(round_trip(&mut live, b"hello").await.unwrap(), b"hello");
+        assert_eq!(relay.bytes_forwarded(), 10, "5 bytes each way");
 
         relay.cut();
         assert!(relay.is_cut());
