@@ -34,6 +34,8 @@ const FAILURE_BACKOFF: Duration = Duration::from_millis(20);
 /// Bounds on each load writer: writes and time.
 const WRITES_PER_WRITER_MAX: u64 = 5_000;
 const LOAD_DURATION_MAX: Duration = Duration::from_secs(120);
+/// The item written to a cut-off leader (outside the load's ids).
+const PROBE_ITEM: u64 = 900_000_000;
 /// Size of the large item bodies that show replication going through the relays.
 const BLOB_BYTES: usize = 900_000;
 /// Acknowledged load writes each phase waits for before and after a fault.
@@ -488,6 +490,14 @@ async fn a_cut_off_leader_stops_acknowledging_and_loses_no_acknowledged_write() 
             acks.iter().filter(|ack| ack.sent >= serving).count() >= ACKS_PER_PHASE
         })
         .await;
+        // One more write straight to the cut-off leader, which still believes it leads: it must
+        // not be acknowledged (it cannot reach a majority).
+        let probe = Client::with_timeout(cluster.url(old), None, WRITE_TIMEOUT);
+        let outcome = probe.put_item(PROBE_ITEM, json!({"probe": "cut off"}), Some("probe")).await;
+        assert!(
+            outcome.is_err(),
+            "cut-off leader {old} acknowledged a write after {new} took over: {outcome:?}"
+        );
     }
     {
         tracing::info!(
@@ -505,6 +515,15 @@ async fn a_cut_off_leader_stops_acknowledging_and_loses_no_acknowledged_write() 
         assert!(converged.seqno >= acked.iter().map(|ack| ack.seqno).max().unwrap());
         let status = cluster.status(old).await.unwrap();
         assert_acked_everywhere(&cluster, &acked).await;
+        for node in cluster.ids() {
+            // Written only to the cut-off leader's WAL, never acknowledged: quarantined there, and
+            // on no node's state.
+            let read = cluster.client(node).get_item(PROBE_ITEM).await;
+            assert!(
+                matches!(read, Err(tidal_client::Error::Api { status: 404, .. })),
+                "the unacknowledged write to the cut-off leader is visible on node {node}: {read:?}"
+            );
+        }
         tracing::info!(
             acked = acked.len(),
             seqno = converged.seqno,
