@@ -21,7 +21,7 @@ async fn start(root: &Path) -> SingleNode {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigkill_under_load_loses_no_acknowledged_write() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = tidal_procs::TestDir::new().unwrap();
     let process = start(dir.path()).await;
     let client = process.client().clone();
     let acked = Arc::new(Mutex::new(Vec::<(u64, u64)>::new()));
@@ -69,7 +69,7 @@ async fn sigkill_under_load_loses_no_acknowledged_write() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_drains_and_exits_zero() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = tidal_procs::TestDir::new().unwrap();
     let process = start(dir.path()).await;
     let reply = process.client().put_item(7, serde_json::json!({"x": 1}), None).await.unwrap();
     let status = process.terminate().await.unwrap();
@@ -81,7 +81,7 @@ async fn sigterm_drains_and_exits_zero() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_up_starts_a_healthy_local_cluster_and_down_stops_it() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = tidal_procs::TestDir::new().unwrap();
     let port_base = 21070u16;
     let up = Command::new(env!("CARGO_BIN_EXE_tidal"))
         .args(["cluster", "up", "--nodes", "3", "--port-base", &port_base.to_string(), "--dir"])

@@ -250,7 +250,7 @@ async fn wait_follower(cluster: &ProcessCluster, node: u64) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn writes_converge_a_killed_follower_catches_up_from_the_log_and_operator_verbs_work() {
     init_tracing();
-    let root = tempfile::tempdir().unwrap();
+    let root = tidal_procs::TestDir::new().unwrap();
     let cluster = start_cluster(root.path()).await;
     let leader = cluster.leader().await.unwrap();
     let followers: Vec<u64> = cluster.ids().into_iter().filter(|id| *id != leader).collect();
@@ -411,7 +411,7 @@ async fn writes_converge_a_killed_follower_catches_up_from_the_log_and_operator_
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn leader_killed_under_load_then_two_nodes_killed_at_once_lose_no_acknowledged_write() {
     init_tracing();
-    let root = tempfile::tempdir().unwrap();
+    let root = tidal_procs::TestDir::new().unwrap();
     let cluster = start_cluster(root.path()).await;
     let mut all_acked = Vec::new();
     {
@@ -473,7 +473,7 @@ async fn leader_killed_under_load_then_two_nodes_killed_at_once_lose_no_acknowle
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cut_off_leader_stops_acknowledging_and_loses_no_acknowledged_write() {
     init_tracing();
-    let root = tempfile::tempdir().unwrap();
+    let root = tidal_procs::TestDir::new().unwrap();
     let cluster = start_cluster(root.path()).await;
     let old = cluster.leader().await.unwrap();
     let majority: Vec<u64> = cluster.ids().into_iter().filter(|id| *id != old).collect();

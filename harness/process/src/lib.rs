@@ -11,6 +11,7 @@
 //!   processes keep running (docs/decisions/009).
 //! - [`NodeProcess`] (`process.rs`): one child process, its log file, SIGKILL and SIGTERM by pid.
 //! - [`SingleNode`] (`single.rs`): one stand-alone node, for crash tests without a cluster.
+//! - [`TestDir`] (`test_dir.rs`): a temporary root for data dirs and logs, kept when a test fails.
 //!
 //! # What is delicate
 //!
@@ -28,11 +29,13 @@ mod cluster;
 mod process;
 mod relay;
 mod single;
+mod test_dir;
 
 pub use cluster::{Converged, ProcessCluster};
 pub use process::NodeProcess;
 pub use relay::Relay;
 pub use single::SingleNode;
+pub use test_dir::TestDir;
 
 use std::time::Duration;
 
