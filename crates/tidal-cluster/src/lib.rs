@@ -21,8 +21,8 @@ pub use applier::{Applier, ApplierInput, ApplierSender, CommitOnFlush};
 pub use commit_state::CommitState;
 pub use control::{ControlPlane, ControlTiming, TermGate};
 pub use replica::{
-    commit_hint, FollowerProgress, HealReport, InstallStats, Replica, ReplicaHook, ReplicaParts,
-    ReplicaService, Role,
+    commit_hint, FollowerProgress, HealReport, InstallStats, PromoteError, PromoteReport, Replica,
+    ReplicaHook, ReplicaParts, ReplicaService, Role,
 };
 pub use ship_feed::{ShipFeed, TailRead};
 pub use snapshot::{

@@ -17,6 +17,9 @@
 //! slip between the append and the ack).
 
 mod office;
+mod promote;
+
+pub use promote::{PromoteError, PromoteReport, WriteTicket};
 
 use crate::applier::ApplierSender;
 use crate::commit_state::CommitState;
@@ -201,6 +204,12 @@ pub struct Replica {
     /// When the last automatic install started (rate limit).
     last_install: Mutex<Option<Instant>>,
     installs: Mutex<InstallStats>,
+    /// Set while a leadership transfer runs on this leader (single flight).
+    promoting: AtomicBool,
+    /// The node leadership is being handed to, while this leader refuses new writes (0: none).
+    handing_to: AtomicU64,
+    /// Client writes between their admission and their WAL append (see `admit_write`).
+    writes_in_flight: std::sync::atomic::AtomicUsize,
 }
 
 /// What `heal` did (or, with `dry_run`, would do).
@@ -284,6 +293,9 @@ impl Replica {
             installing: tokio::sync::Mutex::new(()),
             last_install: Mutex::new(None),
             installs: Mutex::new(InstallStats::default()),
+            promoting: AtomicBool::new(false),
+            handing_to: AtomicU64::new(0),
+            writes_in_flight: std::sync::atomic::AtomicUsize::new(0),
         });
         // Losing office is synchronous with persisting a higher vote (PROTOCOL.md, "Losing office").
         let weak = Arc::downgrade(&replica);
@@ -1022,6 +1034,10 @@ impl tidal_net::Handler for ReplicaService {
 
     async fn snapshot(&self, request: SnapshotRequest) -> Result<SnapshotStream, tonic::Status> {
         self.0.snapshots.serve(request)
+    }
+
+    async fn elect(&self, term: u64, leader: u64) -> Result<Result<(), String>, tonic::Status> {
+        Ok(self.0.stand_for_election(term, leader).await)
     }
 
     async fn raft(&self, call: RaftCall) -> Result<Vec<u8>, tonic::Status> {

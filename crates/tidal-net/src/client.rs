@@ -106,6 +106,15 @@ impl Peer {
         Ok(self.client.clone().nudge(request).await?.into_inner().started)
     }
 
+    /// Asks the peer to stand for election now (leadership transfer). `Ok(Err(why))`: it refused.
+    pub async fn elect(&self, term: u64, leader: u64) -> Result<Result<(), String>, NetError> {
+        let mut request =
+            tonic::Request::new(pb::ElectRequest { cluster_id: self.cluster_id.clone(), term, leader });
+        request.set_timeout(SHIP_TIMEOUT);
+        let reply = self.client.clone().elect(request).await?.into_inner();
+        Ok(if reply.started { Ok(()) } else { Err(reply.reason) })
+    }
+
     /// Probes the peer for its last durable position in `probe.term`.
     pub async fn probe(&self, probe: &Probe, timeout: Duration) -> Result<ProbeReply, NetError> {
         let mut request = tonic::Request::new(pb::ProbeRequest::from(probe));

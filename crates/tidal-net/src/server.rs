@@ -41,6 +41,11 @@ pub trait Handler: Send + Sync + 'static {
     async fn raft(&self, _call: RaftCall) -> Result<Vec<u8>, Status> {
         Err(Status::unimplemented("this node runs no control plane"))
     }
+    /// The leader asks this node to stand for election now (leadership transfer). `Ok(Err(why))`
+    /// is a refusal: the node did not start an election.
+    async fn elect(&self, _term: u64, _leader: u64) -> Result<Result<(), String>, Status> {
+        Err(Status::unimplemented("this node runs no control plane"))
+    }
     /// A snapshot request from a follower behind our purge point: the chunks of a snapshot of our
     /// state (tidal-cluster's `SnapshotSource::serve`). A node that serves none keeps the default.
     async fn snapshot(&self, _request: SnapshotRequest) -> Result<SnapshotStream, Status> {
@@ -124,6 +129,16 @@ impl<H: Handler> Replication for Service<H> {
         self.check_cluster(&request.cluster_id)?;
         let started = self.handler.nudge(request.reason).await?;
         Ok(Response::new(pb::NudgeReply { started }))
+    }
+
+    async fn elect(&self, request: Request<pb::ElectRequest>) -> Result<Response<pb::ElectReply>, Status> {
+        let request = request.into_inner();
+        self.check_cluster(&request.cluster_id)?;
+        let reply = match self.handler.elect(request.term, request.leader).await? {
+            Ok(()) => pb::ElectReply { started: true, reason: String::new() },
+            Err(reason) => pb::ElectReply { started: false, reason },
+        };
+        Ok(Response::new(reply))
     }
 
     async fn raft(&self, request: Request<pb::RaftRequest>) -> Result<Response<pb::RaftReply>, Status> {

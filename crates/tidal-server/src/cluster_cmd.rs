@@ -46,6 +46,16 @@ pub enum ClusterCommand {
         #[arg(long, default_value_t = 10)]
         rounds: u32,
     },
+    /// Leadership-transfer benchmark on a running local cluster: while one client writes without
+    /// pause, promote another node; report the transfer time and the longest gap between acks.
+    PromoteBench {
+        /// Folder given to `up`.
+        #[arg(long, default_value = "./tidal-cluster")]
+        dir: PathBuf,
+        /// Transfers.
+        #[arg(long, default_value_t = 10)]
+        rounds: u32,
+    },
 }
 
 /// Runs a `tidal cluster` subcommand.
@@ -54,6 +64,7 @@ pub async fn run(command: ClusterCommand) -> anyhow::Result<()> {
         ClusterCommand::Up { nodes, dir, port_base } => up(nodes, &dir, port_base).await,
         ClusterCommand::Down { dir } => down(&dir),
         ClusterCommand::FailoverBench { dir, rounds } => crate::ops::failover_bench(&dir, rounds).await,
+        ClusterCommand::PromoteBench { dir, rounds } => crate::ops::promote_bench(&dir, rounds).await,
     }
 }
 

@@ -80,19 +80,17 @@ impl Forwarder {
 
 /// Headers a forwarded write keeps.
 const FORWARDED_HEADERS: [&str; 3] = ["authorization", "idempotency-key", "content-type"];
+/// Headers of the leader's reply a forwarded request passes back.
+const REPLY_HEADERS: [&str; 2] = ["content-type", "tidal-applied-seqno"];
 
 async fn forward_writes(State(state): State<Arc<AppState>>, request: Request, next: Next) -> Response {
     let Some(leader_url) = state.forward.leader_url() else {
         return next.run(request).await;
     };
-    let path = request.uri().path();
-    let is_log_write = request.method() != Method::GET
-        && request.method() != Method::HEAD
-        && path.starts_with("/v1/")
-        && !path.contains("/negatives");
-    if !is_log_write {
+    if !leader_only(request.method(), request.uri().path(), request.uri().query()) {
         return next.run(request).await;
     }
+    let path = request.uri().path();
     let url = format!("{leader_url}{}", request.uri().path_and_query().map_or(path, |pq| pq.as_str()));
     let method = request.method().clone();
     let headers = request.headers().clone();
@@ -109,12 +107,15 @@ async fn forward_writes(State(state): State<Arc<AppState>>, request: Request, ne
     match forwarded.send().await {
         Ok(reply) => {
             let status = reply.status();
-            let content_type = reply.headers().get(axum::http::header::CONTENT_TYPE).cloned();
+            let kept: Vec<_> = REPLY_HEADERS
+                .iter()
+                .filter_map(|name| reply.headers().get(*name).map(|value| (*name, value.clone())))
+                .collect();
             match reply.bytes().await {
                 Ok(bytes) => {
                     let mut response = (status, bytes).into_response();
-                    if let Some(content_type) = content_type {
-                        response.headers_mut().insert(axum::http::header::CONTENT_TYPE, content_type);
+                    for (name, value) in kept {
+                        response.headers_mut().insert(name, value);
                     }
                     response
                 }
@@ -130,6 +131,15 @@ async fn forward_writes(State(state): State<Arc<AppState>>, request: Request, ne
         )
         .into_response(),
     }
+}
+
+/// Whether a request must be served by the leader: log writes (hard negatives are not in the log),
+/// linearizable reads, and the verbs only a leader performs (`heal`, `promote`).
+fn leader_only(method: &Method, path: &str, query: Option<&str>) -> bool {
+    let read = method == Method::GET || method == Method::HEAD;
+    let v1 = path.starts_with("/v1/") && !path.contains("/negatives");
+    let linearizable = query.is_some_and(|q| q.split('&').any(|pair| pair == "consistency=linearizable"));
+    (v1 && !read) || (v1 && read && linearizable) || (path == "/cluster/heal" || path == "/cluster/promote")
 }
 
 type AppResult<T> = Result<T, ApiError>;
@@ -151,6 +161,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/cluster/digest", get(get_digest))
         .route("/cluster/heal", post(post_heal))
         .route("/cluster/catchup", post(post_catchup))
+        .route("/cluster/promote", post(post_promote))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
@@ -264,8 +275,31 @@ fn query_limit(query: &Option<String>, default: usize) -> AppResult<usize> {
 /// Honours `min_seqno`: waits (bounded) until the node has applied it. Returns the applied seqno.
 async fn read_barrier(state: &AppState, query: &Option<String>) -> AppResult<u64> {
     let node = &state.node;
+    let timeout = Duration::from_millis(node.config().read_wait_ms_max);
+    match query_param(query, "consistency") {
+        None | Some("applied") => {}
+        Some("linearizable") => {
+            // ReadIndex (PROTOCOL.md): a follower forwarded this read to the leader already; here
+            // the leader confirms it still leads and waits until it has applied the read index.
+            let index = match node.replica() {
+                Some(replica) => replica
+                    .read_index()
+                    .await
+                    .map_err(|why| {
+                        ApiError::unavailable(ErrorCode::NotReady, format!("linearizable read: {why}; retry"))
+                    })?
+                    .get(),
+                None => node.wal().durable_seqno().get(),
+            };
+            node.wait_applied(index, Some(timeout)).await?;
+        }
+        Some(other) => {
+            return Err(ApiError::invalid(format!(
+                "consistency must be applied or linearizable, not {other:?}"
+            )))
+        }
+    }
     if let Some(min) = query_u64(query, "min_seqno")? {
-        let timeout = Duration::from_millis(node.config().read_wait_ms_max);
         node.wait_applied(min, Some(timeout)).await?;
     }
     Ok(node.applied_seqno())
@@ -680,6 +714,29 @@ async fn post_heal(
         "node": report.node.0,
         "matched": {"term": report.matched.term.get(), "seqno": report.matched.seqno.get()},
         "applied_seqno": report.applied.get(),
+        "dry_run": dry_run,
+        "action": report.action,
+    })))
+}
+
+async fn post_promote(
+    State(state): State<Arc<AppState>>,
+    RawQuery(query): RawQuery,
+) -> AppResult<Json<serde_json::Value>> {
+    let replica = cluster_replica(&state)?;
+    let node = query_u64(&query, "node")?.ok_or_else(|| ApiError::invalid("promote needs ?node=<id>"))?;
+    let dry_run = query_param(&query, "dry_run") == Some("true");
+    let report = replica.promote(tidal_types::NodeId(node), dry_run).await.map_err(|error| match error {
+        tidal_cluster::PromoteError::Invalid(why) => ApiError::invalid(why),
+        tidal_cluster::PromoteError::Unavailable(why) => ApiError::unavailable(ErrorCode::NotReady, why),
+    })?;
+    Ok(Json(serde_json::json!({
+        "from": report.from.0,
+        "to": report.to.0,
+        "term": report.term.get(),
+        "behind_seqnos": report.behind,
+        "new_leader": report.new_leader.map(|id| id.0),
+        "elapsed_ms": report.elapsed.as_millis() as u64,
         "dry_run": dry_run,
         "action": report.action,
     })))

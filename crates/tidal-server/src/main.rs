@@ -39,6 +39,17 @@ enum Command {
         #[arg(long)]
         dry_run: bool,
     },
+    /// Hand leadership to another voter (leadership transfer); any node forwards it to the leader.
+    Promote {
+        #[command(flatten)]
+        verb: tidal_server::ops::VerbArgs,
+        /// The node to lead.
+        #[arg(long)]
+        node: u64,
+        /// Say what would be done, change nothing.
+        #[arg(long)]
+        dry_run: bool,
+    },
 }
 
 fn main() -> anyhow::Result<()> {
@@ -60,6 +71,9 @@ fn main() -> anyhow::Result<()> {
         Command::Catchup(verb) => runtime.block_on(tidal_server::ops::catchup(verb)),
         Command::Heal { verb, node, dry_run } => {
             runtime.block_on(tidal_server::ops::heal(verb, node, dry_run))
+        }
+        Command::Promote { verb, node, dry_run } => {
+            runtime.block_on(tidal_server::ops::promote(verb, node, dry_run))
         }
     }
 }

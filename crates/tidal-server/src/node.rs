@@ -344,14 +344,20 @@ impl Node {
         }
         // A cluster member writes only while it serves as leader; losing office fails the wait (the
         // outcome is unknown: the client retries with its Idempotency-Key).
-        let mut office = match &self.replica {
-            None => None,
+        let (mut office, ticket) = match &self.replica {
+            None => (None, None),
             Some(replica) => {
                 let office = replica.serving();
                 if office.borrow().is_none() {
                     return Err(not_leader(replica));
                 }
-                Some(office)
+                let ticket = replica.admit_write().map_err(|target| {
+                    ApiError::unavailable(
+                        ErrorCode::NotReady,
+                        format!("leadership is moving to node {target}; retry in a moment"),
+                    )
+                })?;
+                (Some(office), Some(ticket))
             }
         };
         let (tx, rx) = tokio::sync::oneshot::channel();
@@ -378,6 +384,8 @@ impl Node {
             }
             Err(_) => return Err(ApiError::internal("WAL writer stopped; the outcome is unknown")),
         };
+        // Appended: a leadership transfer waiting for admitted writes may go on.
+        drop(ticket);
         match &mut office {
             None => self.wait_applied(appended.last.get(), None).await?,
             Some(office) => {

@@ -1,8 +1,10 @@
-//! Operator verbs on the command line (`tidal status`, `tidal catchup`, `tidal heal`) and the
-//! failover benchmark (`tidal cluster failover-bench`).
+//! Operator verbs on the command line (`tidal status`, `tidal catchup`, `tidal heal`, `tidal
+//! promote`) and the failover and transfer benchmarks (`tidal cluster failover-bench`,
+//! `tidal cluster promote-bench`).
 //!
 //! The verbs are thin clients of the HTTP routes (`GET /cluster/status`, `POST /cluster/catchup`,
-//! `POST /cluster/heal`): they print readable tables, and exit non-zero when the node refuses.
+//! `POST /cluster/heal`, `POST /cluster/promote`): they print readable tables, and exit non-zero
+//! when the node refuses.
 
 use anyhow::Context;
 use std::path::Path;
@@ -108,6 +110,126 @@ pub async fn heal(args: VerbArgs, node: u64, dry_run: bool) -> anyhow::Result<()
         .await
         .with_context(|| format!("POST {path}"))?;
     println!("{}", serde_json::to_string_pretty(&reply)?);
+    Ok(())
+}
+
+/// `tidal promote --node N [--dry-run]`: the leader hands leadership to node N (any node forwards
+/// the request to the leader).
+pub async fn promote(args: VerbArgs, node: u64, dry_run: bool) -> anyhow::Result<()> {
+    let client = Client::new(args.url.clone(), args.token);
+    let path = format!("/cluster/promote?node={node}{}", if dry_run { "&dry_run=true" } else { "" });
+    let reply: serde_json::Value = client
+        .json::<(), _>(reqwest::Method::POST, &path, None)
+        .await
+        .with_context(|| format!("POST {path}"))?;
+    println!("{}", serde_json::to_string_pretty(&reply)?);
+    Ok(())
+}
+
+fn local_clients(dir: &Path) -> anyhow::Result<Vec<(u64, Client)>> {
+    let membership = crate::config::load_cluster(&dir.join("cluster.toml"), 1).with_context(|| {
+        format!("no local cluster in {} (run `tidal cluster up --dir` first)", dir.display())
+    })?;
+    Ok(membership
+        .spec
+        .nodes
+        .iter()
+        .map(|n| (n.id.0, Client::new(format!("http://{}", n.http), None)))
+        .collect())
+}
+
+fn quantile(sorted: &[Duration], q: f64) -> Duration {
+    sorted.get(((sorted.len().max(1) as f64 - 1.0) * q).round() as usize).copied().unwrap_or_default()
+}
+
+/// `tidal cluster promote-bench`: on a local cluster, one client writes back to back (through every
+/// node in turn: followers forward) while the leader hands over to the next node; reports how long
+/// each transfer took and the longest gap between two acknowledged writes around it.
+pub async fn promote_bench(dir: &Path, rounds: u32) -> anyhow::Result<()> {
+    anyhow::ensure!((1..=100).contains(&rounds), "rounds must be 1..=100");
+    let clients = local_clients(dir)?;
+    anyhow::ensure!(clients.len() >= 2, "a transfer needs at least two nodes");
+    let mut gaps = Vec::new();
+    let mut transfers = Vec::new();
+    for round in 0..rounds {
+        let leader = wait_leader(&clients, Duration::from_secs(30)).await?;
+        let position =
+            clients.iter().position(|(id, _)| *id == leader).context("leader not in cluster file")?;
+        let target = clients[(position + 1) % clients.len()].0;
+        let (stop, stopped) = tokio::sync::watch::channel(false);
+        let writers: Vec<Client> = clients.iter().map(|(_, c)| c.clone()).collect();
+        let writer = tokio::spawn(async move {
+            let mut acks = Vec::new();
+            let mut turn = 0usize;
+            let mut written = 0u64;
+            while !*stopped.borrow() && written < 1_000_000 {
+                let client = &writers[turn % writers.len()];
+                let write = client.put_item(3, serde_json::json!({"round": round, "n": written}), None);
+                match tokio::time::timeout(Duration::from_millis(500), write).await {
+                    Ok(Ok(_)) => acks.push(Instant::now()),
+                    _ => turn += 1,
+                }
+                written += 1;
+            }
+            acks
+        });
+        let started = Instant::now();
+        let path = format!("/cluster/promote?node={target}");
+        let (_, leader_client) = &clients[position];
+        let reply: serde_json::Value = leader_client
+            .json::<(), _>(reqwest::Method::POST, &path, None)
+            .await
+            .with_context(|| format!("POST {path} to node {leader}"))?;
+        let transfer = started.elapsed();
+        // Keep writing until the new leader has acknowledged writes for a while, so the gap that
+        // ends with the first ack under the new leader is inside the window.
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let (_, target_client) =
+            clients.iter().find(|(id, _)| *id == target).context("target not in file")?;
+        loop {
+            let status = target_client.status().await;
+            if status.is_ok_and(|s| s.role == "leader") {
+                break;
+            }
+            anyhow::ensure!(
+                Instant::now() < deadline,
+                "node {target} did not take office within 30 s: {reply}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let serving_from = Instant::now();
+        while serving_from.elapsed() < Duration::from_millis(300) {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        stop.send_replace(true);
+        let acks = writer.await.context("writer task")?;
+        let gap = acks
+            .windows(2)
+            .filter(|w| w[1] >= started)
+            .map(|w| w[1].duration_since(w[0]))
+            .max()
+            .unwrap_or_default();
+        println!(
+            "round {round}: n{leader} -> n{target}: promote answered after {} ms ({}); longest gap between acks {} ms ({} acks)",
+            transfer.as_millis(),
+            reply["action"].as_str().unwrap_or("?"),
+            gap.as_millis(),
+            acks.len()
+        );
+        gaps.push(gap);
+        transfers.push(transfer);
+    }
+    gaps.sort();
+    transfers.sort();
+    println!(
+        "promote over {} rounds: write gap p50 {} ms, p99 {} ms, max {} ms; promote call p50 {} ms, p99 {} ms",
+        gaps.len(),
+        quantile(&gaps, 0.5).as_millis(),
+        quantile(&gaps, 0.99).as_millis(),
+        gaps.last().map_or(0, |g| g.as_millis()),
+        quantile(&transfers, 0.5).as_millis(),
+        quantile(&transfers, 0.99).as_millis(),
+    );
     Ok(())
 }
 

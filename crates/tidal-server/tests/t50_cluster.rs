@@ -8,7 +8,7 @@
 
 mod common;
 
-use common::cluster::{same, Cluster};
+use common::cluster::{same, Cluster, DEADLINE, POLL};
 use serde_json::json;
 use std::time::Duration;
 use tidal_cluster::Durability;
@@ -200,8 +200,9 @@ async fn leader_durability_acknowledges_without_followers_and_they_converge_late
 }
 
 /// The operator verbs over HTTP: `heal` on the leader (dry run says what it would do and changes
-/// nothing; the real one resets the queue and the follower still converges), `heal` refused on a
-/// follower, `catchup` on a follower starts (or joins) a pull, and is refused on the leader.
+/// nothing; the real one resets the queue and the follower still converges), `heal` sent to a
+/// follower is forwarded to the leader, `catchup` on a follower starts (or joins) a pull, and is
+/// refused on the leader.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn heal_and_catchup_verbs() {
     let root = tempfile::tempdir().unwrap();
@@ -228,8 +229,9 @@ async fn heal_and_catchup_verbs() {
     }
     let ready = reqwest::get(format!("{}/readyz?max_lag_ms=soon", cluster.client(f).base())).await.unwrap();
     assert_eq!(ready.status(), reqwest::StatusCode::BAD_REQUEST);
-    let refused = post(f, format!("/cluster/heal?node={f_id}")).await.unwrap_err();
-    assert_eq!(refused.code(), Some("not_ready"), "{refused:?}");
+    // A follower forwards heal to its leader (the verb is the leader's).
+    let forwarded = post(f, format!("/cluster/heal?node={f_id}")).await.unwrap();
+    assert!(forwarded["action"].as_str().unwrap().starts_with("reset"), "{forwarded}");
     let catchup = post(f, "/cluster/catchup".to_string()).await.unwrap();
     assert_eq!(catchup["leader"], json!(cluster.spec.nodes[l].id.0), "{catchup}");
     assert!(
@@ -240,6 +242,85 @@ async fn heal_and_catchup_verbs() {
     assert!(after.seqno > written.seqno);
     let digests = cluster.digests_at(after.seqno).await;
     assert!(same(&digests), "replicas differ after heal: {digests:?}");
+    for i in 0..3 {
+        cluster.stop(i).await;
+    }
+}
+
+/// `promote` hands leadership to the named voter (sent to any node: followers forward it), a dry
+/// run changes nothing, bad targets are refused; acknowledged writes survive the transfer and the old
+/// leader follows; an Idempotency-Key retry answered by the new leader returns the first result. A
+/// linearizable read sent to a follower is answered by the leader after a quorum
+/// confirmed it and sees every write acknowledged before it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn promote_hands_over_and_linearizable_reads_see_acknowledged_writes() {
+    let root = tempfile::tempdir().unwrap();
+    let mut cluster = Cluster::new(root.path(), 3, Durability::Quorum, |_| {});
+    for i in 0..3 {
+        cluster.start(i).await;
+    }
+    let l = cluster.leader().await;
+    let followers = cluster.followers_of(l);
+    let (f, o) = (followers[0], followers[1]);
+    let (l_id, f_id) = (cluster.spec.nodes[l].id.0, cluster.spec.nodes[f].id.0);
+    let first = cluster.client(l).put_item(1, json!({"before": true}), Some("promote-key")).await.unwrap();
+    let post = |index: usize, path: String| {
+        let client = cluster.client(index).clone();
+        async move { client.json::<(), serde_json::Value>(reqwest::Method::POST, &path, None).await }
+    };
+    // The target must have been heard from; poll until the leader has an ack from it.
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    let dry = loop {
+        match post(o, format!("/cluster/promote?node={f_id}&dry_run=true")).await {
+            Ok(dry) => break dry,
+            Err(error) => {
+                assert!(tokio::time::Instant::now() < deadline, "dry run never accepted: {error:?}");
+                tokio::time::sleep(POLL).await;
+            }
+        }
+    };
+    assert_eq!(dry["dry_run"], json!(true));
+    assert_eq!(dry["from"], json!(l_id), "{dry}");
+    assert!(dry["action"].as_str().unwrap().starts_with("would pause heartbeats"), "{dry}");
+    assert_eq!(cluster.leader().await, l, "a dry run changed the leader");
+    for bad in ["/cluster/promote", "/cluster/promote?node=x", "/cluster/promote?node=99"] {
+        let error = post(l, bad.to_string()).await.unwrap_err();
+        assert_eq!(error.code(), Some("invalid_argument"), "{bad}: {error:?}");
+    }
+    let same_node = post(l, format!("/cluster/promote?node={l_id}")).await.unwrap();
+    assert_eq!(same_node["new_leader"], json!(l_id), "{same_node}");
+
+    let done = post(o, format!("/cluster/promote?node={f_id}")).await.unwrap();
+    assert_eq!(done["new_leader"], json!(f_id), "{done}");
+    assert_eq!(cluster.leader().await, f, "the cluster does not follow the promoted node");
+    let item = cluster.client(f).get_item(1).await.unwrap();
+    assert_eq!(item.metadata, json!({"before": true}), "an acknowledged write was lost in the transfer");
+    // The Idempotency-Key window rides the log: the retry, answered by the new leader, returns the
+    // first result instead of writing again.
+    let retried = cluster.client(o).put_item(1, json!({"before": true}), Some("promote-key")).await.unwrap();
+    assert_eq!(retried.seqno, first.seqno, "a retry after the transfer wrote twice");
+    // The old leader now forwards writes to the new one.
+    let second = cluster.client(l).put_item(2, json!({"after": true}), None).await.unwrap();
+    assert!(second.seqno > first.seqno);
+
+    // Linearizable reads: forwarded by a follower, answered after the write acknowledged above.
+    let url = format!("{}/v1/items/2?consistency=linearizable", cluster.client(o).base());
+    let read = reqwest::get(&url).await.unwrap();
+    assert_eq!(read.status(), reqwest::StatusCode::OK);
+    let applied: u64 = read.headers()["Tidal-Applied-Seqno"].to_str().unwrap().parse().unwrap();
+    assert!(applied >= second.seqno, "linearizable read at {applied} misses the write at {}", second.seqno);
+    let bad = reqwest::get(format!("{}/v1/items/2?consistency=eventually", cluster.client(o).base()))
+        .await
+        .unwrap();
+    assert_eq!(bad.status(), reqwest::StatusCode::BAD_REQUEST);
+
+    // And back: the old leader's heartbeats were restored, it leads again and every node converges.
+    let back = post(f, format!("/cluster/promote?node={l_id}")).await.unwrap();
+    assert_eq!(back["new_leader"], json!(l_id), "{back}");
+    assert_eq!(cluster.leader().await, l);
+    let last = cluster.client(o).put_item(3, json!({"back": true}), None).await.unwrap();
+    let digests = cluster.digests_at(last.seqno).await;
+    assert!(same(&digests), "replicas differ after two transfers: {digests:?}");
     for i in 0..3 {
         cluster.stop(i).await;
     }

@@ -27,6 +27,8 @@ use tokio::sync::watch;
 
 /// Deadline of one probe round.
 const PROBE_TIMEOUT: Duration = Duration::from_millis(500);
+/// How long, once a majority answered, a probe round waits for the other voters.
+const PROBE_GRACE: Duration = Duration::from_millis(20);
 /// Pause between probe rounds that did not reach a majority.
 const PROBE_RETRY: Duration = Duration::from_millis(50);
 /// Name of the stream baseline file in the data directory.
@@ -274,7 +276,19 @@ impl Replica {
             calls.spawn(async move { (id, peer.probe(&probe, PROBE_TIMEOUT).await) });
         }
         let mut answers = BTreeMap::new();
-        while let Some(joined) = calls.join_next().await {
+        // Once a majority (with this node) has answered, the stragglers get a short grace: a slow
+        // or dead voter must not hold the office up for the whole probe timeout. Any majority is
+        // enough for `plan_office` (the model check probes arbitrary majorities).
+        let mut grace_until = None;
+        loop {
+            let next = match grace_until {
+                None => calls.join_next().await,
+                Some(until) => match tokio::time::timeout_at(until, calls.join_next()).await {
+                    Ok(next) => next,
+                    Err(_) => break,
+                },
+            };
+            let Some(joined) = next else { break };
             let Ok((id, reply)) = joined else { continue };
             match reply {
                 Ok(reply) => {
@@ -286,6 +300,13 @@ impl Replica {
                     answers.insert(id, answer);
                 }
                 Err(error) => tracing::debug!(node = %id, "probe failed: {error}"),
+            }
+            if grace_until.is_none() {
+                let answered: std::collections::BTreeSet<_> =
+                    answers.keys().copied().chain(std::iter::once(self.me)).collect();
+                if self.commit.quorum().is_majority(&answered) {
+                    grace_until = Some(tokio::time::Instant::now() + PROBE_GRACE);
+                }
             }
         }
         answers

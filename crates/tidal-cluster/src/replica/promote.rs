@@ -1,0 +1,284 @@
+//! Leadership transfer (`promote`) and the read index of linearizable reads.
+//!
+//! openraft 0.9 has no transfer call, and its voters refuse to vote while the leader lease they
+//! granted on the last heartbeat runs (`leader_lease` = the election timeout maximum). So the leader
+//! pauses its heartbeats, waits out that lease while it keeps serving writes, then asks the target
+//! (`Elect` RPC) to stand for election. The voters' own election timers fire only a full election
+//! timeout after the lease, so the target campaigns alone; it wins with the higher term, takes office
+//! as after any election (probe, sync, LeaderStart) and the old leader is deposed by the higher vote.
+//! At the end of the pause the leader stops taking new writes and waits until the target has
+//! matched its whole log, so the target takes office without pulling anything (Raft's transfer
+//! recipe); the write gap is the election round plus the target's probe round and LeaderStart,
+//! not the pause. Delicate:
+//! - heartbeats are switched back on whatever happens (a guard), or a later office of this node would
+//!   lose its followers to elections;
+//! - the target checks that the request's term is its own: a stale request starts nothing.
+
+use super::Replica;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tidal_types::{NodeId, Seqno, Term};
+
+/// Margin added to the voters' leader lease before the target is asked to campaign.
+const LEASE_MARGIN: Duration = Duration::from_millis(50);
+/// A follower that has not answered for this long is not promoted (it may be down).
+const PROMOTE_SILENCE_MAX: Duration = Duration::from_secs(2);
+/// How long, after the target was asked, the leader waits for the new leader to be known.
+const TRANSFER_DEADLINE: Duration = Duration::from_secs(5);
+/// Poll step while waiting for the target to match and for the new leader (re-checks observable
+/// state each step).
+const TRANSFER_POLL: Duration = Duration::from_millis(2);
+/// How long the leader, no longer taking writes, waits for the target to match its log.
+const CATCH_UP_DEADLINE: Duration = Duration::from_secs(1);
+
+/// What `promote` did (or, with `dry_run`, would do).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PromoteReport {
+    /// The leader that handed over (this node).
+    pub from: NodeId,
+    /// The node asked to take over.
+    pub to: NodeId,
+    /// The term before the transfer.
+    pub term: Term,
+    /// How many seqnos the target's durable frontier was behind this leader's.
+    pub behind: u64,
+    /// Who leads after the transfer (None for a dry run, or if nobody was known by the deadline).
+    pub new_leader: Option<NodeId>,
+    /// Time from the request to the new leader being known (zero for a dry run).
+    pub elapsed: Duration,
+    /// What was done, in words.
+    pub action: String,
+}
+
+/// Why `promote` did not hand over.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PromoteError {
+    /// The request cannot succeed as asked (the target is not a voter).
+    Invalid(String),
+    /// Not now: this node does not lead, the target is silent, or the transfer failed; retry.
+    Unavailable(String),
+}
+
+impl std::fmt::Display for PromoteError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            PromoteError::Invalid(why) | PromoteError::Unavailable(why) => f.write_str(why),
+        }
+    }
+}
+
+/// Switches the leader's heartbeats back on when the transfer ends, however it ends.
+struct HeartbeatsOff<'a>(&'a openraft::Raft<crate::control::TypeConfig>);
+
+impl Drop for HeartbeatsOff<'_> {
+    fn drop(&mut self) {
+        self.0.runtime_config().heartbeat(true);
+    }
+}
+
+/// An admitted client write (see [`Replica::admit_write`]); dropping it ends the admission.
+pub struct WriteTicket<'a>(&'a std::sync::atomic::AtomicUsize);
+
+impl Drop for WriteTicket<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// Clears the single-flight flag and takes writes again when the transfer ends.
+struct Promoting<'a>(&'a Replica);
+
+impl Drop for Promoting<'_> {
+    fn drop(&mut self) {
+        self.0.handing_to.store(0, Ordering::SeqCst);
+        self.0.promoting.store(false, Ordering::SeqCst);
+    }
+}
+
+impl Replica {
+    /// Operator `promote`: hands leadership to `target`. Runs on the serving leader.
+    pub async fn promote(
+        self: &Arc<Self>,
+        target: NodeId,
+        dry_run: bool,
+    ) -> Result<PromoteReport, PromoteError> {
+        use PromoteError::{Invalid, Unavailable};
+        let control = self
+            .control
+            .get()
+            .ok_or_else(|| Unavailable("the control plane has not started yet".into()))?
+            .clone();
+        let Some(term) = *self.serving.borrow() else {
+            return Err(Unavailable(format!(
+                "node {} is not the serving leader; ask the leader ({:?})",
+                self.me,
+                self.leader()
+            )));
+        };
+        let mut report = PromoteReport {
+            from: self.me,
+            to: target,
+            term,
+            behind: 0,
+            new_leader: None,
+            elapsed: Duration::ZERO,
+            action: String::new(),
+        };
+        if target == self.me {
+            report.new_leader = Some(self.me);
+            report.action = format!("node {target} already leads term {term}; nothing to do");
+            return Ok(report);
+        }
+        let is_voter = control.state().membership.membership().voter_ids().any(|id| id == target.0);
+        let peer = self.peers.get(&target).filter(|_| is_voter).ok_or_else(|| {
+            Invalid(format!("node {target} is not a voter of this cluster; only a voter can lead"))
+        })?;
+        let progress = self.progress().get(&target).cloned().unwrap_or_default();
+        let silence = progress.last_ack.map(|at| at.elapsed());
+        if silence.is_none_or(|silence| silence > PROMOTE_SILENCE_MAX) {
+            return Err(Unavailable(format!(
+                "node {target} has not answered this leader {}: promoting a node that may be down would stall \
+                 writes",
+                silence.map_or("yet".to_string(), |s| format!("for {} ms", s.as_millis())),
+            )));
+        }
+        report.behind = self.wal.durable_seqno().get().saturating_sub(progress.durable.get());
+        let lease = self.timing.election_max + LEASE_MARGIN;
+        if dry_run {
+            report.action = format!(
+                "would pause heartbeats for {} ms (the voters' leader lease) while serving writes, then ask node \
+                 {target} to stand for election at term {}; it is {} seqnos behind and pulls them while taking \
+                 office",
+                lease.as_millis(),
+                term.get() + 1,
+                report.behind
+            );
+            return Ok(report);
+        }
+        if self.promoting.swap(true, Ordering::SeqCst) {
+            return Err(Unavailable("a promote is already running on this leader".into()));
+        }
+        let _promoting = Promoting(self);
+        let started = Instant::now();
+        let raft = control.raft();
+        raft.runtime_config().heartbeat(false);
+        let _heartbeats = HeartbeatsOff(raft);
+        tracing::info!(%target, %term, lease_ms = lease.as_millis() as u64, "promote: heartbeats paused");
+        let mut serving = self.serving();
+        let deposed = tokio::select! {
+            _ = tokio::time::sleep(lease) => false,
+            _ = serving.wait_for(|now| *now != Some(term)) => true,
+        };
+        if deposed {
+            return Err(Unavailable(format!(
+                "lost office during the transfer (now led by {:?}); nothing was asked",
+                self.leader()
+            )));
+        }
+        // Stop taking writes and let the target match everything this leader holds, so it takes
+        // office without a pull.
+        self.handing_to.store(target.0, Ordering::SeqCst);
+        let caught_up_by = Instant::now() + CATCH_UP_DEADLINE;
+        loop {
+            let matched = self.progress().get(&target).map_or(Seqno::ZERO, |p| p.matched.seqno);
+            let admitted = self.writes_in_flight.load(Ordering::SeqCst);
+            if admitted == 0 && matched >= self.wal.durable_seqno() {
+                break;
+            }
+            if Instant::now() >= caught_up_by {
+                return Err(Unavailable(format!(
+                    "node {target} did not match this leader's log (at {matched} of {}) within {} ms; writes resume \
+                     here",
+                    self.wal.durable_seqno(),
+                    CATCH_UP_DEADLINE.as_millis()
+                )));
+            }
+            tokio::time::sleep(TRANSFER_POLL).await;
+        }
+        match peer.elect(term.get(), self.me.0).await {
+            Ok(Ok(())) => {}
+            Ok(Err(why)) => {
+                return Err(Unavailable(format!("node {target} refused to stand for election: {why}")))
+            }
+            Err(error) => {
+                return Err(Unavailable(format!(
+                    "node {target} could not be asked to stand for election: {error}"
+                )))
+            }
+        }
+        let deadline = Instant::now() + TRANSFER_DEADLINE;
+        while self.leader().is_none_or(|leader| leader == self.me) && Instant::now() < deadline {
+            tokio::time::sleep(TRANSFER_POLL).await;
+        }
+        report.elapsed = started.elapsed();
+        report.new_leader = self.leader().filter(|leader| *leader != self.me);
+        report.action = match report.new_leader {
+            Some(leader) if leader == target => format!("node {target} won the election; this node follows it"),
+            Some(leader) => format!("node {leader} won the election instead of node {target}; run promote again"),
+            None => format!(
+                "node {target} stood for election but no new leader was known within {} s; this node still leads",
+                TRANSFER_DEADLINE.as_secs()
+            ),
+        };
+        tracing::info!(%target, new_leader = ?report.new_leader, elapsed_ms = report.elapsed.as_millis() as u64, "promote: done");
+        Ok(report)
+    }
+
+    /// While this leader hands over to another node and refuses new writes: that node.
+    pub fn handing_to(&self) -> Option<NodeId> {
+        match self.handing_to.load(Ordering::SeqCst) {
+            0 => None,
+            id => Some(NodeId(id)),
+        }
+    }
+
+    /// Admits a client write on this leader, unless leadership is being handed over (then the
+    /// target). Hold the ticket until the write is appended: a transfer waits for every admitted
+    /// write, so the target it hands to holds all of them. (Counting before checking, and the
+    /// transfer setting its flag before reading the count, both SeqCst: a write either sees the
+    /// flag or is waited for.)
+    pub fn admit_write(&self) -> Result<WriteTicket<'_>, NodeId> {
+        self.writes_in_flight.fetch_add(1, Ordering::SeqCst);
+        match self.handing_to() {
+            None => Ok(WriteTicket(&self.writes_in_flight)),
+            Some(target) => {
+                self.writes_in_flight.fetch_sub(1, Ordering::SeqCst);
+                Err(target)
+            }
+        }
+    }
+
+    /// The target side of `promote`: stand for election now, if the leader's term is ours.
+    pub async fn stand_for_election(&self, term: u64, leader: u64) -> Result<(), String> {
+        let control = self.control.get().ok_or("the control plane has not started yet")?;
+        let mine = self.term().get();
+        if mine != term {
+            return Err(format!(
+                "this node is at term {mine}, the request from node {leader} is for term {term}"
+            ));
+        }
+        tracing::info!(term, leader, "standing for election at the leader's request");
+        control.raft().trigger().elect().await.map_err(|e| format!("openraft: {e}"))
+    }
+
+    /// The read index of a linearizable read (ReadIndex, PROTOCOL.md): the commit frontier when the
+    /// read arrived, returned once a quorum has confirmed this node still leads that term. Reading
+    /// the applied state at or after it observes every write acknowledged before the read began.
+    pub async fn read_index(&self) -> Result<Seqno, String> {
+        let control = self.control.get().ok_or("the control plane has not started yet")?;
+        let Some(term) = *self.serving.borrow() else {
+            return Err("this node is not the serving leader".into());
+        };
+        let index = self.commit.commit();
+        control
+            .raft()
+            .ensure_linearizable()
+            .await
+            .map_err(|e| format!("could not confirm leadership with a quorum: {e}"))?;
+        if *self.serving.borrow() != Some(term) {
+            return Err("lost office while confirming leadership".into());
+        }
+        Ok(index)
+    }
+}
