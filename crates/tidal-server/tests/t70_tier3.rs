@@ -356,25 +356,26 @@ async fn writes_converge_a_killed_follower_catches_up_from_the_log_and_operator_
             "one row per node:\n{out}"
         );
 
-        let heal = |url: String, extra: &[&str]| {
-            let mut args = vec!["heal".to_string(), "--url".into(), url, "--node".into(), f1.to_string()];
+        let heal = |url: String, node: u64, extra: &[&str]| {
+            let mut args = vec!["heal".to_string(), "--url".into(), url, "--node".into(), node.to_string()];
             args.extend(extra.iter().map(|arg| arg.to_string()));
             cli(args)
         };
-        let (ok, out, err) = heal(cluster.url(leader), &["--dry-run"]).await;
+        // Asked of a follower, the verb is forwarded to the leader (which alone can reset its queues).
+        let (ok, out, err) = heal(cluster.url(f2), f1, &["--dry-run"]).await;
         assert!(
             ok && out.contains("would reset") && out.contains("\"dry_run\": true"),
-            "heal --dry-run: {out}{err}"
+            "heal --dry-run through a follower: {out}{err}"
         );
-        let (ok, out, err) = heal(cluster.url(f2), &[]).await;
-        assert!(!ok && err.contains("not the serving leader"), "heal on a follower must fail: {out}{err}");
+        let (ok, out, err) = heal(cluster.url(leader), leader, &[]).await;
+        assert!(!ok && err.contains("not a follower"), "heal of the leader itself must fail: {out}{err}");
         assert_eq!(
             count_in_log(&cluster, leader, "heal: queue reset"),
             0,
             "dry runs and refusals change nothing"
         );
         let pulls_before = count_in_log(&cluster, f1, "pull done");
-        let (ok, out, err) = heal(cluster.url(leader), &[]).await;
+        let (ok, out, err) = heal(cluster.url(leader), f1, &[]).await;
         assert!(ok, "heal failed: {out}{err}");
         let reply: serde_json::Value = serde_json::from_str(&out).unwrap();
         assert_eq!(reply["node"], json!(f1));
