@@ -139,7 +139,8 @@ fn leader_only(method: &Method, path: &str, query: Option<&str>) -> bool {
     let read = method == Method::GET || method == Method::HEAD;
     let v1 = path.starts_with("/v1/") && !path.contains("/negatives");
     let linearizable = query.is_some_and(|q| q.split('&').any(|pair| pair == "consistency=linearizable"));
-    (v1 && !read) || (v1 && read && linearizable) || (path == "/cluster/heal" || path == "/cluster/promote")
+    let leader_verb = path == "/cluster/heal" || path == "/cluster/promote";
+    leader_verb || (v1 && (!read || linearizable))
 }
 
 type AppResult<T> = Result<T, ApiError>;
