@@ -50,10 +50,16 @@ pub struct Client {
 }
 
 impl Client {
-    /// A client for the node at `base` (e.g. `http://127.0.0.1:7070`).
+    /// A client for the node at `base` (e.g. `http://127.0.0.1:7070`); a request gives up after 30 s.
     pub fn new(base: impl Into<String>, token: Option<String>) -> Client {
+        Client::with_timeout(base, token, Duration::from_secs(30))
+    }
+
+    /// A client whose every request gives up after `timeout` (a write that times out has an
+    /// unknown outcome: retry it with the same Idempotency-Key).
+    pub fn with_timeout(base: impl Into<String>, token: Option<String>, timeout: Duration) -> Client {
         let http = reqwest::Client::builder()
-            .timeout(Duration::from_secs(30))
+            .timeout(timeout)
             .pool_max_idle_per_host(256)
             .build()
             .expect("a client with only a timeout and pool size always builds");

@@ -262,8 +262,9 @@ impl Replica {
         spec.node(me).ok_or_else(|| format!("node {me} is not in the cluster file"))?;
         let mut peers = BTreeMap::new();
         for node in spec.nodes.iter().filter(|node| node.id != me) {
-            let peer = Peer::connect_lazy_with(&node.rpc, &spec.secret, &spec.cluster_id, &connector)
-                .map_err(|e| e.to_string())?;
+            let peer =
+                Peer::connect_lazy_with(spec.dial_address(node), &spec.secret, &spec.cluster_id, &connector)
+                    .map_err(|e| e.to_string())?;
             peers.insert(node.id, peer);
         }
         let (serving, _) = watch::channel(None);

@@ -1,6 +1,7 @@
 //! The cluster's shape: who the members are and how durable a write must be before it is
 //! acknowledged. Who leads, and in which term, is openraft's decision ([`crate::control`]).
 
+use std::collections::BTreeMap;
 use tidal_types::NodeId;
 
 /// When a write is acknowledged.
@@ -35,6 +36,10 @@ pub struct ClusterSpec {
     pub durability: Durability,
     /// Members (voters), any order.
     pub nodes: Vec<NodeSpec>,
+    /// Node-local dial overrides: the address THIS node dials to reach a member's RPC server instead
+    /// of the member's `rpc` (`tidal serve --dial ID=ADDR`: a relay, NAT, this node's own view of the
+    /// network). Not part of the shared cluster file: the membership openraft records keeps `rpc`.
+    pub dial: BTreeMap<NodeId, String>,
 }
 
 impl ClusterSpec {
@@ -43,8 +48,22 @@ impl ClusterSpec {
         self.nodes.iter().find(|node| node.id == id)
     }
 
-    /// Checks the spec: at least one node, unique ids and addresses, a non-empty secret and id.
+    /// The address this node dials to reach `node`'s RPC server: its dial override, else its `rpc`.
+    pub fn dial_address<'a>(&'a self, node: &'a NodeSpec) -> &'a str {
+        self.dial.get(&node.id).map_or(node.rpc.as_str(), String::as_str)
+    }
+
+    /// Checks the spec: at least one node, unique ids and addresses, a non-empty secret and id, and
+    /// dial overrides only for members, never empty.
     pub fn validate(&self) -> Result<(), String> {
+        for (id, address) in &self.dial {
+            if self.node(*id).is_none() {
+                return Err(format!("dial override for node {id}, which is not a member"));
+            }
+            if address.trim().is_empty() {
+                return Err(format!("dial override for node {id} is empty"));
+            }
+        }
         if self.nodes.is_empty() {
             return Err("a cluster needs at least one [[node]]".into());
         }

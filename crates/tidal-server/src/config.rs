@@ -46,6 +46,31 @@ pub struct ServeArgs {
     /// must use the same mode.
     #[arg(long, env = "TIDAL_DURABILITY")]
     pub durability: Option<String>,
+    /// Dial override `ID=HOST:PORT` (repeatable; env `TIDAL_DIAL="2=10.0.0.2:7170,3=..."`): reach
+    /// member ID's RPC server at this address instead of the cluster file's `rpc`. Only this node
+    /// uses it (a relay, NAT, its own view of the network); the others still see the file's address.
+    #[arg(long = "dial", env = "TIDAL_DIAL", value_delimiter = ',', value_name = "ID=HOST:PORT")]
+    pub dial: Vec<String>,
+}
+
+/// Parses `--dial` values (`ID=HOST:PORT`) into overrides.
+fn parse_dial(values: &[String]) -> anyhow::Result<BTreeMap<tidal_types::NodeId, String>> {
+    let mut dial = BTreeMap::new();
+    for value in values.iter().map(|value| value.trim()).filter(|value| !value.is_empty()) {
+        let (id, address) =
+            value.split_once('=').with_context(|| format!("--dial {value:?}: expected ID=HOST:PORT"))?;
+        let id: u64 = id.trim().parse().with_context(|| format!("--dial {value:?}: node id"))?;
+        let address = address.trim();
+        anyhow::ensure!(
+            address
+                .rsplit_once(':')
+                .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok()),
+            "--dial {value:?}: expected ID=HOST:PORT"
+        );
+        let previous = dial.insert(tidal_types::NodeId(id), address.to_string());
+        anyhow::ensure!(previous.is_none(), "--dial names node {id} twice");
+    }
+    Ok(dial)
 }
 
 /// The cluster file: `cluster_id`, `secret_file`, `durability`, and `[[node]]` tables.
@@ -131,6 +156,7 @@ pub fn load_cluster(path: &Path, node_id: u64) -> anyhow::Result<ClusterMembersh
             .into_iter()
             .map(|n| tidal_cluster::NodeSpec { id: tidal_types::NodeId(n.id), http: n.http, rpc: n.rpc })
             .collect(),
+        dial: BTreeMap::new(),
     };
     spec.validate().map_err(|why| anyhow::anyhow!("cluster file {}: {why}", path.display()))?;
     let me = tidal_types::NodeId(node_id);
@@ -264,11 +290,17 @@ impl ServeConfig {
                 if let Some(mode) = &args.durability {
                     membership.spec.durability = parse_durability(mode)?;
                 }
+                membership.spec.dial = parse_dial(&args.dial)?;
+                membership.spec.validate().map_err(|why| anyhow::anyhow!("--dial: {why}"))?;
                 Some(membership)
             }
             (Some(_), None) => anyhow::bail!("--cluster needs --node-id"),
             _ => None,
         };
+        anyhow::ensure!(
+            cluster.is_some() || args.dial.iter().all(|value| value.trim().is_empty()),
+            "--dial only applies to a cluster member (--cluster)"
+        );
         let data_dir = args.data_dir.clone().or(file.data_dir);
         anyhow::ensure!(
             cluster.is_none() || data_dir.is_some(),
@@ -363,6 +395,40 @@ mod tests {
         assert_eq!(config.dimension, 16);
         assert_eq!(config.signal_kinds.len(), 1);
         assert_eq!(config.data_dir, PathBuf::from("./tidal-data"));
+    }
+
+    #[test]
+    fn dial_overrides_parse_and_bad_ones_are_refused() {
+        let dial = parse_dial(&["2=127.0.0.1:9002".into(), " 3 = localhost:9003 ".into()]).unwrap();
+        assert_eq!(dial.get(&tidal_types::NodeId(2)).map(String::as_str), Some("127.0.0.1:9002"));
+        assert_eq!(dial.get(&tidal_types::NodeId(3)).map(String::as_str), Some("localhost:9003"));
+        for bad in ["2", "x=127.0.0.1:1", "2=127.0.0.1", "2=:80", "2=h:99999"] {
+            assert!(parse_dial(&[bad.into()]).is_err(), "{bad} was accepted");
+        }
+        assert!(parse_dial(&["2=a:1".into(), "2=b:2".into()]).is_err(), "a node named twice");
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("secret"), "0123456789abcdef0123\n").unwrap();
+        let cluster = dir.path().join("cluster.toml");
+        std::fs::write(
+            &cluster,
+            "cluster_id = \"t\"\nsecret_file = \"secret\"\n\
+             [[node]]\nid = 1\nhttp = \"127.0.0.1:7070\"\nrpc = \"127.0.0.1:7170\"\n\
+             [[node]]\nid = 2\nhttp = \"127.0.0.1:7071\"\nrpc = \"127.0.0.1:7171\"\n",
+        )
+        .unwrap();
+        let mut args = ServeArgs {
+            cluster: Some(cluster),
+            node_id: Some(1),
+            data_dir: Some(dir.path().join("n1")),
+            dial: vec!["2=127.0.0.1:9999".into()],
+            ..Default::default()
+        };
+        let spec = ServeConfig::resolve(&args).unwrap().cluster.unwrap().spec;
+        let node2 = spec.node(tidal_types::NodeId(2)).unwrap();
+        assert_eq!(spec.dial_address(node2), "127.0.0.1:9999");
+        assert_eq!(node2.rpc, "127.0.0.1:7171", "the shared address is unchanged");
+        args.dial = vec!["5=127.0.0.1:9999".into()];
+        assert!(ServeConfig::resolve(&args).is_err(), "an override for a non-member");
     }
 
     #[test]

@@ -3,53 +3,27 @@
 
 #![allow(clippy::unwrap_used)] // tests may unwrap; helpers outside #[test] are not covered by allow-unwrap-in-tests
 
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
+use std::process::Command;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tidal_client::Client;
+use tidal_procs::SingleNode;
 
-struct Process {
-    child: Child,
-    url: String,
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
-
-async fn start(dir: &std::path::Path) -> Process {
-    let port = free_port();
-    let child = Command::new(env!("CARGO_BIN_EXE_tidal"))
-        .args(["serve", "--data-dir"])
-        .arg(dir)
-        .args(["--http", &format!("127.0.0.1:{port}"), "--dimension", "2"])
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .unwrap();
-    let url = format!("http://127.0.0.1:{port}");
-    let http = reqwest::Client::new();
-    let mut process = Process { child, url };
-    for _ in 0..600 {
-        if let Some(status) = process.child.try_wait().unwrap() {
-            panic!("tidal exited during startup: {status}");
-        }
-        if http.get(format!("{}/readyz", process.url)).send().await.is_ok_and(|r| r.status().is_success()) {
-            return process;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    process.child.kill().unwrap();
-    panic!("tidal did not become ready");
+/// One stand-alone node on `root/data`, logging to `root/node.log` (appended across restarts).
+async fn start(root: &Path) -> SingleNode {
+    let binary = Path::new(env!("CARGO_BIN_EXE_tidal"));
+    SingleNode::start(binary, &root.join("data"), &root.join("node.log"), &["--dimension", "2"])
+        .await
+        .unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigkill_under_load_loses_no_acknowledged_write() {
-    let dir = tempfile::tempdir().unwrap();
-    let mut process = start(dir.path()).await;
-    let client = Client::new(process.url.clone(), None);
+    let dir = tidal_procs::TestDir::new().unwrap();
+    let process = start(dir.path()).await;
+    let client = process.client().clone();
     let acked = Arc::new(Mutex::new(Vec::<(u64, u64)>::new()));
     let next_id = Arc::new(AtomicU64::new(1));
     const KILL_AFTER_ACKS: usize = 400;
@@ -74,16 +48,15 @@ async fn sigkill_under_load_loses_no_acknowledged_write() {
         }
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    process.child.kill().unwrap();
-    process.child.wait().unwrap();
+    process.kill().unwrap();
     for writer in writers {
         writer.await.unwrap();
     }
     let acked = acked.lock().unwrap().clone();
     assert!(acked.len() >= KILL_AFTER_ACKS);
 
-    let mut process = start(dir.path()).await;
-    let client = Client::new(process.url.clone(), None);
+    let process = start(dir.path()).await;
+    let client = process.client().clone();
     for (id, seqno) in &acked {
         let item = client.get_item(*id).await.unwrap_or_else(|e| panic!("acknowledged item {id} lost: {e}"));
         assert_eq!(item.seqno, *seqno, "item {id} came back at another seqno");
@@ -91,30 +64,24 @@ async fn sigkill_under_load_loses_no_acknowledged_write() {
     let status = client.status().await.unwrap();
     let max_acked = acked.iter().map(|(_, s)| *s).max().unwrap();
     assert!(status.applied_seqno >= max_acked);
-    process.child.kill().unwrap();
-    process.child.wait().unwrap();
+    process.kill().unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_drains_and_exits_zero() {
-    let dir = tempfile::tempdir().unwrap();
-    let mut process = start(dir.path()).await;
-    let client = Client::new(process.url.clone(), None);
-    let reply = client.put_item(7, serde_json::json!({"x": 1}), None).await.unwrap();
-    let pid = process.child.id().to_string();
-    assert!(Command::new("kill").args(["-TERM", &pid]).status().unwrap().success());
-    let status = process.child.wait().unwrap();
+    let dir = tidal_procs::TestDir::new().unwrap();
+    let process = start(dir.path()).await;
+    let reply = process.client().put_item(7, serde_json::json!({"x": 1}), None).await.unwrap();
+    let status = process.terminate().await.unwrap();
     assert!(status.success(), "tidal exited with {status} after SIGTERM");
-    let mut process = start(dir.path()).await;
-    let client = Client::new(process.url.clone(), None);
-    assert_eq!(client.get_item(7).await.unwrap().seqno, reply.seqno);
-    process.child.kill().unwrap();
-    process.child.wait().unwrap();
+    let process = start(dir.path()).await;
+    assert_eq!(process.client().get_item(7).await.unwrap().seqno, reply.seqno);
+    process.kill().unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_up_starts_a_healthy_local_cluster_and_down_stops_it() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = tidal_procs::TestDir::new().unwrap();
     let port_base = 21070u16;
     let up = Command::new(env!("CARGO_BIN_EXE_tidal"))
         .args(["cluster", "up", "--nodes", "3", "--port-base", &port_base.to_string(), "--dir"])

@@ -186,6 +186,7 @@ impl SimulatedCluster {
                     rpc: format!("n{id}:{}", net::RPC_PORT),
                 })
                 .collect(),
+            dial: Default::default(),
         };
         let data_dirs = (1..=nodes).map(|id| root.path().join(format!("n{id}"))).collect();
         Ok(SimulatedCluster {

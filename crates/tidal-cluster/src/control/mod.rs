@@ -71,11 +71,7 @@ impl ControlPlane {
         .map_err(|e| format!("control-plane timing: {e}"))?;
         let fresh = LogStore::is_fresh(&store)?;
         let state = StateMachine::open(store.clone())?;
-        let network = network::NetworkFactory {
-            secret: spec.secret.clone(),
-            cluster_id: spec.cluster_id.clone(),
-            connector,
-        };
+        let network = network::NetworkFactory::new(spec, connector);
         let raft = Raft::new(me, Arc::new(config), network, LogStore::new(store, gate), state.clone())
             .await
             .map_err(|e| format!("start openraft: {e}"))?;

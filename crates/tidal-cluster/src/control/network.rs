@@ -6,6 +6,7 @@
 #![allow(clippy::result_large_err)]
 
 use super::types::{NodeInfo, TypeConfig};
+use crate::spec::ClusterSpec;
 use openraft::error::{InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Unreachable};
 use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
 use openraft::raft::{
@@ -14,6 +15,7 @@ use openraft::raft::{
 };
 use serde::de::DeserializeOwned;
 use serde::Serialize;
+use std::collections::BTreeMap;
 use tidal_net::{NetError, Peer, RaftCall};
 
 /// RPC kinds.
@@ -32,6 +34,21 @@ pub struct NetworkFactory {
     pub cluster_id: String,
     /// How peers are reached.
     pub connector: tidal_net::Connector,
+    /// This node's dial overrides ([`ClusterSpec::dial`]): openraft hands us the membership's
+    /// `NodeInfo.rpc`, which is the same on every node; the override is this node's own route.
+    pub dial: BTreeMap<u64, String>,
+}
+
+impl NetworkFactory {
+    /// The factory for a member of `spec`, reaching peers through `connector`.
+    pub fn new(spec: &ClusterSpec, connector: tidal_net::Connector) -> NetworkFactory {
+        NetworkFactory {
+            secret: spec.secret.clone(),
+            cluster_id: spec.cluster_id.clone(),
+            connector,
+            dial: spec.dial.iter().map(|(id, address)| (id.0, address.clone())).collect(),
+        }
+    }
 }
 
 /// The connection to one target.
@@ -44,7 +61,8 @@ impl RaftNetworkFactory<TypeConfig> for NetworkFactory {
     type Network = PeerNetwork;
 
     async fn new_client(&mut self, target: u64, node: &NodeInfo) -> PeerNetwork {
-        let peer = Peer::connect_lazy_with(&node.rpc, &self.secret, &self.cluster_id, &self.connector)
+        let address = self.dial.get(&target).map_or(node.rpc.as_str(), String::as_str);
+        let peer = Peer::connect_lazy_with(address, &self.secret, &self.cluster_id, &self.connector)
             .map_err(|e| e.to_string());
         PeerNetwork { target, peer }
     }

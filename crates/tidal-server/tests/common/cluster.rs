@@ -50,6 +50,7 @@ impl Cluster {
             secret: "cluster-secret-0123456789".into(),
             durability,
             nodes,
+            dial: Default::default(),
         };
         let dirs = (1..=size).map(|id| root.join(format!("n{id}"))).collect();
         Cluster { spec, dirs, members: (0..size).map(|_| None).collect(), tweak }

@@ -1,0 +1,61 @@
+//! Tier-3 harness: runs the real `tidal` binary as OS processes on loopback, kills them with
+//! SIGKILL, restarts them on the same data dirs, and cuts links between them.
+//!
+//! # Layout
+//!
+//! - [`ProcessCluster`] (`cluster.rs`): writes a cluster file and secret, starts one
+//!   `tidal serve --cluster FILE --node-id N --data-dir DIR` per node, waits for a leader, and
+//!   answers the questions tests ask (leader, status, digests, metrics, convergence).
+//! - [`Relay`] (`relay.rs`): a TCP relay per directed link A→B. Node A reaches B's RPC server only
+//!   through it (`tidal serve --dial B=RELAY`), so the harness can cut and restore the link while both
+//!   processes keep running (docs/decisions/009).
+//! - [`NodeProcess`] (`process.rs`): one child process, its log file, SIGKILL and SIGTERM by pid.
+//! - [`SingleNode`] (`single.rs`): one stand-alone node, for crash tests without a cluster.
+//! - [`TestDir`] (`test_dir.rs`): a temporary root for data dirs and logs, kept when a test fails.
+//!
+//! # What is delicate
+//!
+//! - Every wait polls observable state (HTTP status, `/readyz`, digests) until [`DEADLINE`]; nothing
+//!   sleeps to let something happen. A wait that times out returns the last unmet condition and the
+//!   tail of the node logs, so a failure explains itself.
+//! - Ports are picked by binding port 0 and releasing it; another process may take one in between.
+//!   Relays keep their listeners, so only the nodes' own HTTP and RPC ports have that window.
+//! - A process is only ever signalled by the pid of a child this harness spawned; dropping the
+//!   harness SIGKILLs its children, so a failed test leaves no process behind.
+//!
+//! Not a load generator and not a checker of its own: tests decide what "correct" means.
+
+mod cluster;
+mod process;
+mod relay;
+mod single;
+mod test_dir;
+
+pub use cluster::{Converged, ProcessCluster};
+pub use process::NodeProcess;
+pub use relay::Relay;
+pub use single::SingleNode;
+pub use test_dir::TestDir;
+
+use std::time::Duration;
+
+/// Longest any wait on observable state lasts (startup, election, convergence). Generous: the test
+/// machine has two cores shared with compilers.
+pub const DEADLINE: Duration = Duration::from_secs(90);
+
+/// Polling step of those waits (each wait re-checks state until [`DEADLINE`]; this is not a
+/// synchronization).
+pub const POLL: Duration = Duration::from_millis(50);
+
+/// A loopback port free at the time of the call.
+pub fn free_port() -> anyhow::Result<u16> {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+    Ok(listener.local_addr()?.port())
+}
+
+/// The last `lines` lines of a log file (for error messages).
+pub fn log_tail(path: &std::path::Path, lines: usize) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_else(|error| format!("<cannot read: {error}>"));
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
+}
