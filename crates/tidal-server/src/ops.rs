@@ -90,52 +90,44 @@ pub async fn status(args: VerbArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// `tidal catchup`: the node at `--url` pulls from its leader now.
-pub async fn catchup(args: VerbArgs) -> anyhow::Result<()> {
+/// POSTs an operator verb to the node at `--url` and prints its JSON answer.
+async fn post_verb(args: VerbArgs, path: &str) -> anyhow::Result<()> {
     let client = Client::new(args.url.clone(), args.token);
     let reply: serde_json::Value = client
-        .json::<(), _>(reqwest::Method::POST, "/cluster/catchup", None)
-        .await
-        .context("POST /cluster/catchup")?;
-    println!("{}", serde_json::to_string_pretty(&reply)?);
-    Ok(())
-}
-
-/// `tidal heal --node N [--dry-run]`: the leader nudges follower N to pull from its last matched position.
-pub async fn heal(args: VerbArgs, node: u64, dry_run: bool) -> anyhow::Result<()> {
-    let client = Client::new(args.url.clone(), args.token);
-    let path = format!("/cluster/heal?node={node}{}", if dry_run { "&dry_run=true" } else { "" });
-    let reply: serde_json::Value = client
-        .json::<(), _>(reqwest::Method::POST, &path, None)
+        .json::<(), _>(reqwest::Method::POST, path, None)
         .await
         .with_context(|| format!("POST {path}"))?;
     println!("{}", serde_json::to_string_pretty(&reply)?);
     Ok(())
+}
+
+fn dry_run_query(dry_run: bool, separator: char) -> String {
+    if dry_run {
+        format!("{separator}dry_run=true")
+    } else {
+        String::new()
+    }
+}
+
+/// `tidal catchup`: the node at `--url` pulls from its leader now.
+pub async fn catchup(args: VerbArgs) -> anyhow::Result<()> {
+    post_verb(args, "/cluster/catchup").await
+}
+
+/// `tidal heal --node N [--dry-run]`: the leader nudges follower N to pull from its last matched position.
+pub async fn heal(args: VerbArgs, node: u64, dry_run: bool) -> anyhow::Result<()> {
+    post_verb(args, &format!("/cluster/heal?node={node}{}", dry_run_query(dry_run, '&'))).await
 }
 
 /// `tidal promote --node N [--dry-run]`: the leader hands leadership to node N (any node forwards
 /// the request to the leader).
 pub async fn promote(args: VerbArgs, node: u64, dry_run: bool) -> anyhow::Result<()> {
-    let client = Client::new(args.url.clone(), args.token);
-    let path = format!("/cluster/promote?node={node}{}", if dry_run { "&dry_run=true" } else { "" });
-    let reply: serde_json::Value = client
-        .json::<(), _>(reqwest::Method::POST, &path, None)
-        .await
-        .with_context(|| format!("POST {path}"))?;
-    println!("{}", serde_json::to_string_pretty(&reply)?);
-    Ok(())
+    post_verb(args, &format!("/cluster/promote?node={node}{}", dry_run_query(dry_run, '&'))).await
 }
 
 /// `tidal reconcile [--dry-run]`: the node at `--url` reconciles its hard negatives with every peer.
 pub async fn reconcile(args: VerbArgs, dry_run: bool) -> anyhow::Result<()> {
-    let client = Client::new(args.url.clone(), args.token);
-    let path = format!("/cluster/reconcile{}", if dry_run { "?dry_run=true" } else { "" });
-    let reply: serde_json::Value = client
-        .json::<(), _>(reqwest::Method::POST, &path, None)
-        .await
-        .with_context(|| format!("POST {path}"))?;
-    println!("{}", serde_json::to_string_pretty(&reply)?);
-    Ok(())
+    post_verb(args, &format!("/cluster/reconcile{}", dry_run_query(dry_run, '?'))).await
 }
 
 fn local_clients(dir: &Path) -> anyhow::Result<Vec<(u64, Client)>> {
