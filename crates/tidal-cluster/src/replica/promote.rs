@@ -171,8 +171,20 @@ impl Replica {
             _ = serving.wait_for(|now| *now != Some(term)) => true,
         };
         if deposed {
+            // Another election ended this office; if the target won it, the transfer is done.
+            let deadline = Instant::now() + TRANSFER_DEADLINE;
+            while self.leader().is_none_or(|leader| leader == self.me) && Instant::now() < deadline {
+                tokio::time::sleep(TRANSFER_POLL).await;
+            }
+            if self.leader() == Some(target) {
+                report.elapsed = started.elapsed();
+                report.new_leader = Some(target);
+                report.action =
+                    format!("node {target} won an election during the pause; this node follows it");
+                return Ok(report);
+            }
             return Err(Unavailable(format!(
-                "lost office during the transfer (now led by {:?}); nothing was asked",
+                "lost office during the transfer (now led by {:?}); retry",
                 self.leader()
             )));
         }

@@ -31,6 +31,26 @@ fn reserve() -> (std::net::TcpListener, String) {
     (listener, address)
 }
 
+/// Runs a write until it is answered, retrying a retryable 503 `not_ready` (an election under way,
+/// or a leader deposed before the write committed) as clients are told to; other errors fail.
+pub async fn retrying<T, F, Fut>(mut write: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, tidal_client::Error>>,
+{
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    loop {
+        match write().await {
+            Ok(reply) => return reply,
+            Err(error) if error.code() == Some("not_ready") => {
+                assert!(tokio::time::Instant::now() < deadline, "a write was never acknowledged: {error:?}");
+                tokio::time::sleep(POLL).await;
+            }
+            Err(error) => panic!("write refused: {error:?}"),
+        }
+    }
+}
+
 /// True when every digest (node id, digest) is the same.
 pub fn same(digests: &[(u64, String)]) -> bool {
     digests.windows(2).all(|w| w[0].1 == w[1].1)
@@ -77,7 +97,9 @@ impl Cluster {
         let client = Client::new(format!("http://{}", node.http), None);
         let deadline = tokio::time::Instant::now() + DEADLINE;
         while client.status().await.is_err() {
-            assert!(!task.is_finished(), "node {} exited during startup", node.id);
+            if task.is_finished() {
+                panic!("node {} exited during startup: {:?}", node.id, task.await);
+            }
             assert!(tokio::time::Instant::now() < deadline, "node {} did not start", node.id);
             tokio::time::sleep(POLL).await;
         }
@@ -118,6 +140,29 @@ impl Cluster {
             }
             assert!(tokio::time::Instant::now() < deadline, "no leader within {DEADLINE:?}");
             tokio::time::sleep(POLL).await;
+        }
+    }
+
+    /// Writes item `id` through the current leader until it is acknowledged, retrying a retryable
+    /// 503 (an election under way, or a leader deposed before the write committed) with the same
+    /// Idempotency-Key, as clients are told to; a retry of a write that did commit returns its
+    /// first seqno.
+    pub async fn put_acked(&self, id: u64, metadata: serde_json::Value) -> tidal_types::WriteReply {
+        let key = format!("put-acked-{id}");
+        let deadline = tokio::time::Instant::now() + DEADLINE;
+        loop {
+            let leader = self.leader().await;
+            match self.client(leader).put_item(id, metadata.clone(), Some(&key)).await {
+                Ok(reply) => return reply,
+                Err(error) if error.code() == Some("not_ready") => {
+                    assert!(
+                        tokio::time::Instant::now() < deadline,
+                        "item {id} never acknowledged: {error:?}"
+                    );
+                    tokio::time::sleep(POLL).await;
+                }
+                Err(error) => panic!("write of item {id} refused: {error:?}"),
+            }
         }
     }
 
