@@ -34,9 +34,7 @@ async fn writes_on_leader_and_follower_converge_and_a_restarted_follower_catches
         .try_init();
     let root = tempfile::tempdir().unwrap();
     let mut cluster = Cluster::new(root.path(), 3, Durability::Quorum, |_| {});
-    for i in 0..3 {
-        cluster.start(i).await;
-    }
+    cluster.start_all().await;
     let l = cluster.leader().await;
     let followers = cluster.followers_of(l);
     let (f1, f2) = (followers[0], followers[1]);
@@ -131,9 +129,7 @@ async fn writes_on_leader_and_follower_converge_and_a_restarted_follower_catches
 async fn failover_keeps_acknowledged_writes_and_the_old_leader_rejoins() {
     let root = tempfile::tempdir().unwrap();
     let mut cluster = Cluster::new(root.path(), 3, Durability::Quorum, |_| {});
-    for i in 0..3 {
-        cluster.start(i).await;
-    }
+    cluster.start_all().await;
     let mut acknowledged = Vec::new();
     for id in 0..20u64 {
         acknowledged.push((id, cluster.put_acked(id, json!({"term": "first"})).await));
@@ -158,9 +154,7 @@ async fn failover_keeps_acknowledged_writes_and_the_old_leader_rejoins() {
     let digests = cluster.digests_at(last).await;
     assert_eq!(digests.len(), 3);
     assert!(same(&digests), "replicas differ after failover: {digests:?}");
-    for i in 0..3 {
-        cluster.stop(i).await;
-    }
+    cluster.stop_all().await;
 }
 
 async fn futures_feeds(cluster: &Cluster, user: &str) -> Vec<Vec<(u64, String)>> {
@@ -179,9 +173,7 @@ async fn futures_feeds(cluster: &Cluster, user: &str) -> Vec<Vec<(u64, String)>>
 async fn leader_durability_acknowledges_without_followers_and_they_converge_later() {
     let root = tempfile::tempdir().unwrap();
     let mut cluster = Cluster::new(root.path(), 3, Durability::Leader, |_| {});
-    for i in 0..3 {
-        cluster.start(i).await;
-    }
+    cluster.start_all().await;
     let l = cluster.leader().await;
     let followers = cluster.followers_of(l);
     for f in &followers {
@@ -198,9 +190,7 @@ async fn leader_durability_acknowledges_without_followers_and_they_converge_late
     }
     let digests = cluster.digests_at(reply.seqno).await;
     assert!(same(&digests), "replicas differ: {digests:?}");
-    for i in 0..3 {
-        cluster.stop(i).await;
-    }
+    cluster.stop_all().await;
 }
 
 /// The operator verbs over HTTP: `heal` on the leader (dry run says what it would do and changes
@@ -211,9 +201,7 @@ async fn leader_durability_acknowledges_without_followers_and_they_converge_late
 async fn heal_and_catchup_verbs() {
     let root = tempfile::tempdir().unwrap();
     let mut cluster = Cluster::new(root.path(), 3, Durability::Quorum, |_| {});
-    for i in 0..3 {
-        cluster.start(i).await;
-    }
+    cluster.start_all().await;
     let l = cluster.leader().await;
     let f = cluster.followers_of(l)[0];
     let f_id = cluster.spec.nodes[f].id.0;
@@ -246,9 +234,7 @@ async fn heal_and_catchup_verbs() {
     assert!(after.seqno > written.seqno);
     let digests = cluster.digests_at(after.seqno).await;
     assert!(same(&digests), "replicas differ after heal: {digests:?}");
-    for i in 0..3 {
-        cluster.stop(i).await;
-    }
+    cluster.stop_all().await;
 }
 
 /// `promote` hands leadership to the named voter (sent to any node: followers forward it), a dry
@@ -260,9 +246,7 @@ async fn heal_and_catchup_verbs() {
 async fn promote_hands_over_and_linearizable_reads_see_acknowledged_writes() {
     let root = tempfile::tempdir().unwrap();
     let mut cluster = Cluster::new(root.path(), 3, Durability::Quorum, |_| {});
-    for i in 0..3 {
-        cluster.start(i).await;
-    }
+    cluster.start_all().await;
     let l = cluster.leader().await;
     let followers = cluster.followers_of(l);
     let (f, o) = (followers[0], followers[1]);
@@ -326,9 +310,7 @@ async fn promote_hands_over_and_linearizable_reads_see_acknowledged_writes() {
     let last = retrying(|| cluster.client(o).put_item(3, json!({"back": true}), None)).await;
     let digests = cluster.digests_at(last.seqno).await;
     assert!(same(&digests), "replicas differ after two transfers: {digests:?}");
-    for i in 0..3 {
-        cluster.stop(i).await;
-    }
+    cluster.stop_all().await;
 }
 
 /// Hard negatives (a CRDT outside the log) added and removed on different nodes converge through
@@ -339,9 +321,7 @@ async fn promote_hands_over_and_linearizable_reads_see_acknowledged_writes() {
 async fn reconcile_converges_hard_negatives_added_on_different_nodes() {
     let root = tempfile::tempdir().unwrap();
     let mut cluster = Cluster::new(root.path(), 3, Durability::Quorum, |_| {});
-    for i in 0..3 {
-        cluster.start(i).await;
-    }
+    cluster.start_all().await;
     let post = |index: usize, path: String, body: Option<serde_json::Value>| {
         let client = cluster.client(index).clone();
         async move {
@@ -414,7 +394,5 @@ async fn reconcile_converges_hard_negatives_added_on_different_nodes() {
         same_now["peers"].as_array().unwrap().iter().all(|p| p["differed"] == json!(false)),
         "{same_now}"
     );
-    for i in 0..3 {
-        cluster.stop(i).await;
-    }
+    cluster.stop_all().await;
 }

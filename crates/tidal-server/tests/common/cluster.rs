@@ -106,6 +106,22 @@ impl Cluster {
         self.members[index] = Some(Member { client, shutdown: Some(shutdown), task: Some(task) });
     }
 
+    /// Starts every node, in order.
+    pub async fn start_all(&mut self) {
+        for index in 0..self.members.len() {
+            self.start(index).await;
+        }
+    }
+
+    /// Stops every running node.
+    pub async fn stop_all(&mut self) {
+        for index in 0..self.members.len() {
+            if self.members[index].is_some() {
+                self.stop(index).await;
+            }
+        }
+    }
+
     pub async fn stop(&mut self, index: usize) {
         let mut member = self.members[index].take().unwrap();
         let _ = member.shutdown.take().unwrap().send(());
