@@ -415,3 +415,25 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use openraft::Vote;
+
+    /// The replication protocol names a batch by (term, seqno) and relies on ONE leader per term
+    /// (PROTOCOL.md, log matching). openraft's default mode orders votes by (term, node id), so a
+    /// voter that granted T1-N1 would then grant T1-N2 and two leaders would write different
+    /// batches at the same (term, seqno); the simulation found exactly that (decisions/008). The
+    /// `single-term-leader` feature gives the standard rule; this test breaks if it is dropped.
+    #[test]
+    fn one_leader_per_term() {
+        let granted = Vote::<u64>::new(1, 1);
+        let rival = Vote::<u64>::new(1, 2);
+        assert!(
+            rival.partial_cmp(&granted).is_none(),
+            "a second candidate of the same term must not win a vote"
+        );
+        assert!(!(rival > granted));
+        assert!(Vote::<u64>::new(2, 2) > granted, "a higher term still wins");
+    }
+}
