@@ -26,7 +26,9 @@ struct Matched {
 /// Commit bookkeeping shared by the WAL hook, the ShipQueues and the receiver.
 pub struct CommitState {
     me: NodeId,
-    quorum: Quorum,
+    /// The voter sets commit counts against: openraft's membership, or a joint configuration while
+    /// this leader changes the membership (PROTOCOL.md, "Membership changes").
+    quorum: Mutex<Quorum>,
     durability: Durability,
     matched: Mutex<Matched>,
     commit: watch::Sender<Seqno>,
@@ -46,7 +48,7 @@ impl CommitState {
         let (commit_tx, _) = watch::channel(commit);
         CommitState {
             me,
-            quorum: Quorum::single(voters),
+            quorum: Mutex::new(Quorum::single(voters)),
             durability,
             matched: Mutex::new(Matched { office: None, positions: BTreeMap::new(), term_start: Seqno(1) }),
             commit: commit_tx,
@@ -78,8 +80,43 @@ impl CommitState {
     }
 
     /// The voters commit is counted against.
-    pub fn quorum(&self) -> &Quorum {
-        &self.quorum
+    pub fn quorum(&self) -> Quorum {
+        self.quorum.lock().expect("quorum lock is never held across a panic").clone()
+    }
+
+    /// Counts commit against `quorum` from now on, and recomputes the frontier (a smaller voter set
+    /// may commit at once what the larger one had not yet).
+    pub fn set_quorum(&self, quorum: Quorum) {
+        let matched = self.lock();
+        *self.quorum.lock().expect("quorum lock is never held across a panic") = quorum;
+        let next = self.frontier(&matched);
+        drop(matched);
+        self.advance(next);
+    }
+
+    /// The highest seqno a majority of each voter set of `quorum` has matched in the current office
+    /// (0 without office): what a leader waits for before it asks openraft for a new configuration.
+    pub fn majority_matched(&self, quorum: &Quorum) -> Seqno {
+        let matched = self.lock();
+        let Some(term) = matched.office else { return Seqno::ZERO };
+        let term_start = matched.term_start;
+        let term_at = |seqno: Seqno| if seqno >= term_start { Some(term) } else { None };
+        commit_frontier(quorum, &matched.positions, term, Seqno::ZERO, term_at)
+    }
+
+    /// The frontier the matched positions give (never below the current one).
+    fn frontier(&self, matched: &Matched) -> Seqno {
+        let current = self.commit();
+        let Some(term) = matched.office else { return current };
+        match self.durability {
+            Durability::Leader => current,
+            Durability::Quorum => {
+                let term_start = matched.term_start;
+                let term_at = |seqno: Seqno| if seqno >= term_start { Some(term) } else { None };
+                let quorum = self.quorum.lock().expect("quorum lock is never held across a panic");
+                commit_frontier(&quorum, &matched.positions, term, current, term_at)
+            }
+        }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Matched> {
@@ -112,15 +149,9 @@ impl CommitState {
         if position > *entry {
             *entry = position;
         }
-        let current = self.commit();
         let next = match self.durability {
-            Durability::Leader if node == self.me => position.seqno.max(current),
-            Durability::Leader => current,
-            Durability::Quorum => {
-                let term_start = matched.term_start;
-                let term_at = |seqno: Seqno| if seqno >= term_start { Some(term) } else { None };
-                commit_frontier(&self.quorum, &matched.positions, term, current, term_at)
-            }
+            Durability::Leader if node == self.me => position.seqno.max(self.commit()),
+            _ => self.frontier(&matched),
         };
         drop(matched);
         self.advance(next);

@@ -21,8 +21,9 @@ pub use applier::{Applier, ApplierInput, ApplierSender, CommitOnFlush};
 pub use commit_state::CommitState;
 pub use control::{ControlPlane, ControlTiming, TermGate};
 pub use replica::{
-    commit_hint, FollowerProgress, HealReport, InstallStats, PeerReconcile, PromoteError, PromoteReport,
-    Replica, ReplicaHook, ReplicaParts, ReplicaService, Role,
+    commit_hint, FollowerProgress, HealReport, InstallStats, MemberChange, MemberError, MemberReport,
+    Members, PeerReconcile, PromoteError, PromoteReport, Replica, ReplicaHook, ReplicaParts, ReplicaService,
+    Role,
 };
 pub use ship_feed::{ShipFeed, TailRead};
 pub use snapshot::{

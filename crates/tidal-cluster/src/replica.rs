@@ -16,10 +16,12 @@
 //! across the fsync (simpler than PROTOCOL.md's release-and-re-check, and equally safe: no vote can
 //! slip between the append and the ack).
 
+mod members;
 mod office;
 mod promote;
 mod reconcile;
 
+pub use members::{MemberChange, MemberError, MemberReport, Members};
 pub use promote::{PromoteError, PromoteReport, WriteTicket};
 pub use reconcile::{PeerReconcile, RECONCILE_INTERVAL};
 
@@ -38,7 +40,7 @@ use crate::spec::{ClusterSpec, Durability};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use std::time::{Duration, Instant};
 use tidal_core::{RaftStore, RaftWrite, TidalDb};
 use tidal_net::{
@@ -166,6 +168,9 @@ pub struct ReplicaParts {
     pub snapshots: Arc<SnapshotSource>,
     /// How peers are reached (the OS's TCP in production; the simulation's network in harness/sim).
     pub connector: tidal_net::Connector,
+    /// Joining a running cluster: with nothing stored, wait to be added instead of writing the
+    /// cluster file's membership as the first control entry.
+    pub join: bool,
 }
 
 /// A cluster node's replication side.
@@ -178,8 +183,17 @@ pub struct Replica {
     wal: Wal,
     commit: Arc<CommitState>,
     feed: ShipFeed,
-    peers: BTreeMap<NodeId, Peer>,
+    /// Every other member (voters and learners), as openraft's membership says; see `members.rs`.
+    peers: RwLock<BTreeMap<NodeId, Peer>>,
+    /// The membership this node knows (openraft's, once its metrics arrive; the cluster file before).
+    members: watch::Sender<Members>,
+    /// Held while this leader changes the membership (single flight).
+    changing_members: tokio::sync::Mutex<()>,
+    /// Set while a membership change counts commit against a configuration openraft has not reported
+    /// yet: metrics do not overwrite the commit quorum meanwhile.
+    quorum_pinned: AtomicBool,
     connector: tidal_net::Connector,
+    join: bool,
     gate: Arc<TermGate>,
     control: OnceLock<Arc<ControlPlane>>,
     /// The leader as last learned (0: none known).
@@ -257,15 +271,14 @@ impl Replica {
         applied: watch::Receiver<Seqno>,
         gate: Arc<TermGate>,
     ) -> Result<Arc<Replica>, String> {
-        let ReplicaParts { spec, me, data_dir, store, timing, db, applier, snapshots, connector } = parts;
+        let ReplicaParts { spec, me, data_dir, store, timing, db, applier, snapshots, connector, join } =
+            parts;
         spec.validate()?;
         spec.node(me).ok_or_else(|| format!("node {me} is not in the cluster file"))?;
+        let members = Members::from_spec(&spec);
         let mut peers = BTreeMap::new();
         for node in spec.nodes.iter().filter(|node| node.id != me) {
-            let peer =
-                Peer::connect_lazy_with(spec.dial_address(node), &spec.secret, &spec.cluster_id, &connector)
-                    .map_err(|e| e.to_string())?;
-            peers.insert(node.id, peer);
+            peers.insert(node.id, members::connect(&spec, node, &connector)?);
         }
         let (serving, _) = watch::channel(None);
         let replica = Arc::new(Replica {
@@ -277,8 +290,12 @@ impl Replica {
             wal,
             commit,
             feed,
-            peers,
+            peers: RwLock::new(peers),
+            members: watch::channel(members).0,
+            changing_members: tokio::sync::Mutex::new(()),
+            quorum_pinned: AtomicBool::new(false),
             connector,
+            join,
             gate,
             control: OnceLock::new(),
             leader_hint: AtomicU64::new(0),
@@ -403,6 +420,7 @@ impl Replica {
             self.store.clone(),
             self.gate.clone(),
             self.connector.clone(),
+            !self.join,
         )
         .await?;
         let control = Arc::new(control);
@@ -453,7 +471,7 @@ impl Replica {
                 self.leader()
             ));
         }
-        if node == self.me || !self.peers.contains_key(&node) {
+        if node == self.me || self.peer(node).is_none() {
             return Err(format!("node {node} is not a follower of this leader"));
         }
         let progress = self.progress().get(&node).cloned().unwrap_or_default();
@@ -506,6 +524,10 @@ impl Replica {
         let mut last_sent = Instant::now() - HEARTBEAT_INTERVAL;
         loop {
             if *stop.borrow() || self.gate.term() != term {
+                return;
+            }
+            if self.peer(follower).is_none() {
+                tracing::info!(%follower, "no longer a member: its ShipQueue ends");
                 return;
             }
             if self.heal_requests.lock().expect("heal lock is never held across a panic").remove(&follower) {
@@ -799,7 +821,7 @@ impl Replica {
     /// moves the ship feed and the commit frontier to the snapshot's position. At most one install
     /// runs at a time and automatic installs start at most every [`SNAPSHOT_INSTALL_INTERVAL_MIN`].
     pub(crate) async fn install_from(self: &Arc<Self>, source: NodeId, why: &str) -> Result<(), String> {
-        let peer = self.peers.get(&source).ok_or_else(|| format!("node {source} is not a peer"))?;
+        let peer = self.peer(source).ok_or_else(|| format!("node {source} is not a peer"))?;
         let Ok(_installing) = self.installing.try_lock() else {
             return Err("a snapshot install is already running".into());
         };
@@ -813,7 +835,7 @@ impl Replica {
             }
             *last = Some(Instant::now());
         }
-        let result = self.fetch_and_install(peer, source, why).await;
+        let result = self.fetch_and_install(&peer, source, why).await;
         let mut stats = self.installs.lock().expect("install stats lock is never held across a panic");
         match &result {
             Ok(Some(position)) => {
@@ -866,7 +888,7 @@ impl Replica {
 
     /// One pull.
     async fn pull_once(self: &Arc<Self>, source: NodeId, from: TermSeqno) -> Result<PullEnd, String> {
-        let peer = self.peers.get(&source).ok_or_else(|| format!("node {source} is not a peer"))?;
+        let peer = self.peer(source).ok_or_else(|| format!("node {source} is not a peer"))?;
         let pull = Pull {
             cluster_id: self.spec.cluster_id.clone(),
             term: self.term(),

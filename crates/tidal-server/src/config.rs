@@ -51,6 +51,11 @@ pub struct ServeArgs {
     /// uses it (a relay, NAT, its own view of the network); the others still see the file's address.
     #[arg(long = "dial", env = "TIDAL_DIAL", value_delimiter = ',', value_name = "ID=HOST:PORT")]
     pub dial: Vec<String>,
+    /// Join a running cluster: with an empty data directory, wait to be added (`tidal members add`
+    /// on the leader) instead of writing the cluster file's membership as the first control entry.
+    /// Needed for every node started after the cluster was created.
+    #[arg(long, env = "TIDAL_JOIN")]
+    pub join: bool,
 }
 
 /// Parses `--dial` values (`ID=HOST:PORT`) into overrides.
@@ -111,6 +116,9 @@ pub struct ClusterMembership {
     pub me: tidal_types::NodeId,
     /// Election and heartbeat timing.
     pub timing: tidal_cluster::ControlTiming,
+    /// Join a running cluster (`--join`): never write the cluster file's membership as the first
+    /// control entry.
+    pub join: bool,
 }
 
 fn parse_durability(mode: &str) -> anyhow::Result<tidal_cluster::Durability> {
@@ -161,7 +169,7 @@ pub fn load_cluster(path: &Path, node_id: u64) -> anyhow::Result<ClusterMembersh
     spec.validate().map_err(|why| anyhow::anyhow!("cluster file {}: {why}", path.display()))?;
     let me = tidal_types::NodeId(node_id);
     anyhow::ensure!(spec.node(me).is_some(), "node id {node_id} is not in cluster file {}", path.display());
-    Ok(ClusterMembership { spec, me, timing })
+    Ok(ClusterMembership { spec, me, timing, join: false })
 }
 
 /// The config file. Every field optional; the command line wins.
@@ -291,6 +299,7 @@ impl ServeConfig {
                     membership.spec.durability = parse_durability(mode)?;
                 }
                 membership.spec.dial = parse_dial(&args.dial)?;
+                membership.join = args.join;
                 membership.spec.validate().map_err(|why| anyhow::anyhow!("--dial: {why}"))?;
                 Some(membership)
             }
@@ -300,6 +309,10 @@ impl ServeConfig {
         anyhow::ensure!(
             cluster.is_some() || args.dial.iter().all(|value| value.trim().is_empty()),
             "--dial only applies to a cluster member (--cluster)"
+        );
+        anyhow::ensure!(
+            cluster.is_some() || !args.join,
+            "--join only applies to a cluster member (--cluster)"
         );
         let data_dir = args.data_dir.clone().or(file.data_dir);
         anyhow::ensure!(

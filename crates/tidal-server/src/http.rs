@@ -74,7 +74,7 @@ impl Forwarder {
             return None;
         }
         let leader = replica.leader().filter(|leader| *leader != replica.me())?;
-        replica.spec().node(leader).map(|node| format!("http://{}", node.http))
+        replica.members().nodes.get(&leader).map(|node| format!("http://{}", node.http))
     }
 }
 
@@ -94,11 +94,16 @@ async fn forward_writes(State(state): State<Arc<AppState>>, request: Request, ne
     let url = format!("{leader_url}{}", request.uri().path_and_query().map_or(path, |pq| pq.as_str()));
     let method = request.method().clone();
     let headers = request.headers().clone();
+    let member_verb = path.starts_with("/cluster/members/");
     let body = match read_body(&state, request.into_body()).await {
         Ok(body) => body,
         Err(error) => return error.into_response(),
     };
     let mut forwarded = state.forward.http.request(method, &url).body(body);
+    if member_verb {
+        // The leader may wait for a learner to catch up (`catch_up_s`).
+        forwarded = forwarded.timeout(Duration::from_secs(MEMBER_CATCH_UP_MAX_S + 60));
+    }
     for name in FORWARDED_HEADERS {
         if let Some(value) = headers.get(name) {
             forwarded = forwarded.header(name, value);
@@ -134,12 +139,13 @@ async fn forward_writes(State(state): State<Arc<AppState>>, request: Request, ne
 }
 
 /// Whether a request must be served by the leader: log writes (hard negatives are not in the log),
-/// linearizable reads, and the verbs only a leader performs (`heal`, `promote`).
+/// linearizable reads, and the verbs only a leader performs (`heal`, `promote`, `members`).
 fn leader_only(method: &Method, path: &str, query: Option<&str>) -> bool {
     let read = method == Method::GET || method == Method::HEAD;
     let v1 = path.starts_with("/v1/") && !path.contains("/negatives");
     let linearizable = query.is_some_and(|q| q.split('&').any(|pair| pair == "consistency=linearizable"));
-    let leader_verb = path == "/cluster/heal" || path == "/cluster/promote";
+    let leader_verb =
+        path == "/cluster/heal" || path == "/cluster/promote" || path.starts_with("/cluster/members/");
     leader_verb || (v1 && (!read || linearizable))
 }
 
@@ -164,6 +170,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/cluster/catchup", post(post_catchup))
         .route("/cluster/promote", post(post_promote))
         .route("/cluster/reconcile", post(post_reconcile))
+        .route("/cluster/members/{id}", post(post_member).delete(delete_member))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
@@ -636,6 +643,7 @@ async fn get_status(
             nodes: vec![NodeStatus {
                 id: 1,
                 role: "leader".into(),
+                learner: false,
                 http,
                 durable_seqno: durable,
                 applied_seqno: applied,
@@ -656,10 +664,10 @@ async fn get_status(
         }
     };
     let progress = replica.progress();
-    let nodes = replica
-        .spec()
+    let members = replica.members();
+    let nodes = members
         .nodes
-        .iter()
+        .values()
         .map(|spec| {
             let (durable_seqno, applied_seqno, lag_ms, matched_seqno, pulling) = if spec.id == replica.me() {
                 (durable, applied, 0, durable, false)
@@ -668,9 +676,11 @@ async fn get_status(
                 let lag = p.last_ack.map_or(u64::MAX, |at| at.elapsed().as_millis() as u64);
                 (p.durable.get(), p.applied.get(), lag, p.matched.seqno.get(), p.pulling)
             };
+            let learner = !members.is_voter(spec.id);
             NodeStatus {
                 id: spec.id.0,
-                role: role(spec.id).into(),
+                role: if learner { "learner".into() } else { role(spec.id).into() },
+                learner,
                 http: spec.http.clone(),
                 durable_seqno,
                 applied_seqno,
@@ -738,6 +748,94 @@ async fn post_promote(
         "term": report.term.get(),
         "behind_seqnos": report.behind,
         "new_leader": report.new_leader.map(|id| id.0),
+        "elapsed_ms": report.elapsed.as_millis() as u64,
+        "dry_run": dry_run,
+        "action": report.action,
+    })))
+}
+
+/// Default time a new member may take to catch up as a learner (`?catch_up_s=` overrides).
+const MEMBER_CATCH_UP_DEFAULT_S: u64 = 120;
+/// Longest catch-up wait one request may ask for.
+const MEMBER_CATCH_UP_MAX_S: u64 = 3600;
+
+async fn post_member(
+    State(state): State<Arc<AppState>>,
+    Path(id): Path<String>,
+    RawQuery(query): RawQuery,
+) -> AppResult<Json<serde_json::Value>> {
+    let replica = cluster_replica(&state)?;
+    let id = member_id(&id)?;
+    // Clients may percent-encode the port's colon.
+    let address = |name| {
+        query_param(&query, name).filter(|v| !v.is_empty()).map(|v| v.replace("%3A", ":").replace("%3a", ":"))
+    };
+    let (Some(http), Some(rpc)) = (address("http"), address("rpc")) else {
+        return Err(ApiError::invalid(
+            "members add needs ?http=HOST:PORT&rpc=HOST:PORT (the new node's addresses)",
+        ));
+    };
+    for (name, address) in [("http", &http), ("rpc", &rpc)] {
+        let valid = address.len() <= 255
+            && address
+                .rsplit_once(':')
+                .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok());
+        if !valid {
+            return Err(ApiError::invalid(format!("{name} address {address:?} is not HOST:PORT")));
+        }
+    }
+    let catch_up_s = query_u64(&query, "catch_up_s")?.unwrap_or(MEMBER_CATCH_UP_DEFAULT_S);
+    if catch_up_s == 0 || catch_up_s > MEMBER_CATCH_UP_MAX_S {
+        return Err(ApiError::invalid(format!("catch_up_s must be 1..={MEMBER_CATCH_UP_MAX_S}")));
+    }
+    let dry_run = query_param(&query, "dry_run") == Some("true");
+    let change = tidal_cluster::MemberChange::Add {
+        node: tidal_cluster::NodeSpec { id, http, rpc },
+        catch_up: std::time::Duration::from_secs(catch_up_s),
+    };
+    member_change(replica, change, dry_run).await
+}
+
+async fn delete_member(
+    State(state): State<Arc<AppState>>,
+    Path(id): Path<String>,
+    RawQuery(query): RawQuery,
+) -> AppResult<Json<serde_json::Value>> {
+    let replica = cluster_replica(&state)?;
+    let id = member_id(&id)?;
+    let dry_run = query_param(&query, "dry_run") == Some("true");
+    member_change(replica, tidal_cluster::MemberChange::Remove { node: id }, dry_run).await
+}
+
+fn member_id(id: &str) -> AppResult<tidal_types::NodeId> {
+    match id.parse::<u64>() {
+        Ok(id) if id > 0 => Ok(tidal_types::NodeId(id)),
+        _ => Err(ApiError::invalid(format!("member id {id:?} is not a node id (1, 2, ...)"))),
+    }
+}
+
+async fn member_change(
+    replica: &Arc<tidal_cluster::Replica>,
+    change: tidal_cluster::MemberChange,
+    dry_run: bool,
+) -> AppResult<Json<serde_json::Value>> {
+    let ids =
+        |set: &std::collections::BTreeSet<tidal_types::NodeId>| set.iter().map(|id| id.0).collect::<Vec<_>>();
+    // In its own task: a client that hangs up does not cut a change short halfway.
+    let replica = replica.clone();
+    let change = tokio::spawn(async move { replica.change_members(change, dry_run).await });
+    let report = change.await.map_err(|e| {
+        ApiError::unavailable(ErrorCode::NotReady, format!("membership change task failed: {e}"))
+    })?;
+    let report = report.map_err(|error| match error {
+        tidal_cluster::MemberError::Invalid(why) => ApiError::invalid(why),
+        tidal_cluster::MemberError::Unavailable(why) => ApiError::unavailable(ErrorCode::NotReady, why),
+    })?;
+    Ok(Json(serde_json::json!({
+        "term": report.term.get(),
+        "voters_before": ids(&report.voters_before),
+        "voters_after": ids(&report.voters_after),
+        "learners_after": ids(&report.learners_after),
         "elapsed_ms": report.elapsed.as_millis() as u64,
         "dry_run": dry_run,
         "action": report.action,

@@ -51,11 +51,52 @@ enum Command {
         #[arg(long)]
         dry_run: bool,
     },
+    /// Add or remove a cluster member; any node forwards it to the leader.
+    Members {
+        #[command(subcommand)]
+        change: MembersCommand,
+    },
     /// Hand leadership to another voter (leadership transfer); any node forwards it to the leader.
     Promote {
         #[command(flatten)]
         verb: tidal_server::ops::VerbArgs,
         /// The node to lead.
+        #[arg(long)]
+        node: u64,
+        /// Say what would be done, change nothing.
+        #[arg(long)]
+        dry_run: bool,
+    },
+}
+
+#[derive(clap::Subcommand)]
+enum MembersCommand {
+    /// Add a node (started with `tidal serve --join`): it catches up as a learner, then votes.
+    Add {
+        #[command(flatten)]
+        verb: tidal_server::ops::VerbArgs,
+        /// The new node's id.
+        #[arg(long)]
+        node: u64,
+        /// Its HTTP address (HOST:PORT).
+        #[arg(long)]
+        http: String,
+        /// Its replication RPC address (HOST:PORT).
+        #[arg(long)]
+        rpc: String,
+        /// How long it may take to catch up as a learner before the verb gives up (it keeps
+        /// catching up; running the verb again finishes the change).
+        #[arg(long, default_value_t = 120)]
+        catch_up_s: u64,
+        /// Say what would be done, change nothing.
+        #[arg(long)]
+        dry_run: bool,
+    },
+    /// Remove a voter or a learner (not the leader: promote another node first).
+    Remove {
+        #[command(flatten)]
+        verb: tidal_server::ops::VerbArgs,
+        /// The node to remove.
         #[arg(long)]
         node: u64,
         /// Say what would be done, change nothing.
@@ -95,6 +136,12 @@ fn main() -> anyhow::Result<()> {
         Command::Reconcile { verb, dry_run } => runtime.block_on(tidal_server::ops::reconcile(verb, dry_run)),
         Command::Promote { verb, node, dry_run } => {
             runtime.block_on(tidal_server::ops::promote(verb, node, dry_run))
+        }
+        Command::Members { change: MembersCommand::Add { verb, node, http, rpc, catch_up_s, dry_run } } => {
+            runtime.block_on(tidal_server::ops::members_add(verb, node, &http, &rpc, catch_up_s, dry_run))
+        }
+        Command::Members { change: MembersCommand::Remove { verb, node, dry_run } } => {
+            runtime.block_on(tidal_server::ops::members_remove(verb, node, dry_run))
         }
     }
 }

@@ -188,6 +188,7 @@ impl Node {
                     applier: sender.clone(),
                     snapshots: Arc::new(snapshots),
                     connector: config.io.connector.clone(),
+                    join: membership.join,
                 };
                 let replica =
                     Replica::new(parts, wal.clone(), commit, feed, applier.applied(), TermGate::new(term))

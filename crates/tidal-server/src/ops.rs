@@ -92,11 +92,12 @@ pub async fn status(args: VerbArgs) -> anyhow::Result<()> {
 
 /// POSTs an operator verb to the node at `--url` and prints its JSON answer.
 async fn post_verb(args: VerbArgs, path: &str) -> anyhow::Result<()> {
-    let client = Client::new(args.url.clone(), args.token);
-    let reply: serde_json::Value = client
-        .json::<(), _>(reqwest::Method::POST, path, None)
-        .await
-        .with_context(|| format!("POST {path}"))?;
+    send_verb(Client::new(args.url.clone(), args.token), reqwest::Method::POST, path).await
+}
+
+async fn send_verb(client: Client, method: reqwest::Method, path: &str) -> anyhow::Result<()> {
+    let reply: serde_json::Value =
+        client.json::<(), _>(method.clone(), path, None).await.with_context(|| format!("{method} {path}"))?;
     println!("{}", serde_json::to_string_pretty(&reply)?);
     Ok(())
 }
@@ -123,6 +124,36 @@ pub async fn heal(args: VerbArgs, node: u64, dry_run: bool) -> anyhow::Result<()
 /// the request to the leader).
 pub async fn promote(args: VerbArgs, node: u64, dry_run: bool) -> anyhow::Result<()> {
     post_verb(args, &format!("/cluster/promote?node={node}{}", dry_run_query(dry_run, '&'))).await
+}
+
+/// `tidal members add --node N --http H --rpc R [--catch-up-s S] [--dry-run]`: the leader adds node
+/// N as a learner, waits for it to catch up, then makes it a voter.
+pub async fn members_add(
+    args: VerbArgs,
+    node: u64,
+    http: &str,
+    rpc: &str,
+    catch_up_s: u64,
+    dry_run: bool,
+) -> anyhow::Result<()> {
+    let client =
+        Client::with_timeout(args.url.clone(), args.token, std::time::Duration::from_secs(catch_up_s + 60));
+    let path = format!(
+        "/cluster/members/{node}?http={http}&rpc={rpc}&catch_up_s={catch_up_s}{}",
+        dry_run_query(dry_run, '&')
+    );
+    send_verb(client, reqwest::Method::POST, &path).await
+}
+
+/// `tidal members remove --node N [--dry-run]`: the leader removes node N from the membership.
+pub async fn members_remove(args: VerbArgs, node: u64, dry_run: bool) -> anyhow::Result<()> {
+    let client = Client::new(args.url.clone(), args.token);
+    send_verb(
+        client,
+        reqwest::Method::DELETE,
+        &format!("/cluster/members/{node}{}", dry_run_query(dry_run, '?')),
+    )
+    .await
 }
 
 /// `tidal reconcile [--dry-run]`: the node at `--url` reconciles its hard negatives with every peer.

@@ -221,8 +221,11 @@ pub struct DigestView {
 pub struct NodeStatus {
     /// Node id.
     pub id: u64,
-    /// `leader`, `follower` or `candidate`.
+    /// `leader`, `follower`, `candidate` or `learner` (a member that does not vote yet).
     pub role: String,
+    /// A member that does not vote (it catches up before `members add` makes it a voter).
+    #[serde(default)]
+    pub learner: bool,
     /// HTTP address.
     pub http: String,
     /// Durable frontier.

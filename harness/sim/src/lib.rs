@@ -211,6 +211,7 @@ impl SimulatedCluster {
             spec: self.spec.clone(),
             me: self.spec.nodes[index].id,
             timing: ControlTiming::default(),
+            join: false,
         });
         config.segment_bytes_max = 16 * 1024;
         config.checkpoint_interval_ms = 1000;

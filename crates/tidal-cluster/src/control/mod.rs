@@ -49,7 +49,8 @@ pub struct ControlPlane {
 
 impl ControlPlane {
     /// Starts openraft over `store`. A node with nothing stored initializes the membership from the
-    /// cluster file: every member writes the same first entry, so any of them may do it.
+    /// cluster file when `initialize` (every founding member writes the same first entry, so any of
+    /// them may do it); a joining node (`initialize` false) waits for the leader to add it.
     pub async fn start(
         me: u64,
         spec: &ClusterSpec,
@@ -57,6 +58,7 @@ impl ControlPlane {
         store: RaftStore,
         gate: Arc<TermGate>,
         connector: tidal_net::Connector,
+        initialize: bool,
     ) -> Result<ControlPlane, String> {
         let config = Config {
             cluster_name: spec.cluster_id.clone(),
@@ -75,7 +77,10 @@ impl ControlPlane {
         let raft = Raft::new(me, Arc::new(config), network, LogStore::new(store, gate), state.clone())
             .await
             .map_err(|e| format!("start openraft: {e}"))?;
-        if fresh {
+        if fresh && !initialize {
+            tracing::info!("joining: waiting to be added by the leader (tidal members add)");
+        }
+        if fresh && initialize {
             let members: BTreeMap<u64, NodeInfo> = spec
                 .nodes
                 .iter()

@@ -47,6 +47,7 @@ impl Replica {
             }
             let (state, term, leader) = {
                 let m = metrics.borrow_and_update();
+                self.adopt_membership(m.membership_config.membership());
                 (m.state, Term(m.current_term), m.current_leader)
             };
             let leading = state == ServerState::Leader && leader == Some(self.me.0);
@@ -157,7 +158,7 @@ impl Replica {
                     applied: *self.applied.borrow(),
                 }
             };
-            match plan_office(self.me, term, &own, &answers, self.commit.quorum()) {
+            match plan_office(self.me, term, &own, &answers, &self.commit.quorum()) {
                 OfficePlan::Wait => tokio::time::sleep(PROBE_RETRY).await,
                 OfficePlan::StepDown { term: higher } => {
                     return Err(format!("a voter is at term {higher}: stepping down"));
@@ -225,12 +226,7 @@ impl Replica {
         }
         self.persist_baseline(term, baseline)?;
         // Step 5: ship, then serve once LeaderStart is committed and applied.
-        for (&id, peer) in &self.peers {
-            let replica = self.clone();
-            let peer = peer.clone();
-            let stop = stop.clone();
-            tokio::spawn(async move { replica.ship_queue(id, peer, term, stop).await });
-        }
+        tokio::spawn(self.clone().ship_queues(term, stop.clone()));
         if let Some(control) = self.control.get().cloned() {
             let record = ControlCmd::LeaderStart {
                 term: term.get(),
@@ -271,8 +267,8 @@ impl Replica {
     async fn probe_all(&self, term: Term) -> BTreeMap<tidal_types::NodeId, ProbeAnswer> {
         let probe = Probe { cluster_id: self.spec.cluster_id.clone(), term, leader: self.me };
         let mut calls = tokio::task::JoinSet::new();
-        for (&id, peer) in &self.peers {
-            let (probe, peer) = (probe.clone(), peer.clone());
+        for (id, peer) in self.peer_list() {
+            let probe = probe.clone();
             calls.spawn(async move { (id, peer.probe(&probe, PROBE_TIMEOUT).await) });
         }
         let mut answers = BTreeMap::new();

@@ -131,7 +131,7 @@ impl Replica {
             return Ok(report);
         }
         let is_voter = control.state().membership.membership().voter_ids().any(|id| id == target.0);
-        let peer = self.peers.get(&target).filter(|_| is_voter).ok_or_else(|| {
+        let peer = self.peer(target).filter(|_| is_voter).ok_or_else(|| {
             Invalid(format!("node {target} is not a voter of this cluster; only a voter can lead"))
         })?;
         let progress = self.progress().get(&target).cloned().unwrap_or_default();

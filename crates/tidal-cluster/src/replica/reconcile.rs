@@ -38,7 +38,7 @@ impl Replica {
     /// Reconciles hard negatives with every peer now; with `dry_run`, only compares digests.
     pub async fn reconcile(&self, dry_run: bool) -> Vec<PeerReconcile> {
         let mut report = Vec::new();
-        for (&node, peer) in &self.peers {
+        for (node, peer) in self.peer_list() {
             let mut entry =
                 PeerReconcile { node, differed: false, merged_users: 0, refused: 0, outcome: String::new() };
             let ours = match self.negatives_digest().await {
@@ -63,7 +63,7 @@ impl Replica {
             } else if dry_run {
                 entry.outcome = "negatives differ: would pull and merge theirs".into();
             } else {
-                entry.outcome = match self.merge_from(peer, &mut entry).await {
+                entry.outcome = match self.merge_from(&peer, &mut entry).await {
                     Ok(()) => format!("merged {} users ({} refused)", entry.merged_users, entry.refused),
                     Err(why) => format!("stopped after {} users: {why}", entry.merged_users),
                 };

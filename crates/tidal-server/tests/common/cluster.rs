@@ -22,6 +22,9 @@ pub struct Cluster {
     pub spec: ClusterSpec,
     pub dirs: Vec<PathBuf>,
     pub members: Vec<Option<Member>>,
+    /// How many of the nodes (the first ones) found the cluster; the others start with `--join`
+    /// and become members through `members add`.
+    pub founders: usize,
     tweak: fn(&mut ServeConfig),
 }
 
@@ -73,7 +76,21 @@ impl Cluster {
             dial: Default::default(),
         };
         let dirs = (1..=size).map(|id| root.join(format!("n{id}"))).collect();
-        Cluster { spec, dirs, members: (0..size).map(|_| None).collect(), tweak }
+        Cluster { spec, dirs, members: (0..size).map(|_| None).collect(), founders: size as usize, tweak }
+    }
+
+    /// A cluster of `founders` nodes plus `spares` more that start with `--join` (their cluster file
+    /// lists every node; the founders' lists only the founders).
+    pub fn with_spares(
+        root: &Path,
+        founders: u64,
+        spares: u64,
+        durability: Durability,
+        tweak: fn(&mut ServeConfig),
+    ) -> Cluster {
+        let mut cluster = Cluster::new(root, founders + spares, durability, tweak);
+        cluster.founders = founders as usize;
+        cluster
     }
 
     pub async fn start(&mut self, index: usize) {
@@ -82,10 +99,16 @@ impl Cluster {
             ServeArgs { data_dir: Some(self.dirs[index].clone()), dimension: Some(4), ..Default::default() };
         let mut config = ServeConfig::resolve(&args).unwrap();
         config.http = node.http.parse().unwrap();
+        let join = index >= self.founders;
+        let mut spec = self.spec.clone();
+        if !join {
+            spec.nodes.truncate(self.founders);
+        }
         config.cluster = Some(ClusterMembership {
-            spec: self.spec.clone(),
+            spec,
             me: node.id,
             timing: tidal_cluster::ControlTiming::default(),
+            join,
         });
         (self.tweak)(&mut config);
         let http = tokio::net::TcpListener::bind(&node.http).await.unwrap();

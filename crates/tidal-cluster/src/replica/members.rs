@@ -1,0 +1,490 @@
+//! Membership: what this node knows of the members, and the leader's `members add/remove` verbs
+//! (PROTOCOL.md, "Membership changes").
+//!
+//! openraft records the membership (voters, learners, their addresses) in its control log; every
+//! node adopts the membership its openraft reports ([`Replica::adopt_membership`]): its peers (who
+//! it probes, ships to, pulls from) and the voter sets commit is counted against. The cluster file
+//! only seeds the first membership.
+//!
+//! Adding a node: openraft makes it a learner; the leader ships to it like to any follower, so it
+//! pulls the history it lacks (or installs a snapshot); once it has matched the commit frontier IN
+//! THIS TERM the leader counts commit against both the old and the new voter set, waits until a
+//! majority of the new set has matched the frontier, and only then asks openraft for the new
+//! configuration. Removing a voter is the same dual count without the catch-up. Delicate:
+//! - the data path counts against the configuration the change code chose (pinned), not openraft's
+//!   metrics, which arrive late; the pin is released once openraft has committed the new one;
+//! - a learner is promoted on its `matched` (verified by the leader), never on a reported frontier;
+//! - the leader does not remove itself: an operator promotes another node first.
+
+use super::Replica;
+use crate::control::NodeInfo;
+use crate::decide::Quorum;
+use crate::spec::{ClusterSpec, NodeSpec};
+use openraft::ChangeMembers;
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tidal_net::Peer;
+use tidal_types::{NodeId, Seqno, Term};
+
+/// Poll step while waiting for a learner to catch up or for the new voter set to match (re-checks
+/// observable state each step; the deadline bounds it).
+const CHANGE_POLL: Duration = Duration::from_millis(10);
+/// How long, once the dual count has started, a majority of the new voter set may take to match.
+const NEW_SET_DEADLINE: Duration = Duration::from_secs(10);
+/// Progress is logged this often while a learner catches up.
+const PROGRESS_EVERY: Duration = Duration::from_secs(5);
+
+/// The membership as this node knows it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Members {
+    /// Voter sets: one, or two while a joint configuration is in force.
+    pub voter_sets: Vec<BTreeSet<NodeId>>,
+    /// Every member, voters and learners, with its addresses.
+    pub nodes: BTreeMap<NodeId, NodeSpec>,
+}
+
+impl Members {
+    /// The first membership: every node of the cluster file is a voter.
+    pub fn from_spec(spec: &ClusterSpec) -> Members {
+        Members {
+            voter_sets: vec![spec.nodes.iter().map(|node| node.id).collect()],
+            nodes: spec.nodes.iter().map(|node| (node.id, node.clone())).collect(),
+        }
+    }
+
+    /// The membership openraft reports (None while it reports no voter: a node waiting to join).
+    pub fn from_openraft(membership: &openraft::Membership<u64, NodeInfo>) -> Option<Members> {
+        let voter_sets: Vec<BTreeSet<NodeId>> = membership
+            .get_joint_config()
+            .iter()
+            .map(|set| set.iter().copied().map(NodeId).collect())
+            .filter(|set: &BTreeSet<NodeId>| !set.is_empty())
+            .collect();
+        if voter_sets.is_empty() {
+            return None;
+        }
+        let nodes = membership
+            .nodes()
+            .map(|(&id, info)| {
+                (NodeId(id), NodeSpec { id: NodeId(id), http: info.http.clone(), rpc: info.rpc.clone() })
+            })
+            .collect();
+        Some(Members { voter_sets, nodes })
+    }
+
+    /// Whether `node` votes (in any voter set).
+    pub fn is_voter(&self, node: NodeId) -> bool {
+        self.voter_sets.iter().any(|set| set.contains(&node))
+    }
+
+    /// Every voter (the union of the voter sets).
+    pub fn voters(&self) -> BTreeSet<NodeId> {
+        self.voter_sets.iter().flatten().copied().collect()
+    }
+
+    /// Members that do not vote.
+    pub fn learners(&self) -> BTreeSet<NodeId> {
+        self.nodes.keys().copied().filter(|id| !self.is_voter(*id)).collect()
+    }
+
+    /// Whether a joint configuration is in force.
+    pub fn is_joint(&self) -> bool {
+        self.voter_sets.len() > 1
+    }
+
+    /// The commit quorum of this membership.
+    pub fn quorum(&self) -> Quorum {
+        Quorum { voter_sets: self.voter_sets.iter().map(|set| set.iter().copied().collect()).collect() }
+    }
+}
+
+/// A membership change an operator asks for.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum MemberChange {
+    /// Add `node` (a learner until it has caught up, then a voter).
+    Add {
+        /// The new member and its addresses.
+        node: NodeSpec,
+        /// How long the learner may take to catch up before the verb gives up (it stays a learner;
+        /// running the verb again resumes).
+        catch_up: Duration,
+    },
+    /// Remove `node` (a voter or a learner).
+    Remove {
+        /// The member to remove.
+        node: NodeId,
+    },
+}
+
+/// What a membership change did (or, with `dry_run`, would do).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MemberReport {
+    /// Voters before.
+    pub voters_before: BTreeSet<NodeId>,
+    /// Voters after (as planned for a dry run).
+    pub voters_after: BTreeSet<NodeId>,
+    /// Learners after.
+    pub learners_after: BTreeSet<NodeId>,
+    /// The term the leader changed it in.
+    pub term: Term,
+    /// How long it took (zero for a dry run).
+    pub elapsed: Duration,
+    /// What was done, in words.
+    pub action: String,
+}
+
+/// Why a membership change did not happen.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum MemberError {
+    /// The request cannot succeed as asked.
+    Invalid(String),
+    /// Not now (not the leader, another change running, a learner still catching up); retry.
+    Unavailable(String),
+}
+
+impl std::fmt::Display for MemberError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            MemberError::Invalid(why) | MemberError::Unavailable(why) => f.write_str(why),
+        }
+    }
+}
+
+/// A peer handle for `node`, through this node's dial override if it has one.
+pub(super) fn connect(
+    spec: &ClusterSpec,
+    node: &NodeSpec,
+    connector: &tidal_net::Connector,
+) -> Result<Peer, String> {
+    Peer::connect_lazy_with(spec.dial_address(node), &spec.secret, &spec.cluster_id, connector)
+        .map_err(|e| e.to_string())
+}
+
+/// Releases the quorum pin when a change ends, however it ends, and puts back the quorum of the
+/// membership this node knows (openraft's, which by then holds the change if it was committed).
+struct QuorumPin<'a>(&'a Replica);
+
+impl Drop for QuorumPin<'_> {
+    fn drop(&mut self) {
+        self.0.quorum_pinned.store(false, Ordering::SeqCst);
+        let members = self.0.members.borrow().clone();
+        self.0.commit.set_quorum(members.quorum());
+    }
+}
+
+impl Replica {
+    /// The membership this node knows.
+    pub fn members(&self) -> Members {
+        self.members.borrow().clone()
+    }
+
+    /// The peer handle of another member.
+    pub(super) fn peer(&self, node: NodeId) -> Option<Peer> {
+        self.peers.read().expect("peers lock is never held across a panic").get(&node).cloned()
+    }
+
+    /// Every other member with its peer handle.
+    pub(super) fn peer_list(&self) -> Vec<(NodeId, Peer)> {
+        let peers = self.peers.read().expect("peers lock is never held across a panic");
+        peers.iter().map(|(id, peer)| (*id, peer.clone())).collect()
+    }
+
+    /// Adopts the membership openraft reports: peers for new members (their ShipQueues start if this
+    /// node leads), none for removed ones, and the voter sets commit counts against (unless a change
+    /// on this leader has pinned them).
+    pub(super) fn adopt_membership(&self, membership: &openraft::Membership<u64, NodeInfo>) {
+        let Some(members) = Members::from_openraft(membership) else { return };
+        if *self.members.borrow() == members {
+            return;
+        }
+        {
+            let mut peers = self.peers.write().expect("peers lock is never held across a panic");
+            peers.retain(|id, _| members.nodes.contains_key(id));
+            for (id, node) in &members.nodes {
+                if *id == self.me || peers.contains_key(id) {
+                    continue;
+                }
+                match connect(&self.spec, node, &self.connector) {
+                    Ok(peer) => {
+                        peers.insert(*id, peer);
+                    }
+                    Err(why) => {
+                        tracing::error!(node = %id, "cannot reach the new member at {}: {why}", node.rpc)
+                    }
+                }
+            }
+        }
+        self.progress
+            .lock()
+            .expect("progress lock is never held across a panic")
+            .retain(|id, _| members.nodes.contains_key(id));
+        tracing::info!(
+            voters = ?members.voter_sets, learners = ?members.learners(), "membership adopted"
+        );
+        // Members first, then the pin: a change ending meanwhile (QuorumPin's drop clears the pin,
+        // then reads the members) or this adoption sets the quorum from the new membership.
+        let quorum = members.quorum();
+        self.members.send_replace(members);
+        if !self.quorum_pinned.load(Ordering::SeqCst) {
+            self.commit.set_quorum(quorum);
+        }
+    }
+
+    /// Leader: runs one ShipQueue per member for the office of `term`, starting queues for members
+    /// added while in office (a removed member's queue ends by itself).
+    pub(super) async fn ship_queues(self: Arc<Self>, term: Term, stop: tokio::sync::watch::Receiver<bool>) {
+        let mut members = self.members.subscribe();
+        let mut stop_wait = stop.clone();
+        let mut running: BTreeMap<NodeId, tokio::task::JoinHandle<()>> = BTreeMap::new();
+        loop {
+            if *stop.borrow() || self.gate.term() != term {
+                return;
+            }
+            running.retain(|_, queue| !queue.is_finished());
+            for (id, peer) in self.peer_list() {
+                running
+                    .entry(id)
+                    .or_insert_with(|| tokio::spawn(self.clone().ship_queue(id, peer, term, stop.clone())));
+            }
+            tokio::select! {
+                changed = members.changed() => if changed.is_err() { return },
+                _ = stop_wait.changed() => {}
+            }
+        }
+    }
+
+    /// Operator `members add` / `members remove`, on the serving leader.
+    pub async fn change_members(
+        self: &Arc<Self>,
+        change: MemberChange,
+        dry_run: bool,
+    ) -> Result<MemberReport, MemberError> {
+        use MemberError::{Invalid, Unavailable};
+        let started = Instant::now();
+        let control = self
+            .control
+            .get()
+            .ok_or_else(|| Unavailable("the control plane has not started yet".into()))?
+            .clone();
+        let term = self.serving_term()?;
+        let Ok(_single) = self.changing_members.try_lock() else {
+            return Err(Unavailable(
+                "another membership change is running on this leader; retry when it ends".into(),
+            ));
+        };
+        let before = self.members();
+        if before.is_joint() && !dry_run {
+            tracing::warn!(voters = ?before.voter_sets, "a joint configuration is in force (an earlier change was cut short): this change finishes it");
+        }
+        let voters_before = before.voters();
+        let mut report = MemberReport {
+            voters_before: voters_before.clone(),
+            voters_after: voters_before.clone(),
+            learners_after: before.learners(),
+            term,
+            elapsed: Duration::ZERO,
+            action: String::new(),
+        };
+        match change {
+            MemberChange::Add { node, catch_up } => {
+                if node.id == NodeId(0) {
+                    return Err(Invalid("node ids start at 1".into()));
+                }
+                if node.http.trim().is_empty() || node.rpc.trim().is_empty() {
+                    return Err(Invalid("a new member needs its http and rpc addresses".into()));
+                }
+                if let Some(clash) = before.nodes.values().find(|other| {
+                    other.id != node.id
+                        && [&other.http, &other.rpc]
+                            .iter()
+                            .any(|address| **address == node.http || **address == node.rpc)
+                }) {
+                    return Err(Invalid(format!("node {} already uses one of these addresses", clash.id)));
+                }
+                if let Some(known) = before.nodes.get(&node.id) {
+                    if known.http != node.http || known.rpc != node.rpc {
+                        return Err(Invalid(format!(
+                            "node {} is a member with other addresses (http {}, rpc {}); remove it first",
+                            node.id, known.http, known.rpc
+                        )));
+                    }
+                }
+                let mut after = voters_before.clone();
+                after.insert(node.id);
+                report.voters_after = after.clone();
+                report.learners_after.remove(&node.id);
+                if !before.is_joint() && voters_before.contains(&node.id) {
+                    report.action = format!("node {} is already a voter; nothing to do", node.id);
+                    return Ok(report);
+                }
+                if dry_run {
+                    report.action = format!(
+                        "would add node {} (http {}, rpc {}) as a learner, wait up to {} s for it to match the commit frontier, then make it a voter",
+                        node.id,
+                        node.http,
+                        node.rpc,
+                        catch_up.as_secs()
+                    );
+                    return Ok(report);
+                }
+                if !before.nodes.contains_key(&node.id) {
+                    let info = NodeInfo { http: node.http.clone(), rpc: node.rpc.clone() };
+                    control.raft().add_learner(node.id.0, info, false).await.map_err(|e| {
+                        Unavailable(format!("openraft did not add node {} as a learner: {e}", node.id))
+                    })?;
+                    tracing::info!(node = %node.id, "added as a learner; catching up");
+                    // The ShipQueue starts once openraft reports the learner (metrics arrive late).
+                    self.adopt_membership(control.raft().metrics().borrow().membership_config.membership());
+                }
+                self.wait_caught_up(node.id, term, catch_up).await?;
+                self.change_voters(
+                    &control,
+                    term,
+                    &before,
+                    after.clone(),
+                    ChangeMembers::AddVoterIds(BTreeSet::from([node.id.0])),
+                )
+                .await?;
+                report.action = format!("node {} caught up as a learner and is now a voter", node.id);
+            }
+            MemberChange::Remove { node } => {
+                if node == self.me {
+                    return Err(Invalid(format!(
+                        "node {node} leads term {term}; promote another voter first (tidal promote --node N), then remove it"
+                    )));
+                }
+                if !before.nodes.contains_key(&node) {
+                    return Err(Invalid(format!("node {node} is not a member")));
+                }
+                let mut after = voters_before.clone();
+                after.remove(&node);
+                report.voters_after = after.clone();
+                report.learners_after.remove(&node);
+                if after.is_empty() {
+                    return Err(Invalid("a cluster needs at least one voter".into()));
+                }
+                if dry_run {
+                    report.action = if voters_before.contains(&node) {
+                        format!("would count commit against both voter sets, then remove voter {node}")
+                    } else {
+                        format!("would remove learner {node}")
+                    };
+                    return Ok(report);
+                }
+                if voters_before.contains(&node) {
+                    self.change_voters(
+                        &control,
+                        term,
+                        &before,
+                        after,
+                        ChangeMembers::RemoveVoters(BTreeSet::from([node.0])),
+                    )
+                    .await?;
+                    report.action = format!("voter {node} removed");
+                } else {
+                    control
+                        .raft()
+                        .change_membership(ChangeMembers::RemoveNodes(BTreeSet::from([node.0])), false)
+                        .await
+                        .map_err(|e| Unavailable(format!("openraft did not remove learner {node}: {e}")))?;
+                    report.action = format!("learner {node} removed");
+                }
+            }
+        }
+        self.adopt_membership(control.raft().metrics().borrow().membership_config.membership());
+        report.elapsed = started.elapsed();
+        Ok(report)
+    }
+
+    fn serving_term(&self) -> Result<Term, MemberError> {
+        let serving = *self.serving.borrow();
+        serving.ok_or_else(|| {
+            MemberError::Unavailable(format!(
+                "node {} is not the serving leader; ask the leader ({:?})",
+                self.me,
+                self.leader()
+            ))
+        })
+    }
+
+    /// Waits until `node` has matched, in `term`, the commit frontier as it stands at each check.
+    async fn wait_caught_up(&self, node: NodeId, term: Term, within: Duration) -> Result<(), MemberError> {
+        let deadline = Instant::now() + within;
+        let mut next_report = Instant::now() + PROGRESS_EVERY;
+        loop {
+            if self.serving_term()? != term {
+                return Err(MemberError::Unavailable(
+                    "leadership moved while the learner caught up; retry on the new leader".into(),
+                ));
+            }
+            let commit = self.commit.commit();
+            let matched =
+                self.commit.matched().get(&node).filter(|p| p.term == term).map_or(Seqno::ZERO, |p| p.seqno);
+            if matched >= commit {
+                tracing::info!(%node, %matched, %commit, "learner caught up");
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                return Err(MemberError::Unavailable(format!(
+                    "node {node} is a learner and still catching up (matched {matched} of commit {commit}); it keeps catching up: run the same members add again to make it a voter"
+                )));
+            }
+            if Instant::now() >= next_report {
+                let pulling = self.progress().get(&node).is_some_and(|p| p.pulling);
+                tracing::info!(%node, %matched, %commit, pulling, "learner catching up");
+                next_report = Instant::now() + PROGRESS_EVERY;
+            }
+            tokio::time::sleep(CHANGE_POLL).await;
+        }
+    }
+
+    /// Counts commit against both voter sets, waits until a majority of the new set has matched the
+    /// frontier in `term`, then has openraft commit the new configuration.
+    async fn change_voters(
+        &self,
+        control: &crate::control::ControlPlane,
+        term: Term,
+        before: &Members,
+        after: BTreeSet<NodeId>,
+        change: ChangeMembers<u64, NodeInfo>,
+    ) -> Result<(), MemberError> {
+        let mut joint = before.voter_sets.clone();
+        joint.push(after.clone());
+        self.quorum_pinned.store(true, Ordering::SeqCst);
+        let _pin = QuorumPin(self);
+        self.commit.set_quorum(Quorum {
+            voter_sets: joint.iter().map(|set| set.iter().copied().collect()).collect(),
+        });
+        let new_set = Quorum::single(after.iter().copied().collect());
+        let deadline = Instant::now() + NEW_SET_DEADLINE;
+        loop {
+            if self.serving_term()? != term {
+                return Err(MemberError::Unavailable(
+                    "leadership moved during the change; nothing was changed; retry on the new leader".into(),
+                ));
+            }
+            let commit = self.commit.commit();
+            let matched = self.commit.majority_matched(&new_set);
+            if matched >= commit {
+                break;
+            }
+            if Instant::now() >= deadline {
+                return Err(MemberError::Unavailable(format!(
+                    "a majority of the new voter set {after:?} has not matched the commit frontier {commit} (it has {matched}); nothing was changed"
+                )));
+            }
+            tokio::time::sleep(CHANGE_POLL).await;
+        }
+        control.raft().change_membership(change, false).await.map_err(|e| {
+            MemberError::Unavailable(format!(
+                "openraft did not commit the new configuration: {e}; `tidal status` shows where it stands, run the verb again to finish"
+            ))
+        })?;
+        // Committed: the new set alone counts from here. The pin's drop puts back the adopted
+        // membership: the new one, or still the joint one if the metrics lag (safe: both counted).
+        self.adopt_membership(control.raft().metrics().borrow().membership_config.membership());
+        Ok(())
+    }
+}
