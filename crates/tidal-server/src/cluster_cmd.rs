@@ -1,4 +1,5 @@
-//! `tidal cluster up` / `tidal cluster down`: a local cluster on loopback for trying Tidal out.
+//! `tidal cluster up` / `tidal cluster down`: a local cluster on loopback for trying Tidal out;
+//! `add-node` / `remove-node` change its membership (`--join`, then `members add`; `members remove`).
 //!
 //! `up` writes a cluster file and a secret under `--dir` (kept across runs: data dirs persist),
 //! starts one `tidal serve` process per node (logs in `nN.log`, pid in `nN.pid`), waits until every
@@ -36,6 +37,29 @@ pub enum ClusterCommand {
         #[arg(long, default_value = "./tidal-cluster")]
         dir: PathBuf,
     },
+    /// Add a node to the running local cluster: the next id and ports, `--join`, then `members add`
+    /// (it catches up as a learner, then votes).
+    AddNode {
+        /// Folder given to `up`.
+        #[arg(long, default_value = "./tidal-cluster")]
+        dir: PathBuf,
+        /// Say what would be done, change nothing.
+        #[arg(long)]
+        dry_run: bool,
+    },
+    /// Remove node N from the running local cluster (`members remove`), stop it, and move its data
+    /// dir aside (`nN.removed`).
+    RemoveNode {
+        /// Folder given to `up`.
+        #[arg(long, default_value = "./tidal-cluster")]
+        dir: PathBuf,
+        /// The node to remove.
+        #[arg(long)]
+        node: u64,
+        /// Say what would be done, change nothing.
+        #[arg(long)]
+        dry_run: bool,
+    },
     /// Failover benchmark on a running local cluster: SIGKILL the leader, time until another node
     /// acknowledges a write, restart the killed node; repeat.
     FailoverBench {
@@ -63,6 +87,8 @@ pub async fn run(command: ClusterCommand) -> anyhow::Result<()> {
     match command {
         ClusterCommand::Up { nodes, dir, port_base } => up(nodes, &dir, port_base).await,
         ClusterCommand::Down { dir } => down(&dir),
+        ClusterCommand::AddNode { dir, dry_run } => add_node(&dir, dry_run).await,
+        ClusterCommand::RemoveNode { dir, node, dry_run } => remove_node(&dir, node, dry_run).await,
         ClusterCommand::FailoverBench { dir, rounds } => crate::ops::failover_bench(&dir, rounds).await,
         ClusterCommand::PromoteBench { dir, rounds } => crate::ops::promote_bench(&dir, rounds).await,
     }
@@ -177,9 +203,107 @@ pub fn free_port_base(preferred: u16, nodes: u16) -> anyhow::Result<u16> {
     anyhow::bail!("no free loopback ports from {preferred} on")
 }
 
+/// How long `add-node` lets the new node catch up as a learner.
+const ADD_NODE_CATCH_UP_S: u64 = 600;
+
+/// A running member's HTTP address (the first that answers), to send a verb to.
+async fn live_member(membership: &crate::config::ClusterMembership, except: u64) -> anyhow::Result<String> {
+    let client = reqwest::Client::builder().timeout(Duration::from_secs(2)).build()?;
+    for node in membership.spec.nodes.iter().filter(|node| node.id.0 != except) {
+        if client
+            .get(format!("http://{}/healthz", node.http))
+            .send()
+            .await
+            .is_ok_and(|r| r.status().is_success())
+        {
+            return Ok(url(&node.http));
+        }
+    }
+    anyhow::bail!("no member of the local cluster answers; start it with `tidal cluster up`")
+}
+
+async fn add_node(dir: &Path, dry_run: bool) -> anyhow::Result<()> {
+    let cluster_file = dir.join("cluster.toml");
+    let membership = crate::config::load_cluster(&cluster_file, 1)
+        .with_context(|| format!("no local cluster in {} (run `tidal cluster up` first)", dir.display()))?;
+    let id = membership.spec.nodes.iter().map(|node| node.id.0).max().unwrap_or(0) + 1;
+    anyhow::ensure!(id <= 9, "a local cluster has at most 9 nodes");
+    let first = &membership.spec.nodes[0];
+    let port_base: u16 = first
+        .http
+        .rsplit_once(':')
+        .and_then(|(_, port)| port.parse().ok())
+        .context("node 1's http address has no port")?;
+    let offset = u16::try_from(id - 1).expect("at most 9 nodes");
+    let (http, rpc) = (
+        format!("127.0.0.1:{}", port_base + offset),
+        format!("127.0.0.1:{}", port_base + RPC_PORT_OFFSET + offset),
+    );
+    let leader_url = live_member(&membership, 0).await?;
+    if dry_run {
+        println!("would start n{id} (http {http}, rpc {rpc}) with --join and ask {leader_url} to add it");
+        let verb = crate::ops::VerbArgs { url: leader_url, token: None };
+        return crate::ops::members_add(verb, id, &http, &rpc, ADD_NODE_CATCH_UP_S, true).await;
+    }
+    let mut text = std::fs::read_to_string(&cluster_file).context("read cluster file")?;
+    text.push_str(&format!("\n[[node]]\nid = {id}\nhttp = \"{http}\"\nrpc = \"{rpc}\"\n"));
+    std::fs::write(&cluster_file, text).context("write cluster file")?;
+    let pid = start_node_with(dir, id, true)?;
+    println!("n{id}: started with --join (pid {pid}), log {}", dir.join(format!("n{id}.log")).display());
+    let client = reqwest::Client::builder().timeout(Duration::from_secs(2)).build()?;
+    let deadline = Instant::now() + READY_TIMEOUT;
+    while !client.get(format!("http://{http}/healthz")).send().await.is_ok_and(|r| r.status().is_success()) {
+        anyhow::ensure!(Instant::now() < deadline, "n{id} did not start; see its log");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    println!("n{id}: catching up as a learner, then a voter (members add on {leader_url})");
+    let verb = crate::ops::VerbArgs { url: leader_url, token: None };
+    crate::ops::members_add(verb, id, &http, &rpc, ADD_NODE_CATCH_UP_S, false).await
+}
+
+async fn remove_node(dir: &Path, id: u64, dry_run: bool) -> anyhow::Result<()> {
+    let cluster_file = dir.join("cluster.toml");
+    let membership = crate::config::load_cluster(&cluster_file, 1)
+        .with_context(|| format!("no local cluster in {} (run `tidal cluster up` first)", dir.display()))?;
+    let url = live_member(&membership, id).await?;
+    let verb = crate::ops::VerbArgs { url, token: None };
+    crate::ops::members_remove(verb, id, dry_run).await?;
+    if dry_run {
+        return Ok(());
+    }
+    // Out of the cluster file, so `cluster up` does not start it again; its data dir kept aside.
+    let text = std::fs::read_to_string(&cluster_file).context("read cluster file")?;
+    let kept: Vec<&str> =
+        text.split("\n[[node]]\n").filter(|block| !block.starts_with(&format!("id = {id}\n"))).collect();
+    std::fs::write(&cluster_file, kept.join("\n[[node]]\n")).context("write cluster file")?;
+    let pid_path = dir.join(format!("n{id}.pid"));
+    if let Some(pid) = running_pid(&pid_path) {
+        let _ = Command::new("kill").args(["-TERM", &pid.to_string()]).status();
+        let deadline = Instant::now() + READY_TIMEOUT;
+        while Path::new(&format!("/proc/{pid}")).exists() && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        println!("n{id}: stopped (pid {pid})");
+    }
+    std::fs::remove_file(&pid_path).ok();
+    let data = dir.join(format!("n{id}"));
+    if data.exists() {
+        let aside = dir.join(format!("n{id}.removed"));
+        std::fs::remove_dir_all(&aside).ok();
+        std::fs::rename(&data, &aside).context("move the removed node's data dir aside")?;
+        println!("n{id}: data dir moved to {}", aside.display());
+    }
+    Ok(())
+}
+
 /// Starts node `id` of the local cluster in `dir` (its cluster file must exist) as a `tidal serve`
 /// process: log in `nN.log` (appended to, so a restart keeps the history), pid in `nN.pid`.
 pub fn start_node(dir: &Path, id: u64) -> anyhow::Result<u32> {
+    start_node_with(dir, id, false)
+}
+
+/// [`start_node`], with `--join` when `join` (a node added to a running cluster).
+fn start_node_with(dir: &Path, id: u64, join: bool) -> anyhow::Result<u32> {
     let name = format!("n{id}");
     let exe = std::env::current_exe().context("find the tidal binary")?;
     let log = std::fs::OpenOptions::new()
@@ -194,6 +318,7 @@ pub fn start_node(dir: &Path, id: u64) -> anyhow::Result<u32> {
         .args(["--node-id", &id.to_string()])
         .arg("--data-dir")
         .arg(dir.join(&name))
+        .args(join.then_some("--join"))
         .stdin(Stdio::null())
         .stdout(log.try_clone()?)
         .stderr(log)

@@ -121,3 +121,69 @@ async fn cluster_up_starts_a_healthy_local_cluster_and_down_stops_it() {
     assert!(down.status.success());
     assert!(String::from_utf8_lossy(&down.stdout).contains("3 node(s) stopped"));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_add_node_and_remove_node_change_the_membership_of_real_processes() {
+    let dir = tidal_procs::TestDir::new().unwrap();
+    let port_base = tidal_server::cluster_cmd::free_port_base(23070, 4).unwrap();
+    let tidal = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_tidal"))
+            .args(args)
+            .arg("--dir")
+            .arg(dir.path())
+            .env("RUST_LOG", "warn")
+            .output()
+            .unwrap()
+    };
+    struct Down<'a>(&'a std::path::Path);
+    impl Drop for Down<'_> {
+        fn drop(&mut self) {
+            let _ = Command::new(env!("CARGO_BIN_EXE_tidal"))
+                .args(["cluster", "down", "--dir"])
+                .arg(self.0)
+                .output();
+        }
+    }
+    let up = tidal(&["cluster", "up", "--nodes", "3", "--port-base", &port_base.to_string()]);
+    let _down = Down(dir.path());
+    assert!(up.status.success(), "cluster up failed: {}", String::from_utf8_lossy(&up.stderr));
+    let node = |id: u64| Client::new(format!("http://127.0.0.1:{}", port_base + id as u16 - 1), None);
+    let mut last = 0;
+    for id in 0..25 {
+        last = node(1).put_item(id, serde_json::json!({"id": id}), None).await.unwrap().seqno;
+    }
+    let added = tidal(&["cluster", "add-node"]);
+    let stdout = String::from_utf8_lossy(&added.stdout);
+    assert!(added.status.success(), "add-node failed: {stdout}\n{}", String::from_utf8_lossy(&added.stderr));
+    assert!(stdout.contains("is now a voter"), "{stdout}");
+    // The new process holds the history: same digest as node 1 at the last acknowledged write.
+    let digest = |client: Client| async move {
+        client
+            .json::<(), tidal_types::DigestView>(
+                reqwest::Method::GET,
+                &format!("/cluster/digest?min_seqno={last}"),
+                None,
+            )
+            .await
+            .unwrap()
+            .digest
+    };
+    assert_eq!(digest(node(4)).await, digest(node(1)).await);
+    let status = node(4).status().await.unwrap();
+    assert_eq!(status.nodes.iter().filter(|n| !n.learner).count(), 4, "{status:?}");
+    // Remove a founder that does not lead: it is stopped, its data dir moved aside, 3 voters remain.
+    let leader = status.leader_id.unwrap();
+    let gone = (1..=3).find(|id| *id != leader).unwrap();
+    let refused = tidal(&["cluster", "remove-node", "--node", &leader.to_string()]);
+    assert!(!refused.status.success(), "removing the leader must be refused");
+    let removed = tidal(&["cluster", "remove-node", "--node", &gone.to_string()]);
+    assert!(removed.status.success(), "remove-node failed: {}", String::from_utf8_lossy(&removed.stderr));
+    assert!(dir.path().join(format!("n{gone}.removed")).exists());
+    let status = node(4).status().await.unwrap();
+    let voters: Vec<u64> = status.nodes.iter().filter(|n| !n.learner).map(|n| n.id).collect();
+    assert_eq!(voters.len(), 3, "{status:?}");
+    assert!(!voters.contains(&gone), "{status:?}");
+    // Writes still commit with the three remaining voters.
+    let survivor = (1..=4).find(|id| *id != gone).unwrap();
+    node(survivor).put_item(99, serde_json::json!({"after": "remove"}), None).await.unwrap();
+}
