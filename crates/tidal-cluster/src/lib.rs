@@ -23,7 +23,7 @@ pub use control::{ControlPlane, ControlTiming, TermGate};
 pub use replica::{
     commit_hint, FollowerProgress, HealReport, InstallStats, MemberChange, MemberError, MemberReport,
     Members, PeerReconcile, PromoteError, PromoteReport, Replica, ReplicaHook, ReplicaParts, ReplicaService,
-    Role,
+    Role, REFUSAL_CLASSES,
 };
 pub use ship_feed::{ShipFeed, TailRead};
 pub use snapshot::{

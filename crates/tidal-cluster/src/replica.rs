@@ -69,6 +69,19 @@ const PULL_INTERVAL_MIN: Duration = Duration::from_millis(200);
 /// in a loop.
 pub const SNAPSHOT_INSTALL_INTERVAL_MIN: Duration = Duration::from_secs(5);
 
+/// Every class of refused replication input [`Replica::refusals`] counts.
+pub const REFUSAL_CLASSES: [&str; 9] = [
+    "wrong_secret",
+    "wrong_cluster",
+    "malformed",
+    "stale_term",
+    "gap",
+    "diverged",
+    "overlap",
+    "halted",
+    "append_failed",
+];
+
 /// The WAL hook of a cluster node.
 pub struct ReplicaHook {
     /// Applier input.
@@ -229,6 +242,8 @@ pub struct Replica {
     handing_to: AtomicU64,
     /// Client writes between their admission and their WAL append (see `admit_write`).
     writes_in_flight: std::sync::atomic::AtomicUsize,
+    /// Refused replication input by class (metrics): see [`Replica::refusals`].
+    refusals: Mutex<BTreeMap<&'static str, u64>>,
 }
 
 /// What `heal` did (or, with `dry_run`, would do).
@@ -320,6 +335,7 @@ impl Replica {
             promoting: AtomicBool::new(false),
             handing_to: AtomicU64::new(0),
             writes_in_flight: std::sync::atomic::AtomicUsize::new(0),
+            refusals: Mutex::new(BTreeMap::new()),
         });
         // Losing office is synchronous with persisting a higher vote (PROTOCOL.md, "Losing office").
         let weak = Arc::downgrade(&replica);
@@ -403,6 +419,24 @@ impl Replica {
     /// This node's snapshot installs.
     pub fn install_stats(&self) -> InstallStats {
         self.installs.lock().expect("install stats lock is never held across a panic").clone()
+    }
+
+    /// Replication input this node refused, by class: `wrong_secret`, `wrong_cluster`, `malformed`
+    /// (refused by the RPC service: bad secret, another cluster, a corrupt or oversize message),
+    /// `stale_term` (a ship from an older term), `gap` (a ship after a seqno we lack: we pull),
+    /// `diverged` (its `prev` is not in our log), `overlap` (a batch starting inside one of ours),
+    /// `halted` (it would quarantine committed seqnos), `append_failed` (our WAL refused it).
+    pub fn refusals(&self) -> BTreeMap<&'static str, u64> {
+        self.refusals.lock().expect("refusals lock is never held across a panic").clone()
+    }
+
+    fn count_refusal(&self, class: &'static str) {
+        *self
+            .refusals
+            .lock()
+            .expect("refusals lock is never held across a panic")
+            .entry(class)
+            .or_default() += 1;
     }
 
     /// Why the receiver halted, if it did (a protocol violation: the node must be looked at).
@@ -663,19 +697,30 @@ impl Replica {
         let verdict =
             decide_ship(&WalView { wal: &self.wal, commit: &self.commit, term }, &meta, self.quorum());
         let outcome = match verdict {
-            Verdict::Fenced { .. } => ShipOutcome::Fenced,
+            Verdict::Fenced { .. } => {
+                tracing::info!(ship_term = %ship.term, %term, leader = %ship.leader, "refused a ship from an older term");
+                self.count_refusal("stale_term");
+                ShipOutcome::Fenced
+            }
             Verdict::NotYet { .. } => ShipOutcome::NotYet,
             Verdict::Gap { last } => {
+                self.count_refusal("gap");
                 self.clone().start_pull("gap");
                 ShipOutcome::Gap(last)
             }
-            Verdict::Diverged => ShipOutcome::Diverged(self.wal.term_history()),
+            Verdict::Diverged => {
+                tracing::info!(prev = %ship.prev, "a ship's prev is not in our log: diverged");
+                self.count_refusal("diverged");
+                ShipOutcome::Diverged(self.wal.term_history())
+            }
             Verdict::Refuse { reason } => {
                 tracing::warn!("refused a ship: {reason}");
+                self.count_refusal("overlap");
                 ShipOutcome::Refused(reason)
             }
             Verdict::Halt { reason } => {
                 tracing::error!("receiver halted: {reason}");
+                self.count_refusal("halted");
                 *self.halted.lock().expect("halt lock is never held across a panic") = Some(reason.clone());
                 ShipOutcome::Refused(reason)
             }
@@ -684,7 +729,11 @@ impl Replica {
                     self.commit.advance(commit);
                     ShipOutcome::Matched(matched)
                 }
-                Err(reason) => ShipOutcome::Refused(reason),
+                Err(reason) => {
+                    tracing::warn!("could not take a ship: {reason}");
+                    self.count_refusal("append_failed");
+                    ShipOutcome::Refused(reason)
+                }
             },
         };
         ShipAnswer { term, durable: self.wal.durable_seqno(), applied: *self.applied.borrow(), outcome }
@@ -1050,6 +1099,10 @@ pub struct ReplicaService(pub Arc<Replica>);
 impl tidal_net::Handler for ReplicaService {
     fn cluster_id(&self) -> &str {
         &self.0.spec.cluster_id
+    }
+
+    fn refused(&self, class: &'static str) {
+        self.0.count_refusal(class);
     }
 
     async fn ship(&self, ship: Ship) -> Result<ShipAnswer, tonic::Status> {

@@ -34,6 +34,9 @@ pub type NegativesPage = (Vec<u8>, Vec<(String, Vec<u8>)>);
 pub trait Handler: Send + Sync + 'static {
     /// The cluster this node belongs to.
     fn cluster_id(&self) -> &str;
+    /// A request refused before the handler saw it (`class`: `wrong_secret`, `wrong_cluster`,
+    /// `malformed`), for metrics. The service logs it.
+    fn refused(&self, _class: &'static str) {}
     /// A ship (or heartbeat) from the leader.
     async fn ship(&self, ship: Ship) -> Result<ShipAnswer, Status>;
     /// A pull from a follower: batches after `pull.from`.
@@ -73,16 +76,29 @@ fn invalid(error: impl std::fmt::Display) -> Status {
     Status::invalid_argument(error.to_string())
 }
 
+/// Classes of requests refused by the service itself (see [`Handler::refused`]).
+pub const REFUSAL_CLASSES: [&str; 3] = ["wrong_secret", "wrong_cluster", "malformed"];
+
 impl<H: Handler> Service<H> {
     fn check_cluster(&self, cluster_id: &str) -> Result<(), Status> {
         if cluster_id == self.handler.cluster_id() {
             Ok(())
         } else {
-            Err(Status::permission_denied(format!(
+            let reason = format!(
                 "request for cluster {cluster_id:?}, this node belongs to {:?}",
                 self.handler.cluster_id()
-            )))
+            );
+            tracing::warn!("refused an RPC: {reason}");
+            self.handler.refused("wrong_cluster");
+            Err(Status::permission_denied(reason))
         }
+    }
+
+    /// A request that did not decode (corrupt batch, bad field, oversize): logged and counted.
+    fn malformed(&self, call: &str, error: impl std::fmt::Display) -> Status {
+        tracing::warn!("refused a malformed {call} RPC: {error}");
+        self.handler.refused("malformed");
+        invalid(error)
     }
 }
 
@@ -96,7 +112,7 @@ impl<H: Handler> Replication for Service<H> {
     ) -> Result<Response<pb::ShipReply>, Status> {
         let request = request.into_inner();
         self.check_cluster(&request.cluster_id)?;
-        let ship = Ship::try_from(request).map_err(invalid)?;
+        let ship = Ship::try_from(request).map_err(|e| self.malformed("ship", e))?;
         let answer = self.handler.ship(ship).await?;
         Ok(Response::new(pb::ShipReply::from(&answer)))
     }
@@ -109,7 +125,7 @@ impl<H: Handler> Replication for Service<H> {
     ) -> Result<Response<Self::StreamSegmentsStream>, Status> {
         let request = request.into_inner();
         self.check_cluster(&request.cluster_id)?;
-        let pull = Pull::try_from(request).map_err(invalid)?;
+        let pull = Pull::try_from(request).map_err(|e| self.malformed("pull", e))?;
         let chunks = self.handler.pull(pull).await?;
         let encoded = chunks.map(|chunk| chunk.map(|chunk| pb::PullChunk::from(&chunk)));
         Ok(Response::new(Box::pin(encoded)))
@@ -159,7 +175,8 @@ impl<H: Handler> Replication for Service<H> {
         let request = request.into_inner();
         self.check_cluster(&request.cluster_id)?;
         if request.limit > NEGATIVES_PAGE_MAX {
-            return Err(invalid(format!("negatives page limit {} over {NEGATIVES_PAGE_MAX}", request.limit)));
+            return Err(self
+                .malformed("negatives", format!("page limit {} over {NEGATIVES_PAGE_MAX}", request.limit)));
         }
         let (digest, entries) = self.handler.negatives(request.after_user, request.limit).await?;
         let entries = entries.into_iter().map(|(user, state)| pb::NegativesEntry { user, state }).collect();
@@ -169,7 +186,7 @@ impl<H: Handler> Replication for Service<H> {
     async fn raft(&self, request: Request<pb::RaftRequest>) -> Result<Response<pb::RaftReply>, Status> {
         let request = request.into_inner();
         self.check_cluster(&request.cluster_id)?;
-        check_raft_payload(&request.payload).map_err(invalid)?;
+        check_raft_payload(&request.payload).map_err(|e| self.malformed("raft", e))?;
         let payload = self.handler.raft(RaftCall { kind: request.kind, payload: request.payload }).await?;
         Ok(Response::new(pb::RaftReply { payload }))
     }
@@ -194,11 +211,16 @@ where
     IE: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
     let check = SecretCheck::new(secret);
+    let refusals = handler.clone();
     let service = ReplicationServer::new(Service { handler })
         .max_decoding_message_size(MESSAGE_BATCH_BYTES_MAX + 1024 * 1024)
         .max_encoding_message_size(MESSAGE_BATCH_BYTES_MAX + 1024 * 1024);
-    let intercepted =
-        tonic::service::interceptor::InterceptedService::new(service, move |request| check.check(request));
+    let intercepted = tonic::service::interceptor::InterceptedService::new(service, move |request| {
+        check.check(request).inspect_err(|_| {
+            tracing::warn!("refused an RPC without the cluster secret");
+            refusals.refused("wrong_secret");
+        })
+    });
     tonic::transport::Server::builder()
         .tcp_nodelay(true)
         .add_service(intercepted)

@@ -650,6 +650,7 @@ async fn get_status(
                 lag_ms: 0,
                 matched_seqno: durable,
                 pulling: false,
+                snapshot: false,
             }],
         }));
     };
@@ -665,6 +666,8 @@ async fn get_status(
     };
     let progress = replica.progress();
     let members = replica.members();
+    let healing: std::collections::BTreeSet<u64> =
+        replica.snapshot_pins().pinned().into_iter().map(|(follower, _)| follower.0).collect();
     let nodes = members
         .nodes
         .values()
@@ -687,6 +690,7 @@ async fn get_status(
                 lag_ms,
                 matched_seqno,
                 pulling,
+                snapshot: healing.contains(&spec.id.0),
             }
         })
         .collect();
@@ -1014,6 +1018,21 @@ async fn metrics(State(state): State<Arc<AppState>>) -> Response {
             "Snapshot fetches or installs on this node that failed.",
             installs.failed as f64,
         );
+        let refusals = replica.refusals();
+        out.push_str(
+            "# HELP tidal_replication_refusals_total Replication input this node refused, by reason (see docs/OPERATIONS.md).\n",
+        );
+        out.push_str("# TYPE tidal_replication_refusals_total counter\n");
+        for class in tidal_cluster::REFUSAL_CLASSES {
+            let count = refusals.get(class).copied().unwrap_or(0);
+            out.push_str(&format!("tidal_replication_refusals_total{{reason=\"{class}\"}} {count}\n"));
+        }
+        let healing = replica.snapshot_pins().pinned();
+        out.push_str("# HELP tidal_follower_snapshot 1 while a follower is healed by a snapshot (behind the WAL retention budget).\n");
+        out.push_str("# TYPE tidal_follower_snapshot gauge\n");
+        for (id, _) in &healing {
+            out.push_str(&format!("tidal_follower_snapshot{{node=\"{}\"}} 1\n", id.0));
+        }
         let progress = replica.progress();
         if !progress.is_empty() {
             out.push_str(

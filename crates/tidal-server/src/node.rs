@@ -489,7 +489,7 @@ impl Node {
 fn not_leader(replica: &Replica) -> ApiError {
     let hint = match replica.leader() {
         Some(leader) if leader != replica.me() => {
-            let http = replica.spec().node(leader).map_or(String::new(), |node| node.http.clone());
+            let http = replica.members().nodes.get(&leader).map_or(String::new(), |node| node.http.clone());
             format!("node {leader} leads (http {http})")
         }
         Some(_) => "this node was elected and is taking office".to_string(),

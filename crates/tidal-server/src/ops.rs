@@ -62,7 +62,13 @@ pub fn status_table(status: &ClusterStatus) -> String {
             node.applied_seqno,
             lag,
             ack,
-            if node.pulling { "yes" } else { "no" }
+            if node.snapshot {
+                "snapshot"
+            } else if node.pulling {
+                "yes"
+            } else {
+                "no"
+            }
         ));
     }
     out

@@ -240,6 +240,10 @@ pub struct NodeStatus {
     /// Whether the leader sees it catching up by pull (its ship tail no longer covers it).
     #[serde(default)]
     pub pulling: bool,
+    /// Whether it is being healed by a snapshot of the leader's state (it fell behind the WAL
+    /// retention budget); true until it has caught up on the log after the install.
+    #[serde(default)]
+    pub snapshot: bool,
 }
 
 /// `GET /cluster/status`.

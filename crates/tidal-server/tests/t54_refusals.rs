@@ -1,0 +1,112 @@
+//! Bad replication input on a real cluster (tonic on loopback): a wrong cluster secret, another
+//! cluster's id, a malformed request, and a node of an older term shipping a batch after a failover
+//! are each refused, counted in `tidal_replication_refusals_total{reason}`, and change nothing on the
+//! node that refused them.
+
+#![allow(clippy::unwrap_used)] // tests may unwrap; helpers outside #[test] are not covered by allow-unwrap-in-tests
+
+mod common;
+
+use common::cluster::{same, Cluster};
+use serde_json::json;
+use tidal_cluster::Durability;
+use tidal_core::{encode_payload, ControlRecord, Envelope, Records};
+use tidal_net::{Peer, Ship, ShipOutcome};
+use tidal_types::{Seqno, Term, TermSeqno};
+
+/// The node's `tidal_replication_refusals_total{reason}`.
+async fn refusals(cluster: &Cluster, index: usize, reason: &str) -> u64 {
+    let text = reqwest::get(format!("{}/metrics", cluster.client(index).base()))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let prefix = format!("tidal_replication_refusals_total{{reason=\"{reason}\"}} ");
+    text.lines()
+        .find_map(|line| line.strip_prefix(&prefix))
+        .unwrap_or_else(|| panic!("no {prefix} in the metrics"))
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_rpcs_and_a_stale_leaders_ship_are_refused_counted_and_change_nothing() {
+    let root = tempfile::tempdir().unwrap();
+    let mut cluster = Cluster::new(root.path(), 3, Durability::Quorum, |_| {});
+    cluster.start_all().await;
+    for id in 0..10 {
+        cluster.put_acked(id, json!({"id": id})).await;
+    }
+    let old = cluster.leader().await;
+    let old_id = cluster.spec.nodes[old].id;
+    let old_term = cluster.client(old).status().await.unwrap().term;
+
+    // Another cluster's id, the wrong secret, a malformed request: refused by the RPC service.
+    let target = cluster.followers_of(old)[0];
+    let rpc = cluster.spec.nodes[target].rpc.clone();
+    let secret = cluster.spec.secret.clone();
+    let wrong_cluster = Peer::connect_lazy(&rpc, &secret, "another-cluster").unwrap();
+    assert!(wrong_cluster.negatives("", 1).await.is_err());
+    let wrong_secret =
+        Peer::connect_lazy(&rpc, "not-the-cluster-secret-at-all", &cluster.spec.cluster_id).unwrap();
+    assert!(wrong_secret.negatives("", 1).await.is_err());
+    let peer = Peer::connect_lazy(&rpc, &secret, &cluster.spec.cluster_id).unwrap();
+    assert!(peer.negatives("", tidal_net::NEGATIVES_PAGE_MAX + 1).await.is_err());
+    assert!(refusals(&cluster, target, "wrong_cluster").await >= 1);
+    assert!(refusals(&cluster, target, "wrong_secret").await >= 1);
+    assert!(refusals(&cluster, target, "malformed").await >= 1);
+
+    // Failover: the old leader stops, another takes office in a higher term.
+    cluster.stop(old).await;
+    let new = cluster.leader().await;
+    let status = cluster.client(new).status().await.unwrap();
+    assert!(status.term > old_term);
+    let last = cluster.put_acked(50, json!({"after": "failover"})).await.seqno;
+    let before = cluster.digests_at(last).await;
+    assert!(same(&before));
+
+    // The old leader's term ships a batch (its own LeaderStart after the new term's last seqno) to
+    // every live node: each refuses it as from an older term and holds exactly what it held.
+    let envelope = Envelope { time_ms: 0, principal: String::new(), idempotency_key: String::new() };
+    let records = Records::Control(ControlRecord::LeaderStart {
+        term: Term(old_term),
+        leader: old_id,
+        baseline: Seqno(last),
+    });
+    let encoded = encode_payload(&envelope, &records);
+    let batch = tidal_wal::Batch::new(
+        encoded.kind,
+        Term(old_term),
+        Seqno(last + 1),
+        encoded.event_count,
+        &encoded.payload,
+    );
+    for index in [new, cluster.followers_of(new)[0]] {
+        let node = &cluster.spec.nodes[index];
+        let stale = Peer::connect_lazy(&node.rpc, &secret, &cluster.spec.cluster_id).unwrap();
+        let before_count = refusals(&cluster, index, "stale_term").await;
+        let ship = Ship {
+            cluster_id: cluster.spec.cluster_id.clone(),
+            term: Term(old_term),
+            leader: old_id,
+            prev: TermSeqno { term: Term(old_term), seqno: Seqno(last) },
+            commit: Seqno(last + 1),
+            baseline: TermSeqno { term: Term(old_term), seqno: Seqno(0) },
+            batches: vec![batch.clone()],
+        };
+        let answer = stale.ship(&ship).await.unwrap();
+        assert_eq!(answer.outcome, ShipOutcome::Fenced, "node {} took a stale ship", node.id);
+        assert!(answer.term > Term(old_term));
+        assert_eq!(answer.durable, Seqno(last), "node {} appended a stale batch", node.id);
+        assert_eq!(refusals(&cluster, index, "stale_term").await, before_count + 1);
+        let status = cluster.client(index).status().await.unwrap();
+        assert_eq!(status.durable_seqno, last);
+        assert_eq!(status.commit_seqno, last);
+    }
+    assert_eq!(cluster.digests_at(last).await, before);
+    // The cluster still takes writes in its term.
+    cluster.put_acked(51, json!({"still": "writable"})).await;
+    cluster.stop_all().await;
+}
