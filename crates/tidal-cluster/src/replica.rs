@@ -924,6 +924,9 @@ impl Replica {
             InstallOutcome::Installed(report) => {
                 self.feed.reset(self.wal.last_position());
                 self.commit.advance(report.position.seqno);
+                // A halt (leader durability lost committed batches of ours) is healed by this
+                // install: the batches are in quarantine, the state is the source's.
+                *self.halted.lock().expect("halt lock is never held across a panic") = None;
                 tracing::info!(%source, position = %report.position, bytes = report.bytes,
                     elapsed = ?report.elapsed, "snapshot installed; pulling on from it");
                 Ok(Some(report.position))
