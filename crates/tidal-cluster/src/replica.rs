@@ -724,17 +724,22 @@ impl Replica {
                 *self.halted.lock().expect("halt lock is never held across a panic") = Some(reason.clone());
                 ShipOutcome::Refused(reason)
             }
-            Verdict::Accept { steps, matched, commit } => match self.perform(&ship, steps).await {
-                Ok(()) => {
-                    self.commit.advance(commit);
-                    ShipOutcome::Matched(matched)
+            Verdict::Accept { steps, matched, commit_now, commit } => {
+                // What `prev` covers is committed now; the batches this message brings are
+                // applied once fsynced (the applier applies only flushed batches).
+                self.commit.advance(commit_now);
+                match self.perform(&ship, steps).await {
+                    Ok(()) => {
+                        self.commit.advance(commit);
+                        ShipOutcome::Matched(matched)
+                    }
+                    Err(reason) => {
+                        tracing::warn!("could not take a ship: {reason}");
+                        self.count_refusal("append_failed");
+                        ShipOutcome::Refused(reason)
+                    }
                 }
-                Err(reason) => {
-                    tracing::warn!("could not take a ship: {reason}");
-                    self.count_refusal("append_failed");
-                    ShipOutcome::Refused(reason)
-                }
-            },
+            }
         };
         ShipAnswer { term, durable: self.wal.durable_seqno(), applied: *self.applied.borrow(), outcome }
     }

@@ -551,7 +551,19 @@ impl ReplicationModel {
             decide_ship(node, ship, self.quorum_mode())
         };
         let (steps, matched, commit) = match verdict {
-            Verdict::Accept { steps, matched, commit } => (steps, matched, commit),
+            Verdict::Accept { steps, matched, commit_now, commit } => {
+                // The code's WAL view holds only durable batches when the receiver decides (it waits
+                // for each message's fsync under the term lock); the model's holds appended ones, so
+                // it caps the early commit at durable to model the same thing.
+                let node = &mut state.nodes[index(to)];
+                let before = node.commit;
+                node.commit = node.commit.max(commit_now.min(node.durable));
+                self.apply(node);
+                if node.commit < before {
+                    state.history.broken.insert(Broken::CommitDecreased(to));
+                }
+                (steps, matched, commit)
+            }
             Verdict::Halt { .. } => return state.history.broken.insert(Broken::Halted(to)),
             Verdict::Fenced { .. }
             | Verdict::NotYet { .. }

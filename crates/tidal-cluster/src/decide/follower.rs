@@ -109,14 +109,19 @@ pub enum Verdict {
         /// Why.
         reason: String,
     },
-    /// Perform `steps` in order, fsync, re-check the term, then ack `matched` and advance commit to
-    /// `commit`.
+    /// Advance commit to `commit_now` at once, perform `steps` in order, fsync, re-check the term,
+    /// then ack `matched` and advance commit to `commit`.
     Accept {
         /// What to write.
         steps: Vec<Step>,
         /// The last position this message verified or appended.
         matched: TermSeqno,
-        /// New commit frontier: `max(ours, min(sender's, matched))`.
+        /// Commit frontier before anything is written: `max(ours, min(sender's, prev))`. Everything
+        /// up to `prev` is the sender's log (we hold `prev` with its term: log matching), so its
+        /// commit covers it now; a follower under steady load then applies without waiting for the
+        /// fsync of the batches this same message brings (replication lag).
+        commit_now: Seqno,
+        /// New commit frontier after the fsync: `max(ours, min(sender's, matched))`.
         commit: Seqno,
     },
 }
@@ -249,7 +254,8 @@ pub fn decide_ship(log: &impl LogView, ship: &ShipMeta, quorum: bool) -> Verdict
         None => ship.prev,
     };
     let commit = std::cmp::max(log.commit(), std::cmp::min(ship.commit, matched.seqno));
-    Verdict::Accept { steps, matched, commit }
+    let commit_now = std::cmp::max(log.commit(), std::cmp::min(ship.commit, ship.prev.seqno));
+    Verdict::Accept { steps, matched, commit_now, commit }
 }
 
 #[cfg(test)]
@@ -333,6 +339,7 @@ mod tests {
             Verdict::Accept {
                 steps: vec![Step::Append(0), Step::Append(1)],
                 matched: pos(1, 16),
+                commit_now: Seqno(10),
                 commit: Seqno(16)
             }
         );
@@ -342,7 +349,10 @@ mod tests {
     fn empty_ship_is_a_heartbeat_carrying_commit() {
         let l = log(1, vec![b(1, 10, 1)], 5);
         let verdict = decide_ship(&l, &ship(1, pos(1, 10), vec![], 9), true);
-        assert_eq!(verdict, Verdict::Accept { steps: vec![], matched: pos(1, 10), commit: Seqno(9) });
+        assert_eq!(
+            verdict,
+            Verdict::Accept { steps: vec![], matched: pos(1, 10), commit_now: Seqno(9), commit: Seqno(9) }
+        );
     }
 
     #[test]
@@ -373,6 +383,7 @@ mod tests {
             Verdict::Accept {
                 steps: vec![Step::QuarantineFrom(Seqno(101)), Step::Append(0), Step::Append(1)],
                 matched: pos(2, 110),
+                commit_now: Seqno(100),
                 commit: Seqno(101)
             }
         );
@@ -383,6 +394,7 @@ mod tests {
             Verdict::Accept {
                 steps: vec![Step::Skip(0), Step::Append(1)],
                 matched: pos(1, 104),
+                commit_now: Seqno(100),
                 commit: Seqno(104)
             }
         );
