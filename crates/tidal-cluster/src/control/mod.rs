@@ -5,6 +5,7 @@
 //! transport's `Raft` RPC ([`network`]). The openraft leader is the data leader; the replica watches
 //! openraft's metrics to take and leave office (see `crate::replica`).
 
+pub mod campaign;
 pub mod network;
 pub mod store;
 pub mod types;
@@ -75,6 +76,7 @@ impl ControlPlane {
         let raft = Raft::new(me, Arc::new(config), network, LogStore::new(store, gate), state.clone())
             .await
             .map_err(|e| format!("start openraft: {e}"))?;
+        tokio::spawn(campaign::spread_campaigns(raft.clone(), timing));
         if fresh {
             let members: BTreeMap<u64, NodeInfo> = spec
                 .nodes
