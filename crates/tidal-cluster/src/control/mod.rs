@@ -5,6 +5,7 @@
 //! transport's `Raft` RPC ([`network`]). The openraft leader is the data leader; the replica watches
 //! openraft's metrics to take and leave office (see `crate::replica`).
 
+pub mod campaign;
 pub mod network;
 pub mod store;
 pub mod types;
@@ -20,7 +21,10 @@ use std::time::Duration;
 use tidal_core::RaftStore;
 use tidal_net::RaftCall;
 
-/// Election and heartbeat timing. Failover takes about one election timeout plus a probe round.
+/// Election and heartbeat timing (decisions/012). A follower campaigns once it has heard no
+/// heartbeat for openraft's leader lease (= `election_max`) plus its election timeout, checked on
+/// openraft's tick (1.5 heartbeats): failover takes `election_max` + [`election_min`,
+/// `election_max`) + up to one tick, plus a vote, a probe round and the LeaderStart commit.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ControlTiming {
     /// openraft heartbeat interval.
@@ -34,9 +38,9 @@ pub struct ControlTiming {
 impl Default for ControlTiming {
     fn default() -> ControlTiming {
         ControlTiming {
-            heartbeat: Duration::from_millis(100),
-            election_min: Duration::from_millis(500),
-            election_max: Duration::from_millis(1000),
+            heartbeat: Duration::from_millis(50),
+            election_min: Duration::from_millis(300),
+            election_max: Duration::from_millis(600),
         }
     }
 }
@@ -77,6 +81,7 @@ impl ControlPlane {
         let raft = Raft::new(me, Arc::new(config), network, LogStore::new(store, gate), state.clone())
             .await
             .map_err(|e| format!("start openraft: {e}"))?;
+        tokio::spawn(campaign::spread_campaigns(raft.clone(), timing));
         if fresh && !initialize {
             tracing::info!("joining: waiting to be added by the leader (tidal members add)");
         }

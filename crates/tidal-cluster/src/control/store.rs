@@ -433,6 +433,7 @@ mod tests {
             rival.partial_cmp(&granted).is_none(),
             "a second candidate of the same term must not win a vote"
         );
+        assert_ne!(rival.partial_cmp(&granted), Some(std::cmp::Ordering::Greater));
         assert!(Vote::<u64>::new(2, 2) > granted, "a higher term still wins");
     }
 }
