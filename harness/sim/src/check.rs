@@ -106,6 +106,27 @@ pub fn damage(io: &SimIo, wal_dir: &Path, damage: Damage) -> Option<(PathBuf, Ve
     }
 }
 
+/// Rotation: no segment grows past the size limit, except by its last batch (a segment rotates
+/// before the batch that would cross the limit, and a batch larger than the limit is alone in its
+/// segment). Returns how many rotations the node's disk shows (segments after the first).
+pub fn rotation(io: &SimIo, wal_dir: &Path, node: usize, limit: u64, violations: &mut Vec<String>) -> u64 {
+    let segments = segments(io, wal_dir);
+    for path in &segments {
+        let Ok(bytes) = io.file_bytes(path) else { continue };
+        let spans = batch_spans(&bytes);
+        let before_last = spans.last().map_or(0, |(at, _)| *at as u64);
+        if spans.len() > 1 && before_last > limit {
+            violations.push(format!(
+                "rotation: n{}: {} holds {} bytes before its last batch, past the {limit}-byte limit",
+                node + 1,
+                path.display(),
+                before_last
+            ));
+        }
+    }
+    segments.len().saturating_sub(1) as u64
+}
+
 /// Reads and checks the WAL under `wal_dir` in `io`; returns its batches or the violations.
 /// Besides invariant 3, the logged time (each batch envelope's leader timestamp) never goes
 /// backwards along the log, across failovers and skewed clocks (PROTOCOL.md, "Time").
