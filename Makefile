@@ -8,7 +8,7 @@ ANCHORS ?= ../shared/anchors
 ANCHORS_WORK ?= target/anchors-work
 REPORT_DIR ?= target/bench-report
 
-.PHONY: build run down single test model-check sim sim-determinism verify fix lint bench bench-wal bench-feed bench-cluster bench-peers gates demo clean
+.PHONY: build run down single test model-check sim chaos sim-determinism verify fix lint bench bench-wal bench-feed bench-cluster bench-peers gates demo clean
 
 build:
 	$(CARGO) build --release --bin tidal
@@ -34,14 +34,23 @@ test:
 model-check:
 	$(CARGO) run --release -p tidal-model -- --deep
 
-# The turmoil simulation (harness/sim): SEEDS seeds from FIRST over every scenario (or SCENARIO=name:
-# steady, network, crash, chaos); one summary line per run, then fault totals and the last line
+# The turmoil simulation (harness/sim): SEEDS seeds from FIRST over every scenario (or SCENARIO=name
+# or a comma list: steady, network, crash, chaos, leader-crash, partition-heal, follower-outage,
+# rotation, disk); one summary line per run, then fault totals and the last line
 # `sim: <runs> runs, <failed> failed, <violations> violations`. A failing run prints its replay command.
 SEEDS ?= 8
 FIRST ?= 1
 SCENARIO ?=
+JOBS ?= 2
 sim:
-	$(CARGO) run --profile test -p tidal-sim -- --seeds $(SEEDS) --first $(FIRST) $(if $(SCENARIO),--scenario $(SCENARIO))
+	$(CARGO) run --profile test -p tidal-sim -- --seeds $(SEEDS) --first $(FIRST) --jobs $(JOBS) $(if $(SCENARIO),--scenario $(SCENARIO))
+
+# The chaos sweep: the closed entries of harness/sim/regressions.txt, then SEEDS seeds from FIRST over
+# every scenario (or SCENARIO=...), JOBS at a time; a progress line per run, a summary table (runs,
+# failures, violations, faults injected by class, per scenario) and the last line exactly
+# `chaos: <runs> runs, <violations> violations`. Non-zero exit on any violation.
+chaos:
+	$(CARGO) run --profile test -p tidal-sim -- --chaos --seeds $(SEEDS) --first $(FIRST) --jobs $(JOBS) $(if $(SCENARIO),--scenario $(SCENARIO))
 
 # 32 seeds twice each (SCENARIO=chaos by default); prints how many replay to the same trace hash
 # (decisions/008). Not under nextest: it runs for minutes.

@@ -50,6 +50,8 @@ struct SimState {
     fail_next_sync: bool,
     fail_syncs: bool,
     fail_next_write: bool,
+    /// While set, every write fails (a full disk: ENOSPC).
+    fail_writes: bool,
     /// Mutating operations so far (writes, syncs, truncations, creations, renames, removals).
     ops: u64,
     /// Crash when `ops` reaches this count.
@@ -124,6 +126,7 @@ impl SimState {
         self.fail_next_sync = false;
         self.fail_syncs = false;
         self.fail_next_write = false;
+        self.fail_writes = false;
     }
 
     fn take_sync_fault(&mut self) -> io::Result<()> {
@@ -163,6 +166,11 @@ impl SimIo {
     /// The next `write_all` fails without writing anything.
     pub fn fail_next_write(&self) {
         self.lock().fail_next_write = true;
+    }
+
+    /// While `fail` is set, every `write_all` fails without writing anything (a full disk).
+    pub fn fail_writes(&self, fail: bool) {
+        self.lock().fail_writes = fail;
     }
 
     /// Simulates a power loss and restart (see the module docs). Old handles fail from now on.
@@ -376,6 +384,9 @@ impl WalFile for SimFile {
         self.with_inode(|state, id| {
             if std::mem::take(&mut state.fail_next_write) {
                 return Err(io::Error::other("injected write failure"));
+            }
+            if state.fail_writes {
+                return Err(io::Error::other("injected write failure: no space left on device"));
             }
             inode_mut(state, id)?.unsynced.extend_from_slice(buf);
             state.tick()

@@ -3,24 +3,139 @@
 //! down) and log matching across nodes (a seqno held by two nodes is the same batch: same term, same
 //! hash), which is what "at most one leader writes each term" leaves behind on disk.
 
+use crate::faults::Damage;
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use tidal_wal::segment::logged_time_ms;
 use tidal_wal::{decode_batch, SimIo};
 
 /// One node's WAL as `first seqno -> (term, last seqno, batch hash)`.
 pub type LogMap = BTreeMap<u64, (u64, u64, [u8; 32])>;
 
-/// Reads and checks the WAL under `wal_dir` in `io`; returns its batches or the violations.
-pub fn read_wal(io: &SimIo, wal_dir: &Path, node: usize, violations: &mut Vec<String>) -> LogMap {
+/// The WAL segment files under `wal_dir`, in seqno order.
+pub fn segments(io: &SimIo, wal_dir: &Path) -> Vec<PathBuf> {
     let mut segments: Vec<_> = io
         .paths()
         .into_iter()
         .filter(|path| path.parent() == Some(wal_dir) && path.extension().is_some_and(|ext| ext == "seg"))
         .collect();
     segments.sort();
+    segments
+}
+
+/// Every complete batch of a segment's bytes as `(offset, encoded length)`.
+fn batch_spans(bytes: &[u8]) -> Vec<(usize, usize)> {
+    let mut spans = Vec::new();
+    let mut offset = 0usize;
+    while offset < bytes.len() {
+        let Ok(batch) = decode_batch(&bytes[offset..]) else { break };
+        spans.push((offset, batch.encoded.len()));
+        offset += batch.encoded.len();
+    }
+    spans
+}
+
+/// Header bytes of a batch (the bit flip stays in the payload, so the damage is a hash failure,
+/// not a length that could read as a torn write).
+const HEADER_LEN: usize = 64;
+
+/// Damages a stopped node's WAL (see [`Damage`]); returns the damaged file, its bytes before, and
+/// a description, or `None` when the WAL has nothing to damage.
+pub fn damage(io: &SimIo, wal_dir: &Path, damage: Damage) -> Option<(PathBuf, Vec<u8>, String)> {
+    let files: Vec<(PathBuf, Vec<u8>)> = segments(io, wal_dir)
+        .into_iter()
+        .filter_map(|path| Some((path.clone(), io.file_bytes(&path).ok()?)))
+        .collect();
+    let bit_flip = |pick: u64| -> Option<(PathBuf, Vec<u8>, String)> {
+        let spans: Vec<(usize, usize, usize)> = files
+            .iter()
+            .enumerate()
+            .flat_map(|(file, (_, bytes))| {
+                batch_spans(bytes).into_iter().map(move |(at, len)| (file, at, len))
+            })
+            .filter(|(_, _, len)| *len > HEADER_LEN)
+            .collect();
+        let count = spans.len() as u64;
+        let (file, at, len) = *spans.get(usize::try_from(pick % count.max(1)).ok()?)?;
+        let payload_bits = ((len - HEADER_LEN) * 8) as u64;
+        let bit = ((at + HEADER_LEN) * 8) as u64 + (pick / count.max(1)) % payload_bits;
+        let (path, original) = &files[file];
+        io.flip_bit(path, bit).ok()?;
+        Some((
+            path.clone(),
+            original.clone(),
+            format!("bit {bit} of {} flipped (batch at offset {at})", path.display()),
+        ))
+    };
+    match damage {
+        Damage::BitFlip { pick } => bit_flip(pick),
+        Damage::TruncateSegment { pick } => {
+            let candidates: Vec<&(PathBuf, Vec<u8>)> = files
+                .iter()
+                .take(files.len().saturating_sub(1))
+                .filter(|(_, bytes)| bytes.len() > 1)
+                .collect();
+            if candidates.is_empty() {
+                // One segment only: a cut would read as a torn tail; flip a bit instead.
+                return bit_flip(pick);
+            }
+            let (path, original) = candidates[usize::try_from(pick % candidates.len() as u64).ok()?];
+            let cut = 1 + (pick / candidates.len() as u64) % (original.len() as u64 - 1);
+            io.truncate_file(path, cut).ok()?;
+            Some((
+                path.clone(),
+                original.clone(),
+                format!("{} cut from {} to {cut} bytes", path.display(), original.len()),
+            ))
+        }
+        Damage::TruncateTail { pick } => {
+            let (path, original) = files.last()?;
+            let (at, len) = *batch_spans(original).last()?;
+            let cut = at as u64 + 1 + pick % (len as u64 - 1);
+            io.truncate_file(path, cut).ok()?;
+            Some((
+                path.clone(),
+                original.clone(),
+                format!(
+                    "{} cut inside its last batch, from {} to {cut} bytes",
+                    path.display(),
+                    original.len()
+                ),
+            ))
+        }
+    }
+}
+
+/// Rotation: no segment grows past the size limit, except by its last batch (a segment rotates
+/// before the batch that would cross the limit, and a batch larger than the limit is alone in its
+/// segment). Returns how many rotations the node's disk shows (segments after the first).
+pub fn rotation(io: &SimIo, wal_dir: &Path, node: usize, limit: u64, violations: &mut Vec<String>) -> u64 {
+    let segments = segments(io, wal_dir);
+    for path in &segments {
+        let Ok(bytes) = io.file_bytes(path) else { continue };
+        let spans = batch_spans(&bytes);
+        let before_last = spans.last().map_or(0, |(at, _)| *at as u64);
+        if spans.len() > 1 && before_last > limit {
+            violations.push(format!(
+                "rotation: n{}: {} holds {} bytes before its last batch, past the {limit}-byte limit",
+                node + 1,
+                path.display(),
+                before_last
+            ));
+        }
+    }
+    segments.len().saturating_sub(1) as u64
+}
+
+/// Reads and checks the WAL under `wal_dir` in `io`; returns its batches or the violations.
+/// Besides invariant 3, the logged time (each batch envelope's leader timestamp) never goes
+/// backwards along the log, across failovers and skewed clocks (PROTOCOL.md, "Time").
+pub fn read_wal(io: &SimIo, wal_dir: &Path, node: usize, violations: &mut Vec<String>) -> LogMap {
+    let segments = segments(io, wal_dir);
     let mut log = LogMap::new();
     let mut next: Option<u64> = None;
     let mut last_term = 0u64;
+    let mut last_time = 0u64;
     for (index, segment) in segments.iter().enumerate() {
         let bytes = match io.file_bytes(segment) {
             Ok(bytes) => bytes,
@@ -66,6 +181,15 @@ pub fn read_wal(io: &SimIo, wal_dir: &Path, node: usize, violations: &mut Vec<St
                 ));
             }
             last_term = header.term.get();
+            if let Some(time) = logged_time_ms(batch.payload) {
+                if time < last_time {
+                    violations.push(format!(
+                        "logged time: n{}: batch at seqno {first} has time {time} below the previous {last_time}",
+                        node + 1
+                    ));
+                }
+                last_time = last_time.max(time);
+            }
             next = Some(last_seqno + 1);
             log.insert(first, (header.term.get(), last_seqno, header.hash));
             offset += batch.encoded.len();

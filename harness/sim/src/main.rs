@@ -1,16 +1,40 @@
-//! `tidal-sim`: runs seeded simulation scenarios and prints one summary line per run and totals.
+//! `tidal-sim`: runs seeded simulation scenarios and prints one line per run and a summary.
 //!
-//! `tidal-sim --seed S [--scenario NAME]` replays one run; `tidal-sim --seeds N [--first S]
-//! [--scenario NAME]` sweeps seeds S..S+N over every scenario (or the one named). `TIDAL_SIM_SEED`
-//! sets `--seed`. The last line is `sim: <runs> runs, <failed> failed, <violations> violations`.
+//! - `tidal-sim --seed S [--scenario NAME]` replays one run (every scenario, or the one named);
+//!   `TIDAL_SIM_SEED` sets `--seed`.
+//! - `tidal-sim --seeds N [--first S] [--scenario NAME[,NAME..]]` sweeps seeds S..S+N over every
+//!   scenario (or those named). The last line is `sim: <runs> runs, <failed> failed, <violations>
+//!   violations`.
+//! - `--chaos` (what `make chaos` runs): the regressions file is replayed first (its closed
+//!   entries), then the sweep; progress lines, a summary table (runs, faults injected by class,
+//!   violations, by scenario), and the last line exactly `chaos: <runs> runs, <violations> violations`.
+//! - `--regressions` replays only the regressions file (`--open` adds its open entries).
+//! - `--jobs J` runs J simulations at once (each on its own thread; default 1).
 
-use std::time::Instant;
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
 use tidal_sim::faults::Counters;
-use tidal_sim::{run, Scenario};
+use tidal_sim::{regressions, run, Outcome, Scenario};
 
 fn usage() -> ! {
-    eprintln!("usage: tidal-sim [--seed S | --seeds N [--first S]] [--scenario steady|network|crash|chaos]");
+    eprintln!(
+        "usage: tidal-sim [--seed S | --seeds N [--first S]] [--scenario {}[,..]] [--chaos] [--regressions [--open]] [--jobs J]",
+        Scenario::names().join("|")
+    );
     std::process::exit(2)
+}
+
+/// Per-scenario totals of a sweep.
+#[derive(Default)]
+struct Row {
+    runs: u64,
+    failed: u64,
+    violations: u64,
+    acked: u64,
+    wall: Duration,
+    faults: Counters,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -25,52 +49,144 @@ fn main() -> anyhow::Result<()> {
     let mut seeds: Option<u64> = None;
     let mut first: u64 = 1;
     let mut scenario: Option<String> = None;
+    let (mut chaos, mut only_regressions, mut open) = (false, false, false);
+    let mut jobs = 1usize;
     while let Some(arg) = args.next() {
-        let value = args.next().unwrap_or_else(|| usage());
         match arg.as_str() {
-            "--seed" => seed = Some(value.parse().unwrap_or_else(|_| usage())),
-            "--seeds" => seeds = Some(value.parse().unwrap_or_else(|_| usage())),
-            "--first" => first = value.parse().unwrap_or_else(|_| usage()),
-            "--scenario" => scenario = Some(value),
-            _ => usage(),
+            "--chaos" => chaos = true,
+            "--regressions" => only_regressions = true,
+            "--open" => open = true,
+            flag => {
+                let value = args.next().unwrap_or_else(|| usage());
+                match flag {
+                    "--seed" => seed = Some(value.parse().unwrap_or_else(|_| usage())),
+                    "--seeds" => seeds = Some(value.parse().unwrap_or_else(|_| usage())),
+                    "--first" => first = value.parse().unwrap_or_else(|_| usage()),
+                    "--scenario" => scenario = Some(value),
+                    "--jobs" => jobs = value.parse().unwrap_or_else(|_| usage()),
+                    _ => usage(),
+                }
+            }
         }
     }
-    let scenarios = match &scenario {
-        Some(name) => vec![Scenario::named(name).unwrap_or_else(|| usage())],
+    let scenarios: Vec<Scenario> = match &scenario {
+        Some(names) => {
+            names.split(',').map(|name| Scenario::named(name).unwrap_or_else(|| usage())).collect()
+        }
         None => Scenario::all(),
     };
-    let runs: Vec<(u64, Scenario)> = match (seed, seeds) {
-        (Some(seed), _) => scenarios.iter().map(|scenario| (seed, scenario.clone())).collect(),
-        (None, count) => {
-            let count = count.unwrap_or(4);
-            (first..first + count)
-                .flat_map(|seed| scenarios.iter().map(move |scenario| (seed, scenario.clone())))
-                .collect()
-        }
-    };
-    let started = Instant::now();
-    let mut totals = Counters::default();
-    let (mut failed, mut violations) = (0u64, 0u64);
-    for (seed, scenario) in &runs {
-        let run_started = Instant::now();
-        let outcome = run(*seed, scenario)?;
-        println!("{} | wall {:.1}s", outcome.summary(), run_started.elapsed().as_secs_f64());
-        if !outcome.passed() {
-            failed += 1;
-            violations += outcome.violations.len() as u64;
-            for violation in &outcome.violations {
-                println!("    violation: {violation}");
+    let mut runs: Vec<(u64, Scenario, &'static str)> = Vec::new();
+    if chaos || only_regressions {
+        for entry in regressions::entries()? {
+            let selected = scenarios.iter().any(|scenario| scenario.name == entry.scenario);
+            if selected && (open || !entry.open) {
+                let scenario = Scenario::named(&entry.scenario).ok_or_else(|| {
+                    anyhow::anyhow!("regressions.txt names unknown scenario {}", entry.scenario)
+                })?;
+                runs.push((entry.seed, scenario, "regression"));
             }
-            println!(
-                "    replay: cargo run --profile test -p tidal-sim -- --seed {seed} --scenario {}",
-                scenario.name
-            );
         }
-        totals.add(&outcome.counters);
     }
-    println!("faults injected: {totals}");
-    println!("wall time: {:.1}s", started.elapsed().as_secs_f64());
-    println!("sim: {} runs, {failed} failed, {violations} violations", runs.len());
+    if !only_regressions {
+        match (seed, seeds) {
+            (Some(seed), _) => runs.extend(scenarios.iter().map(|scenario| (seed, scenario.clone(), "seed"))),
+            (None, count) => {
+                let count = count.unwrap_or(4);
+                for seed in first..first + count {
+                    runs.extend(scenarios.iter().map(|scenario| (seed, scenario.clone(), "sweep")));
+                }
+            }
+        }
+    }
+    let started = Instant::now();
+    let total = runs.len();
+    let next = AtomicUsize::new(0);
+    let (sender, receiver) = mpsc::channel::<(usize, anyhow::Result<Outcome>, Duration)>();
+    let mut rows: BTreeMap<&'static str, Row> = BTreeMap::new();
+    let mut totals = Counters::default();
+    let (mut failed, mut violations, mut done) = (0u64, 0u64, 0usize);
+    std::thread::scope(|scope| -> anyhow::Result<()> {
+        for _ in 0..jobs.max(1) {
+            let sender = sender.clone();
+            let (runs, next) = (&runs, &next);
+            scope.spawn(move || loop {
+                let index = next.fetch_add(1, Ordering::SeqCst);
+                let Some((seed, scenario, _)) = runs.get(index) else { return };
+                let run_started = Instant::now();
+                let outcome = run(*seed, scenario);
+                if sender.send((index, outcome, run_started.elapsed())).is_err() {
+                    return;
+                }
+            });
+        }
+        drop(sender);
+        for (index, outcome, wall) in receiver {
+            let (seed, scenario, origin) = &runs[index];
+            let outcome = outcome?;
+            done += 1;
+            println!(
+                "[{done}/{total}] {} | wall {:.1}s{}",
+                outcome.summary(),
+                wall.as_secs_f64(),
+                match *origin {
+                    "regression" => " | regression",
+                    _ => "",
+                }
+            );
+            let row = rows.entry(scenario.name).or_default();
+            row.runs += 1;
+            row.acked += outcome.stats.acked;
+            row.wall += wall;
+            row.faults.add(&outcome.counters);
+            if !outcome.passed() {
+                failed += 1;
+                row.failed += 1;
+                row.violations += outcome.violations.len() as u64;
+                violations += outcome.violations.len() as u64;
+                for violation in &outcome.violations {
+                    println!("    violation: {violation}");
+                }
+                for line in &outcome.story {
+                    println!("    trace: {line}");
+                }
+                println!(
+                    "    replay: cargo run --profile test -p tidal-sim -- --seed {seed} --scenario {}",
+                    scenario.name
+                );
+            }
+            totals.add(&outcome.counters);
+        }
+        Ok(())
+    })?;
+    let wall = started.elapsed();
+    println!();
+    println!(
+        "{:<16} {:>5} {:>6} {:>10} {:>7} {:>9}  faults",
+        "scenario", "runs", "failed", "violations", "acked", "wall/run"
+    );
+    for (name, row) in &rows {
+        println!(
+            "{:<16} {:>5} {:>6} {:>10} {:>7} {:>8.1}s  {}",
+            name,
+            row.runs,
+            row.failed,
+            row.violations,
+            row.acked,
+            row.wall.as_secs_f64() / row.runs.max(1) as f64,
+            row.faults
+        );
+    }
+    println!();
+    println!("faults injected by class:");
+    for (class, count) in &totals.0 {
+        println!("  {class:<24} {count}");
+    }
+    println!("wall time: {:.1}s ({} jobs)", wall.as_secs_f64(), jobs.max(1));
+    if chaos {
+        println!("chaos: {total} runs, {violations} violations");
+    } else {
+        println!("sim: {total} runs, {failed} failed, {violations} violations");
+    }
     if failed > 0 {
         std::process::exit(1);
     }

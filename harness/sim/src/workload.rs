@@ -60,10 +60,12 @@ pub struct WriteStats {
 }
 
 /// State shared by the driver and the client (one thread: `Rc<RefCell>`).
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub struct Shared {
     /// The run's phase.
     pub phase: Phase,
+    /// Whether the writers have started (a first leader was seen).
+    pub writing: bool,
     /// Acknowledged writes.
     pub acks: Vec<Ack>,
     /// Every (term → nodes seen reporting themselves leader of it).
@@ -76,6 +78,8 @@ pub struct Shared {
     pub stats: WriteStats,
     /// The node writes go to first.
     pub leader_guess: usize,
+    /// The leader of the highest term the client has seen a leader in: `(term, node index)`.
+    pub leader: Option<(u64, usize)>,
     /// Next unique id.
     pub next_id: u64,
     /// Digest every node converged to (empty if they did not).
@@ -89,12 +93,14 @@ impl Shared {
     pub fn new() -> Shared {
         Shared {
             phase: Phase::Load,
+            writing: false,
             acks: Vec::new(),
             leaders: BTreeMap::new(),
             violations: Vec::new(),
             trace: Vec::new(),
             stats: WriteStats::default(),
             leader_guess: 0,
+            leader: None,
             next_id: 1,
             digest: None,
             converged_after_ms: None,
@@ -119,6 +125,12 @@ pub struct Workload {
     pub writes_max: u64,
     /// Concurrent writers.
     pub writers: usize,
+    /// Bytes of padding in every item's metadata.
+    pub item_pad: usize,
+    /// How long after the heal every node must have converged.
+    pub converge_deadline: Duration,
+    /// Whether the heal must not install any snapshot (through the log only).
+    pub heal_via_log: bool,
 }
 
 fn host(node: usize) -> String {
@@ -140,6 +152,9 @@ fn record_leaders(shared: &Rc<RefCell<Shared>>, statuses: &[Option<ClusterStatus
             shared.leaders.entry(status.term).or_default().insert(status.node_id);
             if let Some(index) = usize::try_from(status.node_id).ok().and_then(|id| id.checked_sub(1)) {
                 shared.leader_guess = index;
+                if shared.leader.is_none_or(|(term, _)| status.term >= term) {
+                    shared.leader = Some((status.term, index));
+                }
             }
         }
     }
@@ -175,6 +190,7 @@ pub async fn run(workload: Workload, shared: Rc<RefCell<Shared>>) -> turmoil::Re
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let monitor = tokio::task::spawn_local(monitor(workload.nodes, shared.clone()));
+    shared.borrow_mut().writing = true;
     let load_end = Instant::now() + workload.load;
     let mut writers = Vec::new();
     for _ in 0..workload.writers {
@@ -226,7 +242,12 @@ async fn writer(workload: Workload, shared: Rc<RefCell<Shared>>, load_end: Insta
 async fn write_one(workload: &Workload, shared: &Rc<RefCell<Shared>>, id: u64) {
     let item = id % 4 != 3;
     let (method, path, body) = if item {
-        ("PUT", format!("/v1/items/{id}"), serde_json::json!({"metadata": {"w": id}}))
+        let metadata = if workload.item_pad > 0 {
+            serde_json::json!({"w": id, "pad": "p".repeat(workload.item_pad)})
+        } else {
+            serde_json::json!({"w": id})
+        };
+        ("PUT", format!("/v1/items/{id}"), serde_json::json!({"metadata": metadata}))
     } else {
         (
             "POST",
@@ -299,7 +320,7 @@ async fn converge_and_check(workload: &Workload, shared: &Rc<RefCell<Shared>>, h
         if let Some(position) = converged(&all) {
             break position;
         }
-        if healed_at.elapsed() > CONVERGE_DEADLINE {
+        if healed_at.elapsed() > workload.converge_deadline {
             let summary: Vec<String> = all
                 .iter()
                 .enumerate()
@@ -318,7 +339,8 @@ async fn converge_and_check(workload: &Workload, shared: &Rc<RefCell<Shared>>, h
                 })
                 .collect();
             shared.borrow_mut().violations.push(format!(
-                "heal gate: no convergence within {CONVERGE_DEADLINE:?} after heal: {}",
+                "heal gate: no convergence within {:?} after heal: {}",
+                workload.converge_deadline,
                 summary.join("; ")
             ));
             return;
@@ -347,6 +369,30 @@ async fn converge_and_check(workload: &Workload, shared: &Rc<RefCell<Shared>>, h
         } else if let Some(first) = digests.first() {
             shared.trace.push(format!("digest {} {}", first.0, first.1));
             shared.digest = Some(first.clone());
+        }
+    }
+    // Invariant 2, "through the log only": a snapshot install is the one path that carries item
+    // data outside the log; count them (since each node's last start) from `/metrics`.
+    if workload.heal_via_log {
+        for node in 0..workload.nodes {
+            let answer = request(&host(node), "GET", "/metrics", None, &[], REQUEST_TIMEOUT).await;
+            let installs = answer.ok().and_then(|answer| {
+                let text = String::from_utf8_lossy(&answer.body).into_owned();
+                text.lines()
+                    .find_map(|line| line.strip_prefix("tidal_snapshot_installs_total "))
+                    .and_then(|value| value.trim().parse::<f64>().ok())
+            });
+            match installs {
+                Some(0.0) => {}
+                Some(count) => shared.borrow_mut().violations.push(format!(
+                    "invariant 2: n{} healed outside the log ({count} snapshot installs)",
+                    node + 1
+                )),
+                None => shared.borrow_mut().violations.push(format!(
+                    "invariant 2: n{}: no tidal_snapshot_installs_total in /metrics",
+                    node + 1
+                )),
+            }
         }
     }
     // Invariant 1: every acknowledged item is readable on every node.

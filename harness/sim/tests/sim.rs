@@ -1,52 +1,103 @@
-//! Bounded simulation runs for `make test`: a few fixed seeds, one per scenario family, each must
-//! keep every invariant. `TIDAL_SIM_SEED` replaces the fixed seeds (replay). The 32-seed
-//! determinism measurement is `#[ignore]`d (minutes): `make sim-determinism`.
+//! The CI set of the simulation (`make test`): fixed seed ranges of every scenario family, split in
+//! chunks so nextest runs them in parallel, plus a replay of every closed entry of
+//! `harness/sim/regressions.txt`. Every run must keep every invariant. `TIDAL_SIM_SEED` replaces a
+//! chunk's seeds by one seed (replay). The 32-seed determinism measurement is `#[ignore]`d
+//! (minutes): `make sim-determinism`.
 
-use tidal_sim::{run, Scenario};
+use tidal_sim::{regressions, run, Outcome, Scenario};
 
-fn seeds(fixed: &[u64]) -> Vec<u64> {
+fn seeds(fixed: std::ops::Range<u64>) -> Vec<u64> {
     match std::env::var("TIDAL_SIM_SEED").ok().and_then(|value| value.parse().ok()) {
         Some(seed) => vec![seed],
-        None => fixed.to_vec(),
+        None => fixed.collect(),
     }
 }
 
-fn check(scenario: &str, fixed: &[u64]) {
+fn report(outcome: &Outcome) -> String {
+    format!(
+        "seed {} scenario {}:\n  {}\n  trace:\n    {}\n  replay: cargo run --profile test -p tidal-sim -- --seed {} --scenario {}",
+        outcome.seed,
+        outcome.scenario,
+        outcome.violations.join("\n  "),
+        outcome.story.join("\n    "),
+        outcome.seed,
+        outcome.scenario
+    )
+}
+
+/// Runs `scenario` over `fixed` seeds; every run must keep every invariant and ack some write.
+fn check(scenario: &str, fixed: std::ops::Range<u64>) {
     let scenario = Scenario::named(scenario).expect("scenario exists");
+    let mut failures = Vec::new();
     for seed in seeds(fixed) {
         let outcome = run(seed, &scenario).expect("the simulation runs");
         println!("{}", outcome.summary());
-        assert!(
-            outcome.passed(),
-            "seed {seed} scenario {} broke invariants (replay: TIDAL_SIM_SEED={seed} cargo nextest run -p tidal-sim --test sim {}):\n{}",
-            scenario.name,
-            scenario.name,
-            outcome.violations.join("\n")
-        );
-        assert!(outcome.stats.acked > 0, "seed {seed}: no write was acknowledged");
+        if !outcome.passed() {
+            failures.push(report(&outcome));
+        } else if outcome.stats.acked == 0 {
+            failures.push(format!("seed {seed} scenario {}: no write was acknowledged", scenario.name));
+        }
     }
+    assert!(failures.is_empty(), "{} runs broke invariants:\n{}", failures.len(), failures.join("\n"));
 }
 
-#[test]
-fn steady() {
-    check("steady", &[1]);
+/// One `#[test]` per chunk of seeds: `chunks!(fn_name, "scenario", first..end; ...)`.
+macro_rules! chunks {
+    ($($name:ident: $scenario:literal, $range:expr;)*) => {
+        $(
+            #[test]
+            fn $name() {
+                check($scenario, $range);
+            }
+        )*
+    };
 }
 
-#[test]
-fn network() {
-    check("network", &[1, 2, 3]);
+chunks! {
+    steady_1: "steady", 1..21;
+    steady_2: "steady", 21..41;
+    network_1: "network", 1..21;
+    network_2: "network", 21..41;
+    network_3: "network", 41..61;
+    crash_1: "crash", 1..21;
+    crash_2: "crash", 21..41;
+    crash_3: "crash", 41..61;
+    chaos_1: "chaos", 1..21;
+    chaos_2: "chaos", 21..41;
+    chaos_3: "chaos", 41..59;
+    leader_crash_1: "leader-crash", 1..21;
+    leader_crash_2: "leader-crash", 21..41;
+    leader_crash_3: "leader-crash", 41..61;
+    partition_heal_1: "partition-heal", 1..21;
+    partition_heal_2: "partition-heal", 21..41;
+    partition_heal_3: "partition-heal", 41..61;
+    follower_outage_1: "follower-outage", 1..21;
+    follower_outage_2: "follower-outage", 21..41;
+    follower_outage_3: "follower-outage", 41..51;
+    rotation_1: "rotation", 1..21;
+    rotation_2: "rotation", 21..41;
+    rotation_3: "rotation", 41..51;
+    disk_1: "disk", 1..21;
+    disk_2: "disk", 21..41;
+    disk_3: "disk", 41..61;
+    disk_4: "disk", 61..71;
 }
 
+/// Every closed entry of `regressions.txt` (open ones are listed there and in decisions/008; they
+/// join this set once fixed).
 #[test]
-fn crash() {
-    check("crash", &[1, 2, 3]);
-}
-
-/// Seeds 3 and 120 once broke log matching (two leaders in one term: openraft's default vote
-/// order; docs/decisions/008-simulation.md); they stay in the set.
-#[test]
-fn chaos() {
-    check("chaos", &[1, 2, 3, 120]);
+fn regressions() {
+    let mut failures = Vec::new();
+    let entries = regressions::entries().expect("regressions.txt parses");
+    for entry in entries.iter().filter(|entry| !entry.open) {
+        let scenario = Scenario::named(&entry.scenario).expect("regressions.txt names a scenario");
+        let outcome = run(entry.seed, &scenario).expect("the simulation runs");
+        println!("{} | regression: {}", outcome.summary(), entry.note);
+        if !outcome.passed() {
+            failures.push(format!("regression ({}): {}", entry.note, report(&outcome)));
+        }
+    }
+    assert!(failures.is_empty(), "regressions broke again:\n{}", failures.join("\n"));
 }
 
 /// 32 seeds, each run twice: the fault plan must be the same (it is drawn from the seed alone);
