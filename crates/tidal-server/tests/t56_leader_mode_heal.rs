@@ -1,8 +1,9 @@
 //! Leader durability on a real cluster (tonic and HTTP on loopback): a leader acknowledges writes
 //! its followers never got, is stopped, and the others elect a new leader that writes the same
 //! seqnos in a higher term. When the old leader comes back, its committed batches conflict with the
-//! new leader's: its receiver halts (it must not quarantine committed seqnos under its applied
-//! state) and heals itself by installing the new leader's snapshot; its lost writes stay in
+//! new leader's and its applied state is past the divergence point (a ship of the new term makes
+//! its receiver refuse with `halted`, or its pull finds the divergence first, depending on timing):
+//! it heals itself by installing the new leader's snapshot; its lost writes stay in
 //! `wal/quarantine/` for the operator, and it converges with no operator action.
 
 #![allow(clippy::unwrap_used)] // tests may unwrap; helpers outside #[test] are not covered by allow-unwrap-in-tests
@@ -70,7 +71,6 @@ async fn an_old_leader_whose_acknowledged_writes_were_lost_heals_by_snapshot() {
     let digests = cluster.digests_at(last).await;
     assert_eq!(digests.len(), 3);
     assert!(same(&digests), "the old leader did not converge: {digests:?}");
-    assert!(metric(&cluster, old, "tidal_replication_refusals_total{reason=\"halted\"}").await >= 1.0);
     assert!(metric(&cluster, old, "tidal_snapshot_installs_total").await >= 1.0);
     // Its lost writes are gone from its state and kept in quarantine.
     assert_eq!(cluster.client(old).get_item(100).await.unwrap_err().code(), Some("not_found"));
