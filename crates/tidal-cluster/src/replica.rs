@@ -371,8 +371,31 @@ impl Replica {
     }
 
     /// The role, for status.
+    ///
+    /// `Leader` only while this node serves in the term it has persisted: between a higher vote
+    /// (which stops the serving at once) and the office watcher's next step, the stored role still
+    /// says leader, and status must not pair it with the new term (the simulation's "two leaders in
+    /// one term" check saw exactly that, partition-heal seed 43).
     pub fn role(&self) -> Role {
-        *self.role.lock().expect("role lock is never held across a panic")
+        let role = *self.role.lock().expect("role lock is never held across a panic");
+        if role == Role::Leader && *self.serving.borrow() != Some(self.gate.term()) {
+            return Role::Follower;
+        }
+        role
+    }
+
+    /// The role with the term it holds in, read consistently (status): a `Leader` answer means this
+    /// node served in exactly that term.
+    pub fn role_in_term(&self) -> (Role, Term) {
+        // Terms move a few times a second at most; a read that keeps racing them reports follower.
+        for _ in 0..8 {
+            let before = self.gate.term();
+            let role = self.role();
+            if self.gate.term() == before {
+                return (role, before);
+            }
+        }
+        (Role::Follower, self.gate.term())
     }
 
     /// The stream baseline `(T, B(T))` of this node's current (or last) office: its term, and the

@@ -655,9 +655,10 @@ async fn get_status(
         }));
     };
     let leader = replica.leader();
+    let (my_role, term) = replica.role_in_term();
     let role = |id: tidal_types::NodeId| {
         if id == replica.me() {
-            replica.role().as_str()
+            my_role.as_str()
         } else if Some(id) == leader {
             "leader"
         } else {
@@ -697,7 +698,7 @@ async fn get_status(
     Ok(Json(ClusterStatus {
         node_id: replica.me().0,
         role: role(replica.me()).into(),
-        term: replica.term().get(),
+        term: term.get(),
         leader_id: leader.map(|id| id.0),
         durable_seqno: durable,
         commit_seqno: replica.commit_seqno().get(),

@@ -79,6 +79,16 @@ async fn sigterm_drains_and_exits_zero() {
     process.kill().unwrap();
 }
 
+/// Stops the local cluster in a directory when dropped (by its pid files), whatever the test did.
+struct Down<'a>(&'a std::path::Path);
+
+impl Drop for Down<'_> {
+    fn drop(&mut self) {
+        let _ =
+            Command::new(env!("CARGO_BIN_EXE_tidal")).args(["cluster", "down", "--dir"]).arg(self.0).output();
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_up_starts_a_healthy_local_cluster_and_down_stops_it() {
     let dir = tidal_procs::TestDir::new().unwrap();
@@ -90,15 +100,6 @@ async fn cluster_up_starts_a_healthy_local_cluster_and_down_stops_it() {
         .output()
         .unwrap();
     // Whatever happens below, the processes this test started are stopped (by their pid files).
-    struct Down<'a>(&'a std::path::Path);
-    impl Drop for Down<'_> {
-        fn drop(&mut self) {
-            let _ = Command::new(env!("CARGO_BIN_EXE_tidal"))
-                .args(["cluster", "down", "--dir"])
-                .arg(self.0)
-                .output();
-        }
-    }
     let _down = Down(dir.path());
     let stdout = String::from_utf8_lossy(&up.stdout);
     assert!(up.status.success(), "cluster up failed: {stdout}\n{}", String::from_utf8_lossy(&up.stderr));
@@ -135,15 +136,6 @@ async fn cluster_add_node_and_remove_node_change_the_membership_of_real_processe
             .output()
             .unwrap()
     };
-    struct Down<'a>(&'a std::path::Path);
-    impl Drop for Down<'_> {
-        fn drop(&mut self) {
-            let _ = Command::new(env!("CARGO_BIN_EXE_tidal"))
-                .args(["cluster", "down", "--dir"])
-                .arg(self.0)
-                .output();
-        }
-    }
     let up = tidal(&["cluster", "up", "--nodes", "3", "--port-base", &port_base.to_string()]);
     let _down = Down(dir.path());
     assert!(up.status.success(), "cluster up failed: {}", String::from_utf8_lossy(&up.stderr));

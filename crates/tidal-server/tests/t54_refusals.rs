@@ -7,7 +7,7 @@
 
 mod common;
 
-use common::cluster::{same, Cluster};
+use common::cluster::{metric, same, Cluster};
 use serde_json::json;
 use tidal_cluster::Durability;
 use tidal_core::{encode_payload, ControlRecord, Envelope, Records};
@@ -16,19 +16,8 @@ use tidal_types::{Seqno, Term, TermSeqno};
 
 /// The node's `tidal_replication_refusals_total{reason}`.
 async fn refusals(cluster: &Cluster, index: usize, reason: &str) -> u64 {
-    let text = reqwest::get(format!("{}/metrics", cluster.client(index).base()))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    let prefix = format!("tidal_replication_refusals_total{{reason=\"{reason}\"}} ");
-    text.lines()
-        .find_map(|line| line.strip_prefix(&prefix))
-        .unwrap_or_else(|| panic!("no {prefix} in the metrics"))
-        .trim()
-        .parse()
-        .unwrap()
+    let name = format!("tidal_replication_refusals_total{{reason=\"{reason}\"}}");
+    metric(cluster.client(index), &name).await.unwrap_or_else(|| panic!("no {name} in the metrics")) as u64
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -8,8 +8,7 @@
 
 mod common;
 
-use common::cluster::{same, Cluster, DEADLINE, POLL};
-use tidal_client::Client;
+use common::cluster::{metric, same, Cluster, DEADLINE, POLL};
 use tidal_cluster::Durability;
 use tidal_server::config::ServeConfig;
 use tidal_types::SignalIn;
@@ -20,14 +19,6 @@ fn purge_often(config: &mut ServeConfig) {
     config.segment_bytes_max = 4096;
     config.wal_retention_bytes = 8192;
     config.checkpoint_interval_ms = 100;
-}
-
-/// One metric's value from a node's `/metrics` (None if absent).
-async fn metric(client: &Client, name: &str) -> Option<f64> {
-    let text = reqwest::get(format!("{}/metrics", client.base())).await.ok()?.text().await.ok()?;
-    text.lines()
-        .find_map(|line| line.strip_prefix(name).and_then(|rest| rest.strip_prefix(' ')))
-        .and_then(|value| value.trim().parse().ok())
 }
 
 fn signals(n: u64, round: u64) -> Vec<SignalIn> {

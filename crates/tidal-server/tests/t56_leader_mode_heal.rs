@@ -10,24 +10,9 @@
 
 mod common;
 
-use common::cluster::{same, Cluster, DEADLINE, POLL};
+use common::cluster::{metric, same, Cluster, DEADLINE, POLL};
 use serde_json::json;
 use tidal_cluster::Durability;
-
-async fn metric(cluster: &Cluster, index: usize, name: &str) -> f64 {
-    let text = reqwest::get(format!("{}/metrics", cluster.client(index).base()))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    text.lines()
-        .find_map(|line| line.strip_prefix(name).and_then(|rest| rest.strip_prefix(' ')))
-        .unwrap_or_else(|| panic!("no {name} in the metrics"))
-        .trim()
-        .parse()
-        .unwrap()
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_old_leader_whose_acknowledged_writes_were_lost_heals_by_snapshot() {
@@ -71,7 +56,7 @@ async fn an_old_leader_whose_acknowledged_writes_were_lost_heals_by_snapshot() {
     let digests = cluster.digests_at(last).await;
     assert_eq!(digests.len(), 3);
     assert!(same(&digests), "the old leader did not converge: {digests:?}");
-    assert!(metric(&cluster, old, "tidal_snapshot_installs_total").await >= 1.0);
+    assert!(metric(cluster.client(old), "tidal_snapshot_installs_total").await.unwrap() >= 1.0);
     // Its lost writes are gone from its state and kept in quarantine.
     assert_eq!(cluster.client(old).get_item(100).await.unwrap_err().code(), Some("not_found"));
     let status = cluster.client(old).status().await.unwrap();

@@ -54,6 +54,15 @@ where
     }
 }
 
+/// One metric's value from a node's `/metrics` (None if absent); `name` includes any labels, e.g.
+/// `tidal_replication_refusals_total{reason="gap"}`.
+pub async fn metric(client: &Client, name: &str) -> Option<f64> {
+    let text = reqwest::get(format!("{}/metrics", client.base())).await.ok()?.text().await.ok()?;
+    text.lines()
+        .find_map(|line| line.strip_prefix(name).and_then(|rest| rest.strip_prefix(' ')))
+        .and_then(|value| value.trim().parse().ok())
+}
+
 /// True when every digest (node id, digest) is the same.
 pub fn same(digests: &[(u64, String)]) -> bool {
     digests.windows(2).all(|w| w[0].1 == w[1].1)
