@@ -365,6 +365,15 @@ impl Replica {
         self.serving.borrow().is_some()
     }
 
+    /// The term this node serves as leader in, or why an operator verb must go elsewhere (the leader
+    /// this node knows).
+    pub(crate) fn serving_term(&self) -> Result<Term, String> {
+        let serving = *self.serving.borrow();
+        serving.ok_or_else(|| {
+            format!("node {} is not the serving leader; ask the leader ({:?})", self.me, self.leader())
+        })
+    }
+
     /// `Some(term)` while this node serves as leader; watch it to learn when office is lost.
     pub fn serving(&self) -> watch::Receiver<Option<Term>> {
         self.serving.subscribe()
@@ -521,13 +530,7 @@ impl Replica {
     /// Operator `heal`: the leader resets `node`'s ShipQueue to that follower's last matched position
     /// and nudges it to pull (no redelivery scan, no per-item traffic). Only the leader heals.
     pub fn heal(&self, node: NodeId, dry_run: bool) -> Result<HealReport, String> {
-        if !self.is_leader() {
-            return Err(format!(
-                "node {} is not the serving leader; ask the leader ({:?})",
-                self.me,
-                self.leader()
-            ));
-        }
+        self.serving_term()?;
         if node == self.me || self.peer(node).is_none() {
             return Err(format!("node {node} is not a follower of this leader"));
         }

@@ -268,7 +268,7 @@ impl Replica {
             .get()
             .ok_or_else(|| Unavailable("the control plane has not started yet".into()))?
             .clone();
-        let term = self.serving_term()?;
+        let term = self.serving_term().map_err(Unavailable)?;
         let Ok(_single) = self.changing_members.try_lock() else {
             return Err(Unavailable(
                 "another membership change is running on this leader; retry when it ends".into(),
@@ -398,23 +398,12 @@ impl Replica {
         Ok(report)
     }
 
-    fn serving_term(&self) -> Result<Term, MemberError> {
-        let serving = *self.serving.borrow();
-        serving.ok_or_else(|| {
-            MemberError::Unavailable(format!(
-                "node {} is not the serving leader; ask the leader ({:?})",
-                self.me,
-                self.leader()
-            ))
-        })
-    }
-
     /// Waits until `node` has matched, in `term`, the commit frontier as it stands at each check.
     async fn wait_caught_up(&self, node: NodeId, term: Term, within: Duration) -> Result<(), MemberError> {
         let deadline = Instant::now() + within;
         let mut next_report = Instant::now() + PROGRESS_EVERY;
         loop {
-            if self.serving_term()? != term {
+            if self.serving_term().map_err(MemberError::Unavailable)? != term {
                 return Err(MemberError::Unavailable(
                     "leadership moved while the learner caught up; retry on the new leader".into(),
                 ));
@@ -460,7 +449,7 @@ impl Replica {
         let new_set = Quorum::single(after.iter().copied().collect());
         let deadline = Instant::now() + NEW_SET_DEADLINE;
         loop {
-            if self.serving_term()? != term {
+            if self.serving_term().map_err(MemberError::Unavailable)? != term {
                 return Err(MemberError::Unavailable(
                     "leadership moved during the change; nothing was changed; retry on the new leader".into(),
                 ));

@@ -109,13 +109,7 @@ impl Replica {
             .get()
             .ok_or_else(|| Unavailable("the control plane has not started yet".into()))?
             .clone();
-        let Some(term) = *self.serving.borrow() else {
-            return Err(Unavailable(format!(
-                "node {} is not the serving leader; ask the leader ({:?})",
-                self.me,
-                self.leader()
-            )));
-        };
+        let term = self.serving_term().map_err(Unavailable)?;
         let mut report = PromoteReport {
             from: self.me,
             to: target,
