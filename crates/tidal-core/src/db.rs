@@ -161,7 +161,8 @@ enum Change<'a> {
 }
 
 impl TidalDb {
-    /// The control plane's store (the `raft` keyspace of this node's fjall database).
+    /// The `raft` keyspace of this node's fjall database, where the control plane's store lived
+    /// before it got a database of its own ([`crate::RaftStore::open_dir`]); read only to migrate.
     pub fn raft_store(&self) -> Result<crate::RaftStore, Error> {
         crate::raft_store::RaftStore::open(&self.stores.database)
     }

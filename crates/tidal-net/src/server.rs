@@ -223,6 +223,9 @@ where
     });
     tonic::transport::Server::builder()
         .tcp_nodelay(true)
+        // Calls a client gave up on (a late heartbeat under load) must not make h2's rapid-reset
+        // guard close the connection every other RPC shares; the default allows 20.
+        .http2_max_pending_accept_reset_streams(Some(1024))
         .add_service(intercepted)
         .serve_with_incoming_shutdown(incoming, shutdown)
         .await

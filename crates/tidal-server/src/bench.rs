@@ -419,6 +419,13 @@ async fn one_request(
     }
 }
 
+/// `TIDAL_BENCH_SLOW_US`: lag samples slower than this are printed one by one (with each reader's
+/// time), to tell a periodic stall from a broad tail.
+fn slow_sample_us() -> Option<u128> {
+    static SLOW: std::sync::OnceLock<Option<u128>> = std::sync::OnceLock::new();
+    *SLOW.get_or_init(|| std::env::var("TIDAL_BENCH_SLOW_US").ok().and_then(|v| v.parse().ok()))
+}
+
 /// One lag sample: writes item `id` through `writer`, then reads it with `min_seqno` from every
 /// reader at once; returns the time from the write's acknowledgement until every reader has answered.
 async fn lag_request(writer: &Client, readers: &[Client], id: u64) -> Result<u32, tidal_client::Error> {
@@ -431,10 +438,18 @@ async fn lag_request(writer: &Client, readers: &[Client], id: u64) -> Result<u32
             reader.json::<(), tidal_types::ItemView>(reqwest::Method::GET, &path, None).await
         })
     });
+    // Each reader's time, in the order they are awaited (a reader that finished earlier shows the
+    // time it was collected at).
+    let mut each_us = Vec::new();
     for read in reads.collect::<Vec<_>>() {
         read.await.expect("lag read task")?;
+        each_us.push(acked.elapsed().as_micros());
     }
-    Ok(u32::try_from(acked.elapsed().as_micros()).unwrap_or(u32::MAX))
+    let total = acked.elapsed().as_micros();
+    if slow_sample_us().is_some_and(|slow| total > slow) {
+        eprintln!("bench: slow lag sample: seqno {} took {total} us; readers at {each_us:?} us", reply.seqno);
+    }
+    Ok(u32::try_from(total).unwrap_or(u32::MAX))
 }
 
 impl Report {

@@ -54,7 +54,16 @@ pub async fn run(
     rpc_listener: Option<tokio::net::TcpListener>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
-    run_on(config, listener, rpc_listener, shutdown).await
+    use axum::serve::ListenerExt;
+    // Small replies (an ack, a ship answer, a read) must leave at once: without TCP_NODELAY, Nagle
+    // holds a reply's second segment behind the peer's delayed ACK, a 40 ms stall that was the whole
+    // replication-lag tail (tonic's own `tcp_nodelay` does not reach connections we accept ourselves).
+    let nodelay = |tcp: &mut tokio::net::TcpStream| {
+        if let Err(error) = tcp.set_nodelay(true) {
+            tracing::warn!("could not set TCP_NODELAY on an accepted connection: {error}");
+        }
+    };
+    run_on(config, listener.tap_io(nodelay), rpc_listener.map(|rpc| rpc.tap_io(nodelay)), shutdown).await
 }
 
 /// [`run`] over any [`Listener`]s: the transport seam the simulation uses. Peers are dialled with

@@ -156,7 +156,17 @@ impl Node {
         // A single node commits what it fsyncs: its whole durable log is committed. A cluster member
         // may hold an uncommitted tail that a new leader will quarantine, so it replays only up to
         // its saved commit hint; the rest is applied as the leader's commit frontier arrives.
-        let raft_store = db.raft_store().context("open the control plane's store")?;
+        let raft_store = tidal_core::RaftStore::open_dir(&config.data_dir.join("raft"))
+            .context("open the control plane's store")?;
+        let moved = raft_store
+            .migrate_from(&db.raft_store().context("open the engine's legacy raft keyspace")?)
+            .context("move the control plane's store out of the engine's database")?;
+        if moved > 0 {
+            tracing::info!(
+                entries = moved,
+                "moved the control plane's store into its own database (DATA_DIR/raft)"
+            );
+        }
         let replay_to = match &cluster {
             None => durable,
             Some(_) => std::cmp::min(durable, tidal_cluster::commit_hint(&raft_store)),

@@ -16,7 +16,21 @@ use openraft::raft::{
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
 use tidal_net::{NetError, Peer, RaftCall};
+
+/// How long an openraft RPC may go on after openraft stopped waiting for it. openraft 0.9 gives an
+/// AppendEntries exactly one heartbeat interval and then drops the call; dropping it reset the
+/// HTTP/2 stream, so a heartbeat that would have reached a busy follower a little late never did
+/// (and after 20 such resets h2's rapid-reset guard closed the whole connection). Each call now
+/// runs in its own task with this deadline: late is not lost, and a late heartbeat still resets
+/// the follower's election timer (decisions/012).
+const RPC_DEADLINE: Duration = Duration::from_secs(2);
+
+/// Calls to one target that may be in flight at once (late ones included); past it a call fails
+/// at once as unreachable, which is what it is.
+const RPC_IN_FLIGHT_MAX: usize = 32;
 
 /// RPC kinds.
 pub const KIND_APPEND: &str = "append";
@@ -55,6 +69,7 @@ impl NetworkFactory {
 pub struct PeerNetwork {
     target: u64,
     peer: Result<Peer, String>,
+    in_flight: Arc<tokio::sync::Semaphore>,
 }
 
 impl RaftNetworkFactory<TypeConfig> for NetworkFactory {
@@ -64,7 +79,7 @@ impl RaftNetworkFactory<TypeConfig> for NetworkFactory {
         let address = self.dial.get(&target).map_or(node.rpc.as_str(), String::as_str);
         let peer = Peer::connect_lazy_with(address, &self.secret, &self.cluster_id, &self.connector)
             .map_err(|e| e.to_string());
-        PeerNetwork { target, peer }
+        PeerNetwork { target, peer, in_flight: Arc::new(tokio::sync::Semaphore::new(RPC_IN_FLIGHT_MAX)) }
     }
 }
 
@@ -86,12 +101,32 @@ impl PeerNetwork {
             .map_err(|why| RPCError::Unreachable(Unreachable::new(&NetError::Config(why.clone()))))?;
         let payload = serde_json::to_vec(request).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
         let call = RaftCall { kind: kind.to_string(), payload };
-        let reply = peer.raft(call, option.hard_ttl()).await.map_err(|error| match error {
-            NetError::Status(ref status) if status.code() == tonic::Code::DeadlineExceeded => {
-                RPCError::Unreachable(Unreachable::new(&error))
-            }
-            _ => RPCError::Unreachable(Unreachable::new(&error)),
+        let permit = self.in_flight.clone().try_acquire_owned().map_err(|_| {
+            RPCError::Unreachable(Unreachable::new(&NetError::Config(format!(
+                "{RPC_IN_FLIGHT_MAX} calls to node {} still in flight",
+                self.target
+            ))))
         })?;
+        let (answer, answered) = tokio::sync::oneshot::channel();
+        let peer = peer.clone();
+        tokio::spawn(async move {
+            let _ = answer.send(peer.raft(call, RPC_DEADLINE).await);
+            drop(permit);
+        });
+        let reply = match tokio::time::timeout(option.hard_ttl(), answered).await {
+            Ok(Ok(reply)) => reply.map_err(|error| RPCError::Unreachable(Unreachable::new(&error)))?,
+            Ok(Err(_)) => {
+                return Err(RPCError::Unreachable(Unreachable::new(&NetError::Config(
+                    "the call's task ended without an answer".into(),
+                ))))
+            }
+            Err(_) => {
+                return Err(RPCError::Unreachable(Unreachable::new(&NetError::Config(format!(
+                    "no answer within {:?} (the call goes on in the background)",
+                    option.hard_ttl()
+                )))))
+            }
+        };
         let answer: Result<Resp, RaftError<u64, E>> =
             serde_json::from_slice(&reply).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
         answer.map_err(|error| RPCError::RemoteError(RemoteError::new(self.target, error)))
