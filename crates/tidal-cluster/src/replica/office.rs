@@ -225,7 +225,14 @@ impl Replica {
             self.commit.record_matched(self.me, term, self.wal.last_position());
         }
         self.persist_baseline(term, baseline)?;
-        // Step 5: ship, then serve once LeaderStart is committed and applied.
+        // Everything this node holds when it opens the term must be committed and applied before
+        // it takes a write. Usually that is LeaderStart itself; a leader that resumes its own term
+        // after a restart (openraft restores a committed vote) holds LeaderStart AND a recovered
+        // tail past its commit hint. Serving before that tail is applied let a client's retry miss
+        // the idempotency table (it holds applied writes) and be written twice (harness/sim's
+        // duplicate check, decisions/008).
+        let serve_at = std::cmp::max(term_start, self.wal.last_position().seqno);
+        // Step 5: ship, then serve once LeaderStart (and all before it) is committed and applied.
         tokio::spawn(self.clone().ship_queues(term, stop.clone()));
         if let Some(control) = self.control.get().cloned() {
             let record = ControlCmd::LeaderStart {
@@ -244,7 +251,7 @@ impl Replica {
         let mut stop_wait = stop.clone();
         loop {
             self.still(term, &stop)?;
-            if *commits.borrow() >= term_start && *applied.borrow() >= term_start {
+            if *commits.borrow() >= serve_at && *applied.borrow() >= serve_at {
                 break;
             }
             tokio::select! {
