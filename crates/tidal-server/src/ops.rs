@@ -148,18 +148,55 @@ pub async fn members_add(
         "/cluster/members/{node}?http={http}&rpc={rpc}&catch_up_s={catch_up_s}{}",
         dry_run_query(dry_run, '&')
     );
-    send_verb(client, reqwest::Method::POST, &path).await
+    let deadline = std::time::Duration::from_secs(2 * catch_up_s + 120);
+    send_membership_verb(client, reqwest::Method::POST, &path, deadline).await
+}
+
+/// A membership change, retried while the answer is "unknown, retry" (503/504 or no answer): the
+/// leader may move while it runs, and both verbs are safe to repeat (adding a voter or removing a
+/// non-member is "nothing to do"; a learner that is still catching up keeps catching up). Any
+/// other answer, or `deadline`, ends it.
+async fn send_membership_verb(
+    client: Client,
+    method: reqwest::Method,
+    path: &str,
+    deadline: std::time::Duration,
+) -> anyhow::Result<()> {
+    let started = std::time::Instant::now();
+    let mut retried = false;
+    loop {
+        match client.json::<(), serde_json::Value>(method.clone(), path, None).await {
+            Ok(reply) => {
+                println!("{}", serde_json::to_string_pretty(&reply)?);
+                return Ok(());
+            }
+            Err(error) if retryable_verb_error(&error) && started.elapsed() < deadline => {
+                eprintln!("{method} {path}: {error}; retrying (the change is safe to repeat)");
+                retried = true;
+                tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+            }
+            Err(error) if retried => {
+                return Err(anyhow::Error::new(error).context(format!(
+                    "{method} {path} (after a retry: an earlier attempt may have done the change; see `tidal status`)"
+                )))
+            }
+            Err(error) => return Err(anyhow::Error::new(error).context(format!("{method} {path}"))),
+        }
+    }
+}
+
+fn retryable_verb_error(error: &tidal_client::Error) -> bool {
+    match error {
+        tidal_client::Error::Api { status, .. } => matches!(status, 503 | 504),
+        tidal_client::Error::Transport(_) => true,
+    }
 }
 
 /// `tidal members remove --node N [--dry-run]`: the leader removes node N from the membership.
 pub async fn members_remove(args: VerbArgs, node: u64, dry_run: bool) -> anyhow::Result<()> {
     let client = Client::new(args.url.clone(), args.token);
-    send_verb(
-        client,
-        reqwest::Method::DELETE,
-        &format!("/cluster/members/{node}{}", dry_run_query(dry_run, '?')),
-    )
-    .await
+    let path = format!("/cluster/members/{node}{}", dry_run_query(dry_run, '?'));
+    send_membership_verb(client, reqwest::Method::DELETE, &path, std::time::Duration::from_secs(120)).await
 }
 
 /// `tidal reconcile [--dry-run]`: the node at `--url` reconciles its hard negatives with every peer.
