@@ -80,6 +80,10 @@ pub struct GatesArgs {
     /// heal-100k: items written while the follower is down.
     #[arg(long, env = "GATE_HEAL_ITEMS", default_value_t = 100_000)]
     pub heal_items: u64,
+    /// heal-100k: write each item's 128-dim embedding instead of its metadata (the catch-up
+    /// bandwidth case: about 590 WAL bytes per write instead of about 100).
+    #[arg(long, env = "GATE_HEAL_EMBEDDINGS")]
+    pub heal_embeddings: bool,
     /// failover: SIGKILL rounds.
     #[arg(long, env = "GATE_FAILOVER_ROUNDS", default_value_t = 20)]
     pub failover_rounds: u32,
@@ -487,7 +491,7 @@ async fn heal(args: &GatesArgs, dir: &Path, nodes: &[(u64, String)], goal: &str)
     );
     let load = bench::measure(&BenchArgs {
         url: leader_url.clone(),
-        workload: Workload::Items,
+        workload: if args.heal_embeddings { Workload::Embeddings } else { Workload::Items },
         concurrency: 32,
         // The paced schedule ends after down_seconds; the bound leaves room for a slower leader.
         seconds: args.down_seconds + 1800,
@@ -531,6 +535,8 @@ async fn heal(args: &GatesArgs, dir: &Path, nodes: &[(u64, String)], goal: &str)
     let installs = metric(&metrics, "tidal_snapshot_installs_total").unwrap_or(f64::NAN);
     let install_failures = metric(&metrics, "tidal_snapshot_install_failures_total").unwrap_or(f64::NAN);
     let wal_batches = metric(&metrics, "tidal_wal_batches_total").unwrap_or(0.0);
+    // The restarted process counts from zero: what its WAL took in is what it caught up on.
+    let wal_bytes = metric(&metrics, "tidal_wal_bytes_total").unwrap_or(0.0);
     let heal_calls = heal_calls(&leader_url).await? - heal_calls_before;
     let quarantined =
         follower_client.status().await.context("follower status")?.quarantine_files - quarantine_before;
@@ -545,11 +551,13 @@ async fn heal(args: &GatesArgs, dir: &Path, nodes: &[(u64, String)], goal: &str)
     Ok(Verdict {
         name: "heal-100k",
         figure: format!(
-            "{items} items missed over {:.0} s down; restart -> caught up in {seconds:.2} s ({:.0} items/s), \
+            "{items} {} missed over {:.0} s down; restart -> caught up in {seconds:.2} s ({:.0} items/s, {:.1} MB/s of WAL), \
              {wal_batches:.0} batches through the follower's WAL, {installs} snapshot installs, {heal_calls} heal calls, \
              {quarantined} quarantine files, digests {} at seqno {at}, pull {}",
+            if args.heal_embeddings { "embeddings" } else { "items" },
             down_for.as_secs_f64(),
             items as f64 / seconds.max(1e-9),
+            wal_bytes / 1e6 / seconds.max(1e-9),
             if digests_equal { "equal" } else { "DIFFERENT" },
             if pull_seen { "seen" } else { "not seen by the poll" }
         ),
@@ -561,6 +569,8 @@ async fn heal(args: &GatesArgs, dir: &Path, nodes: &[(u64, String)], goal: &str)
             value("write_rate", format!("{:.0}", load.acked_per_second())),
             value("catchup_seconds", format!("{seconds:.3}")),
             value("items_per_s", format!("{:.0}", items as f64 / seconds.max(1e-9))),
+            value("catchup_wal_bytes", format!("{wal_bytes:.0}")),
+            value("catchup_mb_per_s", format!("{:.1}", wal_bytes / 1e6 / seconds.max(1e-9))),
             value("snapshot_installs", installs),
             value("heal_calls", heal_calls),
             value("wal_batches", wal_batches),
