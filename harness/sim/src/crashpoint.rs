@@ -35,7 +35,7 @@ pub enum Op {
     BeforeWrite,
     /// Half-way through a segment write.
     MidWrite,
-    /// After a segment write, before its fsync.
+    /// A segment fsync is called (the bytes written, not durable).
     BeforeSync,
     /// After a segment fsync returned, before the caller learns it.
     AfterSync,
@@ -215,17 +215,17 @@ impl WalFile for PointFile {
                 return Err(self.io.die(mode));
             }
         }
-        self.inner.write_all(buf)?;
-        if self.segment {
-            if let Some(mode) = self.io.reached(Op::BeforeSync, &self.path) {
-                return Err(self.io.die(mode));
-            }
-        }
-        Ok(())
+        self.inner.write_all(buf)
     }
 
     fn sync_data(&mut self) -> io::Result<()> {
         self.io.check_dead()?;
+        if self.segment {
+            if let Some(mode) = self.io.reached(Op::BeforeSync, &self.path) {
+                // The fsync is called; the power goes before it returns.
+                return Err(self.io.die(mode));
+            }
+        }
         self.inner.sync_data()?;
         if self.segment {
             if let Some(mode) = self.io.reached(Op::AfterSync, &self.path) {

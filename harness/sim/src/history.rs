@@ -82,14 +82,15 @@ impl History {
         self.ops.is_empty()
     }
 
-    /// Counts: `(writes acked, writes unknown, reads answered)`.
-    pub fn counts(&self) -> (u64, u64, u64) {
-        let mut counts = (0, 0, 0);
+    /// Counts: `(writes acked, writes unknown, reads answered, reads without an answer)`.
+    pub fn counts(&self) -> (u64, u64, u64, u64) {
+        let mut counts = (0, 0, 0, 0);
         for op in &self.ops {
             match op.ret {
                 Ret::WriteOk => counts.0 += 1,
                 Ret::Unknown | Ret::Pending if op.write.is_some() => counts.1 += 1,
                 Ret::Read(_) => counts.2 += 1,
+                Ret::Failed => counts.3 += 1,
                 _ => {}
             }
         }

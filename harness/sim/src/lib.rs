@@ -83,6 +83,10 @@ pub struct Scenario {
     /// How long a node killed at its crash point stays down (longer than an election timeout: a
     /// killed leader comes back as a follower of a new term; shorter: it may resume its own term).
     pub point_downtime: Duration,
+    /// Once the crash point fired, the node's WAL renames fail (`wal.meta`, written
+    /// write-then-rename when a divergent suffix goes to quarantine) until the heal, when a
+    /// supervisor restarts it: the node must fail closed meanwhile and heal afterwards.
+    pub rename_errors: bool,
 }
 
 const fn swarm(kinds: &'static [Kind], window_ms: (u64, u64), network_noise: bool) -> Faults {
@@ -110,6 +114,7 @@ impl Scenario {
             arm_after: Duration::from_millis(1000),
             registers: 0,
             point_downtime: Duration::from_millis(1500),
+            rename_errors: false,
         };
         vec![
             base.clone(),
@@ -170,11 +175,17 @@ impl Scenario {
                 ..base.clone()
             },
             // Register keys: every writer also reads (`consistency=linearizable`) or overwrites one
-            // of four items at the leader, so reads and overwrites race; network faults and
-            // crashes as in `chaos`; the per-key histories must be linearizable (history.rs).
+            // of four items at the node it believes leads, so reads and overwrites race; the leader
+            // on the minority side of a split (the client still reaches it: a deposed leader keeps
+            // getting requests), paused nodes, leader crashes; the per-key histories must be
+            // linearizable (history.rs).
             Scenario {
                 name: "register",
-                faults: Faults::Classes(Classes { network: true, crashes: true }),
+                faults: swarm(
+                    &[Kind::SplitLeaderMinority, Kind::Pause, Kind::LeaderCrash],
+                    (400, 2500),
+                    true,
+                ),
                 load: Duration::from_secs(8),
                 writes_max: 90,
                 writers: 3,
@@ -713,6 +724,7 @@ impl Driver<'_> {
         now: Duration,
         offset: Duration,
         downtime: Duration,
+        rename_errors: bool,
     ) {
         let Some(node) = self.point_node else { return };
         let io = &self.cluster.points[node];
@@ -723,6 +735,10 @@ impl Driver<'_> {
             sim.crash(host_name(node));
         }
         io.revive();
+        if rename_errors {
+            io.fail_renames(true);
+            self.trace.push(format!("n{}: renames fail from now on", node + 1));
+        }
         self.counters.bump("crash_point");
         self.trace.push(format!(
             "{} ms n{} died at its crash point: {}",
@@ -828,7 +844,7 @@ pub fn run(seed: u64, scenario: &Scenario) -> anyhow::Result<Outcome> {
             load_started.get_or_insert(now);
         }
         let offset = load_started.map_or(Duration::ZERO, |start| now - start);
-        driver.point_reached(&mut sim, now, offset, scenario.point_downtime);
+        driver.point_reached(&mut sim, now, offset, scenario.point_downtime, scenario.rename_errors);
         driver.judge_exits(offset);
         if let Some(point) = &scenario.crash_point {
             if driver.point_node.is_none() && load_started.is_some() && offset >= scenario.arm_after {
@@ -885,6 +901,13 @@ pub fn run(seed: u64, scenario: &Scenario) -> anyhow::Result<Outcome> {
                     cluster.wal_io[node].fail_syncs(false);
                     cluster.wal_io[node].fail_writes(false);
                     cluster.clocks[node].skew.store(0, Ordering::SeqCst);
+                    let points = &cluster.points[node];
+                    points.fail_renames(false);
+                    if points.renames_failed() > 0 && sim.is_host_running(host_name(node)) {
+                        // A node whose rename failed stopped serving its WAL (fail closed): a
+                        // supervisor restarts it.
+                        driver.crash_and_restart(&mut sim, node, CrashMode::LoseUnsynced, now);
+                    }
                     let restarting = driver.bounces.iter().any(|(_, due)| *due == node);
                     if !restarting && !sim.is_host_running(host_name(node)) {
                         sim.bounce(host_name(node));
@@ -909,6 +932,11 @@ pub fn run(seed: u64, scenario: &Scenario) -> anyhow::Result<Outcome> {
     let offset = simulated - load_started.unwrap_or_default();
     driver.judge_exits(offset);
     let crash_point_fired = driver.point_node.and_then(|node| cluster.points[node].fired());
+    for points in &cluster.points {
+        for _ in 0..points.renames_failed() {
+            driver.counters.bump("rename_fail");
+        }
+    }
     let Driver { mut counters, trace, mut violations, .. } = driver;
     drop(sim);
     // WAL checks over each node's simulated disk (the nodes are stopped: the sim is dropped).
@@ -943,7 +971,10 @@ pub fn run(seed: u64, scenario: &Scenario) -> anyhow::Result<Outcome> {
     }
     // The per-key linearizability check of the register history.
     if !shared.history.is_empty() {
-        let (written, unknown, read) = shared.history.counts();
+        let (written, unknown, read, read_failed) = shared.history.counts();
+        for _ in 0..read_failed {
+            counters.bump("register_reads_failed");
+        }
         for _ in 0..written {
             counters.bump("register_writes_acked");
         }
@@ -1015,6 +1046,10 @@ pub struct SweepTotals {
     pub failures: Vec<(String, Vec<String>)>,
     /// Points not reached: labels.
     pub missed: Vec<String>,
+    /// Runs with rename errors (leader/ship#k, then the node's renames fail).
+    pub rename_runs: u64,
+    /// Renames that failed in them.
+    pub renames_failed: u64,
 }
 
 impl SweepTotals {
@@ -1022,8 +1057,8 @@ impl SweepTotals {
     /// writes lost`, and the violations.
     pub fn line(&self) -> String {
         format!(
-            "crash-points: {}/{} points, {} runs, {} acknowledged writes lost, {} violations",
-            self.covered, self.total, self.runs, self.lost, self.violations
+            "crash-points: {}/{} points, {} runs, {} acknowledged writes lost, {} violations (rename errors: {} runs, {} renames failed)",
+            self.covered, self.total, self.runs, self.lost, self.violations, self.rename_runs, self.renames_failed
         )
     }
 }
@@ -1039,26 +1074,44 @@ pub fn crash_sweep(
 ) -> anyhow::Result<SweepTotals> {
     let points = crashpoint::sweep(ks);
     let mut totals = SweepTotals { total: points.len() as u64, ..SweepTotals::default() };
-    let runnable: Vec<crashpoint::CrashPoint> =
-        points.iter().filter(|point| point.boundary.op.is_some()).copied().collect();
+    let mut runnable: Vec<(crashpoint::CrashPoint, bool)> =
+        points.iter().filter(|point| point.boundary.op.is_some()).map(|point| (*point, false)).collect();
+    // Rename errors: the leader dies after an fsync it never shipped (a suffix only it holds), comes
+    // back as a follower whose suffix must go to quarantine, and its renames fail.
+    for &k in ks {
+        let ship =
+            crashpoint::BOUNDARIES.iter().find(|b| b.role == crashpoint::Role::Leader && b.name == "ship");
+        if let Some(boundary) = ship {
+            runnable.push((
+                crashpoint::CrashPoint { boundary: *boundary, k, mode: CrashMode::LoseUnsynced },
+                true,
+            ));
+        }
+    }
     for point in points.iter().filter(|point| point.boundary.op.is_none()) {
         totals.missed.push(format!("{} (not reachable in the simulation)", point.label()));
     }
     let next = AtomicU64::new(0);
-    let results: std::sync::Mutex<Vec<(crashpoint::CrashPoint, anyhow::Result<Outcome>)>> =
+    #[allow(clippy::type_complexity)]
+    let results: std::sync::Mutex<Vec<(crashpoint::CrashPoint, bool, String, anyhow::Result<Outcome>)>> =
         std::sync::Mutex::new(Vec::new());
     std::thread::scope(|scope| {
         for _ in 0..jobs.max(1) {
             scope.spawn(|| loop {
                 let index = usize::try_from(next.fetch_add(1, Ordering::SeqCst)).unwrap_or(usize::MAX);
-                let Some(point) = runnable.get(index) else { return };
-                let scenario = Scenario { crash_point: Some(*point), ..Scenario::crash_points() };
+                let Some((point, rename_errors)) = runnable.get(index) else { return };
+                let scenario = Scenario {
+                    crash_point: Some(*point),
+                    rename_errors: *rename_errors,
+                    ..Scenario::crash_points()
+                };
+                let label = format!("{}{}", point.label(), if *rename_errors { "+rename" } else { "" });
                 let outcome = run(seed, &scenario);
                 match &outcome {
                     Ok(outcome) => {
                         progress(&format!(
                             "{:<28} {} | died: {} | lost {}",
-                            point.label(),
+                            label,
                             outcome.summary(),
                             outcome.crash_point_fired.as_deref().unwrap_or("NOT REACHED"),
                             outcome.lost
@@ -1068,19 +1121,27 @@ pub fn crash_sweep(
                             progress(&format!("    {}", outcome.story.join("\n    ")));
                         }
                     }
-                    Err(error) => progress(&format!("{:<28} error: {error:#}", point.label())),
+                    Err(error) => progress(&format!("{label:<28} error: {error:#}")),
                 }
-                results.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push((*point, outcome));
+                results.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push((
+                    *point,
+                    *rename_errors,
+                    label,
+                    outcome,
+                ));
             });
         }
     });
     let results = results.into_inner().unwrap_or_else(std::sync::PoisonError::into_inner);
-    for (point, outcome) in results {
+    for (point, rename_errors, label, outcome) in results {
         let outcome = outcome?;
         totals.runs += 1;
         totals.lost += outcome.lost;
         totals.violations += outcome.violations.len() as u64;
-        if outcome.crash_point_fired.is_some() {
+        if rename_errors {
+            totals.rename_runs += 1;
+            totals.renames_failed += outcome.counters.0.get("rename_fail").copied().unwrap_or(0);
+        } else if outcome.crash_point_fired.is_some() {
             totals.covered += 1;
         } else {
             totals.missed.push(point.label());
@@ -1088,7 +1149,7 @@ pub fn crash_sweep(
         if !outcome.passed() {
             let mut lines = outcome.violations.clone();
             lines.extend(outcome.story.iter().map(|line| format!("trace: {line}")));
-            totals.failures.push((point.label(), lines));
+            totals.failures.push((label, lines));
         }
     }
     totals.missed.sort();

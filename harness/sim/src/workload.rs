@@ -404,7 +404,9 @@ async fn register_op(workload: &Workload, shared: &Rc<RefCell<Shared>>, id: u64,
         shared.borrow_mut().history.returned(op, crate::history::Ret::Unknown);
         *thread += 1;
     } else {
-        let node = shared.borrow().leader_guess;
+        // Any node: a linearizable read is the leader's to answer (a follower forwards it, or in
+        // the simulation, where forwarding is off, answers 503: the read leaves the history).
+        let node = usize::try_from(draw.range(0, workload.nodes as u64)).unwrap_or(0);
         let path = format!("/v1/items/{key}?consistency=linearizable");
         let answer = request(&host(node), "GET", &path, None, &[], REQUEST_TIMEOUT).await;
         let ret = match answer {
@@ -426,12 +428,8 @@ async fn register_op(workload: &Workload, shared: &Rc<RefCell<Shared>>, id: u64,
                 }
             }
             Ok(Answer { status: 404, .. }) => crate::history::Ret::Read(None),
-            _ => {
-                // A read that did not answer changed nothing: it leaves the history.
-                let next = (node + 1) % workload.nodes;
-                shared.borrow_mut().leader_guess = next;
-                crate::history::Ret::Failed
-            }
+            // A read that did not answer changed nothing: it leaves the history.
+            _ => crate::history::Ret::Failed,
         };
         shared.borrow_mut().history.returned(op, ret);
     }
