@@ -315,13 +315,16 @@ async fn write_one(workload: &Workload, shared: &Rc<RefCell<Shared>>, id: u64) {
     shared.borrow_mut().stats.unknown += 1;
 }
 
+/// A feed as read: `(item, score)` in rank order.
+type Feed = Vec<(u64, f64)>;
+
 /// Invariant 5 (feed parity): a few users' feeds read from every node at the converged applied
 /// seqno must list the same items with scores within 1e-6.
 async fn feed_parity(workload: &Workload, shared: &Rc<RefCell<Shared>>, seqno: u64) {
     let users: Vec<u64> =
         shared.borrow().acks.iter().filter(|ack| !ack.item).map(|ack| ack.id).take(4).collect();
     for user in users {
-        let mut feeds: Vec<(usize, u64, Vec<(u64, f64)>)> = Vec::new();
+        let mut feeds: Vec<(usize, u64, Feed)> = Vec::new();
         for node in 0..workload.nodes {
             let path = format!("/v1/users/u{user}/feed?limit=20&min_seqno={seqno}");
             let answer = request(&host(node), "GET", &path, None, &[], REQUEST_TIMEOUT).await;
