@@ -944,6 +944,9 @@ pub fn run(seed: u64, scenario: &Scenario) -> anyhow::Result<Outcome> {
     for (index, io) in cluster.wal_io.iter().enumerate() {
         let wal_dir = cluster.data_dirs[index].join("wal");
         logs.push(check::read_wal(io, &wal_dir, index, &mut violations));
+        if check::duplicates(io, &wal_dir, index, &mut violations) > 0 {
+            counters.bump("dedup_logs_checked");
+        }
         let rotations = check::rotation(io, &wal_dir, index, cluster.segment_bytes_max, &mut violations);
         for _ in 0..rotations {
             counters.bump("wal_rotations");
