@@ -87,6 +87,8 @@ pub struct Scenario {
     /// write-then-rename when a divergent suffix goes to quarantine) until the heal, when a
     /// supervisor restarts it: the node must fail closed meanwhile and heal afterwards.
     pub rename_errors: bool,
+    /// Whether every other item also gets an embedding (non-empty feeds for invariant 5).
+    pub embeddings: bool,
 }
 
 const fn swarm(kinds: &'static [Kind], window_ms: (u64, u64), network_noise: bool) -> Faults {
@@ -115,6 +117,7 @@ impl Scenario {
             registers: 0,
             point_downtime: Duration::from_millis(1500),
             rename_errors: false,
+            embeddings: false,
         };
         vec![
             base.clone(),
@@ -190,6 +193,7 @@ impl Scenario {
                 writes_max: 90,
                 writers: 3,
                 registers: 4,
+                embeddings: true,
                 ..base.clone()
             },
             // 4 KiB segments and padded items: segments rotate many times under load, with crashes
@@ -247,6 +251,7 @@ impl Scenario {
             writes_max: 120,
             segment_bytes_max: 4096,
             item_pad: 200,
+            embeddings: true,
             ..Scenario::all().swap_remove(0)
         }
     }
@@ -802,6 +807,7 @@ pub fn run(seed: u64, scenario: &Scenario) -> anyhow::Result<Outcome> {
         converge_deadline: scenario.converge_deadline,
         heal_via_log: scenario.heal_via_log,
         registers: scenario.registers,
+        embeddings: scenario.embeddings,
     };
     sim.client("client", workload::run(workload, shared.clone()));
     let mut driver = Driver {
@@ -971,6 +977,9 @@ pub fn run(seed: u64, scenario: &Scenario) -> anyhow::Result<Outcome> {
     violations.extend(shared.violations.iter().cloned());
     for _ in 0..shared.counters_feeds {
         counters.bump("feeds_compared");
+    }
+    for _ in 0..shared.counters_feed_items {
+        counters.bump("feed_items_compared");
     }
     // The per-key linearizability check of the register history.
     if !shared.history.is_empty() {

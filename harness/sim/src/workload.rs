@@ -91,6 +91,8 @@ pub struct Shared {
     pub history: crate::history::History,
     /// Feeds compared across nodes (invariant 5).
     pub counters_feeds: u64,
+    /// Feed entries compared (an empty feed compares little).
+    pub counters_feed_items: u64,
 }
 
 impl Shared {
@@ -111,6 +113,7 @@ impl Shared {
             converged_after_ms: None,
             history: Default::default(),
             counters_feeds: 0,
+            counters_feed_items: 0,
         }
     }
 }
@@ -142,6 +145,9 @@ pub struct Workload {
     /// (`GET ...?consistency=linearizable` and `PUT` to the leader), recorded for the per-key
     /// linearizability check (`history.rs`).
     pub registers: u64,
+    /// Whether every other item also gets an embedding (`PUT /v1/items/{id}/embedding`), so users'
+    /// feeds are not empty and the feed-parity check compares scores.
+    pub embeddings: bool,
 }
 
 fn host(node: usize) -> String {
@@ -249,6 +255,9 @@ async fn writer(workload: Workload, shared: Rc<RefCell<Shared>>, load_end: Insta
             shared.next_id - 1
         };
         write_one(&workload, &shared, id).await;
+        if workload.embeddings && id % 4 != 3 && id % 2 == 0 {
+            embed(&workload, &shared, id).await;
+        }
         if workload.registers > 0 {
             register_op(&workload, &shared, id, &mut thread).await;
         }
@@ -324,43 +333,83 @@ async fn feed_parity(workload: &Workload, shared: &Rc<RefCell<Shared>>, seqno: u
     let users: Vec<u64> =
         shared.borrow().acks.iter().filter(|ack| !ack.item).map(|ack| ack.id).take(4).collect();
     for user in users {
+        // Invariant 5 compares feeds at the SAME applied seqno: a node may apply a batch more
+        // after the heal gate (e.g. a LeaderStart); read again at the highest until they agree.
+        let mut at = seqno;
         let mut feeds: Vec<(usize, u64, Feed)> = Vec::new();
-        for node in 0..workload.nodes {
-            let path = format!("/v1/users/u{user}/feed?limit=20&min_seqno={seqno}");
-            let answer = request(&host(node), "GET", &path, None, &[], REQUEST_TIMEOUT).await;
-            let feed = answer.ok().filter(|answer| answer.status == 200).and_then(|answer| {
-                let value: serde_json::Value = answer.json().ok()?;
-                let applied = value.get("applied_seqno")?.as_u64()?;
-                let items = value
-                    .get("items")?
-                    .as_array()?
-                    .iter()
-                    .filter_map(|entry| Some((entry.get("item")?.as_u64()?, entry.get("score")?.as_f64()?)))
-                    .collect::<Vec<_>>();
-                Some((applied, items))
-            });
-            match feed {
-                Some((applied, items)) => feeds.push((node, applied, items)),
-                None => shared
-                    .borrow_mut()
-                    .violations
-                    .push(format!("invariant 5: no feed of u{user} from n{}", node + 1)),
+        for _ in 0..10 {
+            feeds.clear();
+            for node in 0..workload.nodes {
+                let path = format!("/v1/users/u{user}/feed?limit=20&min_seqno={at}");
+                let answer = request(&host(node), "GET", &path, None, &[], REQUEST_TIMEOUT).await;
+                let feed = answer.ok().filter(|answer| answer.status == 200).and_then(|answer| {
+                    let value: serde_json::Value = answer.json().ok()?;
+                    let applied = value.get("applied_seqno")?.as_u64()?;
+                    let items = value
+                        .get("items")?
+                        .as_array()?
+                        .iter()
+                        .filter_map(|entry| {
+                            Some((entry.get("item")?.as_u64()?, entry.get("score")?.as_f64()?))
+                        })
+                        .collect::<Vec<_>>();
+                    Some((applied, items))
+                });
+                if let Some((applied, items)) = feed {
+                    feeds.push((node, applied, items));
+                }
             }
+            let highest = feeds.iter().map(|feed| feed.1).max().unwrap_or(at);
+            if feeds.len() == workload.nodes && feeds.iter().all(|feed| feed.1 == highest) {
+                break;
+            }
+            at = highest;
+        }
+        let Some((_, applied0, items0)) = feeds.first().cloned() else { continue };
+        if feeds.len() < workload.nodes || feeds.iter().any(|feed| feed.1 != applied0) {
+            let seen: Vec<String> =
+                feeds.iter().map(|feed| format!("n{} at {}", feed.0 + 1, feed.1)).collect();
+            shared.borrow_mut().violations.push(format!(
+                "invariant 5: could not read u{user}'s feed at one applied seqno on every node ({})",
+                seen.join(", ")
+            ));
+            continue;
         }
         shared.borrow_mut().counters_feeds += 1;
-        let Some((_, applied0, items0)) = feeds.first().cloned() else { continue };
-        for (node, applied, items) in feeds.iter().skip(1) {
+        shared.borrow_mut().counters_feed_items += items0.len() as u64;
+        for (node, _, items) in feeds.iter().skip(1) {
             let same_items = items.len() == items0.len()
                 && items.iter().zip(&items0).all(|(a, b)| a.0 == b.0 && (a.1 - b.1).abs() <= 1e-6);
-            if *applied != applied0 || !same_items {
+            if !same_items {
                 shared.borrow_mut().violations.push(format!(
-                    "invariant 5: feed of u{user} differs: n{} at {} {:?}, n{} at {applied} {items:?}",
+                    "invariant 5: feed of u{user} at seqno {applied0} differs: n{} {:?}, n{} {items:?}",
                     feeds[0].0 + 1,
-                    applied0,
                     items0,
                     node + 1
                 ));
             }
+        }
+    }
+}
+
+/// Gives item `id` an embedding (dimension 4, drawn from the id): one attempt at the believed
+/// leader, its outcome not tracked (the digest covers it); a 4xx is a violation.
+async fn embed(workload: &Workload, shared: &Rc<RefCell<Shared>>, id: u64) {
+    let mut draw = crate::rng::Rng::new(id ^ 0xe3b0_c442);
+    let vector: Vec<f64> = (0..4).map(|_| draw.unit() * 2.0 - 1.0).collect();
+    let body = serde_json::to_vec(&serde_json::json!({ "vector": vector })).unwrap_or_default();
+    let headers = [("idempotency-key", format!("e{id}"))];
+    let node = shared.borrow().leader_guess;
+    let path = format!("/v1/items/{id}/embedding");
+    let _ = workload;
+    if let Ok(Answer { status, body }) =
+        request(&host(node), "PUT", &path, Some(body), &headers, REQUEST_TIMEOUT).await
+    {
+        if (400..500).contains(&status) && status != 429 {
+            shared.borrow_mut().violations.push(format!(
+                "embedding {id} refused with {status}: {}",
+                String::from_utf8_lossy(&body).chars().take(200).collect::<String>()
+            ));
         }
     }
 }
@@ -407,9 +456,14 @@ async fn register_op(workload: &Workload, shared: &Rc<RefCell<Shared>>, id: u64,
         shared.borrow_mut().history.returned(op, crate::history::Ret::Unknown);
         *thread += 1;
     } else {
-        // Any node: a linearizable read is the leader's to answer (a follower forwards it, or in
+        // A linearizable read is the leader's to answer (a follower forwards it, or in
         // the simulation, where forwarding is off, answers 503: the read leaves the history).
-        let node = usize::try_from(draw.range(0, workload.nodes as u64)).unwrap_or(0);
+        // Half of them at the node believed to lead, half at any node.
+        let node = if draw.chance(0.5) {
+            shared.borrow().leader_guess
+        } else {
+            usize::try_from(draw.range(0, workload.nodes as u64)).unwrap_or(0)
+        };
         let path = format!("/v1/items/{key}?consistency=linearizable");
         let answer = request(&host(node), "GET", &path, None, &[], REQUEST_TIMEOUT).await;
         let ret = match answer {
