@@ -678,6 +678,13 @@ impl Driver<'_> {
     fn judge_exits(&mut self, offset: Duration) {
         let exits = self.cluster.exits.borrow();
         for (node, error) in exits.iter().skip(self.exits_seen) {
+            if self.cluster.points[*node].renames_failed() > 0 && error.contains("simulated rename error") {
+                // Failing closed on a failed rename (e.g. at start-up, recovery writing `wal.meta`)
+                // is what the node must do; the supervisor restarts it at the heal.
+                self.counters.bump("rename_fail_closed");
+                self.trace.push(format!("{} ms n{} failed closed: {error}", offset.as_millis(), node + 1));
+                continue;
+            }
             if self.point_exit_ok == Some(*node) {
                 self.trace.push(format!(
                     "{} ms n{} exited at its crash point: {error}",
