@@ -8,7 +8,7 @@ ANCHORS ?= ../shared/anchors
 ANCHORS_WORK ?= target/anchors-work
 REPORT_DIR ?= target/bench-report
 
-.PHONY: build run down single test model-check sim chaos sim-determinism verify fix lint bench bench-wal bench-feed bench-cluster bench-peers gates demo clean
+.PHONY: build run down single test model-check sim chaos crash-sweep sim-determinism verify fix lint bench bench-wal bench-feed bench-cluster bench-peers gates demo clean
 
 build:
 	$(CARGO) build --release --bin tidal
@@ -36,7 +36,7 @@ model-check:
 
 # The turmoil simulation (harness/sim): SEEDS seeds from FIRST over every scenario (or SCENARIO=name
 # or a comma list: steady, network, crash, chaos, leader-crash, partition-heal, follower-outage,
-# rotation, disk); one summary line per run, then fault totals and the last line
+# rotation, disk, register); one summary line per run, then fault totals and the last line
 # `sim: <runs> runs, <failed> failed, <violations> violations`. A failing run prints its replay command.
 SEEDS ?= 8
 FIRST ?= 1
@@ -51,6 +51,15 @@ sim:
 # `chaos: <runs> runs, <violations> violations`. Non-zero exit on any violation.
 chaos:
 	$(CARGO) run --profile test -p tidal-sim -- --chaos --seeds $(SEEDS) --first $(FIRST) --jobs $(JOBS) $(if $(SCENARIO),--scenario $(SCENARIO))
+
+# The crash-point sweep: a fixed scenario, the node killed at every durability boundary (leader:
+# write, fsync, ship, rotate; follower: receive, append, fsync, ack; apply is not reachable) at its
+# k-th occurrence for every k in KS, with lost and with torn unsynced bytes; one run each, every
+# invariant checked. Last line `crash-points: <covered>/<total> points, <runs> runs, <lost>
+# acknowledged writes lost, <violations> violations`. Non-zero exit on any violation.
+KS ?= 1,2,3,5,8
+crash-sweep:
+	$(CARGO) run --profile test -p tidal-sim -- --crash-sweep --ks $(KS) --jobs $(JOBS)
 
 # 32 seeds twice each (SCENARIO=chaos by default); prints how many replay to the same trace hash
 # (decisions/008). Not under nextest: it runs for minutes.

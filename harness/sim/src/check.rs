@@ -127,6 +127,37 @@ pub fn rotation(io: &SimIo, wal_dir: &Path, node: usize, limit: u64, violations:
     segments.len().saturating_sub(1) as u64
 }
 
+/// "0 duplicated": every write carries its own Idempotency-Key (`w<id>`, `r<id>`), so no key may
+/// name two batches of a node's log (a retried write applied twice would). Decodes every complete
+/// batch's envelope; returns how many keyed batches it saw.
+pub fn duplicates(io: &SimIo, wal_dir: &Path, node: usize, violations: &mut Vec<String>) -> u64 {
+    let mut seen: BTreeMap<String, u64> = BTreeMap::new();
+    for segment in segments(io, wal_dir) {
+        let Ok(bytes) = io.file_bytes(&segment) else { continue };
+        let mut offset = 0usize;
+        while offset < bytes.len() {
+            let Ok(batch) = decode_batch(&bytes[offset..]) else { break };
+            offset += batch.encoded.len();
+            let first = batch.header.first_seqno.get();
+            let Ok((envelope, _)) = tidal_core::record::decode_payload(batch.header.kind, batch.payload)
+            else {
+                continue;
+            };
+            if envelope.idempotency_key.is_empty() {
+                continue;
+            }
+            if let Some(earlier) = seen.insert(envelope.idempotency_key.clone(), first) {
+                violations.push(format!(
+                    "duplicated: n{}: the write with Idempotency-Key {} is in the log twice (seqnos {earlier} and {first})",
+                    node + 1,
+                    envelope.idempotency_key
+                ));
+            }
+        }
+    }
+    seen.len() as u64
+}
+
 /// Reads and checks the WAL under `wal_dir` in `io`; returns its batches or the violations.
 /// Besides invariant 3, the logged time (each batch envelope's leader timestamp) never goes
 /// backwards along the log, across failovers and skewed clocks (PROTOCOL.md, "Time").

@@ -9,7 +9,9 @@
 //! - `check`: WAL checks over each node's simulated file system.
 
 pub mod check;
+pub mod crashpoint;
 pub mod faults;
+pub mod history;
 pub mod http;
 pub mod net;
 pub mod regressions;
@@ -72,6 +74,21 @@ pub struct Scenario {
     pub rotations_min: u64,
     /// Whether the nodes' processes start at different simulated times (0-150 ms, from the seed).
     pub stagger_starts: bool,
+    /// A crash point to arm (the crash-point sweep), `arm_after` the first write.
+    pub crash_point: Option<crashpoint::CrashPoint>,
+    /// When the crash point is armed, from the first write.
+    pub arm_after: Duration,
+    /// Register keys read and overwritten for the linearizability check (0: none).
+    pub registers: u64,
+    /// How long a node killed at its crash point stays down (longer than an election timeout: a
+    /// killed leader comes back as a follower of a new term; shorter: it may resume its own term).
+    pub point_downtime: Duration,
+    /// Once the crash point fired, the node's WAL renames fail (`wal.meta`, written
+    /// write-then-rename when a divergent suffix goes to quarantine) until the heal, when a
+    /// supervisor restarts it: the node must fail closed meanwhile and heal afterwards.
+    pub rename_errors: bool,
+    /// Whether every other item also gets an embedding (non-empty feeds for invariant 5).
+    pub embeddings: bool,
 }
 
 const fn swarm(kinds: &'static [Kind], window_ms: (u64, u64), network_noise: bool) -> Faults {
@@ -95,6 +112,12 @@ impl Scenario {
             heal_via_log: false,
             rotations_min: 0,
             stagger_starts: true,
+            crash_point: None,
+            arm_after: Duration::from_millis(1000),
+            registers: 0,
+            point_downtime: Duration::from_millis(1500),
+            rename_errors: false,
+            embeddings: false,
         };
         vec![
             base.clone(),
@@ -154,6 +177,25 @@ impl Scenario {
                 heal_via_log: true,
                 ..base.clone()
             },
+            // Register keys: every writer also reads (`consistency=linearizable`) or overwrites one
+            // of four items at the node it believes leads, so reads and overwrites race; the leader
+            // on the minority side of a split (the client still reaches it: a deposed leader keeps
+            // getting requests), paused nodes, leader crashes; the per-key histories must be
+            // linearizable (history.rs).
+            Scenario {
+                name: "register",
+                faults: swarm(
+                    &[Kind::SplitLeaderMinority, Kind::Pause, Kind::LeaderCrash],
+                    (400, 2500),
+                    true,
+                ),
+                load: Duration::from_secs(8),
+                writes_max: 90,
+                writers: 3,
+                registers: 4,
+                embeddings: true,
+                ..base.clone()
+            },
             // 4 KiB segments and padded items: segments rotate many times under load, with crashes
             // (torn tails across rotations) and partitions.
             Scenario {
@@ -199,6 +241,21 @@ impl Scenario {
         Scenario::all().into_iter().find(|scenario| scenario.name == name)
     }
 
+    /// The crash-point sweep's fixed scenario, without its point: no random faults, 4 KiB
+    /// segments and padded items (rotations every few writes), two writers; the point is armed one
+    /// second after the first write.
+    pub fn crash_points() -> Scenario {
+        Scenario {
+            name: "crash-point",
+            load: Duration::from_secs(4),
+            writes_max: 120,
+            segment_bytes_max: 4096,
+            item_pad: 200,
+            embeddings: true,
+            ..Scenario::all().swap_remove(0)
+        }
+    }
+
     /// The names of every scenario.
     pub fn names() -> Vec<&'static str> {
         Scenario::all().iter().map(|scenario| scenario.name).collect()
@@ -234,6 +291,10 @@ pub struct Outcome {
     pub terms: usize,
     /// The faults as the driver applied them (with their offsets), for a failure report.
     pub story: Vec<String>,
+    /// The crash point, if one was armed and reached (what and where).
+    pub crash_point_fired: Option<String>,
+    /// Acknowledged writes lost (distinct ids named by invariant 1 violations).
+    pub lost: u64,
 }
 
 impl Outcome {
@@ -302,6 +363,8 @@ pub struct SimulatedCluster {
     pub spec: ClusterSpec,
     /// Each node's WAL file system (survives the node's crashes, as a disk does).
     pub wal_io: Vec<SimIo>,
+    /// The node's view of it: crash points and rename errors over `wal_io`.
+    pub points: Vec<crashpoint::CrashPointIo>,
     /// Each node's data dir.
     pub data_dirs: Vec<PathBuf>,
     /// Each node's WAL clock (one shared elapsed time, a skew each).
@@ -334,9 +397,11 @@ impl SimulatedCluster {
         };
         let data_dirs = (1..=nodes).map(|id| root.path().join(format!("n{id}"))).collect();
         let elapsed = Arc::new(AtomicU64::new(0));
+        let wal_io: Vec<SimIo> = (0..nodes).map(|_| SimIo::new()).collect();
         Ok(SimulatedCluster {
             spec,
-            wal_io: (0..nodes).map(|_| SimIo::new()).collect(),
+            points: wal_io.iter().map(|io| crashpoint::CrashPointIo::new(io.clone())).collect(),
+            wal_io,
             data_dirs,
             clocks: (0..nodes)
                 .map(|_| SimClock { elapsed: elapsed.clone(), skew: Default::default() })
@@ -367,7 +432,7 @@ impl SimulatedCluster {
         config.checkpoint_interval_ms = 1000;
         config.read_wait_ms_max = 2000;
         config.io = NodeIo {
-            wal_files: Arc::new(self.wal_io[index].clone()),
+            wal_files: Arc::new(self.points[index].clone()),
             wal_clock: Arc::new(self.clocks[index].clone()),
             connector: net::connector(),
             forward_writes: false,
@@ -442,6 +507,10 @@ struct Driver<'a> {
     bounces: Vec<(Duration, usize)>,
     damaged: Option<Damaged>,
     exits_seen: usize,
+    /// The node the crash point was armed on (and whether its death is being handled).
+    point_node: Option<usize>,
+    /// An exit of this node is its crash point's death, not a violation.
+    point_exit_ok: Option<usize>,
 }
 
 impl Driver<'_> {
@@ -609,6 +678,21 @@ impl Driver<'_> {
     fn judge_exits(&mut self, offset: Duration) {
         let exits = self.cluster.exits.borrow();
         for (node, error) in exits.iter().skip(self.exits_seen) {
+            if self.cluster.points[*node].renames_failed() > 0 && error.contains("simulated rename error") {
+                // Failing closed on a failed rename (e.g. at start-up, recovery writing `wal.meta`)
+                // is what the node must do; the supervisor restarts it at the heal.
+                self.counters.bump("rename_fail_closed");
+                self.trace.push(format!("{} ms n{} failed closed: {error}", offset.as_millis(), node + 1));
+                continue;
+            }
+            if self.point_exit_ok == Some(*node) {
+                self.trace.push(format!(
+                    "{} ms n{} exited at its crash point: {error}",
+                    offset.as_millis(),
+                    node + 1
+                ));
+                continue;
+            }
             let expected = self.damaged.as_mut().filter(|damaged| damaged.node == *node && !damaged.refused);
             // A refusal names the damage: a corrupt batch, or a WAL that ends below what the
             // engine applied.
@@ -627,6 +711,55 @@ impl Driver<'_> {
             }
         }
         self.exits_seen = exits.len();
+        self.point_exit_ok = None;
+    }
+
+    /// Arms the scenario's crash point on the node that has its role now.
+    fn arm_point(&mut self, point: &crashpoint::CrashPoint, leader: usize) {
+        let who = match point.boundary.role {
+            crashpoint::Role::Leader => faults::Who::Leader,
+            crashpoint::Role::Follower => faults::Who::Follower(0),
+        };
+        let node = who.resolve(leader, self.nodes);
+        if let Some(op) = point.boundary.op {
+            self.cluster.points[node].arm(op, point.k, point.mode);
+        }
+        self.point_node = Some(node);
+        self.trace.push(format!("arm {} on n{}", point.label(), node + 1));
+    }
+
+    /// The armed node reached its crash point (its disk already crashed, its file operations
+    /// failing): crash its host, restart it after `downtime`.
+    fn point_reached(
+        &mut self,
+        sim: &mut turmoil::Sim<'_>,
+        now: Duration,
+        offset: Duration,
+        downtime: Duration,
+        rename_errors: bool,
+    ) {
+        let Some(node) = self.point_node else { return };
+        let io = &self.cluster.points[node];
+        if !io.is_dead() {
+            return;
+        }
+        if sim.is_host_running(host_name(node)) {
+            sim.crash(host_name(node));
+        }
+        io.revive();
+        if rename_errors {
+            io.fail_renames(true);
+            self.trace.push(format!("n{}: renames fail from now on", node + 1));
+        }
+        self.counters.bump("crash_point");
+        self.trace.push(format!(
+            "{} ms n{} died at its crash point: {}",
+            offset.as_millis(),
+            node + 1,
+            io.fired().unwrap_or_default()
+        ));
+        self.point_exit_ok = Some(node);
+        self.bounces.push((now + downtime, node));
     }
 
     /// Restarts that are due.
@@ -680,6 +813,8 @@ pub fn run(seed: u64, scenario: &Scenario) -> anyhow::Result<Outcome> {
         item_pad: scenario.item_pad,
         converge_deadline: scenario.converge_deadline,
         heal_via_log: scenario.heal_via_log,
+        registers: scenario.registers,
+        embeddings: scenario.embeddings,
     };
     sim.client("client", workload::run(workload, shared.clone()));
     let mut driver = Driver {
@@ -691,6 +826,8 @@ pub fn run(seed: u64, scenario: &Scenario) -> anyhow::Result<Outcome> {
         bounces: Vec::new(),
         damaged: None,
         exits_seen: 0,
+        point_node: None,
+        point_exit_ok: None,
     };
     if plan.fail_rate > 0.0 {
         driver.counters.bump("flaky_links");
@@ -720,7 +857,17 @@ pub fn run(seed: u64, scenario: &Scenario) -> anyhow::Result<Outcome> {
             load_started.get_or_insert(now);
         }
         let offset = load_started.map_or(Duration::ZERO, |start| now - start);
+        driver.point_reached(&mut sim, now, offset, scenario.point_downtime, scenario.rename_errors);
         driver.judge_exits(offset);
+        if let Some(point) = &scenario.crash_point {
+            if driver.point_node.is_none() && load_started.is_some() && offset >= scenario.arm_after {
+                let leader = {
+                    let shared = shared.borrow();
+                    shared.leader.map_or(shared.leader_guess, |(_, node)| node)
+                };
+                driver.arm_point(point, leader);
+            }
+        }
         driver.bounce_due(&mut sim, now);
         let phase = shared.borrow().phase;
         match phase {
@@ -767,6 +914,13 @@ pub fn run(seed: u64, scenario: &Scenario) -> anyhow::Result<Outcome> {
                     cluster.wal_io[node].fail_syncs(false);
                     cluster.wal_io[node].fail_writes(false);
                     cluster.clocks[node].skew.store(0, Ordering::SeqCst);
+                    let points = &cluster.points[node];
+                    points.fail_renames(false);
+                    if points.renames_failed() > 0 && sim.is_host_running(host_name(node)) {
+                        // A node whose rename failed stopped serving its WAL (fail closed): a
+                        // supervisor restarts it.
+                        driver.crash_and_restart(&mut sim, node, CrashMode::LoseUnsynced, now);
+                    }
                     let restarting = driver.bounces.iter().any(|(_, due)| *due == node);
                     if !restarting && !sim.is_host_running(host_name(node)) {
                         sim.bounce(host_name(node));
@@ -790,6 +944,12 @@ pub fn run(seed: u64, scenario: &Scenario) -> anyhow::Result<Outcome> {
     let simulated = sim.elapsed();
     let offset = simulated - load_started.unwrap_or_default();
     driver.judge_exits(offset);
+    let crash_point_fired = driver.point_node.and_then(|node| cluster.points[node].fired());
+    for points in &cluster.points {
+        for _ in 0..points.renames_failed() {
+            driver.counters.bump("rename_fail");
+        }
+    }
     let Driver { mut counters, trace, mut violations, .. } = driver;
     drop(sim);
     // WAL checks over each node's simulated disk (the nodes are stopped: the sim is dropped).
@@ -797,6 +957,9 @@ pub fn run(seed: u64, scenario: &Scenario) -> anyhow::Result<Outcome> {
     for (index, io) in cluster.wal_io.iter().enumerate() {
         let wal_dir = cluster.data_dirs[index].join("wal");
         logs.push(check::read_wal(io, &wal_dir, index, &mut violations));
+        if check::duplicates(io, &wal_dir, index, &mut violations) > 0 {
+            counters.bump("dedup_logs_checked");
+        }
         let rotations = check::rotation(io, &wal_dir, index, cluster.segment_bytes_max, &mut violations);
         for _ in 0..rotations {
             counters.bump("wal_rotations");
@@ -819,6 +982,29 @@ pub fn run(seed: u64, scenario: &Scenario) -> anyhow::Result<Outcome> {
         }
     }
     violations.extend(shared.violations.iter().cloned());
+    for _ in 0..shared.counters_feeds {
+        counters.bump("feeds_compared");
+    }
+    for _ in 0..shared.counters_feed_items {
+        counters.bump("feed_items_compared");
+    }
+    // The per-key linearizability check of the register history.
+    if !shared.history.is_empty() {
+        let (written, unknown, read, read_failed) = shared.history.counts();
+        for _ in 0..read_failed {
+            counters.bump("register_reads_failed");
+        }
+        for _ in 0..written {
+            counters.bump("register_writes_acked");
+        }
+        for _ in 0..unknown {
+            counters.bump("register_writes_unknown");
+        }
+        for _ in 0..read {
+            counters.bump("register_reads");
+        }
+        violations.extend(shared.history.check());
+    }
     let mut hasher = blake3::Hasher::new();
     for line in trace.iter().chain(shared.trace.iter()) {
         hasher.update(line.as_bytes());
@@ -828,6 +1014,7 @@ pub fn run(seed: u64, scenario: &Scenario) -> anyhow::Result<Outcome> {
     // The compact trace printed with a failure: faults as applied and the client's last events.
     let mut story: Vec<String> = trace.iter().filter(|line| !line.starts_with("plan")).cloned().collect();
     story.truncate(40);
+    let lost = lost_writes(&violations);
     Ok(Outcome {
         seed,
         scenario: scenario.name,
@@ -842,5 +1029,149 @@ pub fn run(seed: u64, scenario: &Scenario) -> anyhow::Result<Outcome> {
         batches_compared,
         terms: shared.leaders.len(),
         story,
+        crash_point_fired,
+        lost,
     })
+}
+
+/// Acknowledged writes lost: the distinct ids invariant 1 violations name.
+fn lost_writes(violations: &[String]) -> u64 {
+    let ids: std::collections::BTreeSet<&str> = violations
+        .iter()
+        .filter_map(|violation| {
+            violation
+                .strip_prefix("invariant 1: acked item ")
+                .or_else(|| violation.strip_prefix("invariant 1: acked write "))
+        })
+        .filter_map(|rest| rest.split_whitespace().next())
+        .collect();
+    ids.len() as u64
+}
+
+/// The totals of a crash-point sweep.
+#[derive(Clone, Debug, Default)]
+pub struct SweepTotals {
+    /// Points enumerated (every boundary, reachable or not, x k x lost/torn).
+    pub total: u64,
+    /// Points the node actually died at.
+    pub covered: u64,
+    /// Simulation runs (one per reachable point).
+    pub runs: u64,
+    /// Acknowledged writes lost, summed over the runs.
+    pub lost: u64,
+    /// Invariant violations, summed over the runs.
+    pub violations: u64,
+    /// Runs with a violation: `(label, violations)`.
+    pub failures: Vec<(String, Vec<String>)>,
+    /// Points not reached: labels.
+    pub missed: Vec<String>,
+    /// Runs with rename errors (leader/ship#k, then the node's renames fail).
+    pub rename_runs: u64,
+    /// Renames that failed in them.
+    pub renames_failed: u64,
+}
+
+impl SweepTotals {
+    /// The summary line: `crash-points: <covered>/<total> points, <runs> runs, <lost> acknowledged
+    /// writes lost`, and the violations.
+    pub fn line(&self) -> String {
+        format!(
+            "crash-points: {}/{} points, {} runs, {} acknowledged writes lost, {} violations (rename errors: {} runs, {} renames failed)",
+            self.covered, self.total, self.runs, self.lost, self.violations, self.rename_runs, self.renames_failed
+        )
+    }
+}
+
+/// The crash-point sweep: for every point of [`crashpoint::sweep`]`(ks)`, one run of
+/// [`Scenario::crash_points`] (seed `seed`) with the node killed at that point, restarted, and every
+/// invariant checked. `progress` gets one line per run. `jobs` runs at once.
+pub fn crash_sweep(
+    seed: u64,
+    ks: &[u64],
+    jobs: usize,
+    progress: &(dyn Fn(&str) + Sync),
+) -> anyhow::Result<SweepTotals> {
+    let points = crashpoint::sweep(ks);
+    let mut totals = SweepTotals { total: points.len() as u64, ..SweepTotals::default() };
+    let mut runnable: Vec<(crashpoint::CrashPoint, bool)> =
+        points.iter().filter(|point| point.boundary.op.is_some()).map(|point| (*point, false)).collect();
+    // Rename errors: the leader dies after an fsync it never shipped (a suffix only it holds), comes
+    // back as a follower whose suffix must go to quarantine, and its renames fail.
+    for &k in ks {
+        let ship =
+            crashpoint::BOUNDARIES.iter().find(|b| b.role == crashpoint::Role::Leader && b.name == "ship");
+        if let Some(boundary) = ship {
+            runnable.push((
+                crashpoint::CrashPoint { boundary: *boundary, k, mode: CrashMode::LoseUnsynced },
+                true,
+            ));
+        }
+    }
+    for point in points.iter().filter(|point| point.boundary.op.is_none()) {
+        totals.missed.push(format!("{} (not reachable in the simulation)", point.label()));
+    }
+    let next = AtomicU64::new(0);
+    #[allow(clippy::type_complexity)]
+    let results: std::sync::Mutex<Vec<(crashpoint::CrashPoint, bool, String, anyhow::Result<Outcome>)>> =
+        std::sync::Mutex::new(Vec::new());
+    std::thread::scope(|scope| {
+        for _ in 0..jobs.max(1) {
+            scope.spawn(|| loop {
+                let index = usize::try_from(next.fetch_add(1, Ordering::SeqCst)).unwrap_or(usize::MAX);
+                let Some((point, rename_errors)) = runnable.get(index) else { return };
+                let scenario = Scenario {
+                    crash_point: Some(*point),
+                    rename_errors: *rename_errors,
+                    ..Scenario::crash_points()
+                };
+                let label = format!("{}{}", point.label(), if *rename_errors { "+rename" } else { "" });
+                let outcome = run(seed, &scenario);
+                match &outcome {
+                    Ok(outcome) => {
+                        progress(&format!(
+                            "{:<28} {} | died: {} | lost {}",
+                            label,
+                            outcome.summary(),
+                            outcome.crash_point_fired.as_deref().unwrap_or("NOT REACHED"),
+                            outcome.lost
+                        ));
+                        // `TIDAL_SIM_STORY=1`: what the driver did in each run.
+                        if std::env::var_os("TIDAL_SIM_STORY").is_some() {
+                            progress(&format!("    {}", outcome.story.join("\n    ")));
+                        }
+                    }
+                    Err(error) => progress(&format!("{label:<28} error: {error:#}")),
+                }
+                results.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push((
+                    *point,
+                    *rename_errors,
+                    label,
+                    outcome,
+                ));
+            });
+        }
+    });
+    let results = results.into_inner().unwrap_or_else(std::sync::PoisonError::into_inner);
+    for (point, rename_errors, label, outcome) in results {
+        let outcome = outcome?;
+        totals.runs += 1;
+        totals.lost += outcome.lost;
+        totals.violations += outcome.violations.len() as u64;
+        if rename_errors {
+            totals.rename_runs += 1;
+            totals.renames_failed += outcome.counters.0.get("rename_fail").copied().unwrap_or(0);
+        } else if outcome.crash_point_fired.is_some() {
+            totals.covered += 1;
+        } else {
+            totals.missed.push(point.label());
+        }
+        if !outcome.passed() {
+            let mut lines = outcome.violations.clone();
+            lines.extend(outcome.story.iter().map(|line| format!("trace: {line}")));
+            totals.failures.push((label, lines));
+        }
+    }
+    totals.missed.sort();
+    totals.failures.sort();
+    Ok(totals)
 }

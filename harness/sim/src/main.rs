@@ -10,6 +10,9 @@
 //!   violations, by scenario), and the last line exactly `chaos: <runs> runs, <violations> violations`.
 //! - `--regressions` replays only the regressions file (`--open` adds its open entries).
 //! - `--jobs J` runs J simulations at once (each on its own thread; default 1).
+//! - `--crash-sweep [--ks 1,2,4] [--seed S]` (what `make crash-sweep` runs): the crash-point sweep
+//!   (every durability boundary x k x lost/torn, one run each; `crashpoint.rs`). The last line is
+//!   `crash-points: <covered>/<total> points, <runs> runs, <lost> acknowledged writes lost, <v> violations`.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -20,7 +23,7 @@ use tidal_sim::{regressions, run, Outcome, Scenario};
 
 fn usage() -> ! {
     eprintln!(
-        "usage: tidal-sim [--seed S | --seeds N [--first S]] [--scenario {}[,..]] [--chaos] [--regressions [--open]] [--jobs J]",
+        "usage: tidal-sim [--seed S | --seeds N [--first S]] [--scenario {}[,..]] [--chaos] [--regressions [--open]] [--jobs J] | --crash-sweep [--ks 1,2,..] [--seed S] [--jobs J]",
         Scenario::names().join("|")
     );
     std::process::exit(2)
@@ -50,10 +53,13 @@ fn main() -> anyhow::Result<()> {
     let mut first: u64 = 1;
     let mut scenario: Option<String> = None;
     let (mut chaos, mut only_regressions, mut open) = (false, false, false);
+    let mut crash_sweep = false;
+    let mut ks: Vec<u64> = vec![1, 2, 3, 5, 8];
     let mut jobs = 1usize;
     while let Some(arg) = args.next() {
         match arg.as_str() {
             "--chaos" => chaos = true,
+            "--crash-sweep" => crash_sweep = true,
             "--regressions" => only_regressions = true,
             "--open" => open = true,
             flag => {
@@ -64,10 +70,34 @@ fn main() -> anyhow::Result<()> {
                     "--first" => first = value.parse().unwrap_or_else(|_| usage()),
                     "--scenario" => scenario = Some(value),
                     "--jobs" => jobs = value.parse().unwrap_or_else(|_| usage()),
+                    "--ks" => {
+                        ks = value.split(',').map(|k| k.parse().unwrap_or_else(|_| usage())).collect();
+                    }
                     _ => usage(),
                 }
             }
         }
+    }
+    if crash_sweep {
+        let started = Instant::now();
+        let totals = tidal_sim::crash_sweep(seed.unwrap_or(1), &ks, jobs, &|line| println!("{line}"))?;
+        println!();
+        for (label, lines) in &totals.failures {
+            println!("FAIL {label}");
+            for line in lines {
+                println!("    {line}");
+            }
+        }
+        println!(
+            "not covered: {}",
+            if totals.missed.is_empty() { "none".into() } else { totals.missed.join(", ") }
+        );
+        println!("wall time: {:.1}s ({} jobs)", started.elapsed().as_secs_f64(), jobs.max(1));
+        println!("{}", totals.line());
+        if !totals.failures.is_empty() {
+            std::process::exit(1);
+        }
+        return Ok(());
     }
     let scenarios: Vec<Scenario> = match &scenario {
         Some(names) => {

@@ -86,6 +86,13 @@ pub struct Shared {
     pub digest: Option<(u64, String)>,
     /// Simulated ms at which convergence was reached after the heal.
     pub converged_after_ms: Option<u64>,
+    /// The register operations (`Workload::registers`): the client history of the per-key
+    /// linearizability check.
+    pub history: crate::history::History,
+    /// Feeds compared across nodes (invariant 5).
+    pub counters_feeds: u64,
+    /// Feed entries compared (an empty feed compares little).
+    pub counters_feed_items: u64,
 }
 
 impl Shared {
@@ -104,6 +111,9 @@ impl Shared {
             next_id: 1,
             digest: None,
             converged_after_ms: None,
+            history: Default::default(),
+            counters_feeds: 0,
+            counters_feed_items: 0,
         }
     }
 }
@@ -131,6 +141,13 @@ pub struct Workload {
     pub converge_deadline: Duration,
     /// Whether the heal must not install any snapshot (through the log only).
     pub heal_via_log: bool,
+    /// Register keys (0: none). Each writer also reads or overwrites one of them per write
+    /// (`GET ...?consistency=linearizable` and `PUT` to the leader), recorded for the per-key
+    /// linearizability check (`history.rs`).
+    pub registers: u64,
+    /// Whether every other item also gets an embedding (`PUT /v1/items/{id}/embedding`), so users'
+    /// feeds are not empty and the feed-parity check compares scores.
+    pub embeddings: bool,
 }
 
 fn host(node: usize) -> String {
@@ -193,8 +210,8 @@ pub async fn run(workload: Workload, shared: Rc<RefCell<Shared>>) -> turmoil::Re
     shared.borrow_mut().writing = true;
     let load_end = Instant::now() + workload.load;
     let mut writers = Vec::new();
-    for _ in 0..workload.writers {
-        writers.push(tokio::task::spawn_local(writer(workload.clone(), shared.clone(), load_end)));
+    for index in 0..workload.writers {
+        writers.push(tokio::task::spawn_local(writer(workload.clone(), shared.clone(), load_end, index)));
     }
     for writer in writers {
         let _ = writer.await;
@@ -220,7 +237,10 @@ async fn monitor(nodes: usize, shared: Rc<RefCell<Shared>>) {
     }
 }
 
-async fn writer(workload: Workload, shared: Rc<RefCell<Shared>>, load_end: Instant) {
+async fn writer(workload: Workload, shared: Rc<RefCell<Shared>>, load_end: Instant, index: usize) {
+    // The register ops' thread: one per writer, a new one after an unknown outcome (an operation
+    // still in flight for good).
+    let mut thread = (index as u64) << 32;
     // Pace the writes over the whole load phase, so the faults (drawn over it) meet writes.
     let per_writer = (workload.writes_max / workload.writers.max(1) as u64).max(1);
     let interval = workload.load / u32::try_from(per_writer).unwrap_or(u32::MAX);
@@ -235,6 +255,12 @@ async fn writer(workload: Workload, shared: Rc<RefCell<Shared>>, load_end: Insta
             shared.next_id - 1
         };
         write_one(&workload, &shared, id).await;
+        if workload.embeddings && id % 4 != 3 && id % 2 == 0 {
+            embed(&workload, &shared, id).await;
+        }
+        if workload.registers > 0 {
+            register_op(&workload, &shared, id, &mut thread).await;
+        }
         tokio::time::sleep_until(next).await;
     }
 }
@@ -296,6 +322,174 @@ async fn write_one(workload: &Workload, shared: &Rc<RefCell<Shared>>, id: u64) {
         }
     }
     shared.borrow_mut().stats.unknown += 1;
+}
+
+/// A feed as read: `(item, score)` in rank order.
+type Feed = Vec<(u64, f64)>;
+
+/// Invariant 5 (feed parity): a few users' feeds read from every node at the converged applied
+/// seqno must list the same items with scores within 1e-6.
+async fn feed_parity(workload: &Workload, shared: &Rc<RefCell<Shared>>, seqno: u64) {
+    let users: Vec<u64> =
+        shared.borrow().acks.iter().filter(|ack| !ack.item).map(|ack| ack.id).take(4).collect();
+    for user in users {
+        // Invariant 5 compares feeds at the SAME applied seqno: a node may apply a batch more
+        // after the heal gate (e.g. a LeaderStart); read again at the highest until they agree.
+        let mut at = seqno;
+        let mut feeds: Vec<(usize, u64, Feed)> = Vec::new();
+        for _ in 0..10 {
+            feeds.clear();
+            for node in 0..workload.nodes {
+                let path = format!("/v1/users/u{user}/feed?limit=20&min_seqno={at}");
+                let answer = request(&host(node), "GET", &path, None, &[], REQUEST_TIMEOUT).await;
+                let feed = answer.ok().filter(|answer| answer.status == 200).and_then(|answer| {
+                    let value: serde_json::Value = answer.json().ok()?;
+                    let applied = value.get("applied_seqno")?.as_u64()?;
+                    let items = value
+                        .get("items")?
+                        .as_array()?
+                        .iter()
+                        .filter_map(|entry| {
+                            Some((entry.get("item")?.as_u64()?, entry.get("score")?.as_f64()?))
+                        })
+                        .collect::<Vec<_>>();
+                    Some((applied, items))
+                });
+                if let Some((applied, items)) = feed {
+                    feeds.push((node, applied, items));
+                }
+            }
+            let highest = feeds.iter().map(|feed| feed.1).max().unwrap_or(at);
+            if feeds.len() == workload.nodes && feeds.iter().all(|feed| feed.1 == highest) {
+                break;
+            }
+            at = highest;
+        }
+        let Some((_, applied0, items0)) = feeds.first().cloned() else { continue };
+        if feeds.len() < workload.nodes || feeds.iter().any(|feed| feed.1 != applied0) {
+            let seen: Vec<String> =
+                feeds.iter().map(|feed| format!("n{} at {}", feed.0 + 1, feed.1)).collect();
+            shared.borrow_mut().violations.push(format!(
+                "invariant 5: could not read u{user}'s feed at one applied seqno on every node ({})",
+                seen.join(", ")
+            ));
+            continue;
+        }
+        shared.borrow_mut().counters_feeds += 1;
+        shared.borrow_mut().counters_feed_items += items0.len() as u64;
+        for (node, _, items) in feeds.iter().skip(1) {
+            let same_items = items.len() == items0.len()
+                && items.iter().zip(&items0).all(|(a, b)| a.0 == b.0 && (a.1 - b.1).abs() <= 1e-6);
+            if !same_items {
+                shared.borrow_mut().violations.push(format!(
+                    "invariant 5: feed of u{user} at seqno {applied0} differs: n{} {:?}, n{} {items:?}",
+                    feeds[0].0 + 1,
+                    items0,
+                    node + 1
+                ));
+            }
+        }
+    }
+}
+
+/// Gives item `id` an embedding (dimension 4, drawn from the id): one attempt at the believed
+/// leader, its outcome not tracked (the digest covers it); a 4xx is a violation.
+async fn embed(workload: &Workload, shared: &Rc<RefCell<Shared>>, id: u64) {
+    let mut draw = crate::rng::Rng::new(id ^ 0xe3b0_c442);
+    let vector: Vec<f64> = (0..4).map(|_| draw.unit() * 2.0 - 1.0).collect();
+    let body = serde_json::to_vec(&serde_json::json!({ "vector": vector })).unwrap_or_default();
+    let headers = [("idempotency-key", format!("e{id}"))];
+    let node = shared.borrow().leader_guess;
+    let path = format!("/v1/items/{id}/embedding");
+    let _ = workload;
+    if let Ok(Answer { status, body }) =
+        request(&host(node), "PUT", &path, Some(body), &headers, REQUEST_TIMEOUT).await
+    {
+        if (400..500).contains(&status) && status != 429 {
+            shared.borrow_mut().violations.push(format!(
+                "embedding {id} refused with {status}: {}",
+                String::from_utf8_lossy(&body).chars().take(200).collect::<String>()
+            ));
+        }
+    }
+}
+
+/// Register keys are items with ids from here on (apart from the unique ids of the other writes).
+pub const REGISTER_BASE: u64 = 1_000_000;
+
+/// One read or overwrite of a register key, recorded as invoked and as returned.
+async fn register_op(workload: &Workload, shared: &Rc<RefCell<Shared>>, id: u64, thread: &mut u64) {
+    let mut draw = crate::rng::Rng::new(id ^ 0x4e61_7374);
+    let key = REGISTER_BASE + draw.range(0, workload.registers);
+    let write = draw.chance(0.5);
+    let version = id;
+    let op = shared.borrow_mut().history.invoke(*thread, key, write.then_some(version));
+    if write {
+        let body = serde_json::json!({"metadata": {"w": version, "reg": key}});
+        let body = serde_json::to_vec(&body).unwrap_or_default();
+        let headers = [("idempotency-key", format!("r{id}"))];
+        for attempt in 0..WRITE_ATTEMPTS {
+            let node = shared.borrow().leader_guess;
+            let path = format!("/v1/items/{key}");
+            match request(&host(node), "PUT", &path, Some(body.clone()), &headers, REQUEST_TIMEOUT).await {
+                Ok(Answer { status: 200..=299, .. }) => {
+                    shared.borrow_mut().history.returned(op, crate::history::Ret::WriteOk);
+                    return;
+                }
+                Ok(Answer { status, body }) if (400..500).contains(&status) && status != 429 => {
+                    let mut shared = shared.borrow_mut();
+                    shared.history.returned(op, crate::history::Ret::Refused);
+                    shared.violations.push(format!(
+                        "register write {key}={version} refused with {status}: {}",
+                        String::from_utf8_lossy(&body).chars().take(200).collect::<String>()
+                    ));
+                    return;
+                }
+                _ => {
+                    let next = (node + 1) % workload.nodes;
+                    shared.borrow_mut().leader_guess = next;
+                    tokio::time::sleep(Duration::from_millis(50 * u64::from(attempt + 1))).await;
+                }
+            }
+        }
+        // Unknown outcome: the write stays in flight for good; this thread is done.
+        shared.borrow_mut().history.returned(op, crate::history::Ret::Unknown);
+        *thread += 1;
+    } else {
+        // A linearizable read is the leader's to answer (a follower forwards it, or in
+        // the simulation, where forwarding is off, answers 503: the read leaves the history).
+        // Half of them at the node believed to lead, half at any node.
+        let node = if draw.chance(0.5) {
+            shared.borrow().leader_guess
+        } else {
+            usize::try_from(draw.range(0, workload.nodes as u64)).unwrap_or(0)
+        };
+        let path = format!("/v1/items/{key}?consistency=linearizable");
+        let answer = request(&host(node), "GET", &path, None, &[], REQUEST_TIMEOUT).await;
+        let ret = match answer {
+            Ok(Answer { status: 200, body }) => {
+                let value = serde_json::from_slice::<serde_json::Value>(&body).ok();
+                match value
+                    .as_ref()
+                    .and_then(|value| value.pointer("/metadata/w"))
+                    .and_then(serde_json::Value::as_u64)
+                {
+                    Some(version) => crate::history::Ret::Read(Some(version)),
+                    None => {
+                        shared.borrow_mut().violations.push(format!(
+                            "register read {key}: 200 without metadata.w: {}",
+                            String::from_utf8_lossy(&body).chars().take(200).collect::<String>()
+                        ));
+                        crate::history::Ret::Failed
+                    }
+                }
+            }
+            Ok(Answer { status: 404, .. }) => crate::history::Ret::Read(None),
+            // A read that did not answer changed nothing: it leaves the history.
+            _ => crate::history::Ret::Failed,
+        };
+        shared.borrow_mut().history.returned(op, ret);
+    }
 }
 
 fn converged(all: &[Option<ClusterStatus>]) -> Option<(u64, u64)> {
@@ -425,6 +619,7 @@ async fn converge_and_check(workload: &Workload, shared: &Rc<RefCell<Shared>>, h
             }
         }
     }
+    feed_parity(workload, shared, position.1).await;
     // Every acked seqno must be at or below the converged commit frontier.
     for ack in &acks {
         if ack.seqno > position.1 {

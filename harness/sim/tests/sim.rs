@@ -81,6 +81,25 @@ chunks! {
     disk_2: "disk", 21..41;
     disk_3: "disk", 41..61;
     disk_4: "disk", 61..71;
+    register_1: "register", 1..21;
+}
+
+/// A subset of the crash-point sweep (`make crash-sweep` runs k = 1, 2, 3, 5, 8): every reachable
+/// boundary at its first occurrence, lost and torn. Every point must be reached, and no run may
+/// break an invariant (no acknowledged write lost, digests converge, WALs verify).
+#[test]
+fn crash_points_first_occurrence() {
+    let totals = tidal_sim::crash_sweep(1, &[1], 2, &|line| println!("{line}")).expect("the sweep runs");
+    println!("{}", totals.line());
+    let failures: Vec<String> = totals
+        .failures
+        .iter()
+        .map(|(label, lines)| format!("{label}:\n    {}", lines.join("\n    ")))
+        .collect();
+    assert!(failures.is_empty(), "crash points broke invariants:\n{}", failures.join("\n"));
+    assert_eq!(totals.lost, 0, "acknowledged writes lost");
+    // `follower/apply` (both modes) is the only point the simulation cannot reach.
+    assert_eq!(totals.covered, totals.total - 2, "points not reached: {:?}", totals.missed);
 }
 
 /// Every closed entry of `regressions.txt` (open ones are listed there and in decisions/008; they

@@ -1,0 +1,322 @@
+//! Crash points: a [`FileIo`] over a node's [`SimIo`] that counts the WAL's durability boundaries
+//! and, once armed, kills the node exactly at the k-th occurrence of one of them.
+//!
+//! No seam in production code: the WAL reaches its files only through `FileIo`, so the wrapper sees
+//! every write, fsync and segment creation of the node's WAL writer thread. At the armed point the
+//! wrapper crashes the disk ([`SimIo::crash`]: unsynced bytes lost or torn, handles dead) and fails
+//! the operation, so the writer thread does nothing after the point (no completion, no hook: no ack,
+//! no ship); from then on every file operation of the node fails until the driver has crashed its
+//! host and restarts it ([`CrashPointIo::revive`]). The host is crashed at the driver's next step
+//! (its async side cannot make anything durable any more: every file operation fails).
+//!
+//! The points, by role (the role the node had when the point was armed):
+//!
+//! | role | point | where the node dies |
+//! | --- | --- | --- |
+//! | leader | `write` | a group of client batches is about to be written to the segment (nothing on disk) |
+//! | leader | `fsync` | the group is written, not yet fsynced (its bytes are lost or torn) |
+//! | leader | `ship` | the group is fsynced; the writer's hook has not fed the ship tail or the commit yet |
+//! | leader | `rotate` | a new segment file is created, its directory entry not yet fsynced |
+//! | follower | `receive` | a shipped or pulled group is about to be appended (nothing on disk) |
+//! | follower | `append` | half of the group's bytes reached the segment (a torn append) |
+//! | follower | `fsync` | the group is written, not yet fsynced |
+//! | follower | `ack` | the group is fsynced; the answer to the leader is not sent (no completion ran) |
+//! | follower | `apply` | not reachable: the applier writes fjall through `std::fs` (harness/README.md) |
+
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard};
+use tidal_wal::{CrashMode, FileIo, SimIo, WalFile};
+
+/// A physical place in the WAL writer's file operations.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Op {
+    /// Before a segment write.
+    BeforeWrite,
+    /// Half-way through a segment write.
+    MidWrite,
+    /// A segment fsync is called (the bytes written, not durable).
+    BeforeSync,
+    /// After a segment fsync returned, before the caller learns it.
+    AfterSync,
+    /// A new segment created, before the directory fsync that makes it durable.
+    NewSegment,
+}
+
+/// Who the point is aimed at.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Role {
+    /// The node the client last saw leading.
+    Leader,
+    /// The first node that does not lead.
+    Follower,
+}
+
+/// A named durability boundary (issue 5, item 5).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Boundary {
+    /// The role.
+    pub role: Role,
+    /// Its name in the issue.
+    pub name: &'static str,
+    /// Where the wrapper stops the node, or `None` if the simulation cannot reach it.
+    pub op: Option<Op>,
+}
+
+/// Every boundary of the issue, reachable or not.
+pub const BOUNDARIES: &[Boundary] = &[
+    Boundary { role: Role::Leader, name: "write", op: Some(Op::BeforeWrite) },
+    Boundary { role: Role::Leader, name: "fsync", op: Some(Op::BeforeSync) },
+    Boundary { role: Role::Leader, name: "ship", op: Some(Op::AfterSync) },
+    Boundary { role: Role::Leader, name: "rotate", op: Some(Op::NewSegment) },
+    Boundary { role: Role::Follower, name: "receive", op: Some(Op::BeforeWrite) },
+    Boundary { role: Role::Follower, name: "append", op: Some(Op::MidWrite) },
+    Boundary { role: Role::Follower, name: "fsync", op: Some(Op::BeforeSync) },
+    Boundary { role: Role::Follower, name: "ack", op: Some(Op::AfterSync) },
+    Boundary { role: Role::Follower, name: "apply", op: None },
+];
+
+/// One crash point: the k-th occurrence (from arming) of a boundary, and what the crash keeps.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CrashPoint {
+    /// The boundary.
+    pub boundary: Boundary,
+    /// Which occurrence after arming (1-based).
+    pub k: u64,
+    /// Lost or torn unsynced bytes.
+    pub mode: CrashMode,
+}
+
+impl CrashPoint {
+    /// `leader/fsync#3/torn`.
+    pub fn label(&self) -> String {
+        let role = match self.boundary.role {
+            Role::Leader => "leader",
+            Role::Follower => "follower",
+        };
+        let mode = match self.mode {
+            CrashMode::LoseUnsynced => "lost".to_string(),
+            CrashMode::TornUnsynced { keep } => format!("torn{keep}"),
+        };
+        format!("{role}/{}#{}/{mode}", self.boundary.name, self.k)
+    }
+}
+
+#[derive(Default)]
+struct State {
+    /// The armed op, its k, the crash mode and how many times the op was seen since arming.
+    armed: Option<(Op, u64, CrashMode, u64)>,
+    /// Set when the armed point was reached (what happened); the node is dead until revived.
+    fired: Option<String>,
+    dead: bool,
+    /// Renames fail while set (a rename error: the node must fail closed).
+    fail_renames: bool,
+    renames_failed: u64,
+}
+
+/// The wrapper: a [`FileIo`] over a node's [`SimIo`]. Cloning shares the state.
+#[derive(Clone)]
+pub struct CrashPointIo {
+    inner: SimIo,
+    state: Arc<Mutex<State>>,
+}
+
+impl CrashPointIo {
+    /// Over `inner`, unarmed (a pass-through).
+    pub fn new(inner: SimIo) -> CrashPointIo {
+        CrashPointIo { inner, state: Arc::default() }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Arms the point: the node dies at the k-th `op` from now.
+    pub fn arm(&self, op: Op, k: u64, mode: CrashMode) {
+        self.lock().armed = Some((op, k.max(1), mode, 0));
+    }
+
+    /// What happened, once the armed point was reached.
+    pub fn fired(&self) -> Option<String> {
+        self.lock().fired.clone()
+    }
+
+    /// Whether the node is dead (fired, not revived yet).
+    pub fn is_dead(&self) -> bool {
+        self.lock().dead
+    }
+
+    /// The host was crashed: file operations work again (for the restart).
+    pub fn revive(&self) {
+        self.lock().dead = false;
+    }
+
+    /// Renames fail while `fail` is set.
+    pub fn fail_renames(&self, fail: bool) {
+        self.lock().fail_renames = fail;
+    }
+
+    /// Renames failed so far.
+    pub fn renames_failed(&self) -> u64 {
+        self.lock().renames_failed
+    }
+
+    fn check_dead(&self) -> io::Result<()> {
+        if self.lock().dead {
+            return Err(io::Error::other("crash point: the node is dead"));
+        }
+        Ok(())
+    }
+
+    /// Counts one `op`; true if this is the armed point (the caller then dies there).
+    fn reached(&self, op: Op, what: &Path) -> Option<CrashMode> {
+        let mut state = self.lock();
+        let (armed, k, mode, seen) = state.armed.as_mut()?;
+        if *armed != op {
+            return None;
+        }
+        *seen += 1;
+        if *seen < *k {
+            return None;
+        }
+        let mode = *mode;
+        state.fired = Some(format!("{op:?} #{k} on {}", what.display()));
+        state.armed = None;
+        state.dead = true;
+        Some(mode)
+    }
+
+    fn die(&self, mode: CrashMode) -> io::Error {
+        self.inner.crash(mode);
+        io::Error::other("crash point: simulated process death")
+    }
+}
+
+fn is_segment(path: &Path) -> bool {
+    tidal_wal::segment::parse_segment_file_name(path).is_some()
+}
+
+struct PointFile {
+    io: CrashPointIo,
+    inner: Box<dyn WalFile>,
+    path: PathBuf,
+    segment: bool,
+}
+
+impl WalFile for PointFile {
+    fn write_all(&mut self, buf: &[u8]) -> io::Result<()> {
+        self.io.check_dead()?;
+        if self.segment {
+            if let Some(mode) = self.io.reached(Op::BeforeWrite, &self.path) {
+                return Err(self.io.die(mode));
+            }
+            if let Some(mode) = self.io.reached(Op::MidWrite, &self.path) {
+                let _ = self.inner.write_all(&buf[..buf.len() / 2]);
+                return Err(self.io.die(mode));
+            }
+        }
+        self.inner.write_all(buf)
+    }
+
+    fn sync_data(&mut self) -> io::Result<()> {
+        self.io.check_dead()?;
+        if self.segment {
+            if let Some(mode) = self.io.reached(Op::BeforeSync, &self.path) {
+                // The fsync is called; the power goes before it returns.
+                return Err(self.io.die(mode));
+            }
+        }
+        self.inner.sync_data()?;
+        if self.segment {
+            if let Some(mode) = self.io.reached(Op::AfterSync, &self.path) {
+                // Durable on disk; the process dies before anyone learns it.
+                return Err(self.io.die(mode));
+            }
+        }
+        Ok(())
+    }
+
+    fn truncate(&mut self, len: u64) -> io::Result<()> {
+        self.io.check_dead()?;
+        self.inner.truncate(len)
+    }
+
+    fn len(&self) -> io::Result<u64> {
+        self.io.check_dead()?;
+        self.inner.len()
+    }
+}
+
+impl FileIo for CrashPointIo {
+    fn create_dir_all(&self, path: &Path) -> io::Result<()> {
+        self.check_dead()?;
+        self.inner.create_dir_all(path)
+    }
+
+    fn list_dir(&self, path: &Path) -> io::Result<Vec<PathBuf>> {
+        self.check_dead()?;
+        self.inner.list_dir(path)
+    }
+
+    fn open_append(&self, path: &Path) -> io::Result<Box<dyn WalFile>> {
+        self.check_dead()?;
+        let segment = is_segment(path);
+        let created = segment && self.inner.file_bytes(path).is_err();
+        let inner = self.inner.open_append(path)?;
+        if created {
+            if let Some(mode) = self.reached(Op::NewSegment, path) {
+                // Created, its directory entry not fsynced: the crash takes the entry away.
+                return Err(self.die(mode));
+            }
+        }
+        Ok(Box::new(PointFile { io: self.clone(), inner, path: path.to_path_buf(), segment }))
+    }
+
+    fn read_all(&self, path: &Path) -> io::Result<Vec<u8>> {
+        self.check_dead()?;
+        self.inner.read_all(path)
+    }
+
+    fn remove_file(&self, path: &Path) -> io::Result<()> {
+        self.check_dead()?;
+        self.inner.remove_file(path)
+    }
+
+    fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
+        self.check_dead()?;
+        {
+            let mut state = self.lock();
+            if state.fail_renames {
+                state.renames_failed += 1;
+                return Err(io::Error::other(format!(
+                    "simulated rename error: {} -> {}",
+                    from.display(),
+                    to.display()
+                )));
+            }
+        }
+        self.inner.rename(from, to)
+    }
+
+    fn sync_dir(&self, path: &Path) -> io::Result<()> {
+        self.check_dead()?;
+        self.inner.sync_dir(path)
+    }
+}
+
+/// The sweep's points: every boundary (reachable or not) x every k in `ks` x {lost, torn}.
+/// Unreachable boundaries are listed too, so the sweep counts them as not covered.
+pub fn sweep(ks: &[u64]) -> Vec<CrashPoint> {
+    let mut points = Vec::new();
+    for boundary in BOUNDARIES {
+        for &k in ks {
+            // A torn write keeps a prefix of the unsynced bytes: a few lengths, by k, so some cut
+            // a batch header and some a payload.
+            let keep = [7, 29, 61, 113, 500][usize::try_from(k).unwrap_or(0) % 5];
+            for mode in [CrashMode::LoseUnsynced, CrashMode::TornUnsynced { keep }] {
+                points.push(CrashPoint { boundary: *boundary, k, mode });
+            }
+        }
+    }
+    points
+}
