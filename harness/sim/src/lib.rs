@@ -462,14 +462,29 @@ impl SimulatedCluster {
                         // Process start-up time (simulated), not a synchronization.
                         tokio::time::sleep(delay).await;
                     }
-                    let http = net::bind(net::HTTP_PORT).await?;
-                    let rpc = net::bind(net::RPC_PORT).await?;
-                    if let Err(error) =
-                        tidal_server::run_on(config, http, Some(rpc), std::future::pending()).await
-                    {
-                        exits.borrow_mut().push((index, format!("{error:#}")));
+                    let mut waited = 0;
+                    loop {
+                        let http = net::bind(net::HTTP_PORT).await?;
+                        let rpc = net::bind(net::RPC_PORT).await?;
+                        let Err(error) =
+                            tidal_server::run_on(config.clone(), http, Some(rpc), std::future::pending())
+                                .await
+                        else {
+                            return Ok(());
+                        };
+                        let error = format!("{error:#}");
+                        // A crashed instance's real threads (fjall's, the applier's) may still hold
+                        // its fjall database when the restart comes; a real process's locks go with
+                        // it. Start again once they let go, as a supervisor would; anything else, or
+                        // a lock held for good, is an exit the driver judges.
+                        if error.contains("Locked") && waited < LOCKED_RETRIES {
+                            waited += 1;
+                            tokio::time::sleep(LOCKED_RETRY).await;
+                            continue;
+                        }
+                        exits.borrow_mut().push((index, error));
+                        return Ok(());
                     }
-                    Ok(())
                 }
             });
         }
@@ -480,6 +495,11 @@ impl SimulatedCluster {
 fn host_name(node: usize) -> String {
     format!("n{}", node + 1)
 }
+
+/// A restart that finds the crashed instance's fjall database still locked tries again this often,
+/// this many times (simulated time; the old instance's threads wind down in real time meanwhile).
+const LOCKED_RETRY: Duration = Duration::from_millis(50);
+const LOCKED_RETRIES: u32 = 200;
 
 /// How long a crashed node stays down before a supervisor restart (its old threads wind down).
 const RESTART_DELAY: Duration = Duration::from_millis(300);
