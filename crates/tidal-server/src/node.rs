@@ -623,6 +623,10 @@ fn hand_tail_to_applier(
 /// Bytes of read-ahead startup replay holds between its reader thread and the fold (at least one
 /// batch, whatever its size): bounds the memory of the pipeline.
 const REPLAY_READ_AHEAD_BYTES: usize = 32 * 1024 * 1024;
+/// Bytes of batches the replay reader hands over at once (a chunk closes at either bound).
+const REPLAY_CHUNK_BYTES: usize = 1024 * 1024;
+/// Batches the replay reader hands over at once.
+const REPLAY_CHUNK_BATCHES: usize = 1024;
 
 /// Startup replay, as a pipeline: a reader thread reads the segments, verifies every batch (BLAKE3)
 /// and decodes its payload, while this thread folds the batches in order through the one apply
@@ -638,47 +642,70 @@ fn replay(wal: &Wal, db: &TidalDb, durable: Seqno) -> anyhow::Result<ReplayRepor
     tracing::info!(%from, %durable, "replaying WAL into the engine");
     let reader = wal.read_from(from).context("read WAL for replay")?;
     let budget = ReadAhead::new(REPLAY_READ_AHEAD_BYTES);
-    let (sender, receiver) = std::sync::mpsc::channel::<Result<DecodedBatch, tidal_wal::Error>>();
+    let (sender, receiver) = std::sync::mpsc::channel::<Result<Vec<DecodedBatch>, tidal_wal::Error>>();
     let mut last_progress = Instant::now();
     std::thread::scope(|scope| -> anyhow::Result<()> {
         let budget = &budget;
         std::thread::Builder::new()
             .name("tidal-replay-read".into())
             .spawn_scoped(scope, move || {
+                // Batches travel in chunks, so small batches (an item, an embedding) do not pay a
+                // channel send and two lock round trips each.
+                let mut chunk = Vec::new();
+                let mut chunk_bytes = 0;
                 for batch in reader {
-                    let batch = batch.map(|batch| {
-                        budget.acquire(batch.encoded().len());
-                        DecodedBatch::decode(batch)
-                    });
-                    let last = match &batch {
-                        Ok(batch) => batch.batch().last_seqno() >= durable,
-                        Err(_) => true,
+                    let batch = match batch {
+                        Ok(batch) => batch,
+                        Err(error) => {
+                            if !chunk.is_empty() {
+                                budget.acquire(chunk_bytes);
+                                let _ = sender.send(Ok(chunk));
+                            }
+                            let _ = sender.send(Err(error));
+                            return;
+                        }
                     };
-                    if budget.is_closed() || sender.send(batch).is_err() || last {
-                        return;
+                    let last = batch.last_seqno() >= durable;
+                    chunk_bytes += batch.encoded().len();
+                    chunk.push(DecodedBatch::decode(batch));
+                    if last || chunk_bytes >= REPLAY_CHUNK_BYTES || chunk.len() >= REPLAY_CHUNK_BATCHES {
+                        budget.acquire(chunk_bytes);
+                        chunk_bytes = 0;
+                        if budget.is_closed() || sender.send(Ok(std::mem::take(&mut chunk))).is_err() || last
+                        {
+                            return;
+                        }
                     }
+                }
+                if !chunk.is_empty() {
+                    budget.acquire(chunk_bytes);
+                    let _ = sender.send(Ok(chunk));
                 }
             })
             .context("start the replay reader thread")?;
         // Whatever ends the fold (an error included) releases the reader.
         let _close = CloseOnDrop(budget);
-        for batch in receiver {
-            let decoded = batch.context("read WAL batch for replay")?;
-            let batch = decoded.batch();
-            if batch.last_seqno() > durable {
-                break;
+        for chunk in receiver {
+            let chunk = chunk.context("read WAL batch for replay")?;
+            let chunk_bytes: usize = chunk.iter().map(|decoded| decoded.batch().encoded().len()).sum();
+            for decoded in &chunk {
+                let batch = decoded.batch();
+                if batch.last_seqno() > durable {
+                    return Ok(());
+                }
+                db.apply_decoded(decoded)
+                    .with_context(|| format!("replay batch at seqno {}", batch.first_seqno()))?;
+                report.batches += 1;
+                report.bytes += batch.encoded().len() as u64;
             }
-            let len = batch.encoded().len();
-            db.apply_decoded(&decoded)
-                .with_context(|| format!("replay batch at seqno {}", batch.first_seqno()))?;
-            let last_seqno = batch.last_seqno();
-            drop(decoded);
-            budget.release(len);
-            report.batches += 1;
-            report.bytes += len as u64;
+            let last_seqno = chunk.last().map(|decoded| decoded.batch().last_seqno());
+            drop(chunk);
+            budget.release(chunk_bytes);
             if last_progress.elapsed() > Duration::from_secs(2) {
                 last_progress = Instant::now();
-                tracing::info!(applied = %last_seqno, %durable, mb = report.bytes / 1_000_000, "replay progress");
+                if let Some(applied) = last_seqno {
+                    tracing::info!(%applied, %durable, mb = report.bytes / 1_000_000, "replay progress");
+                }
             }
         }
         Ok(())
