@@ -8,7 +8,7 @@ ANCHORS ?= ../shared/anchors
 ANCHORS_WORK ?= target/anchors-work
 REPORT_DIR ?= target/bench-report
 
-.PHONY: build run down single test model-check sim chaos crash-sweep sim-determinism verify fix lint bench bench-wal bench-feed bench-cluster bench-peers gates demo clean
+.PHONY: build run down single test model-check sim chaos crash-sweep sim-determinism verify fix lint bench bench-wal bench-feed bench-replay bench-cluster bench-peers gates demo clean
 
 build:
 	$(CARGO) build --release --bin tidal
@@ -126,6 +126,13 @@ bench-wal:
 
 bench-feed:
 	$(CARGO) run --release -p tidal-core --example feed_bench
+
+# Startup replay: writes a WAL (untimed), opens a node on it with an empty engine, prints replay
+# MB/s and events/s per run and the median (decisions/013). REPLAY_WORKLOAD: signals|items|embeddings.
+REPLAY_WORKLOAD ?= signals
+REPLAY_MB ?= 256
+bench-replay:
+	$(CARGO) run --release -p tidal-server --example replay_bench -- $(REPLAY_WORKLOAD) $(REPLAY_MB) 3
 
 clean:
 	$(CARGO) clean

@@ -48,7 +48,8 @@ use crate::keys;
 use crate::negatives::{Actor, NegativesState, NEGATIVES_PER_USER_MAX};
 use crate::overlay::{Overlay, OverlayView, WriterDirty, ENTRY_OVERHEAD_BYTES};
 use crate::ranked::{rank_feed, rank_similar, rank_trending, RankParams, Ranked, RANKED_LIMIT_MAX};
-use crate::record::{decode_payload, records_fingerprint, Records, SignalEvent};
+use crate::record::{decode_payload, records_fingerprint, Envelope, Records, SignalEvent};
+use crate::record_error::RecordError;
 use crate::stores::Stores;
 use crate::trend::Trend;
 
@@ -149,6 +150,28 @@ struct Writer {
     frozen_seqno: Seqno,
     /// Hands frozen overlays to the flusher thread; `None` once the engine is closing.
     frozen_overlays: Option<SyncSender<Arc<FrozenOverlay>>>,
+}
+
+/// A WAL batch with its payload decoded: what [`TidalDb::apply_decoded`] folds. Decoding needs
+/// nothing from the engine, so it can run ahead on another thread; a payload that does not decode
+/// is kept as its error, which the apply returns where [`TidalDb::apply`] always did.
+#[derive(Debug)]
+pub struct DecodedBatch {
+    batch: Batch,
+    decoded: Result<(Envelope, Records), RecordError>,
+}
+
+impl DecodedBatch {
+    /// Decodes `batch`'s payload (never fails here: an error is kept for the apply).
+    pub fn decode(batch: Batch) -> DecodedBatch {
+        let decoded = decode_payload(batch.kind(), batch.payload());
+        DecodedBatch { batch, decoded }
+    }
+
+    /// The batch.
+    pub fn batch(&self) -> &Batch {
+        &self.batch
+    }
 }
 
 /// What one decoded batch changes, computed before anything changes.
@@ -264,6 +287,14 @@ impl TidalDb {
     /// Waits (backpressure) only if the active overlay is full while the previous one is still
     /// being flushed.
     pub fn apply(&self, batch: &Batch) -> Result<ApplyOutcome, Error> {
+        self.apply_decoded(&DecodedBatch::decode(batch.clone()))
+    }
+
+    /// [`TidalDb::apply`] of a batch decoded beforehand, maybe on another thread (startup replay
+    /// decodes on its reader thread while this one folds). The same path: `apply` is this after
+    /// [`DecodedBatch::decode`], and a batch that did not decode fails here, at the same step.
+    pub fn apply_decoded(&self, decoded: &DecodedBatch) -> Result<ApplyOutcome, Error> {
+        let batch = &decoded.batch;
         let mut writer = self.lock_writer();
         if self.import_incomplete.load(Ordering::Acquire) {
             return Err(Error::ImportIncomplete);
@@ -278,8 +309,12 @@ impl TidalDb {
         }
         let first_seqno = batch.first_seqno();
         let last_seqno = batch.last_seqno();
-        let (envelope, records) = decode_payload(batch.kind(), batch.payload())
-            .map_err(|source| Error::Record { seqno: first_seqno, kind: batch.kind(), source })?;
+        let (envelope, records) = match &decoded.decoded {
+            Ok((envelope, records)) => (envelope, records),
+            Err(source) => {
+                return Err(Error::Record { seqno: first_seqno, kind: batch.kind(), source: source.clone() })
+            }
+        };
         let header_events = batch.header().event_count;
         if records.event_count() != u64::from(header_events) {
             return Err(Error::EventCount {
@@ -316,7 +351,7 @@ impl TidalDb {
                 writer.idempotency_oldest_ms,
             )?;
             (
-                self.fold_records(&state, first_seqno, envelope.time_ms, &records)?,
+                self.fold_records(&state, first_seqno, envelope.time_ms, records)?,
                 idempotency_writes,
                 oldest_ms,
             )

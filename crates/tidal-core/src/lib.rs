@@ -50,7 +50,7 @@ pub use config::{
     IDEMPOTENCY_WINDOW_MS_DEFAULT, OVERLAY_BATCHES_MAX_DEFAULT, OVERLAY_BYTES_MAX_DEFAULT,
     PROFILE_HALF_LIFE_MS_DEFAULT,
 };
-pub use db::{ApplyOutcome, EngineStats, ItemState, TidalDb};
+pub use db::{ApplyOutcome, DecodedBatch, EngineStats, ItemState, TidalDb};
 pub use error::Error;
 #[doc(hidden)]
 pub use flusher::{FlushHold, FlushStage};

@@ -32,7 +32,7 @@ use tidal_cluster::{
     Applier, ApplierSender, CommitOnFlush, CommitState, Replica, ReplicaHook, ReplicaParts, ShipFeed,
     SnapshotPins, SnapshotSource, TermGate,
 };
-use tidal_core::{EngineConfig, Envelope, Records, TidalDb};
+use tidal_core::{DecodedBatch, EngineConfig, Envelope, Records, TidalDb};
 use tidal_types::{ErrorCode, Seqno, Term, TermSeqno};
 use tidal_wal::{AppendRequest, SubmitError, Wal, WalConfig};
 use tokio::sync::{watch, Semaphore};
@@ -630,6 +630,18 @@ fn hand_tail_to_applier(
     Ok(())
 }
 
+/// Bytes of read-ahead startup replay holds between its reader thread and the fold (at least one
+/// batch, whatever its size): bounds the memory of the pipeline.
+const REPLAY_READ_AHEAD_BYTES: usize = 32 * 1024 * 1024;
+/// Bytes of batches the replay reader hands over at once (a chunk closes at either bound).
+const REPLAY_CHUNK_BYTES: usize = 1024 * 1024;
+/// Batches the replay reader hands over at once.
+const REPLAY_CHUNK_BATCHES: usize = 1024;
+
+/// Startup replay, as a pipeline: a reader thread reads the segments, verifies every batch (BLAKE3)
+/// and decodes its payload, while this thread folds the batches in order through the one apply
+/// path ([`TidalDb::apply_decoded`]) and the engine's flusher writes fjall. The read-ahead between
+/// the two is bounded by [`REPLAY_READ_AHEAD_BYTES`].
 fn replay(wal: &Wal, db: &TidalDb, durable: Seqno) -> anyhow::Result<ReplayReport> {
     let started = Instant::now();
     let mut report = ReplayReport { batches: 0, bytes: 0, elapsed: Duration::ZERO };
@@ -638,20 +650,76 @@ fn replay(wal: &Wal, db: &TidalDb, durable: Seqno) -> anyhow::Result<ReplayRepor
         return Ok(report);
     }
     tracing::info!(%from, %durable, "replaying WAL into the engine");
+    let reader = wal.read_from(from).context("read WAL for replay")?;
+    let budget = ReadAhead::new(REPLAY_READ_AHEAD_BYTES);
+    let (sender, receiver) = std::sync::mpsc::channel::<Result<Vec<DecodedBatch>, tidal_wal::Error>>();
     let mut last_progress = Instant::now();
-    for batch in wal.read_from(from).context("read WAL for replay")? {
-        let batch = batch.context("read WAL batch for replay")?;
-        if batch.last_seqno() > durable {
-            break;
+    std::thread::scope(|scope| -> anyhow::Result<()> {
+        let budget = &budget;
+        std::thread::Builder::new()
+            .name("tidal-replay-read".into())
+            .spawn_scoped(scope, move || {
+                // Batches travel in chunks, so small batches (an item, an embedding) do not pay a
+                // channel send and two lock round trips each.
+                let mut chunk = Vec::new();
+                let mut chunk_bytes = 0;
+                for batch in reader {
+                    let batch = match batch {
+                        Ok(batch) => batch,
+                        Err(error) => {
+                            if !chunk.is_empty() {
+                                budget.acquire(chunk_bytes);
+                                let _ = sender.send(Ok(chunk));
+                            }
+                            let _ = sender.send(Err(error));
+                            return;
+                        }
+                    };
+                    let last = batch.last_seqno() >= durable;
+                    chunk_bytes += batch.encoded().len();
+                    chunk.push(DecodedBatch::decode(batch));
+                    if last || chunk_bytes >= REPLAY_CHUNK_BYTES || chunk.len() >= REPLAY_CHUNK_BATCHES {
+                        budget.acquire(chunk_bytes);
+                        chunk_bytes = 0;
+                        if budget.is_closed() || sender.send(Ok(std::mem::take(&mut chunk))).is_err() || last
+                        {
+                            return;
+                        }
+                    }
+                }
+                if !chunk.is_empty() {
+                    budget.acquire(chunk_bytes);
+                    let _ = sender.send(Ok(chunk));
+                }
+            })
+            .context("start the replay reader thread")?;
+        // Whatever ends the fold (an error included) releases the reader.
+        let _close = CloseOnDrop(budget);
+        for chunk in receiver {
+            let chunk = chunk.context("read WAL batch for replay")?;
+            let chunk_bytes: usize = chunk.iter().map(|decoded| decoded.batch().encoded().len()).sum();
+            for decoded in &chunk {
+                let batch = decoded.batch();
+                if batch.last_seqno() > durable {
+                    return Ok(());
+                }
+                db.apply_decoded(decoded)
+                    .with_context(|| format!("replay batch at seqno {}", batch.first_seqno()))?;
+                report.batches += 1;
+                report.bytes += batch.encoded().len() as u64;
+            }
+            let last_seqno = chunk.last().map(|decoded| decoded.batch().last_seqno());
+            drop(chunk);
+            budget.release(chunk_bytes);
+            if last_progress.elapsed() > Duration::from_secs(2) {
+                last_progress = Instant::now();
+                if let Some(applied) = last_seqno {
+                    tracing::info!(%applied, %durable, mb = report.bytes / 1_000_000, "replay progress");
+                }
+            }
         }
-        db.apply(&batch).with_context(|| format!("replay batch at seqno {}", batch.first_seqno()))?;
-        report.batches += 1;
-        report.bytes += batch.encoded().len() as u64;
-        if last_progress.elapsed() > Duration::from_secs(2) {
-            last_progress = Instant::now();
-            tracing::info!(applied = %batch.last_seqno(), %durable, mb = report.bytes / 1_000_000, "replay progress");
-        }
-    }
+        Ok(())
+    })?;
     report.elapsed = started.elapsed();
     anyhow::ensure!(
         db.applied_seqno() >= durable,
@@ -665,4 +733,49 @@ fn replay(wal: &Wal, db: &TidalDb, durable: Seqno) -> anyhow::Result<ReplayRepor
         "replay done"
     );
     Ok(report)
+}
+
+/// The bytes read ahead of the fold during replay: the reader waits while they exceed the bound
+/// (one batch always passes, whatever its size).
+struct ReadAhead {
+    bound: usize,
+    state: Mutex<(usize, bool)>,
+    changed: std::sync::Condvar,
+}
+
+impl ReadAhead {
+    fn new(bound: usize) -> ReadAhead {
+        ReadAhead { bound, state: Mutex::new((0, false)), changed: std::sync::Condvar::new() }
+    }
+
+    fn acquire(&self, bytes: usize) {
+        let mut state = self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        while state.0 > 0 && state.0 + bytes > self.bound && !state.1 {
+            state = self.changed.wait(state).unwrap_or_else(std::sync::PoisonError::into_inner);
+        }
+        state.0 += bytes;
+    }
+
+    fn release(&self, bytes: usize) {
+        let mut state = self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        state.0 = state.0.saturating_sub(bytes);
+        self.changed.notify_all();
+    }
+
+    fn close(&self) {
+        self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner).1 = true;
+        self.changed.notify_all();
+    }
+
+    fn is_closed(&self) -> bool {
+        self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner).1
+    }
+}
+
+struct CloseOnDrop<'a>(&'a ReadAhead);
+
+impl Drop for CloseOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.close();
+    }
 }
