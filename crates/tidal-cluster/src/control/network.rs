@@ -25,7 +25,7 @@ use tidal_net::{NetError, Peer, RaftCall};
 /// HTTP/2 stream, so a heartbeat that would have reached a busy follower a little late never did
 /// (and after 20 such resets h2's rapid-reset guard closed the whole connection). Each call now
 /// runs in its own task with this deadline: late is not lost, and a late heartbeat still resets
-/// the follower's election timer (decisions/012).
+/// the follower's election timer (decisions/012). A call openraft gives longer keeps its own time.
 const RPC_DEADLINE: Duration = Duration::from_secs(2);
 
 /// Calls to one target that may be in flight at once (late ones included); past it a call fails
@@ -109,8 +109,9 @@ impl PeerNetwork {
         })?;
         let (answer, answered) = tokio::sync::oneshot::channel();
         let peer = peer.clone();
+        let deadline = std::cmp::max(RPC_DEADLINE, option.hard_ttl());
         tokio::spawn(async move {
-            let _ = answer.send(peer.raft(call, RPC_DEADLINE).await);
+            let _ = answer.send(peer.raft(call, deadline).await);
             drop(permit);
         });
         let reply = match tokio::time::timeout(option.hard_ttl(), answered).await {
