@@ -331,11 +331,14 @@ async fn replication_lag(args: &GatesArgs, nodes: &[(u64, String)]) -> anyhow::R
         value("p50_ms", format!("{:.3}", lag.p50_ms)),
         value("p99_ms", format!("{:.3}", lag.p99_ms)),
         value("max_ms", format!("{:.3}", lag.max_ms)),
+        value("first_follower_p50_ms", format!("{:.3}", lag.first_p50_ms)),
+        value("first_follower_p99_ms", format!("{:.3}", lag.first_p99_ms)),
     ];
     let ours = format!(
-        "p99 {:.2} ms (p50 {:.2}) over {} writes at {:.0} writes/s (max {max_rate:.0}/s)",
+        "p99 {:.2} ms (p50 {:.2}; first follower p99 {:.2}) over {} writes at {:.0} writes/s (max {max_rate:.0}/s)",
         lag.p99_ms,
         lag.p50_ms,
+        lag.first_p99_ms,
         lag.requests,
         load.acked_per_second()
     );
