@@ -490,19 +490,6 @@ async fn one_request(
     n: u64,
 ) -> Result<u64, tidal_client::Error> {
     match args.workload {
-        Workload::Signals => {
-            let signals = (0..args.batch as u64)
-                .map(|i| SignalIn {
-                    user: format!("u{}", (n * 31 + i) % args.users.max(1)),
-                    item: (n * 1_000_003 + i * 7919) % 1_000_000,
-                    kind: "click".into(),
-                    weight: None,
-                    ts: None,
-                })
-                .collect();
-            client.post_signals(signals, None).await?;
-            Ok(args.batch as u64)
-        }
         Workload::Items => {
             let metadata = serde_json::json!({"title": format!("item {n}"), "worker": worker});
             client.put_item(args.id_base + n, metadata, None).await?;
@@ -516,6 +503,7 @@ async fn one_request(
             client.feed(&format!("u{}", (n * 7) % args.users.max(1)), 20).await?;
             Ok(1)
         }
+        Workload::Signals => unreachable!("signal requests are pre-encoded by signal_bodies"),
         Workload::Lag | Workload::ReadAnywhere => unreachable!("lag requests are timed by lag_request"),
     }
 }
