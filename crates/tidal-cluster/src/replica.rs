@@ -58,6 +58,13 @@ pub const SHIP_BYTES_MAX: usize = 4 * 1024 * 1024;
 /// Heartbeat (empty ship) interval when nothing else is sent.
 pub const HEARTBEAT_INTERVAL: Duration = Duration::from_millis(100);
 /// Retry backoff bounds for a ShipQueue whose follower does not answer.
+/// How long a commit notice may take: it is only worth anything while its ship is in flight.
+const NOTICE_TIMEOUT: Duration = Duration::from_millis(500);
+/// `TIDAL_COMMIT_NOTICES=0` turns the commit notices off (for A/B measurements; decisions/017).
+fn commit_notices_enabled() -> bool {
+    static ENABLED: OnceLock<bool> = OnceLock::new();
+    *ENABLED.get_or_init(|| std::env::var("TIDAL_COMMIT_NOTICES").map_or(true, |v| v != "0"))
+}
 const BACKOFF_MIN: Duration = Duration::from_millis(20);
 const BACKOFF_MAX: Duration = Duration::from_secs(1);
 /// A pull that receives nothing for this long is abandoned (and retried later).
@@ -244,6 +251,37 @@ pub struct Replica {
     writes_in_flight: std::sync::atomic::AtomicUsize,
     /// Refused replication input by class (metrics): see [`Replica::refusals`].
     refusals: Mutex<BTreeMap<&'static str, u64>>,
+    /// Follower: the leader's commit notices and how far our log is known to match its log.
+    leader_commit: Mutex<LeaderCommit>,
+}
+
+/// Follower: what the leader of `term` told us in commit notices (`notified`), and the last position
+/// of a live ship of `term` we accepted and fsynced (`matched`). Everything up to `matched` is the
+/// leader's log (log matching), so `min(notified, matched)` is committed AND held durably here: the
+/// frontier a notice lets us apply without waiting for the next ship (decisions/017).
+///
+/// Delicate: only live ships count for `matched` (a pulled chunk may come from a follower whose log
+/// still holds an uncommitted suffix of an older term); a snapshot install forgets it (the log is
+/// replaced); it only moves to a higher term, never back.
+#[derive(Clone, Copy, Debug, Default)]
+struct LeaderCommit {
+    term: Term,
+    notified: Seqno,
+    matched: Seqno,
+}
+
+impl LeaderCommit {
+    /// The state for `term`: reset when `term` is newer; `None` when it is older.
+    fn in_term(&mut self, term: Term) -> Option<&mut LeaderCommit> {
+        if term > self.term {
+            *self = LeaderCommit { term, ..LeaderCommit::default() };
+        }
+        (term == self.term).then_some(self)
+    }
+
+    fn frontier(&self) -> Seqno {
+        self.notified.min(self.matched)
+    }
 }
 
 /// What `heal` did (or, with `dry_run`, would do).
@@ -336,6 +374,7 @@ impl Replica {
             handing_to: AtomicU64::new(0),
             writes_in_flight: std::sync::atomic::AtomicUsize::new(0),
             refusals: Mutex::new(BTreeMap::new()),
+            leader_commit: Mutex::new(LeaderCommit::default()),
         });
         // Losing office is synchronous with persisting a higher vote (PROTOCOL.md, "Losing office").
         let weak = Arc::downgrade(&replica);
@@ -577,6 +616,10 @@ impl Replica {
     ) {
         let mut fed = self.feed.subscribe();
         let mut commits = self.commit.subscribe();
+        let (notices, notices_rx) = watch::channel(Seqno::ZERO);
+        if commit_notices_enabled() {
+            tokio::spawn(self.clone().commit_notifier(follower, peer.clone(), term, notices_rx));
+        }
         // Optimistic start at our own end; a follower that lacks it answers Gap with its last.
         let mut after = self.feed.last();
         let mut sent_commit = Seqno::ZERO;
@@ -631,7 +674,7 @@ impl Replica {
                 batches,
             };
             last_sent = Instant::now();
-            match peer.ship(&ship).await {
+            match self.ship_with_notices(&peer, &ship, &mut commits, &notices).await {
                 Ok(answer) => {
                     backoff = BACKOFF_MIN;
                     sent_commit = commit;
@@ -642,6 +685,57 @@ impl Replica {
                     tokio::time::sleep(backoff).await;
                     backoff = (backoff * 2).min(BACKOFF_MAX);
                 }
+            }
+        }
+    }
+
+    /// Sends `ship` and waits for the answer; while it is in flight, every advance of the commit
+    /// frontier past what the ship carries goes to the follower's notifier (a follower whose fsync
+    /// finishes after another follower's ack then applies at once, not a round trip later).
+    async fn ship_with_notices(
+        &self,
+        peer: &Peer,
+        ship: &Ship,
+        commits: &mut watch::Receiver<Seqno>,
+        notices: &watch::Sender<Seqno>,
+    ) -> Result<ShipAnswer, NetError> {
+        let call = peer.ship(ship);
+        tokio::pin!(call);
+        let mut watching = commit_notices_enabled();
+        loop {
+            tokio::select! {
+                biased;
+                answer = &mut call => return answer,
+                changed = commits.changed(), if watching => {
+                    if changed.is_err() {
+                        watching = false;
+                        continue;
+                    }
+                    let commit = *commits.borrow_and_update();
+                    if commit > ship.commit {
+                        notices.send_if_modified(|sent| std::mem::replace(sent, commit.max(*sent)) < commit);
+                    }
+                }
+            }
+        }
+    }
+
+    /// One per ShipQueue: sends the commit notices it is handed, one at a time, the newest first;
+    /// ends with its queue.
+    async fn commit_notifier(
+        self: Arc<Self>,
+        follower: NodeId,
+        peer: Peer,
+        term: Term,
+        mut notices: watch::Receiver<Seqno>,
+    ) {
+        while notices.changed().await.is_ok() {
+            let commit = *notices.borrow_and_update();
+            if self.gate.term() != term {
+                return;
+            }
+            if let Err(error) = peer.commit(term, self.me, commit, NOTICE_TIMEOUT).await {
+                tracing::debug!(%follower, "commit notice failed: {error}");
             }
         }
     }
@@ -702,8 +796,39 @@ impl Replica {
 
     // ---------------------------------------------------------------- follower: receive
 
-    /// Decides and performs one ship or pulled chunk (the one receive path).
+    /// A commit notice from the leader of `term`: apply what we hold of its log up to `commit`.
+    /// Returns our term. Takes no term lock (a ship's fsync may hold it: that is when notices come).
+    pub fn notice_commit(&self, term: Term, commit: Seqno) -> Term {
+        let ours = self.gate.term();
+        if term == ours {
+            let frontier = {
+                let mut state =
+                    self.leader_commit.lock().expect("leader-commit lock is never held across a panic");
+                state.in_term(term).map(|state| {
+                    state.notified = state.notified.max(commit);
+                    state.frontier()
+                })
+            };
+            if let Some(frontier) = frontier {
+                self.commit.advance(frontier);
+            }
+        }
+        ours
+    }
+
+    /// Forgets how far our log matches the leader's (our log was replaced by a snapshot).
+    fn forget_leader_match(&self) {
+        self.leader_commit.lock().expect("leader-commit lock is never held across a panic").matched =
+            Seqno::ZERO;
+    }
+
+    /// Decides and performs one live ship from the leader (the one receive path).
     pub async fn receive(self: &Arc<Self>, ship: Ship) -> ShipAnswer {
+        self.receive_from(ship, true).await
+    }
+
+    /// Decides and performs one ship (`live`) or pulled chunk (the one receive path).
+    async fn receive_from(self: &Arc<Self>, ship: Ship, live: bool) -> ShipAnswer {
         let _term_lock = self.gate.lock().await;
         let term = self.gate.term();
         if ship.term == term && ship.leader != self.me {
@@ -756,7 +881,21 @@ impl Replica {
                 self.commit.advance(commit_now);
                 match self.perform(&ship, steps).await {
                     Ok(()) => {
-                        self.commit.advance(commit);
+                        // Everything up to `matched` is now durable here and the leader's log: a
+                        // commit notice that came during the fsync covers it at once.
+                        let notified = if live {
+                            let mut state = self
+                                .leader_commit
+                                .lock()
+                                .expect("leader-commit lock is never held across a panic");
+                            state.in_term(term).map(|state| {
+                                state.matched = state.matched.max(matched.seqno);
+                                state.frontier()
+                            })
+                        } else {
+                            None
+                        };
+                        self.commit.advance(commit.max(notified.unwrap_or(Seqno::ZERO)));
                         ShipOutcome::Matched(matched)
                     }
                     Err(reason) => {
@@ -954,6 +1093,7 @@ impl Replica {
         match outcome {
             InstallOutcome::Installed(report) => {
                 self.feed.reset(self.wal.last_position());
+                self.forget_leader_match();
                 self.commit.advance(report.position.seqno);
                 // A halt (leader durability lost committed batches of ours) is healed by this
                 // install: the batches are in quarantine, the state is the source's.
@@ -995,7 +1135,7 @@ impl Replica {
                         baseline: chunk.baseline,
                         batches: pulled,
                     };
-                    let answer = self.receive(ship).await;
+                    let answer = self.receive_from(ship, false).await;
                     if !matches!(answer.outcome, ShipOutcome::Matched(_)) {
                         return Err(format!("pulled chunk not accepted: {:?}", answer.outcome));
                     }
@@ -1147,6 +1287,10 @@ impl tidal_net::Handler for ReplicaService {
         self.0.serve_pull(pull)
     }
 
+    async fn commit(&self, term: Term, _leader: NodeId, commit: Seqno) -> Result<Term, tonic::Status> {
+        Ok(self.0.notice_commit(term, commit))
+    }
+
     async fn nudge(&self, _reason: String) -> Result<bool, tonic::Status> {
         Ok(self.0.clone().start_pull("nudge"))
     }
@@ -1176,5 +1320,29 @@ impl tidal_net::Handler for ReplicaService {
             Some(control) => control.serve(call).await,
             None => Err(tonic::Status::unavailable("control plane not started yet")),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::LeaderCommit;
+    use tidal_types::{Seqno, Term};
+
+    #[test]
+    fn a_notice_commits_only_what_a_live_ship_of_its_term_matched() {
+        let mut state = LeaderCommit::default();
+        // A notice ahead of what we hold durably: nothing beyond matched.
+        let s = state.in_term(Term(2)).expect("newer term");
+        s.notified = Seqno(10);
+        assert_eq!(s.frontier(), Seqno::ZERO);
+        // The in-flight ship's fsync is done: matched 12, the notice covers 10.
+        s.matched = Seqno(12);
+        assert_eq!(s.frontier(), Seqno(10));
+        s.notified = Seqno(15);
+        assert_eq!(s.frontier(), Seqno(12));
+        // An older term's notice or match is ignored; a newer term forgets everything.
+        assert!(state.in_term(Term(1)).is_none());
+        assert_eq!(state.in_term(Term(3)).expect("newer term").frontier(), Seqno::ZERO);
+        assert_eq!(state.term, Term(3));
     }
 }

@@ -104,6 +104,10 @@ pub fn bounded() -> Vec<(&'static str, ReplicationModel)> {
         ),
         ("3 nodes, quorum, 1 term, 1 write, 1 crash", ReplicationModel::three(1, 1, Mode::Quorum)),
         ("3 nodes, leader, 1 term, 1 write, 1 crash", ReplicationModel::three(1, 1, Mode::Leader)),
+        (
+            "3 nodes, quorum, 1 term, 1 write, 1 crash, commit notices",
+            ReplicationModel::three(1, 1, Mode::Quorum).with_notices(),
+        ),
     ]
 }
 
@@ -118,6 +122,11 @@ pub fn deep() -> Vec<(&'static str, ReplicationModel, Search)> {
         (
             "3 nodes, quorum, 3 terms, LeaderStarts only, no crash (capped at 8M generated states)",
             ReplicationModel { max_crashes: 0, ..ReplicationModel::three(3, 0, Mode::Quorum) },
+            Search::DeepCapped(8_000_000),
+        ),
+        (
+            "3 nodes, quorum, 2 terms, 1 write, 1 crash, commit notices (capped at 8M generated states)",
+            ReplicationModel::three(2, 1, Mode::Quorum).with_notices(),
             Search::DeepCapped(8_000_000),
         ),
         (
@@ -146,6 +155,7 @@ pub fn planted(bug: Bug) -> (ReplicationModel, Search) {
             ReplicationModel { max_crashes: 0, ..ReplicationModel::five(2, 1, Mode::Quorum) }
         }
         Bug::ApplyPastCommit => ReplicationModel::three(1, 1, Mode::Quorum),
+        Bug::NoticePastMatched => ReplicationModel::three(1, 1, Mode::Quorum).with_notices(),
         Bug::AckBeforeFsync
         | Bug::NoTermRecheck
         | Bug::AcceptLowerTerm

@@ -24,10 +24,13 @@ pub fn actor(action: &Action) -> NodeId {
         Action::Probe { leader, .. }
         | Action::ClientWrite { leader }
         | Action::Ship { leader, .. }
+        | Action::Notice { leader, .. }
         | Action::Pull { leader, .. }
         | Action::BeginChange { leader }
         | Action::FinishChange { leader } => *leader,
-        Action::Deliver(Message::Ship { to, .. } | Message::Ack { to, .. }) => *to,
+        Action::Deliver(Message::Ship { to, .. } | Message::Ack { to, .. } | Message::Commit { to, .. }) => {
+            *to
+        }
     }
 }
 

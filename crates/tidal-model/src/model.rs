@@ -22,7 +22,7 @@ use tidal_types::{NodeId, Seqno, Term, TermSeqno};
 use crate::properties;
 use crate::state::{
     id, index, Acked, Broken, Config, History, LowerTermView, Message, ModelState, Network, NodeState,
-    PendingAck, Role,
+    NoticeState, PendingAck, Role,
 };
 
 /// Durability mode (PROTOCOL.md, "Committing and acknowledging").
@@ -54,11 +54,14 @@ pub enum Bug {
     ChooseByCommit,
     /// During a membership change the leader counts commit against the new voter set only.
     SkipDualCount,
+    /// A follower takes a commit notice's frontier without capping it at what a live ship of that
+    /// term matched after its fsync (decisions/017).
+    NoticePastMatched,
 }
 
 impl Bug {
     /// Every planted bug, in PROTOCOL.md's order.
-    pub const ALL: [Bug; 8] = [
+    pub const ALL: [Bug; 9] = [
         Bug::AckBeforeFsync,
         Bug::NoTermRecheck,
         Bug::CountOlderTerm,
@@ -67,6 +70,7 @@ impl Bug {
         Bug::ServeBeforeLeaderStart,
         Bug::ChooseByCommit,
         Bug::SkipDualCount,
+        Bug::NoticePastMatched,
     ];
 }
 
@@ -89,6 +93,8 @@ pub struct Bugs {
     pub choose_by_commit: bool,
     /// See [`Bug::SkipDualCount`].
     pub skip_dual_count: bool,
+    /// See [`Bug::NoticePastMatched`].
+    pub notice_past_matched: bool,
 }
 
 impl Bugs {
@@ -104,6 +110,7 @@ impl Bugs {
             Bug::ServeBeforeLeaderStart => bugs.serve_before_leader_start = true,
             Bug::ChooseByCommit => bugs.choose_by_commit = true,
             Bug::SkipDualCount => bugs.skip_dual_count = true,
+            Bug::NoticePastMatched => bugs.notice_past_matched = true,
         }
         bugs
     }
@@ -127,6 +134,8 @@ pub struct ReplicationModel {
     /// Openraft may tell a node a term it did not vote in (a heartbeat); without it, terms spread
     /// only by votes (a smaller model for planted bugs that do not need it).
     pub learn_terms: bool,
+    /// Leaders send commit notices (decisions/017) to any follower at any time.
+    pub commit_notices: bool,
     /// Planted bugs.
     pub bugs: Bugs,
 }
@@ -174,6 +183,13 @@ pub enum Action {
         /// Follower.
         to: NodeId,
     },
+    /// The leader sends its commit frontier to a follower (a commit notice).
+    Notice {
+        /// Leader.
+        leader: NodeId,
+        /// Follower.
+        to: NodeId,
+    },
     /// The source of a syncing leader serves its whole durable log as one pulled chunk.
     Pull {
         /// Syncing leader.
@@ -214,8 +230,14 @@ impl ReplicationModel {
             membership_change: false,
             max_crashes: 1,
             learn_terms: true,
+            commit_notices: false,
             bugs: Bugs::default(),
         }
+    }
+
+    /// The same model with leaders sending commit notices.
+    pub fn with_notices(self) -> ReplicationModel {
+        ReplicationModel { commit_notices: true, ..self }
     }
 
     /// The 5-node model with a membership change.
@@ -315,6 +337,9 @@ impl Model for ReplicationModel {
                         if state.nodes[j].term <= node.term || self.bugs.accept_lower_term {
                             actions.push(Action::Ship { leader: me, to: id(j) });
                         }
+                        if self.commit_notices && node.commit > Seqno::ZERO {
+                            actions.push(Action::Notice { leader: me, to: id(j) });
+                        }
                     }
                     if self.membership_change {
                         match state.config {
@@ -345,6 +370,11 @@ impl Model for ReplicationModel {
             Action::Probe { leader, target } => self.probe(&mut next, leader, target),
             Action::ClientWrite { leader } => self.client_write(&mut next, leader),
             Action::Ship { leader, to } => self.ship(&mut next, leader, to),
+            Action::Notice { leader, to } => {
+                let node = self.node(&next, leader);
+                let message = Message::Commit { from: leader, to, term: node.term, commit: node.commit };
+                next.network.send(message)
+            }
             Action::Pull { leader } => self.pull(&mut next, leader),
             Action::Deliver(message) => self.deliver(&mut next, message),
             Action::Fsync { node } => self.fsync(&mut next, node),
@@ -536,7 +566,25 @@ impl ReplicationModel {
                 self.receive(state, from, to, &meta, pull)
             }
             Message::Ack { from, to, term, matched } => self.receive_ack(state, from, to, term, matched),
+            Message::Commit { to, term, commit, .. } => self.receive_notice(state, to, term, commit),
         }
+    }
+
+    /// A commit notice (tidal-cluster's `Replica::notice_commit`): no term lock, no fsync; commit
+    /// moves to what the notice announced AND a live ship of its term matched after its fsync.
+    fn receive_notice(&self, state: &mut ModelState, to: NodeId, term: Term, commit: Seqno) -> bool {
+        let past_matched = self.bugs.notice_past_matched;
+        let node = &mut state.nodes[index(to)];
+        if node.term != term {
+            return false;
+        }
+        let Some(notice) = node.notice.in_term(term) else { return false };
+        notice.notified = notice.notified.max(commit);
+        let frontier = if past_matched { notice.notified } else { notice.frontier() };
+        node.commit = node.commit.max(frontier);
+        self.apply(node);
+        // Whether anything changed is decided by comparing the states.
+        true
     }
 
     /// The follower's receive path: decide_ship, perform, keep the ack for after the fsync.
@@ -644,8 +692,15 @@ impl ReplicationModel {
                     term: pending.term,
                     matched: pending.matched,
                 });
+                // A live ship of this term, fsynced: its matched is the leader's log, durable here.
+                if let Some(notice) = node.notice.in_term(pending.term) {
+                    notice.matched = notice.matched.max(pending.matched.seqno);
+                }
             }
             node.commit = node.commit.max(pending.commit);
+        }
+        if node.notice.term == node.term {
+            node.commit = node.commit.max(node.notice.frontier());
         }
         self.apply(node);
         if node.commit < before {
@@ -804,6 +859,7 @@ fn add_pending(node: &mut NodeState, pending: PendingAck) {
 fn restart(node: &mut NodeState) -> bool {
     node.wal.truncate(usize::try_from(node.durable.get()).unwrap_or(0));
     node.unsynced.clear();
+    node.notice = NoticeState::default();
     node.role = Role::Follower;
     node.commit = node.applied;
     true
@@ -888,6 +944,7 @@ impl fmt::Display for Action {
             Action::Probe { leader, target } => write!(f, "{leader}: probes {target}"),
             Action::ClientWrite { leader } => write!(f, "{leader}: client write appended"),
             Action::Ship { leader, to } => write!(f, "{leader}: ships its durable log to {to}"),
+            Action::Notice { leader, to } => write!(f, "{leader}: sends its commit frontier to {to}"),
             Action::Pull { leader } => write!(f, "{leader}: pulls from its source"),
             Action::Deliver(Message::Ship { from, to, term, prev, batches, commit, pull }) => {
                 let batches: Vec<String> =
@@ -901,6 +958,9 @@ impl fmt::Display for Action {
             }
             Action::Deliver(Message::Ack { from, to, term, matched }) => {
                 write!(f, "{to}: gets ack from {from} {{{term}, matched {matched}}}")
+            }
+            Action::Deliver(Message::Commit { from, to, term, commit }) => {
+                write!(f, "{to}: gets commit notice from {from} {{{term}, commit {commit}}}")
             }
             Action::Fsync { node } => write!(f, "{node}: fsync done"),
             Action::Restart { node } => write!(f, "{node}: crash + restart"),

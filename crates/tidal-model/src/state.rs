@@ -48,6 +48,35 @@ pub struct NodeState {
     pub role: Role,
     /// Accepted messages waiting for the fsync before their ack (PROTOCOL.md shipping step 4).
     pub unsynced: BTreeSet<PendingAck>,
+    /// Follower (in memory): the leader's commit notices and how far a live ship of that term
+    /// matched after its fsync (decisions/017).
+    pub notice: NoticeState,
+}
+
+/// A follower's commit-notice bookkeeping, as tidal-cluster's `LeaderCommit`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct NoticeState {
+    /// The term the other fields belong to.
+    pub term: Term,
+    /// The highest commit a notice of `term` announced.
+    pub notified: Seqno,
+    /// The last position of a live ship of `term` accepted and fsynced.
+    pub matched: Seqno,
+}
+
+impl NoticeState {
+    /// The state for `term`: reset when `term` is newer; `None` when it is older.
+    pub fn in_term(&mut self, term: Term) -> Option<&mut NoticeState> {
+        if term > self.term {
+            *self = NoticeState { term, ..NoticeState::default() };
+        }
+        (term == self.term).then_some(self)
+    }
+
+    /// What a notice lets the follower commit: announced AND matched.
+    pub fn frontier(&self) -> Seqno {
+        self.notified.min(self.matched)
+    }
 }
 
 /// An accepted ship or chunk whose ack waits for the next fsync and the term re-check.
@@ -120,14 +149,15 @@ pub enum Config {
 
 /// The network: per link, the last message sent.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
-pub struct Network(BTreeMap<(NodeId, NodeId, bool), Message>);
+pub struct Network(BTreeMap<(NodeId, NodeId, u8), Message>);
 
 impl Network {
     /// Sends `message`, replacing the one in flight on its link. False if it was already there.
     pub fn send(&mut self, message: Message) -> bool {
         let link = match &message {
-            Message::Ship { from, to, pull, .. } => (*from, *to, *pull),
-            Message::Ack { from, to, .. } => (*from, *to, false),
+            Message::Ship { from, to, pull, .. } => (*from, *to, u8::from(*pull)),
+            Message::Ack { from, to, .. } => (*from, *to, 0),
+            Message::Commit { from, to, .. } => (*from, *to, 2),
         };
         self.0.insert(link, message.clone()) != Some(message)
     }
@@ -157,6 +187,17 @@ pub enum Message {
         commit: Seqno,
         /// A pulled chunk (not acked).
         pull: bool,
+    },
+    /// A commit notice: the leader of `term` committed through `commit`.
+    Commit {
+        /// Leader.
+        from: NodeId,
+        /// Follower.
+        to: NodeId,
+        /// The leader's term.
+        term: Term,
+        /// Its commit frontier.
+        commit: Seqno,
     },
     /// `Ack{term, matched}`.
     Ack {
@@ -220,6 +261,7 @@ impl NodeState {
             applied: Seqno::ZERO,
             role: Role::Follower,
             unsynced: BTreeSet::new(),
+            notice: NoticeState::default(),
         }
     }
 

@@ -111,6 +111,9 @@ fn rename_message(message: &Message, map: &impl Fn(NodeId) -> NodeId) -> Message
         Message::Ack { from, to, term, matched } => {
             Message::Ack { from: map(from), to: map(to), term, matched }
         }
+        Message::Commit { from, to, term, commit } => {
+            Message::Commit { from: map(from), to: map(to), term, commit }
+        }
     }
 }
 

@@ -56,3 +56,8 @@ fn choosing_the_log_by_commit_frontier() {
 fn skipping_the_dual_count_during_a_membership_change() {
     finds(Bug::SkipDualCount);
 }
+
+#[test]
+fn taking_a_commit_notice_past_what_a_live_ship_matched() {
+    finds(Bug::NoticePastMatched);
+}

@@ -9,7 +9,7 @@ use crate::pb;
 use crate::pb::replication_client::ReplicationClient;
 use crate::snapshot_message::{SnapshotChunk, SnapshotRequest};
 use std::time::Duration;
-use tidal_types::NodeId;
+use tidal_types::{NodeId, Seqno, Term};
 use tokio_stream::{Stream, StreamExt};
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Channel, Endpoint};
@@ -93,6 +93,25 @@ impl Peer {
         request.set_timeout(SHIP_TIMEOUT);
         let reply = self.client.clone().ship_segment(request).await?.into_inner();
         Ok(ShipAnswer::try_from(reply)?)
+    }
+
+    /// Sends a commit notice (the leader of `term` committed through `commit`); returns the peer's
+    /// term. Bounded by `timeout`: a notice is only worth anything while it is fresh.
+    pub async fn commit(
+        &self,
+        term: Term,
+        leader: NodeId,
+        commit: Seqno,
+        timeout: Duration,
+    ) -> Result<Term, NetError> {
+        let mut request = tonic::Request::new(pb::CommitRequest {
+            cluster_id: self.cluster_id.clone(),
+            term: term.0,
+            leader_id: leader.0,
+            commit_seqno: commit.0,
+        });
+        request.set_timeout(timeout);
+        Ok(Term(self.client.clone().commit(request).await?.into_inner().term))
     }
 
     /// Starts a pull; the stream ends when the server has sent what it holds, or fails.

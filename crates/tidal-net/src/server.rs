@@ -13,6 +13,7 @@ use crate::pb::replication_server::{Replication, ReplicationServer};
 use crate::snapshot_message::{SnapshotChunk, SnapshotRequest};
 use std::pin::Pin;
 use std::sync::Arc;
+use tidal_types::{NodeId, Seqno, Term};
 use tokio_stream::{Stream, StreamExt};
 use tonic::{Request, Response, Status};
 
@@ -39,6 +40,12 @@ pub trait Handler: Send + Sync + 'static {
     fn refused(&self, _class: &'static str) {}
     /// A ship (or heartbeat) from the leader.
     async fn ship(&self, ship: Ship) -> Result<ShipAnswer, Status>;
+    /// A commit notice from the leader of `term` (sent while a ship to us is in flight): apply what
+    /// we hold of its log up to `commit`. Returns our term. Advisory: the default ignores it (the
+    /// next ship carries the frontier too).
+    async fn commit(&self, term: Term, _leader: NodeId, _commit: Seqno) -> Result<Term, Status> {
+        Ok(term)
+    }
     /// A pull from a follower: batches after `pull.from`.
     async fn pull(&self, pull: Pull) -> Result<ChunkStream, Status>;
     /// The catch-up nudge: pull now. Returns whether a pull was started.
@@ -115,6 +122,16 @@ impl<H: Handler> Replication for Service<H> {
         let ship = Ship::try_from(request).map_err(|e| self.malformed("ship", e))?;
         let answer = self.handler.ship(ship).await?;
         Ok(Response::new(pb::ShipReply::from(&answer)))
+    }
+
+    async fn commit(&self, request: Request<pb::CommitRequest>) -> Result<Response<pb::CommitReply>, Status> {
+        let request = request.into_inner();
+        self.check_cluster(&request.cluster_id)?;
+        let term = self
+            .handler
+            .commit(Term(request.term), NodeId(request.leader_id), Seqno(request.commit_seqno))
+            .await?;
+        Ok(Response::new(pb::CommitReply { term: term.0 }))
     }
 
     type StreamSegmentsStream = Outgoing<pb::PullChunk>;
