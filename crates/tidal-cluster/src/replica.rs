@@ -253,7 +253,27 @@ pub struct Replica {
     refusals: Mutex<BTreeMap<&'static str, u64>>,
     /// Follower: the leader's commit notices and how far our log is known to match its log.
     leader_commit: Mutex<LeaderCommit>,
+    /// Commit-notice counters (metrics): see [`NoticeStats`].
+    notice_stats: [AtomicU64; 4],
 }
+
+/// Commit notices (decisions/017), for metrics.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct NoticeStats {
+    /// Leader: notices sent and answered.
+    pub sent: u64,
+    /// Leader: notices that failed (no answer within the deadline, transport error).
+    pub failed: u64,
+    /// Follower: notices received in our term.
+    pub received: u64,
+    /// Follower: times a notice moved our commit frontier past what the ships alone gave.
+    pub advanced: u64,
+}
+
+const NOTICE_SENT: usize = 0;
+const NOTICE_FAILED: usize = 1;
+const NOTICE_RECEIVED: usize = 2;
+const NOTICE_ADVANCED: usize = 3;
 
 /// Follower: what the leader of `term` told us in commit notices (`notified`), and the last position
 /// of a live ship of `term` we accepted and fsynced (`matched`). Everything up to `matched` is the
@@ -375,6 +395,7 @@ impl Replica {
             writes_in_flight: std::sync::atomic::AtomicUsize::new(0),
             refusals: Mutex::new(BTreeMap::new()),
             leader_commit: Mutex::new(LeaderCommit::default()),
+            notice_stats: Default::default(),
         });
         // Losing office is synchronous with persisting a higher vote (PROTOCOL.md, "Losing office").
         let weak = Arc::downgrade(&replica);
@@ -734,8 +755,12 @@ impl Replica {
             if self.gate.term() != term {
                 return;
             }
-            if let Err(error) = peer.commit(term, self.me, commit, NOTICE_TIMEOUT).await {
-                tracing::debug!(%follower, "commit notice failed: {error}");
+            match peer.commit(term, self.me, commit, NOTICE_TIMEOUT).await {
+                Ok(_) => self.count_notice(NOTICE_SENT),
+                Err(error) => {
+                    self.count_notice(NOTICE_FAILED);
+                    tracing::debug!(%follower, "commit notice failed: {error}");
+                }
             }
         }
     }
@@ -809,11 +834,30 @@ impl Replica {
                     state.frontier()
                 })
             };
+            self.count_notice(NOTICE_RECEIVED);
             if let Some(frontier) = frontier {
+                if frontier > self.commit.commit() {
+                    self.count_notice(NOTICE_ADVANCED);
+                }
                 self.commit.advance(frontier);
             }
         }
         ours
+    }
+
+    fn count_notice(&self, which: usize) {
+        self.notice_stats[which].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Commit-notice counters.
+    pub fn notice_stats(&self) -> NoticeStats {
+        let get = |which: usize| self.notice_stats[which].load(Ordering::Relaxed);
+        NoticeStats {
+            sent: get(NOTICE_SENT),
+            failed: get(NOTICE_FAILED),
+            received: get(NOTICE_RECEIVED),
+            advanced: get(NOTICE_ADVANCED),
+        }
     }
 
     /// Forgets how far our log matches the leader's (our log was replaced by a snapshot).
@@ -895,7 +939,11 @@ impl Replica {
                         } else {
                             None
                         };
-                        self.commit.advance(commit.max(notified.unwrap_or(Seqno::ZERO)));
+                        let notified = notified.unwrap_or(Seqno::ZERO);
+                        if notified > commit {
+                            self.count_notice(NOTICE_ADVANCED);
+                        }
+                        self.commit.advance(commit.max(notified));
                         ShipOutcome::Matched(matched)
                     }
                     Err(reason) => {

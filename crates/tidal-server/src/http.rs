@@ -1028,6 +1028,19 @@ async fn metrics(State(state): State<Arc<AppState>>) -> Response {
             let count = refusals.get(class).copied().unwrap_or(0);
             out.push_str(&format!("tidal_replication_refusals_total{{reason=\"{class}\"}} {count}\n"));
         }
+        let notices = replica.notice_stats();
+        out.push_str(
+            "# HELP tidal_commit_notices_total Commit notices (decisions/017): sent/failed by a leader, received/advanced (moved the commit frontier) on a follower.\n",
+        );
+        out.push_str("# TYPE tidal_commit_notices_total counter\n");
+        for (outcome, count) in [
+            ("sent", notices.sent),
+            ("failed", notices.failed),
+            ("received", notices.received),
+            ("advanced", notices.advanced),
+        ] {
+            out.push_str(&format!("tidal_commit_notices_total{{outcome=\"{outcome}\"}} {count}\n"));
+        }
         let healing = replica.snapshot_pins().pinned();
         out.push_str("# HELP tidal_follower_snapshot 1 while a follower is healed by a snapshot (behind the WAL retention budget).\n");
         out.push_str("# TYPE tidal_follower_snapshot gauge\n");
