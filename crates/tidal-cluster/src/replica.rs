@@ -639,7 +639,13 @@ impl Replica {
         let mut commits = self.commit.subscribe();
         let (notices, notices_rx) = watch::channel(Seqno::ZERO);
         if commit_notices_enabled() {
-            tokio::spawn(self.clone().commit_notifier(follower, peer.clone(), term, notices_rx));
+            tokio::spawn(Replica::commit_notifier(
+                Arc::downgrade(&self),
+                follower,
+                peer.clone(),
+                term,
+                notices_rx,
+            ));
         }
         // Optimistic start at our own end; a follower that lacks it answers Gap with its last.
         let mut after = self.feed.last();
@@ -742,9 +748,10 @@ impl Replica {
     }
 
     /// One per ShipQueue: sends the commit notices it is handed, one at a time, the newest first;
-    /// ends with its queue.
+    /// ends with its queue. It holds the replica only weakly and never across a call, so a stopping
+    /// node is not kept alive by a notice in flight (its engine must be released for a restart).
     async fn commit_notifier(
-        self: Arc<Self>,
+        replica: std::sync::Weak<Replica>,
         follower: NodeId,
         peer: Peer,
         term: Term,
@@ -752,13 +759,16 @@ impl Replica {
     ) {
         while notices.changed().await.is_ok() {
             let commit = *notices.borrow_and_update();
-            if self.gate.term() != term {
-                return;
-            }
-            match peer.commit(term, self.me, commit, NOTICE_TIMEOUT).await {
-                Ok(_) => self.count_notice(NOTICE_SENT),
+            let me = match replica.upgrade() {
+                Some(replica) if replica.gate.term() == term => replica.me,
+                _ => return,
+            };
+            let outcome = peer.commit(term, me, commit, NOTICE_TIMEOUT).await;
+            let Some(replica) = replica.upgrade() else { return };
+            match outcome {
+                Ok(_) => replica.count_notice(NOTICE_SENT),
                 Err(error) => {
-                    self.count_notice(NOTICE_FAILED);
+                    replica.count_notice(NOTICE_FAILED);
                     tracing::debug!(%follower, "commit notice failed: {error}");
                 }
             }
