@@ -829,8 +829,14 @@ pub fn run(seed: u64, scenario: &Scenario) -> anyhow::Result<Outcome> {
         Faults::Classes(classes) => Plan::draw(&mut rng, classes, scenario.nodes, scenario.load),
         Faults::Swarm(swarm) => Plan::draw_swarm(&mut rng, swarm, scenario.nodes, scenario.load),
     };
-    let redelivery =
-        if scenario.redelivery { redeliver::Rates::draw(seed) } else { redeliver::Rates::default() };
+    // `TIDAL_SIM_REDELIVERY=0` turns duplicated and reordered delivery off (to compare a plant's
+    // catch rate with and without it).
+    let redelivery_off = std::env::var_os("TIDAL_SIM_REDELIVERY").is_some_and(|value| value == "0");
+    let redelivery = if scenario.redelivery && !redelivery_off {
+        redeliver::Rates::draw(seed)
+    } else {
+        redeliver::Rates::default()
+    };
     if redelivery.any() {
         cluster.redelivery = (0..scenario.nodes)
             .map(|node| Some(redeliver::Redelivery::new(redelivery, seed ^ 0x7a9 ^ ((node as u64) << 40))))
@@ -1001,9 +1007,13 @@ pub fn run(seed: u64, scenario: &Scenario) -> anyhow::Result<Outcome> {
     }
     let Driver { mut counters, trace, mut violations, .. } = driver;
     drop(sim);
-    for tap in cluster.redelivery.iter().flatten() {
+    for (node, tap) in cluster.redelivery.iter().enumerate() {
+        let Some(tap) = tap else { continue };
         for (class, count) in tap.counts() {
             *counters.0.entry(class).or_default() += count;
+        }
+        for halt in tap.halts() {
+            violations.push(format!("redelivery: a copy n{} sent to {halt}", node + 1));
         }
     }
     // WAL checks over each node's simulated disk (the nodes are stopped: the sim is dropped).

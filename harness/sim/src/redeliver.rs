@@ -56,7 +56,7 @@ impl Rates {
         };
         let duplicate = rate(&mut rng);
         let reorder = rate(&mut rng);
-        Rates { duplicate, reorder, delay_max_ms: rng.range(50, 3000), hold_max: rng.range(1, 6) }
+        Rates { duplicate, reorder, delay_max_ms: rng.range(50, 5000), hold_max: rng.range(1, 6) }
     }
 }
 
@@ -74,6 +74,9 @@ struct State {
     /// By follower address.
     held: HashMap<String, Vec<Held>>,
     counts: BTreeMap<&'static str, u64>,
+    /// What a copy did that a follower must never do (halt its receiver, accept an older term):
+    /// `"address: what"`.
+    halts: Vec<String>,
 }
 
 struct Inner {
@@ -92,7 +95,12 @@ impl Redelivery {
         Redelivery(Arc::new(Inner {
             rates,
             enabled: AtomicBool::new(rates.any()),
-            state: Mutex::new(State { rng: Rng::new(seed), held: HashMap::new(), counts: BTreeMap::new() }),
+            state: Mutex::new(State {
+                rng: Rng::new(seed),
+                held: HashMap::new(),
+                counts: BTreeMap::new(),
+                halts: Vec::new(),
+            }),
         }))
     }
 
@@ -110,6 +118,12 @@ impl Redelivery {
     /// Copies sent and their answers, by class.
     pub fn counts(&self) -> BTreeMap<&'static str, u64> {
         self.lock().counts.clone()
+    }
+
+    /// What copies made followers do that they must never do (`"address: what"`): a halted
+    /// receiver, a ship of an older term accepted. The driver reports each as a violation.
+    pub fn halts(&self) -> Vec<String> {
+        self.lock().halts.clone()
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
@@ -130,11 +144,29 @@ impl Redelivery {
             *this.lock().counts.entry(class).or_default() += 1;
             let answer = match peer.ship(&ship).await {
                 Ok(answer) => match answer.outcome {
+                    // Invariant 4: no node accepts a ship whose sender's term is below its own.
+                    ShipOutcome::Matched(_) if answer.term > ship.term => {
+                        this.lock().halts.push(format!(
+                            "{}: invariant 4: it accepted a ship of term {} while in term {}",
+                            peer.address(),
+                            ship.term,
+                            answer.term
+                        ));
+                        "redelivered_accepted_stale"
+                    }
                     ShipOutcome::Matched(_) => "redelivered_matched",
                     ShipOutcome::Fenced => "redelivered_fenced",
                     ShipOutcome::NotYet => "redelivered_not_yet",
                     ShipOutcome::Gap(_) => "redelivered_gap",
                     ShipOutcome::Diverged(_) => "redelivered_diverged",
+                    // A halt (decide/follower.rs): the copy would have made the follower drop
+                    // committed batches, or one term has two logs. The driver makes it a violation.
+                    ShipOutcome::Refused(reason)
+                        if reason.contains("would quarantine committed") || reason.contains("two logs") =>
+                    {
+                        this.lock().halts.push(format!("{}: {reason}", peer.address()));
+                        "redelivered_halted"
+                    }
                     ShipOutcome::Refused(_) => "redelivered_refused",
                 },
                 Err(_) => "redelivered_lost",
