@@ -452,6 +452,7 @@ impl SimulatedCluster {
                 None => net::connector(),
             },
             forward_writes: false,
+            apply_probe: Some(Arc::new(self.points[index].clone())),
         };
         Ok(config)
     }

@@ -98,8 +98,8 @@ fn crash_points_first_occurrence() {
         .collect();
     assert!(failures.is_empty(), "crash points broke invariants:\n{}", failures.join("\n"));
     assert_eq!(totals.lost, 0, "acknowledged writes lost");
-    // `follower/apply` (both modes) is the only point the simulation cannot reach.
-    assert_eq!(totals.covered, totals.total - 2, "points not reached: {:?}", totals.missed);
+    // Every point is reachable (the apply points through `tidal_cluster::ApplyProbe`).
+    assert_eq!(totals.covered, totals.total, "points not reached: {:?}", totals.missed);
 }
 
 /// Every closed entry of `regressions.txt` (open ones are listed there and in decisions/008; they
