@@ -287,6 +287,10 @@ pub struct Outcome {
     pub trace_hash: String,
     /// Hash of the fault plan drawn from the seed (the part of a run the seed alone fixes).
     pub plan_hash: String,
+    /// Hashes of the trace's parts, to see which of them replay (`make sim-determinism`): `plan`,
+    /// `faults` (as applied, with their offsets), `acked` (the set of acknowledged ids), `acks`
+    /// (every acknowledgement in order, with its seqno and node), `final` (the converged digest).
+    pub trace_parts: Vec<(&'static str, String)>,
     /// Write outcomes.
     pub stats: workload::WriteStats,
     /// Simulated time of the run.
@@ -1076,6 +1080,28 @@ pub fn run(seed: u64, scenario: &Scenario) -> anyhow::Result<Outcome> {
         hasher.update(b"\n");
     }
     let trace_hash = hasher.finalize().to_hex()[..16].to_string();
+    let part = |lines: &mut dyn Iterator<Item = String>| {
+        let mut hasher = blake3::Hasher::new();
+        for line in lines {
+            hasher.update(line.as_bytes());
+            hasher.update(b"\n");
+        }
+        hasher.finalize().to_hex()[..16].to_string()
+    };
+    let mut acked: Vec<u64> = shared
+        .trace
+        .iter()
+        .filter_map(|line| line.strip_prefix("ack "))
+        .filter_map(|rest| rest.split_whitespace().next()?.parse().ok())
+        .collect();
+    acked.sort_unstable();
+    let trace_parts = vec![
+        ("plan", plan_hash.clone()),
+        ("faults", part(&mut trace.iter().filter(|line| !line.starts_with("plan")).cloned())),
+        ("acked", part(&mut acked.iter().map(u64::to_string))),
+        ("acks", part(&mut shared.trace.iter().filter(|line| line.starts_with("ack ")).cloned())),
+        ("final", part(&mut shared.trace.iter().filter(|line| line.starts_with("digest ")).cloned())),
+    ];
     // The compact trace printed with a failure: faults as applied and the client's last events.
     let mut story: Vec<String> = trace.iter().filter(|line| !line.starts_with("plan")).cloned().collect();
     story.truncate(40);
@@ -1087,6 +1113,7 @@ pub fn run(seed: u64, scenario: &Scenario) -> anyhow::Result<Outcome> {
         counters,
         trace_hash,
         plan_hash,
+        trace_parts,
         stats: shared.stats,
         simulated,
         converged_after_ms: shared.converged_after_ms,

@@ -130,12 +130,20 @@ fn determinism() {
     let scenario = Scenario::named(&scenario_name).expect("scenario exists");
     let mut same = 0;
     let mut failed = Vec::new();
+    // Per part of the trace: how many seeds replayed it.
+    let mut parts: Vec<(&'static str, u32)> = Vec::new();
     for seed in 1..=32 {
         let first = run(seed, &scenario).expect("the simulation runs");
         let second = run(seed, &scenario).expect("the simulation runs");
         assert_eq!(first.plan_hash, second.plan_hash, "seed {seed}: the fault plan differs between replays");
         let equal = first.trace_hash == second.trace_hash;
         same += u32::from(equal);
+        for ((name, a), (_, b)) in first.trace_parts.iter().zip(&second.trace_parts) {
+            match parts.iter_mut().find(|(part, _)| part == name) {
+                Some((_, count)) => *count += u32::from(a == b),
+                None => parts.push((name, u32::from(a == b))),
+            }
+        }
         println!(
             "seed {seed}: trace {} / {} {}",
             first.trace_hash,
@@ -148,6 +156,10 @@ fn determinism() {
             }
         }
     }
-    println!("determinism ({scenario_name}): {same}/32 seeds replayed to the same trace hash");
+    let parts: Vec<String> = parts.iter().map(|(name, count)| format!("{name} {count}/32")).collect();
+    println!(
+        "determinism ({scenario_name}): {same}/32 seeds replayed to the same trace hash (by part: {})",
+        parts.join(", ")
+    );
     assert!(failed.is_empty(), "runs broke invariants:\n{}", failed.join("\n"));
 }
