@@ -53,7 +53,7 @@ chaos:
 	$(CARGO) run --profile test -p tidal-sim -- --chaos --seeds $(SEEDS) --first $(FIRST) --jobs $(JOBS) $(if $(SCENARIO),--scenario $(SCENARIO))
 
 # The crash-point sweep: a fixed scenario, the node killed at every durability boundary (leader:
-# write, fsync, ship, rotate; follower: receive, append, fsync, ack; apply is not reachable) at its
+# write, fsync, ship, rotate, apply, applied; follower: receive, append, fsync, ack, apply, applied) at its
 # k-th occurrence for every k in KS, with lost and with torn unsynced bytes; one run each, every
 # invariant checked. Last line `crash-points: <covered>/<total> points, <runs> runs, <lost>
 # acknowledged writes lost, <violations> violations`. Non-zero exit on any violation.

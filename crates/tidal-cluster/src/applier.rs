@@ -11,6 +11,7 @@
 //!   write path bounds (in-flight writes wait for their apply).
 //! - An apply error is fatal: the applier records it and stops; the applied frontier stops moving,
 //!   every waiter is woken with an error, and a restart replays the WAL.
+//! - [`ApplyProbe`] is a test seam (harness/sim's `apply` crash points); production has none.
 
 use std::collections::VecDeque;
 use std::sync::mpsc::{Receiver, SyncSender};
@@ -74,6 +75,27 @@ impl ApplierSender {
     }
 }
 
+/// Where an [`ApplyProbe`] is asked, for each committed batch the applier folds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ApplyPoint {
+    /// The batch is durable and committed; the engine has not folded it (nothing of it in the
+    /// engine's state, in memory or in fjall).
+    BeforeApply,
+    /// The engine folded it (`TidalDb::apply` returned); the applied frontier the node's waiters
+    /// watch is not published yet (no write waiting on it is answered).
+    BeforePublish,
+}
+
+/// A test seam: the simulation's crash points in the apply path (harness/sim `crashpoint.rs`).
+/// Production passes none. Asked on the applier thread at every [`ApplyPoint`] of every batch it
+/// folds (not in start-up replay); `true` means the process dies there: the applier does nothing
+/// more (it folds nothing, publishes nothing, and only drains its input until the node is gone),
+/// as a process killed at that instruction would.
+pub trait ApplyProbe: Send + Sync + 'static {
+    /// The applier is at `point` for the batch `first..=last`; `true`: die here.
+    fn reached(&self, point: ApplyPoint, first: Seqno, last: Seqno) -> bool;
+}
+
 /// The running applier. It holds no sender itself: the thread ends when the last sender is gone.
 pub struct Applier {
     applied: watch::Receiver<Seqno>,
@@ -85,13 +107,21 @@ impl Applier {
     /// Starts the applier thread over `db`, whose applied seqno is where it starts. Returns the
     /// first sender; clone it for every producer (the WAL hook, the commit tracker).
     pub fn spawn(db: Arc<TidalDb>) -> std::io::Result<(Applier, ApplierSender)> {
+        Applier::spawn_probed(db, None)
+    }
+
+    /// [`Applier::spawn`] with a test probe ([`ApplyProbe`]; `None` is `spawn`).
+    pub fn spawn_probed(
+        db: Arc<TidalDb>,
+        probe: Option<Arc<dyn ApplyProbe>>,
+    ) -> std::io::Result<(Applier, ApplierSender)> {
         let (tx, rx) = std::sync::mpsc::sync_channel(APPLIER_INPUT_MAX);
         let (applied_tx, applied_rx) = watch::channel(db.applied_seqno());
         let fatal = Arc::new(Mutex::new(None));
         let thread_fatal = fatal.clone();
         let thread = std::thread::Builder::new()
             .name("tidal-applier".into())
-            .spawn(move || run(db, rx, applied_tx, thread_fatal))?;
+            .spawn(move || run(db, rx, applied_tx, thread_fatal, probe))?;
         Ok((Applier { applied: applied_rx, fatal, thread: Mutex::new(Some(thread)) }, ApplierSender(tx)))
     }
 
@@ -124,11 +154,15 @@ fn run(
     input: Receiver<ApplierInput>,
     applied: watch::Sender<Seqno>,
     fatal: Arc<Mutex<Option<String>>>,
+    probe: Option<Arc<dyn ApplyProbe>>,
 ) {
+    let dies_at = |point: ApplyPoint, batch: &Batch| {
+        probe.as_ref().is_some_and(|probe| probe.reached(point, batch.first_seqno(), batch.last_seqno()))
+    };
     let mut pending: VecDeque<Batch> = VecDeque::new();
     let mut commit = db.applied_seqno();
     let mut stop = false;
-    for message in input {
+    for message in input.iter() {
         match message {
             ApplierInput::Flushed(batches) => pending.extend(batches),
             ApplierInput::Commit(seqno) => commit = commit.max(seqno),
@@ -153,11 +187,17 @@ fn run(
             if front.last_seqno() > commit {
                 break;
             }
+            if dies_at(ApplyPoint::BeforeApply, front) {
+                return drain_dead(&input);
+            }
             if let Err(error) = db.apply(front) {
                 let message = format!("apply of batch at seqno {} failed: {error}", front.first_seqno());
                 tracing::error!("{message}; the node stops applying and acknowledging");
                 *fatal.lock().expect("fatal lock is never held across a panic") = Some(message);
                 return;
+            }
+            if dies_at(ApplyPoint::BeforePublish, front) {
+                return drain_dead(&input);
             }
             pending.pop_front();
         }
@@ -167,6 +207,21 @@ fn run(
         applied.send_if_modified(|published| std::mem::replace(published, now) != now);
         if stop {
             return;
+        }
+    }
+}
+
+/// A probe killed the node here: nothing more is applied or published; the input is drained
+/// (so its senders never block) until the node's senders are gone or it is told to stop, and the
+/// watch of the applied frontier stays open meanwhile (its waiters wait, as a dead process's
+/// clients do).
+fn drain_dead(input: &Receiver<ApplierInput>) {
+    tracing::warn!("apply probe: the node died in its applier");
+    for message in input {
+        match message {
+            ApplierInput::Stop => return,
+            ApplierInput::SnapshotInstalled { done, .. } => drop(done),
+            _ => {}
         }
     }
 }
@@ -196,6 +251,32 @@ mod tests {
         let encoded =
             encode_payload(&envelope, &Records::ItemMetadata { item: seqno, metadata: b"{}".to_vec() });
         Batch::new(encoded.kind, Term(1), Seqno(seqno), encoded.event_count, &encoded.payload)
+    }
+
+    /// Dies at `point` of the batch starting at `first`.
+    struct DieAt(ApplyPoint, Seqno);
+
+    impl ApplyProbe for DieAt {
+        fn reached(&self, point: ApplyPoint, first: Seqno, _last: Seqno) -> bool {
+            point == self.0 && first == self.1
+        }
+    }
+
+    #[test]
+    fn a_probe_stops_the_applier_at_its_point() {
+        for (point, engine_applied) in [(ApplyPoint::BeforeApply, 1), (ApplyPoint::BeforePublish, 2)] {
+            let dir = tempfile::tempdir().unwrap();
+            let db = Arc::new(TidalDb::open(dir.path(), EngineConfig::with_dimension(4)).unwrap());
+            let (applier, sender) =
+                Applier::spawn_probed(db.clone(), Some(Arc::new(DieAt(point, Seqno(2))))).unwrap();
+            sender.flushed(vec![item_batch(1), item_batch(2), item_batch(3)]);
+            sender.commit(Seqno(3));
+            // Messages are handled in order; a dead applier never confirms an install.
+            assert!(!sender.snapshot_installed(Seqno::ZERO), "{point:?}: the applier did not die");
+            assert_eq!(db.applied_seqno(), Seqno(engine_applied), "{point:?}: the engine's frontier");
+            assert_eq!(*applier.applied().borrow(), Seqno::ZERO, "{point:?}: a frontier was published");
+            applier.join(sender);
+        }
     }
 
     #[test]

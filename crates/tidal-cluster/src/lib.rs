@@ -17,7 +17,7 @@ pub mod ship_feed;
 pub mod snapshot;
 pub mod spec;
 
-pub use applier::{Applier, ApplierInput, ApplierSender, CommitOnFlush};
+pub use applier::{Applier, ApplierInput, ApplierSender, ApplyPoint, ApplyProbe, CommitOnFlush};
 pub use commit_state::CommitState;
 pub use control::{ControlPlane, ControlTiming, TermGate};
 pub use replica::{

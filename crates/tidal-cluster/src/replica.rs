@@ -41,7 +41,10 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, RwLock};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+// tokio's clock, not std's: the same instant in production (tokio reads std's clock), and the
+// simulated clock under turmoil, so heartbeat pacing, pull and install rate limits and the
+// promote/membership deadlines follow simulated time there (decisions/008, "Determinism").
 use tidal_core::{RaftStore, RaftWrite, TidalDb};
 use tidal_net::{
     Chunk, ChunkOutcome, ChunkStream, NetError, Peer, Probe, ProbeOutcome, ProbeReply, Pull, RaftCall, Ship,
@@ -50,6 +53,7 @@ use tidal_net::{
 use tidal_types::{NodeId, Seqno, Term, TermSeqno};
 use tidal_wal::{Batch, FlushedHook, Position, Wal};
 use tokio::sync::watch;
+use tokio::time::Instant;
 use tokio_stream::StreamExt;
 
 /// Bytes per ship or pulled chunk: big enough to carry a busy second of small batches in a few

@@ -2,7 +2,7 @@
 //! message must not hang a queue).
 
 use crate::auth::SecretAttach;
-use crate::connector::Connector;
+use crate::connector::{Connector, ShipTap};
 use crate::control::{check_raft_payload, Probe, ProbeReply, RaftCall};
 use crate::message::{Chunk, Pull, Ship, ShipAnswer, WireError, MESSAGE_BATCH_BYTES_MAX};
 use crate::pb;
@@ -46,6 +46,8 @@ pub struct Peer {
     client: Client,
     cluster_id: String,
     address: String,
+    /// The connector's ship tap (simulation only; `None` in production).
+    ship_tap: Option<std::sync::Arc<dyn ShipTap>>,
 }
 
 impl Peer {
@@ -79,7 +81,12 @@ impl Peer {
         let client = ReplicationClient::with_interceptor(channel, attach)
             .max_decoding_message_size(MESSAGE_BATCH_BYTES_MAX + 1024 * 1024)
             .max_encoding_message_size(MESSAGE_BATCH_BYTES_MAX + 1024 * 1024);
-        Ok(Peer { client, cluster_id: cluster_id.to_string(), address: address.to_string() })
+        Ok(Peer {
+            client,
+            cluster_id: cluster_id.to_string(),
+            address: address.to_string(),
+            ship_tap: connector.ship_tap(),
+        })
     }
 
     /// The peer's address.
@@ -89,6 +96,15 @@ impl Peer {
 
     /// Sends a ship and waits for the answer (bounded by [`SHIP_TIMEOUT`]).
     pub async fn ship(&self, ship: &Ship) -> Result<ShipAnswer, NetError> {
+        let answer = self.ship_once(ship).await;
+        if let Some(tap) = &self.ship_tap {
+            let untapped = Peer { ship_tap: None, ..self.clone() };
+            tap.shipped(&untapped, ship);
+        }
+        answer
+    }
+
+    async fn ship_once(&self, ship: &Ship) -> Result<ShipAnswer, NetError> {
         let mut request = tonic::Request::new(pb::ShipRequest::from(ship));
         request.set_timeout(SHIP_TIMEOUT);
         let reply = self.client.clone().ship_segment(request).await?.into_inner();

@@ -24,18 +24,34 @@ type ConnectFn = dyn Fn(String) -> ConnectFuture + Send + Sync;
 pub struct Connector {
     /// `None`: the OS's TCP through tonic's own connector (socket options included).
     custom: Option<Arc<ConnectFn>>,
+    /// Simulation only ([`Connector::with_ship_tap`]); `None` in production.
+    ship_tap: Option<Arc<dyn ShipTap>>,
+}
+
+/// A simulation seam (harness/sim's duplicated and reordered delivery; production never sets
+/// one): sees every ship a [`crate::Peer`] of this connector sent, once its answer (or error) is
+/// back, and may send copies of it again later through `untapped` (the same peer without the tap)
+/// as separate requests. The caller of [`crate::Peer::ship`] never sees those copies or their
+/// answers: its own ship and answer are unchanged.
+pub trait ShipTap: Send + Sync + 'static {
+    /// `ship` was sent to `untapped.address()` and answered (or failed).
+    fn shipped(&self, untapped: &crate::Peer, ship: &crate::Ship);
 }
 
 impl std::fmt::Debug for Connector {
     fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        formatter.write_str(if self.custom.is_some() { "Connector(custom)" } else { "Connector(tcp)" })
+        formatter.write_str(if self.custom.is_some() { "Connector(custom)" } else { "Connector(tcp)" })?;
+        if self.ship_tap.is_some() {
+            formatter.write_str("+ship_tap")?;
+        }
+        Ok(())
     }
 }
 
 impl Connector {
     /// The OS's TCP (what production uses).
     pub fn tcp() -> Connector {
-        Connector { custom: None }
+        Connector { custom: None, ship_tap: None }
     }
 
     /// Connections opened by `connect`, called with the peer's `host:port`.
@@ -43,7 +59,18 @@ impl Connector {
     where
         F: Fn(String) -> ConnectFuture + Send + Sync + 'static,
     {
-        Connector { custom: Some(Arc::new(connect)) }
+        Connector { custom: Some(Arc::new(connect)), ship_tap: None }
+    }
+
+    /// The same connector whose peers report every ship to `tap` (simulation only, see
+    /// [`ShipTap`]).
+    pub fn with_ship_tap(mut self, tap: Arc<dyn ShipTap>) -> Connector {
+        self.ship_tap = Some(tap);
+        self
+    }
+
+    pub(crate) fn ship_tap(&self) -> Option<Arc<dyn ShipTap>> {
+        self.ship_tap.clone()
     }
 
     pub(crate) fn custom(&self) -> Option<Service> {

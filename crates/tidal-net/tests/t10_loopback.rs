@@ -141,3 +141,34 @@ async fn a_dead_peer_fails_within_the_deadline() {
     let peer = Peer::connect_lazy(&address, "secret-secret", "test-cluster").unwrap();
     assert!(peer.ship(&ship()).await.is_err());
 }
+
+/// The simulation's seam: a tap sees each ship once its answer is back and may send a copy through
+/// the untapped peer; the caller gets its own answer, the copy reaches the server as a separate
+/// request, and the copy does not reach the tap again.
+#[tokio::test]
+async fn a_ship_tap_sees_each_ship_and_its_copies_bypass_it() {
+    struct CopyOnce {
+        seen: AtomicUsize,
+        answers: tokio::sync::mpsc::UnboundedSender<Result<ShipAnswer, String>>,
+    }
+    impl tidal_net::ShipTap for CopyOnce {
+        fn shipped(&self, untapped: &Peer, ship: &Ship) {
+            self.seen.fetch_add(1, Ordering::SeqCst);
+            let (peer, copy, answers) = (untapped.clone(), ship.clone(), self.answers.clone());
+            tokio::spawn(async move {
+                let _ = answers.send(peer.ship(&copy).await.map_err(|error| error.to_string()));
+            });
+        }
+    }
+    let (address, handler, _stop) = start().await;
+    let (answers, mut copies) = tokio::sync::mpsc::unbounded_channel();
+    let tap = Arc::new(CopyOnce { seen: AtomicUsize::new(0), answers });
+    let connector = tidal_net::Connector::tcp().with_ship_tap(tap.clone());
+    let peer = Peer::connect_lazy_with(&address, "secret-secret", "test-cluster", &connector).unwrap();
+    let answer = peer.ship(&ship()).await.unwrap();
+    assert_eq!(answer.outcome, ShipOutcome::Matched(TermSeqno { term: Term(1), seqno: Seqno(3) }));
+    let copy = copies.recv().await.unwrap().unwrap();
+    assert_eq!(copy, answer, "the copy is the same request");
+    assert_eq!(handler.calls.load(Ordering::SeqCst), 2, "the original and its copy");
+    assert_eq!(tap.seen.load(Ordering::SeqCst), 1, "the copy went around the tap");
+}

@@ -256,6 +256,8 @@ pub struct NodeIo {
     /// Whether a follower forwards writes to the leader (over the OS's HTTP client). The simulation
     /// turns it off: its network has no OS sockets, and a follower then answers 503 `not_ready`.
     pub forward_writes: bool,
+    /// A test probe in the applier (harness/sim's `apply` crash points); `None` in production.
+    pub apply_probe: Option<std::sync::Arc<dyn tidal_cluster::ApplyProbe>>,
 }
 
 impl Default for NodeIo {
@@ -265,6 +267,7 @@ impl Default for NodeIo {
             wal_clock: std::sync::Arc::new(tidal_wal::SystemClock),
             connector: tidal_net::Connector::tcp(),
             forward_writes: true,
+            apply_probe: None,
         }
     }
 }

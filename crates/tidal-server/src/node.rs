@@ -93,7 +93,8 @@ impl Node {
         );
         let db = TidalDb::open(&config.data_dir.join("state"), engine).context("open engine")?;
         let db = Arc::new(db);
-        let (applier, sender) = Applier::spawn(db.clone()).context("start applier")?;
+        let (applier, sender) =
+            Applier::spawn_probed(db.clone(), config.io.apply_probe.clone()).context("start applier")?;
         // An install interrupted by a crash is finished below, before replay: the engine will then
         // be at the snapshot's seqno, which is where commit bookkeeping starts (the engine itself
         // still reports its half-replaced state's seqno until then).

@@ -21,7 +21,12 @@
 //! | follower | `append` | half of the group's bytes reached the segment (a torn append) |
 //! | follower | `fsync` | the group is written, not yet fsynced |
 //! | follower | `ack` | the group is fsynced; the answer to the leader is not sent (no completion ran) |
-//! | follower | `apply` | not reachable: the applier writes fjall through `std::fs` (harness/README.md) |
+//! | leader, follower | `apply` | a committed, durable batch is about to be folded by the applier |
+//! | leader, follower | `applied` | the engine folded it; the applied frontier is not published (no waiter answered) |
+//!
+//! The apply points come through the one seam production has for them, `tidal_cluster::ApplyProbe`
+//! (`ServeConfig.io.apply_probe`): the applier asks it at both points of every batch it folds, and
+//! this wrapper says "die" at the armed one (the applier then does nothing more).
 
 use std::io;
 use std::path::{Path, PathBuf};
@@ -41,6 +46,10 @@ pub enum Op {
     AfterSync,
     /// A new segment created, before the directory fsync that makes it durable.
     NewSegment,
+    /// The applier is about to fold a committed batch (`ApplyPoint::BeforeApply`).
+    Apply,
+    /// The applier folded it; the applied frontier is not published (`ApplyPoint::BeforePublish`).
+    Publish,
 }
 
 /// Who the point is aimed at.
@@ -69,11 +78,14 @@ pub const BOUNDARIES: &[Boundary] = &[
     Boundary { role: Role::Leader, name: "fsync", op: Some(Op::BeforeSync) },
     Boundary { role: Role::Leader, name: "ship", op: Some(Op::AfterSync) },
     Boundary { role: Role::Leader, name: "rotate", op: Some(Op::NewSegment) },
+    Boundary { role: Role::Leader, name: "apply", op: Some(Op::Apply) },
+    Boundary { role: Role::Leader, name: "applied", op: Some(Op::Publish) },
     Boundary { role: Role::Follower, name: "receive", op: Some(Op::BeforeWrite) },
     Boundary { role: Role::Follower, name: "append", op: Some(Op::MidWrite) },
     Boundary { role: Role::Follower, name: "fsync", op: Some(Op::BeforeSync) },
     Boundary { role: Role::Follower, name: "ack", op: Some(Op::AfterSync) },
-    Boundary { role: Role::Follower, name: "apply", op: None },
+    Boundary { role: Role::Follower, name: "apply", op: Some(Op::Apply) },
+    Boundary { role: Role::Follower, name: "applied", op: Some(Op::Publish) },
 ];
 
 /// One crash point: the k-th occurrence (from arming) of a boundary, and what the crash keeps.
@@ -169,7 +181,7 @@ impl CrashPointIo {
     }
 
     /// Counts one `op`; true if this is the armed point (the caller then dies there).
-    fn reached(&self, op: Op, what: &Path) -> Option<CrashMode> {
+    fn reached(&self, op: Op, what: &dyn std::fmt::Display) -> Option<CrashMode> {
         let mut state = self.lock();
         let (armed, k, mode, seen) = state.armed.as_mut()?;
         if *armed != op {
@@ -180,7 +192,7 @@ impl CrashPointIo {
             return None;
         }
         let mode = *mode;
-        state.fired = Some(format!("{op:?} #{k} on {}", what.display()));
+        state.fired = Some(format!("{op:?} #{k} on {what}"));
         state.armed = None;
         state.dead = true;
         Some(mode)
@@ -207,10 +219,10 @@ impl WalFile for PointFile {
     fn write_all(&mut self, buf: &[u8]) -> io::Result<()> {
         self.io.check_dead()?;
         if self.segment {
-            if let Some(mode) = self.io.reached(Op::BeforeWrite, &self.path) {
+            if let Some(mode) = self.io.reached(Op::BeforeWrite, &self.path.display()) {
                 return Err(self.io.die(mode));
             }
-            if let Some(mode) = self.io.reached(Op::MidWrite, &self.path) {
+            if let Some(mode) = self.io.reached(Op::MidWrite, &self.path.display()) {
                 let _ = self.inner.write_all(&buf[..buf.len() / 2]);
                 return Err(self.io.die(mode));
             }
@@ -221,14 +233,14 @@ impl WalFile for PointFile {
     fn sync_data(&mut self) -> io::Result<()> {
         self.io.check_dead()?;
         if self.segment {
-            if let Some(mode) = self.io.reached(Op::BeforeSync, &self.path) {
+            if let Some(mode) = self.io.reached(Op::BeforeSync, &self.path.display()) {
                 // The fsync is called; the power goes before it returns.
                 return Err(self.io.die(mode));
             }
         }
         self.inner.sync_data()?;
         if self.segment {
-            if let Some(mode) = self.io.reached(Op::AfterSync, &self.path) {
+            if let Some(mode) = self.io.reached(Op::AfterSync, &self.path.display()) {
                 // Durable on disk; the process dies before anyone learns it.
                 return Err(self.io.die(mode));
             }
@@ -264,7 +276,7 @@ impl FileIo for CrashPointIo {
         let created = segment && self.inner.file_bytes(path).is_err();
         let inner = self.inner.open_append(path)?;
         if created {
-            if let Some(mode) = self.reached(Op::NewSegment, path) {
+            if let Some(mode) = self.reached(Op::NewSegment, &path.display()) {
                 // Created, its directory entry not fsynced: the crash takes the entry away.
                 return Err(self.die(mode));
             }
@@ -301,6 +313,29 @@ impl FileIo for CrashPointIo {
     fn sync_dir(&self, path: &Path) -> io::Result<()> {
         self.check_dead()?;
         self.inner.sync_dir(path)
+    }
+}
+
+impl tidal_cluster::ApplyProbe for CrashPointIo {
+    fn reached(
+        &self,
+        point: tidal_cluster::ApplyPoint,
+        first: tidal_types::Seqno,
+        last: tidal_types::Seqno,
+    ) -> bool {
+        let op = match point {
+            tidal_cluster::ApplyPoint::BeforeApply => Op::Apply,
+            tidal_cluster::ApplyPoint::BeforePublish => Op::Publish,
+        };
+        match CrashPointIo::reached(self, op, &format_args!("the batch {first}..={last}")) {
+            Some(mode) => {
+                // The process dies: its WAL disk loses (or tears) its unsynced bytes, and every
+                // later file operation fails until the driver has crashed and restarted the host.
+                let _ = self.die(mode);
+                true
+            }
+            None => false,
+        }
     }
 }
 

@@ -14,6 +14,7 @@ pub mod faults;
 pub mod history;
 pub mod http;
 pub mod net;
+pub mod redeliver;
 pub mod regressions;
 pub mod rng;
 pub mod workload;
@@ -89,6 +90,9 @@ pub struct Scenario {
     pub rename_errors: bool,
     /// Whether every other item also gets an embedding (non-empty feeds for invariant 5).
     pub embeddings: bool,
+    /// Whether the seed may turn on duplicated and reordered delivery of ships (`redeliver.rs`;
+    /// classes and rates drawn per seed from a stream of their own).
+    pub redelivery: bool,
 }
 
 const fn swarm(kinds: &'static [Kind], window_ms: (u64, u64), network_noise: bool) -> Faults {
@@ -118,6 +122,7 @@ impl Scenario {
             point_downtime: Duration::from_millis(1500),
             rename_errors: false,
             embeddings: false,
+            redelivery: false,
         };
         vec![
             base.clone(),
@@ -125,6 +130,7 @@ impl Scenario {
                 name: "network",
                 faults: Faults::Classes(Classes { network: true, crashes: false }),
                 load: Duration::from_secs(8),
+                redelivery: true,
                 ..base.clone()
             },
             Scenario {
@@ -137,6 +143,7 @@ impl Scenario {
                 name: "chaos",
                 faults: Faults::Classes(Classes { network: true, crashes: true }),
                 load: Duration::from_secs(10),
+                redelivery: true,
                 ..base.clone()
             },
             // The leader crashes (unsynced bytes lost or torn) and restarts, again and again; a new
@@ -147,6 +154,7 @@ impl Scenario {
                 faults: swarm(&[Kind::LeaderCrash, Kind::PowerLoss], (300, 2000), false),
                 load: Duration::from_secs(6),
                 writes_max: 120,
+                redelivery: true,
                 ..base.clone()
             },
             // The leader on the minority side, then on the majority side of a split, and paused
@@ -163,6 +171,7 @@ impl Scenario {
                 writes_max: 120,
                 converge_deadline: Duration::from_secs(30),
                 heal_via_log: true,
+                redelivery: true,
                 ..base.clone()
             },
             // One follower down for three quarters of the load phase while the others take many
@@ -194,6 +203,7 @@ impl Scenario {
                 writers: 3,
                 registers: 4,
                 embeddings: true,
+                redelivery: true,
                 ..base.clone()
             },
             // 4 KiB segments and padded items: segments rotate many times under load, with crashes
@@ -277,6 +287,10 @@ pub struct Outcome {
     pub trace_hash: String,
     /// Hash of the fault plan drawn from the seed (the part of a run the seed alone fixes).
     pub plan_hash: String,
+    /// Hashes of the trace's parts, to see which of them replay (`make sim-determinism`): `plan`,
+    /// `faults` (as applied, with their offsets), `acked` (the set of acknowledged ids), `acks`
+    /// (every acknowledgement in order, with its seqno and node), `final` (the converged digest).
+    pub trace_parts: Vec<(&'static str, String)>,
     /// Write outcomes.
     pub stats: workload::WriteStats,
     /// Simulated time of the run.
@@ -375,6 +389,8 @@ pub struct SimulatedCluster {
     pub segment_bytes_max: u64,
     /// How long each node's process takes to start (drawn from the seed; see [`SimulatedCluster::register`]).
     pub start_delays: Vec<Duration>,
+    /// Each node's ship tap (duplicated and reordered delivery), when the run has one.
+    pub redelivery: Vec<Option<redeliver::Redelivery>>,
     _root: tempfile::TempDir,
 }
 
@@ -409,6 +425,7 @@ impl SimulatedCluster {
             exits: Rc::new(RefCell::new(Vec::new())),
             segment_bytes_max: 16 * 1024,
             start_delays: vec![Duration::ZERO; nodes],
+            redelivery: vec![None; nodes],
             _root: root,
         })
     }
@@ -434,8 +451,12 @@ impl SimulatedCluster {
         config.io = NodeIo {
             wal_files: Arc::new(self.points[index].clone()),
             wal_clock: Arc::new(self.clocks[index].clone()),
-            connector: net::connector(),
+            connector: match &self.redelivery[index] {
+                Some(tap) => net::connector().with_ship_tap(Arc::new(tap.clone())),
+                None => net::connector(),
+            },
             forward_writes: false,
+            apply_probe: Some(Arc::new(self.points[index].clone())),
         };
         Ok(config)
     }
@@ -813,6 +834,19 @@ pub fn run(seed: u64, scenario: &Scenario) -> anyhow::Result<Outcome> {
         Faults::Classes(classes) => Plan::draw(&mut rng, classes, scenario.nodes, scenario.load),
         Faults::Swarm(swarm) => Plan::draw_swarm(&mut rng, swarm, scenario.nodes, scenario.load),
     };
+    // `TIDAL_SIM_REDELIVERY=0` turns duplicated and reordered delivery off (to compare a plant's
+    // catch rate with and without it).
+    let redelivery_off = std::env::var_os("TIDAL_SIM_REDELIVERY").is_some_and(|value| value == "0");
+    let redelivery = if scenario.redelivery && !redelivery_off {
+        redeliver::Rates::draw(seed)
+    } else {
+        redeliver::Rates::default()
+    };
+    if redelivery.any() {
+        cluster.redelivery = (0..scenario.nodes)
+            .map(|node| Some(redeliver::Redelivery::new(redelivery, seed ^ 0x7a9 ^ ((node as u64) << 40))))
+            .collect();
+    }
     let limit = scenario.load + scenario.converge_deadline + Duration::from_secs(120);
     let mut sim = turmoil::Builder::new()
         .simulation_duration(limit)
@@ -855,8 +889,11 @@ pub fn run(seed: u64, scenario: &Scenario) -> anyhow::Result<Outcome> {
     if plan.latency_max > Duration::from_millis(1) {
         driver.counters.bump("latency");
     }
-    let plan_hash = blake3::hash(format!("{plan:?}").as_bytes()).to_hex()[..16].to_string();
+    let plan_hash = blake3::hash(format!("{plan:?} {redelivery:?}").as_bytes()).to_hex()[..16].to_string();
     driver.trace.push(format!("plan {plan_hash}"));
+    if redelivery.any() {
+        driver.trace.push(format!("redelivery of ships: {redelivery:?}"));
+    }
     let mut pending = plan.windows.clone();
     pending.reverse();
     // The open window, with its faults resolved to nodes.
@@ -946,6 +983,9 @@ pub fn run(seed: u64, scenario: &Scenario) -> anyhow::Result<Outcome> {
                         sim.bounce(host_name(node));
                     }
                 }
+                for tap in cluster.redelivery.iter().flatten() {
+                    tap.stop();
+                }
                 driver.trace.push("heal".into());
                 healed = true;
                 shared.borrow_mut().phase = Phase::Healed;
@@ -972,6 +1012,15 @@ pub fn run(seed: u64, scenario: &Scenario) -> anyhow::Result<Outcome> {
     }
     let Driver { mut counters, trace, mut violations, .. } = driver;
     drop(sim);
+    for (node, tap) in cluster.redelivery.iter().enumerate() {
+        let Some(tap) = tap else { continue };
+        for (class, count) in tap.counts() {
+            *counters.0.entry(class).or_default() += count;
+        }
+        for halt in tap.halts() {
+            violations.push(format!("redelivery: a copy n{} sent to {halt}", node + 1));
+        }
+    }
     // WAL checks over each node's simulated disk (the nodes are stopped: the sim is dropped).
     let mut logs = Vec::new();
     for (index, io) in cluster.wal_io.iter().enumerate() {
@@ -1031,6 +1080,28 @@ pub fn run(seed: u64, scenario: &Scenario) -> anyhow::Result<Outcome> {
         hasher.update(b"\n");
     }
     let trace_hash = hasher.finalize().to_hex()[..16].to_string();
+    let part = |lines: &mut dyn Iterator<Item = String>| {
+        let mut hasher = blake3::Hasher::new();
+        for line in lines {
+            hasher.update(line.as_bytes());
+            hasher.update(b"\n");
+        }
+        hasher.finalize().to_hex()[..16].to_string()
+    };
+    let mut acked: Vec<u64> = shared
+        .trace
+        .iter()
+        .filter_map(|line| line.strip_prefix("ack "))
+        .filter_map(|rest| rest.split_whitespace().next()?.parse().ok())
+        .collect();
+    acked.sort_unstable();
+    let trace_parts = vec![
+        ("plan", plan_hash.clone()),
+        ("faults", part(&mut trace.iter().filter(|line| !line.starts_with("plan")).cloned())),
+        ("acked", part(&mut acked.iter().map(u64::to_string))),
+        ("acks", part(&mut shared.trace.iter().filter(|line| line.starts_with("ack ")).cloned())),
+        ("final", part(&mut shared.trace.iter().filter(|line| line.starts_with("digest ")).cloned())),
+    ];
     // The compact trace printed with a failure: faults as applied and the client's last events.
     let mut story: Vec<String> = trace.iter().filter(|line| !line.starts_with("plan")).cloned().collect();
     story.truncate(40);
@@ -1042,6 +1113,7 @@ pub fn run(seed: u64, scenario: &Scenario) -> anyhow::Result<Outcome> {
         counters,
         trace_hash,
         plan_hash,
+        trace_parts,
         stats: shared.stats,
         simulated,
         converged_after_ms: shared.converged_after_ms,

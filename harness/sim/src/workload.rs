@@ -565,28 +565,45 @@ async fn converge_and_check(workload: &Workload, shared: &Rc<RefCell<Shared>>, h
             shared.digest = Some(first.clone());
         }
     }
-    // Invariant 2, "through the log only": a snapshot install is the one path that carries item
-    // data outside the log; count them (since each node's last start) from `/metrics`.
-    if workload.heal_via_log {
-        for node in 0..workload.nodes {
-            let answer = request(&host(node), "GET", "/metrics", None, &[], REQUEST_TIMEOUT).await;
-            let installs = answer.ok().and_then(|answer| {
-                let text = String::from_utf8_lossy(&answer.body).into_owned();
+    // From each node's `/metrics` (counted since its last start):
+    // - invariant 2, "through the log only": a snapshot install is the one path that carries item
+    //   data outside the log (scenarios with `heal_via_log`);
+    // - no halted receiver: a follower halts when accepting a message would quarantine committed
+    //   batches or when one term has two logs, which quorum mode must never see (decide/follower.rs).
+    for node in 0..workload.nodes {
+        let answer = request(&host(node), "GET", "/metrics", None, &[], REQUEST_TIMEOUT).await;
+        let text = answer.ok().map(|answer| String::from_utf8_lossy(&answer.body).into_owned());
+        let metric = |name: &str| {
+            text.as_deref().and_then(|text| {
                 text.lines()
-                    .find_map(|line| line.strip_prefix("tidal_snapshot_installs_total "))
+                    .find_map(|line| line.strip_prefix(name))
                     .and_then(|value| value.trim().parse::<f64>().ok())
-            });
-            match installs {
-                Some(0.0) => {}
-                Some(count) => shared.borrow_mut().violations.push(format!(
-                    "invariant 2: n{} healed outside the log ({count} snapshot installs)",
-                    node + 1
-                )),
-                None => shared.borrow_mut().violations.push(format!(
-                    "invariant 2: n{}: no tidal_snapshot_installs_total in /metrics",
-                    node + 1
-                )),
-            }
+            })
+        };
+        match metric("tidal_replication_refusals_total{reason=\"halted\"} ") {
+            Some(0.0) => {}
+            Some(count) => shared.borrow_mut().violations.push(format!(
+                "receiver halted: n{} refused {count} messages with a halt (quorum mode must never halt)",
+                node + 1
+            )),
+            None => shared.borrow_mut().violations.push(format!(
+                "n{}: no tidal_replication_refusals_total{{reason=\"halted\"}} in /metrics",
+                node + 1
+            )),
+        }
+        if !workload.heal_via_log {
+            continue;
+        }
+        match metric("tidal_snapshot_installs_total ") {
+            Some(0.0) => {}
+            Some(count) => shared.borrow_mut().violations.push(format!(
+                "invariant 2: n{} healed outside the log ({count} snapshot installs)",
+                node + 1
+            )),
+            None => shared
+                .borrow_mut()
+                .violations
+                .push(format!("invariant 2: n{}: no tidal_snapshot_installs_total in /metrics", node + 1)),
         }
     }
     // Invariant 1: every acknowledged item is readable on every node.

@@ -24,9 +24,13 @@ use openraft::ChangeMembers;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+// tokio's clock, not std's: the same instant in production (tokio reads std's clock), and the
+// simulated clock under turmoil, so heartbeat pacing, pull and install rate limits and the
+// promote/membership deadlines follow simulated time there (decisions/008, "Determinism").
 use tidal_net::Peer;
 use tidal_types::{NodeId, Seqno, Term};
+use tokio::time::Instant;
 
 /// Poll step while waiting for a learner to catch up or for the new voter set to match (re-checks
 /// observable state each step; the deadline bounds it).

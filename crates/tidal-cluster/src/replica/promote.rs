@@ -17,8 +17,12 @@
 use super::Replica;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+// tokio's clock, not std's: the same instant in production (tokio reads std's clock), and the
+// simulated clock under turmoil, so heartbeat pacing, pull and install rate limits and the
+// promote/membership deadlines follow simulated time there (decisions/008, "Determinism").
 use tidal_types::{NodeId, Seqno, Term};
+use tokio::time::Instant;
 
 /// Margin added to the voters' leader lease before the target is asked to campaign.
 const LEASE_MARGIN: Duration = Duration::from_millis(50);

@@ -1,0 +1,211 @@
+//! Duplicated and reordered delivery of ships (issue 5's fault list), through the one seam
+//! tidal-net has for it: a [`tidal_net::ShipTap`] on the node's connector. turmoil's TCP keeps a
+//! connection in order, and gRPC sends each ship as one request, so neither fault can come from the
+//! simulated network: the tap makes them. After a leader's `Peer::ship` has its answer, the tap may
+//!
+//! - **duplicate** it: a copy is sent again to the same follower after a drawn delay (0 up to
+//!   `delay_max`; with 0 it races the queue's next ship), as a separate request whose answer is
+//!   discarded (counted by class: `redelivered_<answer>`);
+//! - **reorder** it: a copy is held and delivered after the `k`-th later ship to the same follower
+//!   was answered (`k` in 1..=`hold_max`), also separately, answer discarded. The queue's own ship
+//!   and answer are unchanged, so the queue is never confused: only the follower sees the copy, out
+//!   of order, possibly in a later term (the leader may have been deposed in between) or from an
+//!   earlier process of a node that crashed and came back (held copies outlive a crash of their
+//!   sender, like messages still in the network).
+//!
+//! Every copy goes through the follower's one receive path: term fencing, log matching, Skip of
+//! batches it holds, Refuse of a batch starting inside one of its own, commit never decreasing.
+//! The rates are drawn per seed from a stream of their own (the families' fault plans stay as
+//! recorded); the driver stops redelivery at the heal (held copies are dropped).
+
+use crate::rng::Rng;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tidal_net::{Peer, Ship, ShipOutcome};
+
+/// Per-seed rates (0: the class is off).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Rates {
+    /// Probability that a ship is duplicated.
+    pub duplicate: f64,
+    /// Probability that a copy of a ship is held and delivered after later ones.
+    pub reorder: f64,
+    /// Longest delay of a duplicate (ms).
+    pub delay_max_ms: u64,
+    /// Most later ships a reordered copy waits for.
+    pub hold_max: u64,
+}
+
+impl Rates {
+    /// Whether any class is on.
+    pub fn any(&self) -> bool {
+        self.duplicate > 0.0 || self.reorder > 0.0
+    }
+
+    /// Swarm draw: each class on with probability 0.6, its rate 2-30 %.
+    pub fn draw(seed: u64) -> Rates {
+        let mut rng = Rng::new(seed ^ 0x0d0b_1e5e_4d00_0000);
+        let rate = |rng: &mut Rng| {
+            if rng.chance(0.6) {
+                rng.range(2, 31) as f64 / 100.0
+            } else {
+                0.0
+            }
+        };
+        let duplicate = rate(&mut rng);
+        let reorder = rate(&mut rng);
+        Rates { duplicate, reorder, delay_max_ms: rng.range(50, 5000), hold_max: rng.range(1, 6) }
+    }
+}
+
+/// At most this many copies held per follower (a held ship may be large).
+const HELD_MAX: usize = 8;
+
+struct Held {
+    /// Later ships to wait for.
+    later: u64,
+    ship: Ship,
+}
+
+struct State {
+    rng: Rng,
+    /// By follower address.
+    held: HashMap<String, Vec<Held>>,
+    counts: BTreeMap<&'static str, u64>,
+    /// What a copy did that a follower must never do (halt its receiver, accept an older term):
+    /// `"address: what"`.
+    halts: Vec<String>,
+}
+
+struct Inner {
+    rates: Rates,
+    enabled: AtomicBool,
+    state: Mutex<State>,
+}
+
+/// One node's redelivery tap (shared by its restarts).
+#[derive(Clone)]
+pub struct Redelivery(Arc<Inner>);
+
+impl Redelivery {
+    /// A tap with `rates`, its choices drawn from `seed`.
+    pub fn new(rates: Rates, seed: u64) -> Redelivery {
+        Redelivery(Arc::new(Inner {
+            rates,
+            enabled: AtomicBool::new(rates.any()),
+            state: Mutex::new(State {
+                rng: Rng::new(seed),
+                held: HashMap::new(),
+                counts: BTreeMap::new(),
+                halts: Vec::new(),
+            }),
+        }))
+    }
+
+    /// The rates.
+    pub fn rates(&self) -> Rates {
+        self.0.rates
+    }
+
+    /// Stops redelivery (the heal): held copies are dropped, copies on their way are not sent.
+    pub fn stop(&self) {
+        self.0.enabled.store(false, Ordering::SeqCst);
+        self.lock().held.clear();
+    }
+
+    /// Copies sent and their answers, by class.
+    pub fn counts(&self) -> BTreeMap<&'static str, u64> {
+        self.lock().counts.clone()
+    }
+
+    /// What copies made followers do that they must never do (`"address: what"`): a halted
+    /// receiver, a ship of an older term accepted. The driver reports each as a violation.
+    pub fn halts(&self) -> Vec<String> {
+        self.lock().halts.clone()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.0.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Sends `ship` to `peer` after `delay` as a separate request; its answer is only counted.
+    fn send(&self, peer: Peer, ship: Ship, delay: Duration, class: &'static str) {
+        let this = self.clone();
+        tokio::spawn(async move {
+            if !delay.is_zero() {
+                // The copy's time in the network (simulated), not a synchronization.
+                tokio::time::sleep(delay).await;
+            }
+            if !this.0.enabled.load(Ordering::SeqCst) {
+                return;
+            }
+            *this.lock().counts.entry(class).or_default() += 1;
+            let answer = match peer.ship(&ship).await {
+                Ok(answer) => match answer.outcome {
+                    // Invariant 4: no node accepts a ship whose sender's term is below its own.
+                    ShipOutcome::Matched(_) if answer.term > ship.term => {
+                        this.lock().halts.push(format!(
+                            "{}: invariant 4: it accepted a ship of term {} while in term {}",
+                            peer.address(),
+                            ship.term,
+                            answer.term
+                        ));
+                        "redelivered_accepted_stale"
+                    }
+                    ShipOutcome::Matched(_) => "redelivered_matched",
+                    ShipOutcome::Fenced => "redelivered_fenced",
+                    ShipOutcome::NotYet => "redelivered_not_yet",
+                    ShipOutcome::Gap(_) => "redelivered_gap",
+                    ShipOutcome::Diverged(_) => "redelivered_diverged",
+                    // A halt (decide/follower.rs): the copy would have made the follower drop
+                    // committed batches, or one term has two logs. The driver makes it a violation.
+                    ShipOutcome::Refused(reason)
+                        if reason.contains("would quarantine committed") || reason.contains("two logs") =>
+                    {
+                        this.lock().halts.push(format!("{}: {reason}", peer.address()));
+                        "redelivered_halted"
+                    }
+                    ShipOutcome::Refused(_) => "redelivered_refused",
+                },
+                Err(_) => "redelivered_lost",
+            };
+            *this.lock().counts.entry(answer).or_default() += 1;
+        });
+    }
+}
+
+impl tidal_net::ShipTap for Redelivery {
+    fn shipped(&self, untapped: &Peer, ship: &Ship) {
+        if !self.0.enabled.load(Ordering::SeqCst) {
+            return;
+        }
+        let rates = self.0.rates;
+        let (released, duplicate) = {
+            let mut state = self.lock();
+            let state = &mut *state;
+            let held = state.held.entry(untapped.address().to_string()).or_default();
+            for copy in held.iter_mut() {
+                copy.later = copy.later.saturating_sub(1);
+            }
+            let (released, kept): (Vec<Held>, Vec<Held>) = held.drain(..).partition(|copy| copy.later == 0);
+            *held = kept;
+            if held.len() < HELD_MAX && state.rng.chance(rates.reorder) {
+                let later = state.rng.range(1, rates.hold_max + 1);
+                held.push(Held { later, ship: ship.clone() });
+            }
+            let duplicate = state
+                .rng
+                .chance(rates.duplicate)
+                .then(|| Duration::from_millis(state.rng.range(0, rates.delay_max_ms + 1)));
+            (released, duplicate)
+        };
+        for copy in released {
+            self.send(untapped.clone(), copy.ship, Duration::ZERO, "ship_reorder");
+        }
+        if let Some(delay) = duplicate {
+            self.send(untapped.clone(), ship.clone(), delay, "ship_duplicate");
+        }
+    }
+}
