@@ -670,8 +670,15 @@ impl TidalDb {
                     writer.dirty.trends.insert(item, Some(trend));
                 }
                 let State { index, overlay, .. } = state;
-                let (new_users, user_bytes) =
-                    fold::profiles(overlay, index, &self.config, envelope_time_ms, events, fold.loaded);
+                let (new_users, user_bytes) = fold::profiles(
+                    overlay,
+                    index,
+                    &self.config,
+                    envelope_time_ms,
+                    events,
+                    fold.loaded,
+                    &fold.slots,
+                );
                 bytes += user_bytes;
                 add_signed(&self.users, new_users);
             }

@@ -23,7 +23,7 @@ use crate::error::Error;
 use crate::fast_hash::{FastMap, FastState};
 use crate::feed_index::FeedIndex;
 use crate::keys::Profile;
-use crate::overlay::{Overlay, OverlayView};
+use crate::overlay::{DirtyUser, Overlay, OverlayView};
 use crate::record::{ControlRecord, SignalEvent};
 use crate::stores::Stores;
 use crate::trend::{decay_factor, distance_ms, Trend};
@@ -34,7 +34,14 @@ pub struct SignalsFold<'a> {
     pub trends: FastMap<u64, Trend>,
     /// The fjall profile (`None`: a new user) of every user of the batch the overlay lacks.
     pub loaded: FastMap<&'a str, Option<Profile>>,
+    /// Per event, the index of its user in the active overlay's `users` when this phase looked,
+    /// or [`NOT_IN_OVERLAY`]. Valid for the write phase: only the applier changes the active
+    /// overlay, and nothing changes it between the two phases of one apply.
+    pub slots: Vec<u32>,
 }
+
+/// A slot of [`SignalsFold::slots`]: the user was not in the active overlay.
+pub const NOT_IN_OVERLAY: u32 = u32::MAX;
 
 /// The read phase of a signal batch logged at `envelope_time_ms`: new trending scores, and the
 /// profiles to load from fjall. Fails only on a fjall read; changes nothing.
@@ -51,6 +58,7 @@ pub fn signals<'a>(
     let mut trends: FastMap<u64, Trend> =
         FastMap::with_capacity_and_hasher(events.len(), FastState::default());
     let mut loaded: FastMap<&'a str, Option<Profile>> = FastMap::default();
+    let mut slots = Vec::with_capacity(events.len());
     for event in events {
         let t = event.ts_ms.unwrap_or(envelope_time);
         match trends.entry(event.item) {
@@ -68,11 +76,17 @@ pub fn signals<'a>(
         }
         // A user of the active overlay is folded in place; others start from the frozen overlay's
         // profile, else fjall's.
-        if !view.active.users.contains_key(event.user.as_str()) && !loaded.contains_key(event.user.as_str()) {
-            loaded.insert(&event.user, view.profile(stores, &event.user, dimension)?);
+        match view.active.user_ids.get(event.user.as_str()) {
+            Some(&id) => slots.push(id),
+            None => {
+                slots.push(NOT_IN_OVERLAY);
+                if !loaded.contains_key(event.user.as_str()) {
+                    loaded.insert(&event.user, view.profile(stores, &event.user, dimension)?);
+                }
+            }
         }
     }
-    Ok(SignalsFold { trends, loaded })
+    Ok(SignalsFold { trends, loaded, slots })
 }
 
 /// The write phase: folds every event into its user's profile and seen items in the overlay, in
@@ -84,34 +98,50 @@ pub fn profiles(
     envelope_time_ms: u64,
     events: &[SignalEvent],
     mut loaded: FastMap<&str, Option<Profile>>,
+    slots: &[u32],
 ) -> (i64, usize) {
+    debug_assert_eq!(slots.len(), events.len());
     let dimension = config.dimension as usize;
     let envelope_time = i64::try_from(envelope_time_ms).unwrap_or(i64::MAX);
     let (mut new_users, mut bytes) = (0, 0);
-    for event in events {
+    for (event, &slot) in events.iter().zip(slots) {
         let t = event.ts_ms.unwrap_or(envelope_time);
-        let user = event.user.as_str();
-        if !overlay.users.contains_key(user) {
-            let profile = match loaded.remove(user).flatten() {
+        let embedding = index.embedding(event.item);
+        // A user the read phase found in the overlay (nearly every event once it is warm) is an
+        // index; one it did not find may have been added by an earlier event of this batch.
+        let id = if slot != NOT_IN_OVERLAY {
+            slot
+        } else if let Some(&id) = overlay.user_ids.get(event.user.as_str()) {
+            id
+        } else {
+            let profile = match loaded.remove(event.user.as_str()).flatten() {
                 Some(profile) => profile,
                 None => {
                     new_users += 1;
                     Profile { ref_ms: t, vector: vec![0.0; dimension] }
                 }
             };
-            bytes += overlay.add_user(user, profile);
-        }
-        let dirty = overlay.users.get_mut(user).expect("the user was just added to the overlay");
-        add_to_profile(
-            &mut dirty.profile,
-            t,
-            event.weight,
-            index.embedding(event.item),
-            config.profile_half_life_ms,
-        );
-        dirty.seen.push(event.item);
+            let (id, added) = overlay.add_user(&event.user, profile);
+            bytes += added;
+            id
+        };
+        let dirty = &mut overlay.users[id as usize];
+        debug_assert_eq!(&*dirty.name, event.user.as_str());
+        fold_event(dirty, t, event, embedding, config.profile_half_life_ms);
     }
     (new_users, bytes + events.len() * 8)
+}
+
+/// One event into its user's profile and seen items.
+fn fold_event(
+    dirty: &mut DirtyUser,
+    t: i64,
+    event: &SignalEvent,
+    embedding: Option<&[f32]>,
+    half_life_ms: u64,
+) {
+    add_to_profile(&mut dirty.profile, t, event.weight, embedding, half_life_ms);
+    dirty.seen.push(event.item);
 }
 
 /// Counts the events per (item, kind).

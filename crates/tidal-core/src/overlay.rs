@@ -31,8 +31,11 @@ pub struct Overlay {
     pub items: FastMap<u64, Option<Vec<u8>>>,
     /// Embeddings: the seqno that stored the vector and the vector, or `None` if deleted.
     pub embeddings: FastMap<u64, Option<(Seqno, Vec<f32>)>>,
-    /// Users whose profile changed, with the items they saw in this window.
-    pub users: FastMap<Box<str>, DirtyUser>,
+    /// Index in `users` of every user of this window: the one hash lookup of a user name per
+    /// signal (the fold looks a user up once and then indexes `users`).
+    pub user_ids: FastMap<Box<str>, u32>,
+    /// Users whose profile changed, with the items they saw in this window, in order of first touch.
+    pub users: Vec<DirtyUser>,
     /// Idempotency entries by fjall key; `None` if deleted.
     pub idempotency: BTreeMap<Vec<u8>, Option<Vec<u8>>>,
 }
@@ -40,6 +43,8 @@ pub struct Overlay {
 /// A user's state changed since the last flush.
 #[derive(Debug)]
 pub struct DirtyUser {
+    /// The user's name (the key of `Overlay::user_ids`).
+    pub name: Box<str>,
     /// The whole current profile.
     pub profile: Profile,
     /// Items seen since the last flush, in log order, possibly repeated (deduplicated at flush).
@@ -83,7 +88,7 @@ impl<'a> OverlayView<'a> {
 
     /// A user's profile: the overlays', else fjall's.
     pub fn profile(&self, stores: &Stores, user: &str, dimension: usize) -> Result<Option<Profile>, Error> {
-        if let Some(dirty) = self.find(|overlay| overlay.users.get(user)) {
+        if let Some(dirty) = self.find(|overlay| overlay.user(user)) {
             return Ok(Some(dirty.profile.clone()));
         }
         match stores.profiles.get(user.as_bytes())? {
@@ -97,7 +102,7 @@ impl<'a> OverlayView<'a> {
     /// Items a user saw in the overlays (fjall's seen set holds the rest), possibly repeated.
     pub fn seen(&self, user: &str) -> impl Iterator<Item = u64> + 'a {
         let seen = |overlay: Option<&'a Overlay>| {
-            overlay.and_then(|overlay| overlay.users.get(user)).into_iter().flat_map(|dirty| &dirty.seen)
+            overlay.and_then(|overlay| overlay.user(user)).into_iter().flat_map(|dirty| &dirty.seen)
         };
         seen(Some(self.active)).chain(seen(self.frozen)).copied()
     }
@@ -131,11 +136,20 @@ impl<'a> OverlayView<'a> {
 }
 
 impl Overlay {
-    /// Adds a user that is not dirty yet, with its current profile; returns the estimated bytes.
-    pub fn add_user(&mut self, user: &str, profile: Profile) -> usize {
+    /// A user's dirty state in this overlay.
+    pub fn user(&self, user: &str) -> Option<&DirtyUser> {
+        self.user_ids.get(user).map(|&id| &self.users[id as usize])
+    }
+
+    /// Adds a user that is not dirty yet, with its current profile; returns its index in `users`
+    /// and the estimated bytes.
+    pub fn add_user(&mut self, user: &str, profile: Profile) -> (u32, usize) {
         let bytes = USER_OVERHEAD_BYTES + user.len() + profile.vector.len() * 4;
-        self.users.insert(user.into(), DirtyUser { profile, seen: Vec::new() });
-        bytes
+        let id = u32::try_from(self.users.len()).expect("fewer than 2^32 users in one overlay window");
+        let name: Box<str> = user.into();
+        self.users.push(DirtyUser { name: name.clone(), profile, seen: Vec::new() });
+        self.user_ids.insert(name, id);
+        (id, bytes)
     }
 
     /// Records idempotency changes in order; returns the estimated bytes added.
@@ -186,7 +200,7 @@ impl Overlay {
                 None => writes.remove(&stores.embeddings, keys::item_key(item)),
             }
         }
-        let mut users: Vec<_> = self.users.iter().collect();
+        let mut users: Vec<_> = self.users.iter().map(|dirty| (&dirty.name, dirty)).collect();
         users.sort_unstable_by_key(|(user, _)| (user.len(), user.as_bytes()));
         for (user, dirty) in users {
             writes.insert(&stores.profiles, user.as_bytes(), dirty.profile.encode());
