@@ -743,9 +743,13 @@ impl Replica {
                         continue;
                     }
                     let commit = *commits.borrow_and_update();
-                    if commit > ship.commit {
-                        notices.send_if_modified(|sent| std::mem::replace(sent, commit.max(*sent)) < commit);
-                    }
+                    notices.send_if_modified(|sent| {
+                        let newer = commit > ship.commit && commit > *sent;
+                        if newer {
+                            *sent = commit;
+                        }
+                        newer
+                    });
                 }
             }
         }
@@ -954,7 +958,7 @@ impl Replica {
                             None
                         };
                         let notified = notified.unwrap_or(Seqno::ZERO);
-                        if notified > commit {
+                        if notified > commit.max(self.commit.commit()) {
                             self.count_notice(NOTICE_ADVANCED);
                         }
                         self.commit.advance(commit.max(notified));
