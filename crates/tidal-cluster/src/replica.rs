@@ -64,7 +64,7 @@ pub const HEARTBEAT_INTERVAL: Duration = Duration::from_millis(100);
 /// Retry backoff bounds for a ShipQueue whose follower does not answer.
 /// How long a commit notice may take: it is only worth anything while its ship is in flight.
 const NOTICE_TIMEOUT: Duration = Duration::from_millis(500);
-/// `TIDAL_COMMIT_NOTICES=0` turns the commit notices off (for A/B measurements; decisions/017).
+/// `TIDAL_COMMIT_NOTICES=0` turns the commit notices off (for A/B measurements; decisions/016).
 fn commit_notices_enabled() -> bool {
     static ENABLED: OnceLock<bool> = OnceLock::new();
     *ENABLED.get_or_init(|| std::env::var("TIDAL_COMMIT_NOTICES").map_or(true, |v| v != "0"))
@@ -261,7 +261,7 @@ pub struct Replica {
     notice_stats: [AtomicU64; 4],
 }
 
-/// Commit notices (decisions/017), for metrics.
+/// Commit notices (decisions/016), for metrics.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct NoticeStats {
     /// Leader: notices sent and answered.
@@ -282,7 +282,7 @@ const NOTICE_ADVANCED: usize = 3;
 /// Follower: what the leader of `term` told us in commit notices (`notified`), and the last position
 /// of a live ship of `term` we accepted and fsynced (`matched`). Everything up to `matched` is the
 /// leader's log (log matching), so `min(notified, matched)` is committed AND held durably here: the
-/// frontier a notice lets us apply without waiting for the next ship (decisions/017).
+/// frontier a notice lets us apply without waiting for the next ship (decisions/016).
 ///
 /// Delicate: only live ships count for `matched` (a pulled chunk may come from a follower whose log
 /// still holds an uncommitted suffix of an older term); a snapshot install forgets it (the log is

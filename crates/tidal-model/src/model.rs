@@ -55,7 +55,7 @@ pub enum Bug {
     /// During a membership change the leader counts commit against the new voter set only.
     SkipDualCount,
     /// A follower takes a commit notice's frontier without capping it at what a live ship of that
-    /// term matched after its fsync (decisions/017).
+    /// term matched after its fsync (decisions/016).
     NoticePastMatched,
 }
 
@@ -134,7 +134,7 @@ pub struct ReplicationModel {
     /// Openraft may tell a node a term it did not vote in (a heartbeat); without it, terms spread
     /// only by votes (a smaller model for planted bugs that do not need it).
     pub learn_terms: bool,
-    /// Leaders send commit notices (decisions/017) to any follower at any time.
+    /// Leaders send commit notices (decisions/016) to any follower at any time.
     pub commit_notices: bool,
     /// Planted bugs.
     pub bugs: Bugs,

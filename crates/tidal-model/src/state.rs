@@ -49,7 +49,7 @@ pub struct NodeState {
     /// Accepted messages waiting for the fsync before their ack (PROTOCOL.md shipping step 4).
     pub unsynced: BTreeSet<PendingAck>,
     /// Follower (in memory): the leader's commit notices and how far a live ship of that term
-    /// matched after its fsync (decisions/017).
+    /// matched after its fsync (decisions/016).
     pub notice: NoticeState,
 }
 

@@ -1030,7 +1030,7 @@ async fn metrics(State(state): State<Arc<AppState>>) -> Response {
         }
         let notices = replica.notice_stats();
         out.push_str(
-            "# HELP tidal_commit_notices_total Commit notices (decisions/017): sent/failed by a leader, received/advanced (moved the commit frontier) on a follower.\n",
+            "# HELP tidal_commit_notices_total Commit notices (decisions/016): sent/failed by a leader, received/advanced (moved the commit frontier) on a follower.\n",
         );
         out.push_str("# TYPE tidal_commit_notices_total counter\n");
         for (outcome, count) in [
