@@ -844,14 +844,7 @@ impl Replica {
     pub fn notice_commit(&self, term: Term, commit: Seqno) -> Term {
         let ours = self.gate.term();
         if term == ours {
-            let frontier = {
-                let mut state =
-                    self.leader_commit.lock().expect("leader-commit lock is never held across a panic");
-                state.in_term(term).map(|state| {
-                    state.notified = state.notified.max(commit);
-                    state.frontier()
-                })
-            };
+            let frontier = self.note_leader(term, |state| state.notified = state.notified.max(commit));
             self.count_notice(NOTICE_RECEIVED);
             if let Some(frontier) = frontier {
                 if frontier > self.commit.commit() {
@@ -876,6 +869,16 @@ impl Replica {
             received: get(NOTICE_RECEIVED),
             advanced: get(NOTICE_ADVANCED),
         }
+    }
+
+    /// Updates what we know of the leader of `term` and returns the frontier it allows now (`None`
+    /// for an older term than the one recorded).
+    fn note_leader(&self, term: Term, update: impl FnOnce(&mut LeaderCommit)) -> Option<Seqno> {
+        let mut state = self.leader_commit.lock().expect("leader-commit lock is never held across a panic");
+        state.in_term(term).map(|state| {
+            update(state);
+            state.frontier()
+        })
     }
 
     /// Forgets how far our log matches the leader's (our log was replaced by a snapshot).
@@ -946,14 +949,7 @@ impl Replica {
                         // Everything up to `matched` is now durable here and the leader's log: a
                         // commit notice that came during the fsync covers it at once.
                         let notified = if live {
-                            let mut state = self
-                                .leader_commit
-                                .lock()
-                                .expect("leader-commit lock is never held across a panic");
-                            state.in_term(term).map(|state| {
-                                state.matched = state.matched.max(matched.seqno);
-                                state.frontier()
-                            })
+                            self.note_leader(term, |state| state.matched = state.matched.max(matched.seqno))
                         } else {
                             None
                         };
