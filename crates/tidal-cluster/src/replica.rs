@@ -1183,11 +1183,18 @@ impl Replica {
         };
         let mut stream = peer.pull(&pull, PULL_IDLE_TIMEOUT).await.map_err(|e: NetError| e.to_string())?;
         let mut batches = 0usize;
-        while let Some(chunk) = stream.next().await {
+        // Where a pull's time goes: waiting for the source's next chunk, or taking it (append + fsync).
+        let (mut waited, mut took) = (Duration::ZERO, Duration::ZERO);
+        let mut bytes = 0usize;
+        loop {
+            let asked = Instant::now();
+            let Some(chunk) = stream.next().await else { break };
+            waited += asked.elapsed();
             let chunk = chunk.map_err(|e| e.to_string())?;
             match chunk.outcome {
                 ChunkOutcome::Batches { prev, batches: pulled } => {
                     batches += pulled.len();
+                    bytes += pulled.iter().map(|batch| batch.encoded().len()).sum::<usize>();
                     let ship = Ship {
                         cluster_id: self.spec.cluster_id.clone(),
                         term: chunk.term,
@@ -1197,7 +1204,9 @@ impl Replica {
                         baseline: chunk.baseline,
                         batches: pulled,
                     };
+                    let taking = Instant::now();
                     let answer = self.receive_from(ship, false).await;
+                    took += taking.elapsed();
                     if !matches!(answer.outcome, ShipOutcome::Matched(_)) {
                         return Err(format!("pulled chunk not accepted: {:?}", answer.outcome));
                     }
@@ -1206,7 +1215,7 @@ impl Replica {
                 ChunkOutcome::Purged(at) => return Ok(PullEnd::Purged(at)),
             }
         }
-        tracing::info!(batches, %source, last = %self.wal.last_position(), "pull done");
+        tracing::info!(batches, bytes, %source, last = %self.wal.last_position(), ?waited, ?took, "pull done");
         Ok(PullEnd::Done)
     }
 

@@ -17,6 +17,8 @@ use tonic::transport::{Channel, Endpoint};
 /// Deadline of a ship: generous for a 64 MiB batch on a slow link, short enough that a dead peer
 /// is noticed within seconds.
 pub const SHIP_TIMEOUT: Duration = Duration::from_secs(10);
+/// Decoded pull chunks held ahead of the caller (each at most one chunk's bytes, 4 MiB by default).
+pub const PULL_PREFETCH_CHUNKS: usize = 2;
 /// Connect timeout.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 /// How often an HTTP/2 ping checks a peer connection.
@@ -138,8 +140,21 @@ impl Peer {
     ) -> Result<impl Stream<Item = Result<Chunk, NetError>>, NetError> {
         let mut request = tonic::Request::new(pb::PullRequest::from(pull));
         request.set_timeout(idle_timeout);
-        let stream = self.client.clone().stream_segments(request).await?.into_inner();
-        Ok(stream.map(|chunk| Ok(Chunk::try_from(chunk?)?)))
+        let mut stream = self.client.clone().stream_segments(request).await?.into_inner();
+        // Receive, decode and verify the next chunks while the caller appends this one, so their
+        // BLAKE3 checks overlap its fsync. At most PULL_PREFETCH_CHUNKS decoded chunks wait here.
+        let (tx, rx) = tokio::sync::mpsc::channel(PULL_PREFETCH_CHUNKS);
+        tokio::spawn(async move {
+            while let Some(chunk) = stream.next().await {
+                let chunk = chunk.map_err(NetError::from).and_then(|chunk| Ok(Chunk::try_from(chunk)?));
+                let failed = chunk.is_err();
+                // A caller that stopped reading dropped the receiver: the pull is over.
+                if tx.send(chunk).await.is_err() || failed {
+                    return;
+                }
+            }
+        });
+        Ok(tokio_stream::wrappers::ReceiverStream::new(rx))
     }
 
     /// Asks the peer for its snapshot. The whole transfer must end within `deadline`; the caller

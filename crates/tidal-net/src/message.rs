@@ -7,7 +7,7 @@
 
 use crate::pb;
 use tidal_types::{NodeId, Seqno, Term, TermSeqno};
-use tidal_wal::{decode_batch, Batch};
+use tidal_wal::{decode_header, Batch, DecodeError};
 
 /// Largest concatenation of batches one message may carry: one whole maximal batch (64 MiB) plus
 /// room for headers, so a batch that can be written can always be shipped (no livelock).
@@ -66,12 +66,14 @@ pub fn split_batches(bytes: &[u8]) -> Result<Vec<Batch>, WireError> {
     let mut batches = Vec::new();
     let mut offset = 0;
     while offset < bytes.len() {
-        let batch = decode_batch(&bytes[offset..])
-            .map_err(|error| WireError::BadBatch { offset, reason: error.to_string() })?;
-        let len = batch.encoded.len();
-        let owned = Batch::from_encoded(batch.encoded.to_vec())
-            .map_err(|error| WireError::BadBatch { offset, reason: error.to_string() })?;
-        batches.push(owned);
+        let bad = |error: DecodeError| WireError::BadBatch { offset, reason: error.to_string() };
+        // The header says how long the batch is; the seal is checked once, by `from_encoded`.
+        let rest = &bytes[offset..];
+        let len = decode_header(rest).map_err(bad)?.encoded_len();
+        if rest.len() < len {
+            return Err(bad(DecodeError::Truncated { needed: len, available: rest.len() }));
+        }
+        batches.push(Batch::from_encoded(rest[..len].to_vec()).map_err(bad)?);
         offset += len;
     }
     Ok(batches)
