@@ -130,7 +130,8 @@ impl Peer {
         Ok(Term(self.client.clone().commit(request).await?.into_inner().term))
     }
 
-    /// Starts a pull; the stream ends when the server has sent what it holds, or fails.
+    /// Starts a pull; the stream ends when the server has sent what it holds, or fails. With a
+    /// [`ShipTap`] (simulation only) each chunk goes through [`ShipTap::pulled`].
     pub async fn pull(
         &self,
         pull: &Pull,
@@ -139,7 +140,13 @@ impl Peer {
         let mut request = tonic::Request::new(pb::PullRequest::from(pull));
         request.set_timeout(idle_timeout);
         let stream = self.client.clone().stream_segments(request).await?.into_inner();
-        Ok(stream.map(|chunk| Ok(Chunk::try_from(chunk?)?)))
+        let chunks = stream.map(|chunk| Ok(Chunk::try_from(chunk?)?));
+        Ok(Tapped {
+            inner: chunks,
+            tap: self.ship_tap.clone(),
+            address: self.address.clone(),
+            pending: std::collections::VecDeque::new(),
+        })
     }
 
     /// Asks the peer for its snapshot. The whole transfer must end within `deadline`; the caller
@@ -211,5 +218,47 @@ impl Peer {
         let reply = self.client.clone().raft(request).await?.into_inner();
         check_raft_payload(&reply.payload)?;
         Ok(reply.payload)
+    }
+}
+
+/// A pull's chunks, each handed to the tap (if any) and replaced by what it returns.
+struct Tapped<S> {
+    inner: S,
+    tap: Option<std::sync::Arc<dyn ShipTap>>,
+    address: String,
+    pending: std::collections::VecDeque<Chunk>,
+}
+
+impl<S> Stream for Tapped<S>
+where
+    S: Stream<Item = Result<Chunk, NetError>> + Unpin,
+{
+    type Item = Result<Chunk, NetError>;
+
+    fn poll_next(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Self::Item>> {
+        let this = self.get_mut();
+        if let Some(chunk) = this.pending.pop_front() {
+            return std::task::Poll::Ready(Some(Ok(chunk)));
+        }
+        match std::pin::Pin::new(&mut this.inner).poll_next(cx) {
+            std::task::Poll::Ready(Some(Ok(chunk))) => match &this.tap {
+                None => std::task::Poll::Ready(Some(Ok(chunk))),
+                Some(tap) => {
+                    this.pending.extend(tap.pulled(&this.address, chunk));
+                    match this.pending.pop_front() {
+                        Some(chunk) => std::task::Poll::Ready(Some(Ok(chunk))),
+                        // A tap must hand over the chunk itself; if it did not, the stream goes on.
+                        None => {
+                            cx.waker().wake_by_ref();
+                            std::task::Poll::Pending
+                        }
+                    }
+                }
+            },
+            other => other,
+        }
     }
 }
