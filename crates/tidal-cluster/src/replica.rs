@@ -29,8 +29,8 @@ use crate::applier::ApplierSender;
 use crate::commit_state::CommitState;
 use crate::control::{ControlPlane, ControlTiming, TermGate};
 use crate::decide::{
-    answer_probe, decide_ship, divergence_point, BatchMeta, Located, LogView, ProbeAnswer, ShipMeta, Step,
-    Verdict,
+    answer_probe, append_only, decide_ship, divergence_point, BatchMeta, Located, LogView, ProbeAnswer,
+    ShipMeta, Step, Verdict,
 };
 use crate::ship_feed::{ShipFeed, TailRead};
 use crate::snapshot::{
@@ -81,7 +81,7 @@ const PULL_INTERVAL_MIN: Duration = Duration::from_millis(200);
 pub const SNAPSHOT_INSTALL_INTERVAL_MIN: Duration = Duration::from_secs(5);
 
 /// Every class of refused replication input [`Replica::refusals`] counts.
-pub const REFUSAL_CLASSES: [&str; 9] = [
+pub const REFUSAL_CLASSES: [&str; 10] = [
     "wrong_secret",
     "wrong_cluster",
     "malformed",
@@ -89,6 +89,7 @@ pub const REFUSAL_CLASSES: [&str; 9] = [
     "gap",
     "diverged",
     "overlap",
+    "stale_source",
     "halted",
     "append_failed",
 ];
@@ -521,6 +522,7 @@ impl Replica {
     /// (refused by the RPC service: bad secret, another cluster, a corrupt or oversize message),
     /// `stale_term` (a ship from an older term), `gap` (a ship after a seqno we lack: we pull),
     /// `diverged` (its `prev` is not in our log), `overlap` (a batch starting inside one of ours),
+    /// `stale_source` (a pulled chunk from a node not in office would replace our batches),
     /// `halted` (it would quarantine committed seqnos), `append_failed` (our WAL refused it).
     pub fn refusals(&self) -> BTreeMap<&'static str, u64> {
         self.refusals.lock().expect("refusals lock is never held across a panic").clone()
@@ -881,6 +883,15 @@ impl Replica {
         })
     }
 
+    /// Our log from `cut` on is about to be quarantined: what we matched of the leader of `term`
+    /// ends before it.
+    fn forget_leader_match_from(&self, term: Term, cut: Seqno) {
+        let mut state = self.leader_commit.lock().expect("leader-commit lock is never held across a panic");
+        if state.term == term {
+            state.matched = state.matched.min(Seqno(cut.get().saturating_sub(1)));
+        }
+    }
+
     /// Forgets how far our log matches the leader's (our log was replaced by a snapshot).
     fn forget_leader_match(&self) {
         self.leader_commit.lock().expect("leader-commit lock is never held across a panic").matched =
@@ -889,14 +900,29 @@ impl Replica {
 
     /// Decides and performs one live ship from the leader (the one receive path).
     pub async fn receive(self: &Arc<Self>, ship: Ship) -> ShipAnswer {
-        self.receive_from(ship, true).await
+        self.receive_from(ship, Origin::Live).await
     }
 
-    /// Decides and performs one ship (`live`) or pulled chunk (the one receive path).
-    async fn receive_from(self: &Arc<Self>, ship: Ship, live: bool) -> ShipAnswer {
+    /// Decides and performs one ship or pulled chunk (the one receive path).
+    async fn receive_from(self: &Arc<Self>, ship: Ship, origin: Origin) -> ShipAnswer {
         let _term_lock = self.gate.lock().await;
         let term = self.gate.term();
-        if ship.term == term && ship.leader != self.me {
+        let live = origin == Origin::Live;
+        // Does the sender hold the log of the message's term? The leader's ships do; so does a pull
+        // from the node in office (its chunks name it as the leader) and the pull of a leader adopting
+        // the log it chose. Any other chunk may carry an uncommitted suffix of an older term.
+        let authoritative = match origin {
+            Origin::Live | Origin::Adopting => true,
+            Origin::Pull(source) => ship.leader == source,
+        };
+        // The leader as this message names it: a live ship's sender, or the source of a pull that
+        // holds office (a chunk from any other node names a leader it only heard of).
+        let names_leader = match origin {
+            Origin::Live => true,
+            Origin::Pull(source) => ship.leader == source,
+            Origin::Adopting => false,
+        };
+        if ship.term == term && ship.leader != self.me && names_leader {
             self.leader_hint.store(ship.leader.0, Ordering::SeqCst);
             *self.last_heard.lock().expect("heard lock is never held across a panic") = Some(Instant::now());
         }
@@ -912,6 +938,10 @@ impl Replica {
         };
         let verdict =
             decide_ship(&WalView { wal: &self.wal, commit: &self.commit, term }, &meta, self.quorum());
+        let replaces = matches!(&verdict, Verdict::Accept { steps, .. }
+            if steps.iter().any(|step| matches!(step, Step::QuarantineFrom(_))));
+        let stale_source = !authoritative && replaces;
+        let verdict = if authoritative { verdict } else { append_only(verdict) };
         let outcome = match verdict {
             Verdict::Fenced { .. } => {
                 tracing::info!(ship_term = %ship.term, %term, leader = %ship.leader, "refused a ship from an older term");
@@ -929,6 +959,11 @@ impl Replica {
                 self.count_refusal("diverged");
                 ShipOutcome::Diverged(self.wal.term_history())
             }
+            Verdict::Refuse { reason } if stale_source => {
+                tracing::info!(leader = %ship.leader, "refused a pulled chunk: {reason}");
+                self.count_refusal("stale_source");
+                ShipOutcome::Refused(reason)
+            }
             Verdict::Refuse { reason } => {
                 tracing::warn!("refused a ship: {reason}");
                 self.count_refusal("overlap");
@@ -944,6 +979,13 @@ impl Replica {
                 // What `prev` covers is committed now; the batches this message brings are
                 // applied once fsynced (the applier applies only flushed batches).
                 self.commit.advance(commit_now);
+                // What we quarantine is no longer the leader's log here: a notice must not cover it.
+                if let Some(cut) = steps.iter().find_map(|step| match step {
+                    Step::QuarantineFrom(seqno) => Some(*seqno),
+                    _ => None,
+                }) {
+                    self.forget_leader_match_from(term, cut);
+                }
                 match self.perform(&ship, steps).await {
                     Ok(()) => {
                         // Everything up to `matched` is now durable here and the leader's log: a
@@ -1034,7 +1076,7 @@ impl Replica {
         }
         tokio::spawn(async move {
             let from = self.wal.last_position();
-            if let Err(error) = self.pull_from(leader, from).await {
+            if let Err(error) = self.pull_from(leader, from, false).await {
                 tracing::warn!(reason, %leader, "failed to pull from the leader: {error}");
             }
             self.pulling.store(false, Ordering::SeqCst);
@@ -1047,13 +1089,21 @@ impl Replica {
     /// When the log alone cannot bring this node back (the source purged past our position, or we
     /// diverged and already applied past the divergence point), installs the source's snapshot
     /// ([`Replica::install_from`]) and pulls on from it.
-    async fn pull_from(self: &Arc<Self>, source: NodeId, from: TermSeqno) -> Result<(), String> {
-        match self.pull_once(source, from).await? {
+    ///
+    /// `adopting`: we are a new leader pulling the log we chose (taking office, step 3), so the
+    /// source's chunks may replace our divergent suffix even though the source is not in office.
+    async fn pull_from(
+        self: &Arc<Self>,
+        source: NodeId,
+        from: TermSeqno,
+        adopting: bool,
+    ) -> Result<(), String> {
+        match self.pull_once(source, from, adopting).await? {
             PullEnd::Done => Ok(()),
             PullEnd::Purged(at) => {
                 tracing::warn!(%source, %from, purged = %at, "the source purged past our position: installing its snapshot");
                 self.install_from(source, "behind the source's purge point").await?;
-                self.pull_after_install(source).await
+                self.pull_after_install(source, adopting).await
             }
             PullEnd::Diverged(history) => {
                 let theirs_last =
@@ -1068,10 +1118,10 @@ impl Replica {
                 if applied > point.seqno {
                     tracing::warn!(%source, %point, %applied, "our log diverged and we applied past the divergence point: installing the source's snapshot");
                     self.install_from(source, "applied past the divergence point").await?;
-                    return self.pull_after_install(source).await;
+                    return self.pull_after_install(source, adopting).await;
                 }
                 tracing::warn!(%source, %point, "our log diverged; pulling from the divergence point");
-                match self.pull_once(source, point).await? {
+                match self.pull_once(source, point, adopting).await? {
                     PullEnd::Done => Ok(()),
                     PullEnd::Purged(at) => {
                         Err(format!("{source} purged past the divergence point {point} ({at})"))
@@ -1085,8 +1135,8 @@ impl Replica {
     }
 
     /// After an install: pulls from our new last position (the snapshot's).
-    async fn pull_after_install(self: &Arc<Self>, source: NodeId) -> Result<(), String> {
-        match self.pull_once(source, self.wal.last_position()).await? {
+    async fn pull_after_install(self: &Arc<Self>, source: NodeId, adopting: bool) -> Result<(), String> {
+        match self.pull_once(source, self.wal.last_position(), adopting).await? {
             PullEnd::Done => Ok(()),
             PullEnd::Purged(at) => {
                 Err(format!("{source} purged past its own snapshot ({at}); retrying later"))
@@ -1172,7 +1222,12 @@ impl Replica {
     }
 
     /// One pull.
-    async fn pull_once(self: &Arc<Self>, source: NodeId, from: TermSeqno) -> Result<PullEnd, String> {
+    async fn pull_once(
+        self: &Arc<Self>,
+        source: NodeId,
+        from: TermSeqno,
+        adopting: bool,
+    ) -> Result<PullEnd, String> {
         let peer = self.peer(source).ok_or_else(|| format!("node {source} is not a peer"))?;
         let pull = Pull {
             cluster_id: self.spec.cluster_id.clone(),
@@ -1204,8 +1259,9 @@ impl Replica {
                         baseline: chunk.baseline,
                         batches: pulled,
                     };
+                    let origin = if adopting { Origin::Adopting } else { Origin::Pull(source) };
                     let taking = Instant::now();
-                    let answer = self.receive_from(ship, false).await;
+                    let answer = self.receive_from(ship, origin).await;
                     took += taking.elapsed();
                     if !matches!(answer.outcome, ShipOutcome::Matched(_)) {
                         return Err(format!("pulled chunk not accepted: {:?}", answer.outcome));
@@ -1223,10 +1279,17 @@ impl Replica {
     pub fn serve_pull(&self, pull: Pull) -> Result<ChunkStream, tonic::Status> {
         let from = pull.from;
         let purged = self.wal.purged();
-        let leader = self.leader().unwrap_or(self.me);
+        // We name ourselves as the leader only while we hold office in the term we serve in: the
+        // receiver lets only such chunks replace its batches (`Origin::Pull`). Otherwise the leader
+        // we know, or none (0).
+        let term = self.term();
+        let leader = if self.commit.office() == Some(term) {
+            self.me
+        } else {
+            self.leader().filter(|leader| *leader != self.me).unwrap_or(NodeId(0))
+        };
         let baseline = self.baseline();
-        let header =
-            |outcome| Chunk { term: self.term(), leader, baseline, commit: self.commit.commit(), outcome };
+        let header = |outcome| Chunk { term, leader, baseline, commit: self.commit.commit(), outcome };
         if from.seqno > Seqno::ZERO && from.seqno < purged.seqno {
             return Ok(Box::pin(tokio_stream::iter([Ok(header(ChunkOutcome::Purged(purged)))])));
         }
@@ -1240,7 +1303,7 @@ impl Replica {
             usize::try_from(pull.chunk_bytes_max).unwrap_or(SHIP_BYTES_MAX).clamp(1, SHIP_BYTES_MAX);
         let (tx, rx) = tokio::sync::mpsc::channel::<Result<Chunk, tonic::Status>>(4);
         let wal = self.wal.clone();
-        let (term, commit) = (self.term(), self.commit.commit());
+        let commit = self.commit.commit();
         let durable = self.wal.durable_seqno();
         tokio::task::spawn_blocking(move || {
             let reader = match wal.read_from(from.seqno.next()) {
@@ -1291,6 +1354,17 @@ impl Replica {
         });
         Ok(Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx)))
     }
+}
+
+/// Where a message the receive path takes comes from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Origin {
+    /// A live ship from the leader's ShipQueue.
+    Live,
+    /// A chunk pulled from this node (its leader field says whether it holds office in the term).
+    Pull(NodeId),
+    /// A chunk of the log a new leader adopts while taking office.
+    Adopting,
 }
 
 /// How one pull ended.

@@ -108,6 +108,12 @@ pub fn bounded() -> Vec<(&'static str, ReplicationModel)> {
             "3 nodes, quorum, 1 term, 1 write, 1 crash, commit notices",
             ReplicationModel::three(1, 1, Mode::Quorum).with_notices(),
         ),
+        (
+            "3 nodes, quorum, 2 terms, LeaderStarts only, no crash, commit notices, follower pulls",
+            ReplicationModel { max_crashes: 0, ..ReplicationModel::three(2, 0, Mode::Quorum) }
+                .with_notices()
+                .with_follower_pulls(),
+        ),
     ]
 }
 
@@ -156,6 +162,12 @@ pub fn planted(bug: Bug) -> (ReplicationModel, Search) {
         }
         Bug::ApplyPastCommit => ReplicationModel::three(1, 1, Mode::Quorum),
         Bug::NoticePastMatched => ReplicationModel::three(1, 1, Mode::Quorum).with_notices(),
+        // Two terms of LeaderStarts: n1's uncommitted start of term 1 survives on n1 into term 2.
+        Bug::StalePullReplaces => {
+            ReplicationModel { max_crashes: 0, ..ReplicationModel::three(2, 0, Mode::Quorum) }
+                .with_notices()
+                .with_follower_pulls()
+        }
         Bug::AckBeforeFsync
         | Bug::NoTermRecheck
         | Bug::AcceptLowerTerm

@@ -20,7 +20,8 @@ pub fn actor(action: &Action) -> NodeId {
         Action::LearnTerm { node, .. }
         | Action::Reelect { node }
         | Action::Fsync { node }
-        | Action::Restart { node } => *node,
+        | Action::Restart { node }
+        | Action::CatchUp { node, .. } => *node,
         Action::Probe { leader, .. }
         | Action::ClientWrite { leader }
         | Action::Ship { leader, .. }

@@ -14,8 +14,8 @@ use std::fmt;
 
 use stateright::{Model, Property};
 use tidal_cluster::decide::{
-    answer_probe, commit_frontier, decide_ship, divergence_point, plan_office, BatchMeta, LogView,
-    OfficePlan, OwnLog, ProbeAnswer, Quorum, ShipMeta, Step, Verdict,
+    answer_probe, append_only, commit_frontier, decide_ship, divergence_point, plan_office, BatchMeta,
+    LogView, OfficePlan, OwnLog, ProbeAnswer, Quorum, ShipMeta, Step, Verdict,
 };
 use tidal_types::{NodeId, Seqno, Term, TermSeqno};
 
@@ -57,11 +57,14 @@ pub enum Bug {
     /// A follower takes a commit notice's frontier without capping it at what a live ship of that
     /// term matched after its fsync (decisions/016).
     NoticePastMatched,
+    /// A follower's catch-up chunk from a node not in office (stale leader hint) may replace the
+    /// follower's batches, as a ship from the leader may (chaos 114, decisions/019).
+    StalePullReplaces,
 }
 
 impl Bug {
     /// Every planted bug, in PROTOCOL.md's order.
-    pub const ALL: [Bug; 9] = [
+    pub const ALL: [Bug; 10] = [
         Bug::AckBeforeFsync,
         Bug::NoTermRecheck,
         Bug::CountOlderTerm,
@@ -71,6 +74,7 @@ impl Bug {
         Bug::ChooseByCommit,
         Bug::SkipDualCount,
         Bug::NoticePastMatched,
+        Bug::StalePullReplaces,
     ];
 }
 
@@ -95,6 +99,8 @@ pub struct Bugs {
     pub skip_dual_count: bool,
     /// See [`Bug::NoticePastMatched`].
     pub notice_past_matched: bool,
+    /// See [`Bug::StalePullReplaces`].
+    pub stale_pull_replaces: bool,
 }
 
 impl Bugs {
@@ -111,6 +117,7 @@ impl Bugs {
             Bug::ChooseByCommit => bugs.choose_by_commit = true,
             Bug::SkipDualCount => bugs.skip_dual_count = true,
             Bug::NoticePastMatched => bugs.notice_past_matched = true,
+            Bug::StalePullReplaces => bugs.stale_pull_replaces = true,
         }
         bugs
     }
@@ -136,6 +143,10 @@ pub struct ReplicationModel {
     pub learn_terms: bool,
     /// Leaders send commit notices (decisions/016) to any follower at any time.
     pub commit_notices: bool,
+    /// A follower may pull (catch up) from any node of its term that is not in office: a leader
+    /// hint that went stale (decisions/019). A pull from the node in office is not modelled apart:
+    /// the leader's ships do what its chunks do, and more (they are acked).
+    pub follower_pulls: bool,
     /// Planted bugs.
     pub bugs: Bugs,
 }
@@ -195,6 +206,14 @@ pub enum Action {
         /// Syncing leader.
         leader: NodeId,
     },
+    /// A follower pulls from `source`, a node of its term not in office (a stale leader hint): the
+    /// source serves its whole durable log as one chunk.
+    CatchUp {
+        /// Follower.
+        node: NodeId,
+        /// Source.
+        source: NodeId,
+    },
     /// A message is delivered (and stays on the network).
     Deliver(Message),
     /// A node's fsync completes; it re-takes the term lock and acks what it accepted.
@@ -231,6 +250,7 @@ impl ReplicationModel {
             max_crashes: 1,
             learn_terms: true,
             commit_notices: false,
+            follower_pulls: false,
             bugs: Bugs::default(),
         }
     }
@@ -238,6 +258,11 @@ impl ReplicationModel {
     /// The same model with leaders sending commit notices.
     pub fn with_notices(self) -> ReplicationModel {
         ReplicationModel { commit_notices: true, ..self }
+    }
+
+    /// The same model with followers catching up from nodes not in office.
+    pub fn with_follower_pulls(self) -> ReplicationModel {
+        ReplicationModel { follower_pulls: true, ..self }
     }
 
     /// The 5-node model with a membership change.
@@ -321,6 +346,16 @@ impl Model for ReplicationModel {
                 actions.push(Action::Restart { node: me });
             }
             match &node.role {
+                Role::Follower if self.follower_pulls => {
+                    for j in (0..self.node_count).filter(|j| *j != i) {
+                        let source = &state.nodes[j];
+                        let in_office =
+                            matches!(source.role, Role::Leader { term, .. } if term == source.term);
+                        if source.term == node.term && !in_office {
+                            actions.push(Action::CatchUp { node: me, source: id(j) });
+                        }
+                    }
+                }
                 Role::Follower => {}
                 Role::Probing { .. } => {
                     for j in (0..self.node_count).filter(|j| *j != i) {
@@ -376,6 +411,10 @@ impl Model for ReplicationModel {
                 next.network.send(message)
             }
             Action::Pull { leader } => self.pull(&mut next, leader),
+            Action::CatchUp { node, source } => {
+                let message = ship_message(self.node(&next, source), source, node, true);
+                next.network.send(message)
+            }
             Action::Deliver(message) => self.deliver(&mut next, message),
             Action::Fsync { node } => self.fsync(&mut next, node),
             Action::Restart { node } => {
@@ -590,7 +629,10 @@ impl ReplicationModel {
     /// The follower's receive path: decide_ship, perform, keep the ack for after the fsync.
     fn receive(&self, state: &mut ModelState, from: NodeId, to: NodeId, ship: &ShipMeta, pull: bool) -> bool {
         let node = self.node(state, to);
-        if pull && !matches!(node.role, Role::Syncing { .. }) {
+        // A chunk to a syncing leader from its source is the log it adopts; any other chunk is a
+        // follower's catch-up from a node not in office, which may append but not replace.
+        let adopting = matches!(node.role, Role::Syncing { source, .. } if source == from);
+        if pull && !adopting && !(self.follower_pulls && node.role == Role::Follower) {
             return false;
         }
         let verdict = if self.bugs.accept_lower_term && ship.term < node.term {
@@ -598,6 +640,8 @@ impl ReplicationModel {
         } else {
             decide_ship(node, ship, self.quorum_mode())
         };
+        let verdict =
+            if pull && !adopting && !self.bugs.stale_pull_replaces { append_only(verdict) } else { verdict };
         let (steps, matched, commit) = match verdict {
             Verdict::Accept { steps, matched, commit_now, commit } => {
                 // The code's WAL view holds only durable batches when the receiver decides (it waits
@@ -946,6 +990,7 @@ impl fmt::Display for Action {
             Action::Ship { leader, to } => write!(f, "{leader}: ships its durable log to {to}"),
             Action::Notice { leader, to } => write!(f, "{leader}: sends its commit frontier to {to}"),
             Action::Pull { leader } => write!(f, "{leader}: pulls from its source"),
+            Action::CatchUp { node, source } => write!(f, "{node}: catches up from {source} (not in office)"),
             Action::Deliver(Message::Ship { from, to, term, prev, batches, commit, pull }) => {
                 let batches: Vec<String> =
                     batches.iter().map(|b| format!("{}:{}", b.seqno, b.term)).collect();

@@ -61,3 +61,8 @@ fn skipping_the_dual_count_during_a_membership_change() {
 fn taking_a_commit_notice_past_what_a_live_ship_matched() {
     finds(Bug::NoticePastMatched);
 }
+
+#[test]
+fn a_catch_up_chunk_from_a_node_not_in_office_replacing_batches() {
+    finds(Bug::StalePullReplaces);
+}

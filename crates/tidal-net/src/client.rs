@@ -132,7 +132,8 @@ impl Peer {
         Ok(Term(self.client.clone().commit(request).await?.into_inner().term))
     }
 
-    /// Starts a pull; the stream ends when the server has sent what it holds, or fails.
+    /// Starts a pull; the stream ends when the server has sent what it holds, or fails. With a
+    /// [`ShipTap`] (simulation only) each chunk goes through [`ShipTap::pulled`].
     pub async fn pull(
         &self,
         pull: &Pull,
@@ -140,13 +141,18 @@ impl Peer {
     ) -> Result<impl Stream<Item = Result<Chunk, NetError>>, NetError> {
         let mut request = tonic::Request::new(pb::PullRequest::from(pull));
         request.set_timeout(idle_timeout);
-        let mut stream = self.client.clone().stream_segments(request).await?.into_inner();
+        let stream = self.client.clone().stream_segments(request).await?.into_inner();
+        let mut chunks = Tapped {
+            inner: stream.map(|chunk| Ok(Chunk::try_from(chunk?)?)),
+            tap: self.ship_tap.clone(),
+            address: self.address.clone(),
+            pending: std::collections::VecDeque::new(),
+        };
         // Receive, decode and verify the next chunks while the caller appends this one, so their
         // BLAKE3 checks overlap its fsync. At most PULL_PREFETCH_CHUNKS decoded chunks wait here.
         let (tx, rx) = tokio::sync::mpsc::channel(PULL_PREFETCH_CHUNKS);
         tokio::spawn(async move {
-            while let Some(chunk) = stream.next().await {
-                let chunk = chunk.map_err(NetError::from).and_then(|chunk| Ok(Chunk::try_from(chunk)?));
+            while let Some(chunk) = chunks.next().await {
                 let failed = chunk.is_err();
                 // A caller that stopped reading dropped the receiver: the pull is over.
                 if tx.send(chunk).await.is_err() || failed {
@@ -226,5 +232,47 @@ impl Peer {
         let reply = self.client.clone().raft(request).await?.into_inner();
         check_raft_payload(&reply.payload)?;
         Ok(reply.payload)
+    }
+}
+
+/// A pull's chunks, each handed to the tap (if any) and replaced by what it returns.
+struct Tapped<S> {
+    inner: S,
+    tap: Option<std::sync::Arc<dyn ShipTap>>,
+    address: String,
+    pending: std::collections::VecDeque<Chunk>,
+}
+
+impl<S> Stream for Tapped<S>
+where
+    S: Stream<Item = Result<Chunk, NetError>> + Unpin,
+{
+    type Item = Result<Chunk, NetError>;
+
+    fn poll_next(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Self::Item>> {
+        let this = self.get_mut();
+        if let Some(chunk) = this.pending.pop_front() {
+            return std::task::Poll::Ready(Some(Ok(chunk)));
+        }
+        match std::pin::Pin::new(&mut this.inner).poll_next(cx) {
+            std::task::Poll::Ready(Some(Ok(chunk))) => match &this.tap {
+                None => std::task::Poll::Ready(Some(Ok(chunk))),
+                Some(tap) => {
+                    this.pending.extend(tap.pulled(&this.address, chunk));
+                    match this.pending.pop_front() {
+                        Some(chunk) => std::task::Poll::Ready(Some(Ok(chunk))),
+                        // A tap must hand over the chunk itself; if it did not, the stream goes on.
+                        None => {
+                            cx.waker().wake_by_ref();
+                            std::task::Poll::Pending
+                        }
+                    }
+                }
+            },
+            other => other,
+        }
     }
 }

@@ -33,9 +33,20 @@ pub struct Connector {
 /// back, and may send copies of it again later through `untapped` (the same peer without the tap)
 /// as separate requests. The caller of [`crate::Peer::ship`] never sees those copies or their
 /// answers: its own ship and answer are unchanged.
+///
+/// The same tap sees every chunk of a pull ([`ShipTap::pulled`]) and may hand the puller copies
+/// with it: a chunk twice, or a chunk held from an earlier pull of the same peer.
 pub trait ShipTap: Send + Sync + 'static {
     /// `ship` was sent to `untapped.address()` and answered (or failed).
     fn shipped(&self, untapped: &crate::Peer, ship: &crate::Ship);
+
+    /// A chunk of a pull from `address` arrived: what the puller receives in its place, in order.
+    /// The chunk itself must be among them (the tap adds copies, it never drops or alters what
+    /// the server sent). The default hands over the chunk alone.
+    fn pulled(&self, address: &str, chunk: crate::Chunk) -> Vec<crate::Chunk> {
+        let _ = address;
+        vec![chunk]
+    }
 }
 
 impl std::fmt::Debug for Connector {

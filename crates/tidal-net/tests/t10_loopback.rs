@@ -172,3 +172,36 @@ async fn a_ship_tap_sees_each_ship_and_its_copies_bypass_it() {
     assert_eq!(handler.calls.load(Ordering::SeqCst), 2, "the original and its copy");
     assert_eq!(tap.seen.load(Ordering::SeqCst), 1, "the copy went around the tap");
 }
+
+/// The same seam for pulls: each chunk goes through the tap, which hands the puller what it
+/// returns (here every chunk twice), in order; the server streamed each chunk once.
+#[tokio::test]
+async fn a_ship_tap_sees_each_pulled_chunk_and_may_add_copies() {
+    struct Twice {
+        seen: AtomicUsize,
+    }
+    impl tidal_net::ShipTap for Twice {
+        fn shipped(&self, _untapped: &Peer, _ship: &Ship) {}
+        fn pulled(&self, _address: &str, chunk: Chunk) -> Vec<Chunk> {
+            self.seen.fetch_add(1, Ordering::SeqCst);
+            vec![chunk.clone(), chunk]
+        }
+    }
+    let (address, handler, _stop) = start().await;
+    let tap = Arc::new(Twice { seen: AtomicUsize::new(0) });
+    let connector = tidal_net::Connector::tcp().with_ship_tap(tap.clone());
+    let peer = Peer::connect_lazy_with(&address, "secret-secret", "test-cluster", &connector).unwrap();
+    let pull = Pull {
+        cluster_id: "test-cluster".into(),
+        term: Term(1),
+        node: NodeId(2),
+        from: TermSeqno { term: Term(1), seqno: Seqno(3) },
+        chunk_bytes_max: 1 << 20,
+    };
+    let chunks: Vec<Chunk> =
+        peer.pull(&pull, Duration::from_secs(5)).await.unwrap().map(|c| c.unwrap()).collect().await;
+    let commits: Vec<u64> = chunks.iter().map(|chunk| chunk.commit.get()).collect();
+    assert_eq!(commits, [4, 4, 5, 5, 6, 6]);
+    assert_eq!(tap.seen.load(Ordering::SeqCst), 3);
+    assert_eq!(handler.calls.load(Ordering::SeqCst), 1, "one pull on the wire");
+}

@@ -252,3 +252,67 @@ pub fn log_matching(logs: &[LogMap], violations: &mut Vec<String>) -> u64 {
     }
     compared
 }
+
+/// The seqnos at which two nodes hold different batches (what [`log_matching`] reports).
+pub fn diverging(logs: &[LogMap]) -> std::collections::BTreeSet<u64> {
+    let mut seqnos = std::collections::BTreeSet::new();
+    for a in 0..logs.len() {
+        for b in a + 1..logs.len() {
+            for (first, batch) in &logs[a] {
+                if logs[b].get(first).is_some_and(|other| other != batch) {
+                    seqnos.insert(*first);
+                }
+            }
+        }
+    }
+    seqnos
+}
+
+/// The history of one position on one node, for a log-matching report: the batch that holds
+/// `seqno` now (its term, its span, the simulated ms its leader logged it at), and every batch that
+/// held it and was moved to `quarantine/` (its term and span, and when: the quarantine file's name
+/// carries the node's clock). `epoch_ms` is the simulated clock's zero.
+pub fn position_history(io: &SimIo, wal_dir: &Path, seqno: u64, epoch_ms: u64) -> Vec<String> {
+    let describe = |bytes: &[u8]| -> Option<String> {
+        let mut offset = 0usize;
+        while offset < bytes.len() {
+            let batch = decode_batch(&bytes[offset..]).ok()?;
+            let first = batch.header.first_seqno.get();
+            let last = first + u64::from(batch.header.event_count) - 1;
+            if (first..=last).contains(&seqno) {
+                let logged = logged_time_ms(batch.payload)
+                    .map_or("-".to_string(), |ms| format!("{}", ms.saturating_sub(epoch_ms)));
+                let hash: String = batch.header.hash[..4].iter().map(|b| format!("{b:02x}")).collect();
+                return Some(format!(
+                    "(term {}, {first}..={last}, hash {hash}, logged at {logged} ms)",
+                    batch.header.term.get()
+                ));
+            }
+            offset += batch.encoded.len();
+        }
+        None
+    };
+    let mut lines = Vec::new();
+    let held = segments(io, wal_dir)
+        .iter()
+        .filter_map(|path| io.file_bytes(path).ok())
+        .find_map(|bytes| describe(&bytes));
+    lines.push(format!("holds {}", held.unwrap_or_else(|| "nothing".to_string())));
+    let quarantine = wal_dir.join("quarantine");
+    let mut files: Vec<PathBuf> =
+        io.paths().into_iter().filter(|path| path.parent() == Some(&quarantine)).collect();
+    files.sort();
+    for path in files {
+        let Some(name) = path.file_name().and_then(|name| name.to_str()) else { continue };
+        let Ok(bytes) = io.file_bytes(&path) else { continue };
+        let Some(batch) = describe(&bytes) else { continue };
+        let at = name
+            .split('.')
+            .next()
+            .and_then(|stem| stem.rsplit('-').next())
+            .and_then(|ms| ms.parse::<u64>().ok())
+            .map_or("-".to_string(), |ms| format!("{}", ms.saturating_sub(epoch_ms)));
+        lines.push(format!("quarantined {batch} at {at} ms ({name})"));
+    }
+    lines
+}

@@ -1035,6 +1035,18 @@ pub fn run(seed: u64, scenario: &Scenario) -> anyhow::Result<Outcome> {
         }
     }
     let batches_compared = check::log_matching(&logs, &mut violations);
+    // For each diverging position (a few), every node's history of it: what it holds, what it
+    // quarantined and when, and who led each term (as sampled). Printed with the failure.
+    let mut position_story = Vec::new();
+    for seqno in check::diverging(&logs).into_iter().take(3) {
+        position_story.push(format!("seqno {seqno}, node by node (ms of simulated time):"));
+        for (index, io) in cluster.wal_io.iter().enumerate() {
+            let wal_dir = cluster.data_dirs[index].join("wal");
+            for line in check::position_history(io, &wal_dir, seqno, EPOCH_MS) {
+                position_story.push(format!("  n{}: {line}", index + 1));
+            }
+        }
+    }
     let rotations = counters.0.get("wal_rotations").copied().unwrap_or(0);
     if rotations < scenario.rotations_min && shared.borrow().stats.acked >= 60 {
         violations.push(format!(
@@ -1056,6 +1068,9 @@ pub fn run(seed: u64, scenario: &Scenario) -> anyhow::Result<Outcome> {
     }
     for _ in 0..shared.counters_feed_items {
         counters.bump("feed_items_compared");
+    }
+    for _ in 0..shared.counters_stale_source {
+        counters.bump("refused_stale_source");
     }
     // The per-key linearizability check of the register history.
     if !shared.history.is_empty() {
@@ -1105,6 +1120,18 @@ pub fn run(seed: u64, scenario: &Scenario) -> anyhow::Result<Outcome> {
     // The compact trace printed with a failure: faults as applied and the client's last events.
     let mut story: Vec<String> = trace.iter().filter(|line| !line.starts_with("plan")).cloned().collect();
     story.truncate(40);
+    if !position_story.is_empty() {
+        let leaders: Vec<String> = shared
+            .leaders
+            .iter()
+            .map(|(term, leaders)| {
+                let names: Vec<String> = leaders.iter().map(|node| format!("n{node}")).collect();
+                format!("term {term}: {}", names.join(","))
+            })
+            .collect();
+        position_story.push(format!("leaders as sampled: {}", leaders.join("; ")));
+        story.extend(position_story);
+    }
     let lost = lost_writes(&violations);
     Ok(Outcome {
         seed,

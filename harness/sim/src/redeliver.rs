@@ -23,7 +23,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tidal_net::{Peer, Ship, ShipOutcome};
+use tidal_net::{Chunk, Peer, Ship, ShipOutcome};
 
 /// Per-seed rates (0: the class is off).
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
@@ -36,12 +36,17 @@ pub struct Rates {
     pub delay_max_ms: u64,
     /// Most later ships a reordered copy waits for.
     pub hold_max: u64,
+    /// Probability that a pulled chunk reaches the puller twice in a row.
+    pub chunk_duplicate: f64,
+    /// Probability that a copy of a pulled chunk is held and handed to the puller after the 1st to
+    /// `hold_max`-th later chunk from the same node (a later pull's, if this one ended first).
+    pub chunk_reorder: f64,
 }
 
 impl Rates {
     /// Whether any class is on.
     pub fn any(&self) -> bool {
-        self.duplicate > 0.0 || self.reorder > 0.0
+        self.duplicate > 0.0 || self.reorder > 0.0 || self.chunk_duplicate > 0.0 || self.chunk_reorder > 0.0
     }
 
     /// Swarm draw: each class on with probability 0.6, its rate 2-30 %.
@@ -56,7 +61,11 @@ impl Rates {
         };
         let duplicate = rate(&mut rng);
         let reorder = rate(&mut rng);
-        Rates { duplicate, reorder, delay_max_ms: rng.range(50, 5000), hold_max: rng.range(1, 6) }
+        let (delay_max_ms, hold_max) = (rng.range(50, 5000), rng.range(1, 6));
+        // Drawn after the ship rates, so a seed keeps the ship rates it had before chunks were tapped.
+        let chunk_duplicate = rate(&mut rng);
+        let chunk_reorder = rate(&mut rng);
+        Rates { duplicate, reorder, delay_max_ms, hold_max, chunk_duplicate, chunk_reorder }
     }
 }
 
@@ -69,10 +78,19 @@ struct Held {
     ship: Ship,
 }
 
+/// A held copy of a pulled chunk.
+struct HeldChunk {
+    /// Later chunks from the same node to wait for.
+    later: u64,
+    chunk: Chunk,
+}
+
 struct State {
     rng: Rng,
     /// By follower address.
     held: HashMap<String, Vec<Held>>,
+    /// Copies of pulled chunks, by the address they were pulled from.
+    held_chunks: HashMap<String, Vec<HeldChunk>>,
     counts: BTreeMap<&'static str, u64>,
     /// What a copy did that a follower must never do (halt its receiver, accept an older term):
     /// `"address: what"`.
@@ -98,6 +116,7 @@ impl Redelivery {
             state: Mutex::new(State {
                 rng: Rng::new(seed),
                 held: HashMap::new(),
+                held_chunks: HashMap::new(),
                 counts: BTreeMap::new(),
                 halts: Vec::new(),
             }),
@@ -112,7 +131,9 @@ impl Redelivery {
     /// Stops redelivery (the heal): held copies are dropped, copies on their way are not sent.
     pub fn stop(&self) {
         self.0.enabled.store(false, Ordering::SeqCst);
-        self.lock().held.clear();
+        let mut state = self.lock();
+        state.held.clear();
+        state.held_chunks.clear();
     }
 
     /// Copies sent and their answers, by class.
@@ -207,5 +228,39 @@ impl tidal_net::ShipTap for Redelivery {
         if let Some(delay) = duplicate {
             self.send(untapped.clone(), ship.clone(), delay, "ship_duplicate");
         }
+    }
+
+    /// A pulled chunk: maybe twice in a row, maybe held and handed over again after later chunks
+    /// from the same node (each copy goes through the puller's one receive path; a copy it does
+    /// not accept ends that pull, as a lost stream would).
+    fn pulled(&self, address: &str, chunk: Chunk) -> Vec<Chunk> {
+        if !self.0.enabled.load(Ordering::SeqCst) {
+            return vec![chunk];
+        }
+        let rates = self.0.rates;
+        let mut state = self.lock();
+        let state = &mut *state;
+        let held = state.held_chunks.entry(address.to_string()).or_default();
+        for copy in held.iter_mut() {
+            copy.later = copy.later.saturating_sub(1);
+        }
+        let (released, kept): (Vec<HeldChunk>, Vec<HeldChunk>) =
+            held.drain(..).partition(|copy| copy.later == 0);
+        *held = kept;
+        if held.len() < HELD_MAX && state.rng.chance(rates.chunk_reorder) {
+            let later = state.rng.range(1, rates.hold_max + 1);
+            held.push(HeldChunk { later, chunk: chunk.clone() });
+        }
+        let twice = state.rng.chance(rates.chunk_duplicate);
+        let mut chunks = vec![chunk.clone()];
+        if twice {
+            *state.counts.entry("chunk_duplicate").or_default() += 1;
+            chunks.push(chunk);
+        }
+        for copy in released {
+            *state.counts.entry("chunk_reorder").or_default() += 1;
+            chunks.push(copy.chunk);
+        }
+        chunks
     }
 }

@@ -91,6 +91,9 @@ pub struct Shared {
     pub history: crate::history::History,
     /// Feeds compared across nodes (invariant 5).
     pub counters_feeds: u64,
+    /// Pulled chunks refused because a source not in office would have replaced batches
+    /// (`tidal_replication_refusals_total{reason="stale_source"}`, summed over nodes at the end).
+    pub counters_stale_source: u64,
     /// Feed entries compared (an empty feed compares little).
     pub counters_feed_items: u64,
 }
@@ -113,6 +116,7 @@ impl Shared {
             converged_after_ms: None,
             history: Default::default(),
             counters_feeds: 0,
+            counters_stale_source: 0,
             counters_feed_items: 0,
         }
     }
@@ -590,6 +594,9 @@ async fn converge_and_check(workload: &Workload, shared: &Rc<RefCell<Shared>>, h
                 "n{}: no tidal_replication_refusals_total{{reason=\"halted\"}} in /metrics",
                 node + 1
             )),
+        }
+        if let Some(count) = metric("tidal_replication_refusals_total{reason=\"stale_source\"} ") {
+            shared.borrow_mut().counters_stale_source += count as u64;
         }
         if !workload.heal_via_log {
             continue;

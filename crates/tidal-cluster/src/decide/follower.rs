@@ -258,6 +258,34 @@ pub fn decide_ship(log: &impl LogView, ship: &ShipMeta, quorum: bool) -> Verdict
     Verdict::Accept { steps, matched, commit_now, commit }
 }
 
+/// Restricts a verdict for a message whose sender may not hold the log of the message's term: a
+/// pulled chunk from a node that is not in office in that term (a follower, or a deposed leader whose
+/// leader hint is stale). Such a node may still hold an uncommitted suffix of an older term that the
+/// leader has not replaced on it yet. Its chunk may add batches past our log (commit from it is capped
+/// by the sender's commit, and what the sender committed is the leader's log), but it must never
+/// replace ours: the batches it would quarantine may be the leader's, acked by us and counted toward
+/// commit (and, with commit notices, covered by `matched`). Found by the simulation (chaos 114,
+/// decisions/019). Only the leader's ships, a pull from the node in office, and the pull of a leader
+/// adopting the log it chose (taking office, step 3) may quarantine.
+pub fn append_only(verdict: Verdict) -> Verdict {
+    match verdict {
+        Verdict::Accept { ref steps, .. } => {
+            match steps.iter().find_map(|step| match step {
+                Step::QuarantineFrom(seqno) => Some(*seqno),
+                _ => None,
+            }) {
+                Some(seqno) => Verdict::Refuse {
+                    reason: format!(
+                        "a chunk from a node not in office in its term would replace our batches from {seqno}"
+                    ),
+                },
+                None => verdict,
+            }
+        }
+        other => other,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -444,5 +472,28 @@ mod tests {
         let l = TestLog { term: Term(3), batches: vec![], commit: Seqno(50), snapshot: Some(pos(2, 50)) };
         let verdict = decide_ship(&l, &ship(3, pos(2, 50), vec![b(51, 51, 3)], 51), true);
         assert!(matches!(verdict, Verdict::Accept { .. }), "{verdict:?}");
+    }
+
+    #[test]
+    fn a_chunk_from_a_node_not_in_office_never_replaces_our_batches() {
+        // Ours: 1..=9 of term 2, then the term-3 leader's LeaderStart at 10. A follower still holding
+        // an uncommitted 10 of term 2 serves it in a chunk of term 3.
+        let l = log(3, vec![b(1, 9, 2), b(10, 10, 3)], 9);
+        let stale = ship(3, pos(2, 9), vec![b(10, 10, 2), b(11, 11, 2)], 9);
+        let verdict = decide_ship(&l, &stale, true);
+        assert!(
+            matches!(&verdict, Verdict::Accept { steps, .. } if steps.contains(&Step::QuarantineFrom(Seqno(10)))),
+            "the leader's own rules replace it: {verdict:?}"
+        );
+        assert!(matches!(append_only(verdict), Verdict::Refuse { .. }));
+        // Appending past our log, or skipping what we hold, is still fine.
+        let l = log(3, vec![b(1, 9, 2)], 5);
+        let verdict = append_only(decide_ship(&l, &ship(3, pos(2, 9), vec![b(10, 10, 2)], 9), true));
+        assert!(matches!(verdict, Verdict::Accept { .. }), "{verdict:?}");
+        let verdict = append_only(decide_ship(&l, &ship(3, pos(2, 5), vec![b(6, 9, 2)], 9), true));
+        assert!(matches!(verdict, Verdict::Accept { .. }), "{verdict:?}");
+        // Refusals pass through unchanged.
+        let verdict = append_only(decide_ship(&l, &ship(2, pos(2, 9), vec![], 9), true));
+        assert!(matches!(verdict, Verdict::Fenced { .. }), "{verdict:?}");
     }
 }

@@ -6,5 +6,5 @@ pub mod follower;
 pub mod office;
 
 pub use commit::{commit_frontier, Quorum};
-pub use follower::{decide_ship, BatchMeta, Located, LogView, ShipMeta, Step, Verdict};
+pub use follower::{append_only, decide_ship, BatchMeta, Located, LogView, ShipMeta, Step, Verdict};
 pub use office::{answer_probe, divergence_point, plan_office, term_at, OfficePlan, OwnLog, ProbeAnswer};

@@ -187,7 +187,7 @@ impl Replica {
                         tracing::warn!(?report, "moved a divergent suffix to quarantine");
                         self.feed.reset(self.wal.last_position());
                     }
-                    if let Err(why) = self.pull_from(source, pull_from).await {
+                    if let Err(why) = self.pull_from(source, pull_from, true).await {
                         tracing::warn!(%source, "pull while taking office failed: {why}");
                         tokio::time::sleep(PROBE_RETRY).await;
                     }
