@@ -223,6 +223,9 @@ pub struct ServeConfig {
     pub signals_per_request_max: usize,
     /// WAL segment size.
     pub segment_bytes_max: u64,
+    /// Bytes of each WAL segment written with zeros before use (capped at the segment size; 0: off).
+    /// `TIDAL_WAL_PREALLOCATE=0` turns it off; tests set a small value (decisions/017).
+    pub wal_preallocate_bytes: u64,
     /// Bound on payload bytes submitted and not yet acknowledged; writers wait beyond it.
     pub write_inflight_bytes_max: usize,
     /// WAL bytes kept below the checkpoint before whole segments are purged.
@@ -349,6 +352,9 @@ impl ServeConfig {
             body_bytes_max: file.body_bytes_max.unwrap_or(16 * 1024 * 1024),
             signals_per_request_max: file.signals_per_request_max.unwrap_or(10_000),
             segment_bytes_max: file.segment_bytes_max.unwrap_or(64 * 1024 * 1024),
+            wal_preallocate_bytes: wal_preallocate_bytes(
+                std::env::var("TIDAL_WAL_PREALLOCATE").ok().as_deref(),
+            )?,
             write_inflight_bytes_max: file.write_inflight_bytes_max.unwrap_or(128 * 1024 * 1024),
             wal_retention_bytes: file.wal_retention_bytes.unwrap_or(1024 * 1024 * 1024),
             read_wait_ms_max: file.read_wait_ms_max.unwrap_or(10_000),
@@ -389,6 +395,15 @@ impl ServeConfig {
     }
 }
 
+/// `TIDAL_WAL_PREALLOCATE`: unset or `1` preallocates whole segments, `0` turns it off.
+fn wal_preallocate_bytes(value: Option<&str>) -> anyhow::Result<u64> {
+    match value.map(str::trim) {
+        None | Some("1") => Ok(u64::MAX),
+        Some("0") => Ok(0),
+        Some(other) => anyhow::bail!("TIDAL_WAL_PREALLOCATE must be 0 or 1, got {other:?}"),
+    }
+}
+
 fn load_file(path: &Path) -> anyhow::Result<FileConfig> {
     let text =
         std::fs::read_to_string(path).with_context(|| format!("read config file {}", path.display()))?;
@@ -398,6 +413,14 @@ fn load_file(path: &Path) -> anyhow::Result<FileConfig> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn wal_preallocate_env_is_0_or_1() {
+        assert_eq!(wal_preallocate_bytes(None).unwrap(), u64::MAX);
+        assert_eq!(wal_preallocate_bytes(Some("1")).unwrap(), u64::MAX);
+        assert_eq!(wal_preallocate_bytes(Some("0")).unwrap(), 0);
+        assert!(wal_preallocate_bytes(Some("yes")).is_err());
+    }
 
     #[test]
     fn command_line_overrides_file_and_file_overrides_defaults() {

@@ -978,6 +978,20 @@ async fn metrics(State(state): State<Arc<AppState>>) -> Response {
     render_single(&mut out, "tidal_wal_fsyncs_total", "counter", "WAL fsyncs.", wal.fsyncs as f64);
     render_single(
         &mut out,
+        "tidal_wal_segments_prepared_total",
+        "counter",
+        "WAL segments prepared ahead (written with zeros and fsynced) while the writer was idle.",
+        wal.segments_prepared as f64,
+    );
+    render_single(
+        &mut out,
+        "tidal_wal_rotations_unprepared_total",
+        "counter",
+        "WAL rotations that found no prepared segment and started an empty one (appended to).",
+        wal.rotations_unprepared as f64,
+    );
+    render_single(
+        &mut out,
         "tidal_wal_queue_depth",
         "gauge",
         "Writes queued for the WAL writer.",

@@ -103,6 +103,7 @@ impl Node {
         let start_applied = pending_install.map_or(db.applied_seqno(), |position| position.seqno);
         let mut wal_config = WalConfig::new(config.data_dir.join("wal"));
         wal_config.segment_bytes_max = config.segment_bytes_max;
+        wal_config.preallocate_bytes = config.wal_preallocate_bytes;
         // A cluster member's hook also feeds the ship tail and its commit bookkeeping.
         let cluster = config.cluster.as_ref().map(|membership| {
             let voters = membership.spec.nodes.iter().map(|node| node.id).collect();

@@ -9,7 +9,13 @@
 //! - raw 64 KiB: sequential 64 KiB write + fdatasync bandwidth;
 //! - (d) writer, `--big-writers` threads of 64 KiB records;
 //! - (e) writer, `--threads` writes of 100 bytes kept in flight by completions (no thread per
-//!   writer): how the server's async handlers use it, without 64 OS threads competing for 2 cores.
+//!   writer): how the server's async handlers use it, without 64 OS threads competing for 2 cores;
+//! - raw pre-zeroed 4 KiB / 64 KiB: the raw loops overwriting a 64 MiB file that was written with
+//!   zeros and fsynced first (what a preallocated segment gives, decisions/017).
+//!
+//! The writer phases use the default config: segments preallocated, unless `TIDAL_WAL_PREALLOCATE=0`.
+//! Each waits until the writer has prepared its next segment before the clock starts (the steady
+//! state: a segment is normally prepared long before it is needed).
 //!
 //! Numbers depend entirely on the disk: run it on the disk the data will live on.
 
@@ -18,6 +24,7 @@
 
 use std::fs::OpenOptions;
 use std::io::Write;
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -77,6 +84,8 @@ struct Row {
     bytes: u64,
     elapsed: Duration,
     latencies_us: Vec<u32>,
+    /// Segment rotations, and how many of them found no prepared segment (writer phases).
+    rotations: (u64, u64),
 }
 
 impl Row {
@@ -128,14 +137,70 @@ fn raw(dir: &Path, name: &str, size: usize, args: &Args) -> Row {
         bytes: writes * size as u64,
         elapsed,
         latencies_us,
+        rotations: (0, 0),
     }
+}
+
+/// Bytes of the pre-zeroed file of the raw pre-zeroed phases (one default segment).
+const PREZEROED_LEN: u64 = 64 * 1024 * 1024;
+
+/// A loop of `size`-byte positioned writes + fdatasync over a file written with zeros and fsynced
+/// first, wrapping around at its end.
+fn raw_prezeroed(dir: &Path, name: &str, size: usize, args: &Args) -> Row {
+    let path = dir.join(format!("raw-prezeroed-{size}.dat"));
+    let file = OpenOptions::new().create(true).truncate(true).write(true).open(&path).unwrap();
+    let zeros = vec![0u8; 1 << 20];
+    for at in (0..PREZEROED_LEN).step_by(zeros.len()) {
+        file.write_all_at(&zeros, at).unwrap();
+    }
+    file.sync_data().unwrap();
+    let buf = vec![0xAB_u8; size];
+    let deadline = Instant::now() + Duration::from_secs(args.seconds);
+    let started = Instant::now();
+    let mut latencies_us = Vec::new();
+    let mut writes = 0u64;
+    while writes < args.count && Instant::now() < deadline {
+        let op = Instant::now();
+        file.write_all_at(&buf, (writes * size as u64) % (PREZEROED_LEN - size as u64 + 1)).unwrap();
+        file.sync_data().unwrap();
+        latencies_us.push(micros(op.elapsed()));
+        writes += 1;
+    }
+    let elapsed = started.elapsed();
+    drop(file);
+    std::fs::remove_file(&path).unwrap();
+    Row {
+        name: name.to_string(),
+        events: writes,
+        fsyncs: writes,
+        bytes: writes * size as u64,
+        elapsed,
+        latencies_us,
+        rotations: (0, 0),
+    }
+}
+
+/// The writer phases' config: the defaults, preallocation off with `TIDAL_WAL_PREALLOCATE=0`.
+fn wal_config(wal_dir: &Path) -> WalConfig {
+    let mut config = WalConfig::new(wal_dir);
+    if std::env::var("TIDAL_WAL_PREALLOCATE").is_ok_and(|value| value == "0") {
+        config.preallocate_bytes = 0;
+    }
+    config
+}
+
+/// Opens a writer phase's WAL and waits until its next segment is prepared.
+fn open_wal(wal_dir: &Path) -> Wal {
+    let (wal, _) =
+        Wal::open(wal_config(wal_dir), Arc::new(StdIo), Arc::new(SystemClock), Box::new(NoopHook)).unwrap();
+    assert!(wal.wait_segment_prepared(Duration::from_secs(60)), "the next segment was not prepared");
+    wal
 }
 
 /// `threads` threads each appending `size`-byte records with append_blocking.
 fn writer(dir: &Path, name: &str, threads: usize, size: usize, args: &Args) -> Row {
     let wal_dir = dir.join(name.replace(|c: char| !c.is_ascii_alphanumeric(), "_"));
-    let config = WalConfig::new(&wal_dir);
-    let (wal, _) = Wal::open(config, Arc::new(StdIo), Arc::new(SystemClock), Box::new(NoopHook)).unwrap();
+    let wal = open_wal(&wal_dir);
     let issued = Arc::new(AtomicU64::new(0));
     let deadline = Instant::now() + Duration::from_secs(args.seconds);
     let started = Instant::now();
@@ -166,6 +231,7 @@ fn writer(dir: &Path, name: &str, threads: usize, size: usize, args: &Args) -> R
     std::fs::remove_dir_all(&wal_dir).unwrap();
     Row {
         name: name.to_string(),
+        rotations: (stats.rotations, stats.rotations_unprepared),
         events: stats.events,
         fsyncs: stats.fsyncs,
         bytes: stats.bytes,
@@ -209,9 +275,7 @@ fn chain_next(chain: Arc<Chain>) {
 /// `in_flight` writes of `size` bytes kept in flight by their completions.
 fn writer_chained(dir: &Path, name: &str, in_flight: usize, size: usize, args: &Args) -> Row {
     let wal_dir = dir.join(name.replace(|c: char| !c.is_ascii_alphanumeric(), "_"));
-    let (wal, _) =
-        Wal::open(WalConfig::new(&wal_dir), Arc::new(StdIo), Arc::new(SystemClock), Box::new(NoopHook))
-            .unwrap();
+    let wal = open_wal(&wal_dir);
     let (finished, all_done) = std::sync::mpsc::channel();
     let chain = Arc::new(Chain {
         wal: wal.clone(),
@@ -238,6 +302,7 @@ fn writer_chained(dir: &Path, name: &str, in_flight: usize, size: usize, args: &
     std::fs::remove_dir_all(&wal_dir).unwrap();
     Row {
         name: name.to_string(),
+        rotations: (stats.rotations, stats.rotations_unprepared),
         events: stats.events,
         fsyncs: stats.fsyncs,
         bytes: stats.bytes,
@@ -282,6 +347,8 @@ fn main() {
             100,
             &args,
         ),
+        raw_prezeroed(&scratch, "raw pre-zeroed 4 KiB", 4096, &args),
+        raw_prezeroed(&scratch, "raw pre-zeroed 64 KiB", 64 * 1024, &args),
     ];
     std::fs::remove_dir_all(&scratch).unwrap();
     println!(
@@ -302,8 +369,15 @@ fn main() {
             p99
         );
     }
+    for row in rows.iter().filter(|row| row.rotations.0 > 0) {
+        println!(
+            "{}: {} rotations, {} without a prepared segment",
+            row.name, row.rotations.0, row.rotations.1
+        );
+    }
     let (b, c, raw64, d) = (&rows[2], &rows[3], &rows[4], &rows[5]);
     println!("ratio (c)/(b) events/s: {:.1}x", c.events_per_s() / b.events_per_s());
     println!("ratio (d)/raw 64 KiB MB/s: {:.2}", d.mb_per_s() / raw64.mb_per_s());
     println!("ratio (e)/(b) events/s: {:.1}x", rows[6].events_per_s() / b.events_per_s());
+    println!("ratio (d)/raw pre-zeroed 64 KiB MB/s: {:.2}", d.mb_per_s() / rows[8].mb_per_s());
 }

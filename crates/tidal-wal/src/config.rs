@@ -31,6 +31,10 @@ pub struct WalConfig {
     pub queue_bytes_max: usize,
     /// Bound on the encoded bytes of one drain (one fsync); a drain always takes at least one batch.
     pub drain_bytes_max: usize,
+    /// Bytes at the start of each segment written with zeros and fsynced before the segment is used
+    /// (capped at `segment_bytes_max`; 0 turns preallocation off). Batches then overwrite zeros in
+    /// place, so an fdatasync need not commit a new file size through the file system's journal.
+    pub preallocate_bytes: u64,
 }
 
 impl WalConfig {
@@ -42,6 +46,13 @@ impl WalConfig {
             queue_batches_max: QUEUE_BATCHES_MAX_DEFAULT,
             queue_bytes_max: QUEUE_BYTES_MAX_DEFAULT,
             drain_bytes_max: DRAIN_BYTES_MAX_DEFAULT,
+            preallocate_bytes: u64::MAX,
         }
+    }
+
+    /// How many zero bytes each segment is prepared with: `preallocate_bytes` capped at the segment
+    /// size (0: off).
+    pub fn preallocate_len(&self) -> u64 {
+        self.preallocate_bytes.min(self.segment_bytes_max)
     }
 }

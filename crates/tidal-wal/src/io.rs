@@ -7,7 +7,8 @@
 //! success proves nothing): they poison.
 
 use std::fs::{self, File, OpenOptions};
-use std::io::{self, Write};
+use std::io::{self, Read};
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 /// File-system operations the WAL needs.
@@ -16,10 +17,17 @@ pub trait FileIo: Send + Sync + 'static {
     fn create_dir_all(&self, path: &Path) -> io::Result<()>;
     /// Paths of the regular files directly in a directory, in no particular order.
     fn list_dir(&self, path: &Path) -> io::Result<Vec<PathBuf>>;
-    /// Opens a file for appending, creating it if missing; writes go to its end.
+    /// Opens a file for writing, creating it if missing: `write_all` goes to its end,
+    /// `write_all_at` to a given offset (over existing bytes, or past the end, growing the file).
     fn open_append(&self, path: &Path) -> io::Result<Box<dyn WalFile>>;
     /// Reads a whole file.
     fn read_all(&self, path: &Path) -> io::Result<Vec<u8>>;
+    /// Reads at most the first `len` bytes of a file (fewer if it is shorter).
+    fn read_prefix(&self, path: &Path, len: u64) -> io::Result<Vec<u8>> {
+        let mut bytes = self.read_all(path)?;
+        bytes.truncate(usize::try_from(len).unwrap_or(usize::MAX));
+        Ok(bytes)
+    }
     /// Removes a file (durable after `sync_dir`).
     fn remove_file(&self, path: &Path) -> io::Result<()>;
     /// Renames a file, replacing `to` (durable after `sync_dir`).
@@ -28,21 +36,27 @@ pub trait FileIo: Send + Sync + 'static {
     fn sync_dir(&self, path: &Path) -> io::Result<()>;
 }
 
-/// An open file written at its end.
+/// An open file, written at its end or at an offset.
 // `len` is fallible I/O, not a collection size; an `is_empty` would add nothing.
 #[allow(clippy::len_without_is_empty)]
 pub trait WalFile: Send {
     /// Appends all of `buf`.
     fn write_all(&mut self, buf: &[u8]) -> io::Result<()>;
+    /// Writes all of `buf` at `offset`, over the bytes there (a preallocated segment's zeros) and
+    /// past the end if it reaches further (the file grows; a gap would read as zeros).
+    fn write_all_at(&mut self, offset: u64, buf: &[u8]) -> io::Result<()>;
     /// Makes the written bytes durable (fdatasync).
     fn sync_data(&mut self) -> io::Result<()>;
-    /// Cuts the file to `len` bytes; later writes append after them.
+    /// Sets the file's length to `len` bytes (cuts it, or grows it with zeros); later appends go
+    /// after them.
     fn truncate(&mut self, len: u64) -> io::Result<()>;
     /// Current length in bytes.
     fn len(&self) -> io::Result<u64>;
 }
 
-/// Real files through `std::fs`; `sync_data` is `File::sync_data` (fdatasync).
+/// Real files through `std::fs`; `sync_data` is `File::sync_data` (fdatasync). Files are opened
+/// without `O_APPEND` (on Linux, `pwrite` on an `O_APPEND` file ignores its offset); `write_all`
+/// writes at the current length.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct StdIo;
 
@@ -67,12 +81,20 @@ impl FileIo for StdIo {
     }
 
     fn open_append(&self, path: &Path) -> io::Result<Box<dyn WalFile>> {
-        let file = OpenOptions::new().create(true).append(true).open(path)?;
+        let file = OpenOptions::new().create(true).truncate(false).write(true).open(path)?;
         Ok(Box::new(StdFile { file }))
     }
 
     fn read_all(&self, path: &Path) -> io::Result<Vec<u8>> {
         fs::read(path)
+    }
+
+    fn read_prefix(&self, path: &Path, len: u64) -> io::Result<Vec<u8>> {
+        let file = File::open(path)?;
+        let capacity = usize::try_from(len.min(file.metadata()?.len())).unwrap_or(0);
+        let mut bytes = Vec::with_capacity(capacity);
+        file.take(len).read_to_end(&mut bytes)?;
+        Ok(bytes)
     }
 
     fn remove_file(&self, path: &Path) -> io::Result<()> {
@@ -90,7 +112,12 @@ impl FileIo for StdIo {
 
 impl WalFile for StdFile {
     fn write_all(&mut self, buf: &[u8]) -> io::Result<()> {
-        self.file.write_all(buf)
+        let end = self.file.metadata()?.len();
+        self.file.write_all_at(buf, end)
+    }
+
+    fn write_all_at(&mut self, offset: u64, buf: &[u8]) -> io::Result<()> {
+        self.file.write_all_at(buf, offset)
     }
 
     fn sync_data(&mut self) -> io::Result<()> {
@@ -98,7 +125,6 @@ impl WalFile for StdFile {
     }
 
     fn truncate(&mut self, len: u64) -> io::Result<()> {
-        // The file is opened with O_APPEND, so later writes land at the new end.
         self.file.set_len(len)
     }
 

@@ -127,6 +127,8 @@ impl Writer {
             .open_append(&active_info.path)
             .map_err(|err| Error::fatal("open segment", &active_info.path, err))?;
         self.active_info = active_info;
+        // finish_truncation cut the file at the batch (preallocated zeros after it went too).
+        self.active_len = cut_len;
         log.segments = segments;
         log.index.truncate_from(cut);
         self.history_term = meta.term_history.last().map_or(Term(0), |entry| entry.term);
@@ -177,6 +179,7 @@ impl Writer {
         meta.store(io, dir)?;
 
         self.active = active;
+        self.active_len = 0;
         self.active_info = SegmentInfo { path, first_seqno: next, last_seqno: None, bytes: 0 };
         log.segments = vec![self.active_info.clone()];
         log.index.reset(next);
@@ -248,9 +251,9 @@ fn write_quarantine(
         bytes: 0,
     };
     for segment in segments.iter().filter(|segment| segment.last_seqno.is_some_and(|last| last >= from)) {
-        let mut bytes =
-            io.read_all(&segment.path).map_err(|err| Error::io("read segment", &segment.path, err))?;
-        bytes.truncate(usize::try_from(segment.bytes).unwrap_or(usize::MAX));
+        let bytes = io
+            .read_prefix(&segment.path, segment.bytes)
+            .map_err(|err| Error::io("read segment", &segment.path, err))?;
         let (mut offset, mut start) = (0usize, None);
         while offset < bytes.len() {
             let batch = decode_batch(&bytes[offset..])

@@ -67,11 +67,12 @@ impl WalReader {
         let Some(segment) = self.segments.pop_front() else {
             return Ok(false);
         };
-        let read = self.shared.io.read_all(&segment.path);
+        // Only the durable, logical part: the active segment's file goes on with preallocated zeros.
+        let read = self.shared.io.read_prefix(&segment.path, segment.bytes);
         if self.shared.truncations.load(Ordering::SeqCst) != self.truncations {
             return Err(Error::TruncatedWhileReading { requested: self.from });
         }
-        let mut bytes = match read {
+        let bytes = match read {
             Ok(bytes) => bytes,
             Err(err) if err.kind() == std::io::ErrorKind::NotFound => {
                 let first_retained = self
@@ -89,7 +90,6 @@ impl WalReader {
             let reason = format!("segment is {} bytes but {durable_len} were fsynced", bytes.len());
             return Err(Error::corrupt(&segment.path, bytes.len() as u64, reason));
         }
-        bytes.truncate(durable_len);
         self.next_seqno = Some(segment.first_seqno);
         self.current = Some(OpenSegment { path: segment.path, bytes, offset: 0 });
         Ok(true)

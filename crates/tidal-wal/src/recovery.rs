@@ -13,6 +13,11 @@
 //!   `truncate_from`; it is finished FIRST, before anything else looks at the segments, and the meta
 //!   file is then written again without it. Half-written quarantine files (`.wal.tmp`) are removed.
 //! - The batch index is built from the same scan: 8 bytes per retained batch.
+//! - Preallocation (decisions/017): zeros after the last batch of the last segment are its logical
+//!   end, not a tail to cut. A torn tail is cut (the file is truncated there, so no leftover of an
+//!   unsynced write can ever line up with a later batch). A prepared next segment (`segment.prep`)
+//!   is removed: it holds no batch. Then the active segment is filled with zeros up to the
+//!   preallocated size and fsynced, before the writer starts.
 
 use std::path::PathBuf;
 
@@ -23,7 +28,9 @@ use crate::config::WalConfig;
 use crate::error::Error;
 use crate::io::{FileIo, WalFile};
 use crate::quarantine::{finish_truncation, remove_incomplete_quarantine_files};
-use crate::segment::{parse_segment_file_name, scan_segment, segment_file_name, ScanEnd, SegmentInfo};
+use crate::segment::{
+    parse_segment_file_name, scan_segment, segment_file_name, ScanEnd, SegmentInfo, PREP_FILE_NAME,
+};
 use crate::wal_meta::{WalMeta, META_FILE_NAME, META_TMP_FILE_NAME};
 
 /// What recovery found.
@@ -62,6 +69,8 @@ pub(crate) struct Recovered {
     pub(crate) segments: Vec<SegmentInfo>,
     pub(crate) meta: WalMeta,
     pub(crate) active: Box<dyn WalFile>,
+    /// The active segment's length on disk (its logical length plus preallocated zeros).
+    pub(crate) active_len: u64,
     pub(crate) next_seqno: Seqno,
     pub(crate) index: BatchIndex,
 }
@@ -76,6 +85,8 @@ struct ScanTotals {
     term_starts: Vec<TermSeqno>,
     torn: Option<TornTail>,
     index: BatchIndex,
+    /// Sealed segments followed by zeros, and their logical lengths.
+    unsealed: Vec<(PathBuf, u64)>,
 }
 
 pub(crate) fn recover(config: &WalConfig, io: &dyn FileIo) -> Result<Recovered, Error> {
@@ -85,6 +96,10 @@ pub(crate) fn recover(config: &WalConfig, io: &dyn FileIo) -> Result<Recovered, 
     let tmp = dir.join(META_TMP_FILE_NAME);
     if paths.contains(&tmp) {
         io.remove_file(&tmp).map_err(|err| Error::io("remove leftover meta file", &tmp, err))?;
+    }
+    let prep = dir.join(PREP_FILE_NAME);
+    if paths.contains(&prep) {
+        io.remove_file(&prep).map_err(|err| Error::io("remove prepared segment", &prep, err))?;
     }
     let mut segment_paths: Vec<(Seqno, PathBuf)> = paths
         .into_iter()
@@ -106,7 +121,13 @@ pub(crate) fn recover(config: &WalConfig, io: &dyn FileIo) -> Result<Recovered, 
     check_start(config, &segment_paths, &meta, stored_meta.is_some())?;
 
     let totals = scan_segments(io, &segment_paths, &meta)?;
-    let active = open_active(io, config, &totals)?;
+    for (path, len) in &totals.unsealed {
+        tracing::warn!(segment = %path.display(), len, "cutting the zeros off a sealed segment");
+        let mut file = io.open_append(path).map_err(|err| Error::io("open segment", path, err))?;
+        file.truncate(*len).map_err(|err| Error::fatal("seal segment", path, err))?;
+        file.sync_data().map_err(|err| Error::fatal("fsync segment", path, err))?;
+    }
+    let (active, active_len) = open_active(io, config, &totals)?;
 
     let retained_first = totals.segments.first().map_or(totals.next_seqno, |segment| segment.first_seqno);
     let mut term_history: Vec<TermSeqno> =
@@ -130,7 +151,15 @@ pub(crate) fn recover(config: &WalConfig, io: &dyn FileIo) -> Result<Recovered, 
         bytes: segments.iter().map(|segment| segment.bytes).sum(),
         truncated: totals.torn,
     };
-    Ok(Recovered { recovery, segments, meta, active, next_seqno: totals.next_seqno, index: totals.index })
+    Ok(Recovered {
+        recovery,
+        segments,
+        meta,
+        active,
+        active_len,
+        next_seqno: totals.next_seqno,
+        index: totals.index,
+    })
 }
 
 /// Removes segments wholly at or below the purge point (an interrupted purge); never the last one.
@@ -193,6 +222,7 @@ fn scan_segments(
         term_starts: Vec::new(),
         torn: None,
         index: BatchIndex::new(meta.purged.seqno.next()),
+        unsealed: Vec::new(),
     };
     for (index, (first, path)) in segment_paths.iter().enumerate() {
         if *first != totals.next_seqno {
@@ -214,6 +244,11 @@ fn scan_segments(
         if !is_last && scan.batches == 0 {
             return Err(Error::corrupt(path, 0, "empty segment before the last one"));
         }
+        if !is_last && scan.valid_len < bytes.len() as u64 {
+            // Zeros after the batches of a sealed segment: its cut at rotation did not reach the disk.
+            // Finished once every segment verified (the next one must continue the seqnos).
+            totals.unsealed.push((path.clone(), scan.valid_len));
+        }
         let last_seqno = (scan.batches > 0).then(|| Seqno(scan.next_seqno.get() - 1));
         totals.segments.push(SegmentInfo {
             path: path.clone(),
@@ -234,16 +269,25 @@ fn scan_segments(
     Ok(totals)
 }
 
-/// Opens the last segment for appending (cutting a torn tail, then fsyncing), or creates the first.
-fn open_active(io: &dyn FileIo, config: &WalConfig, totals: &ScanTotals) -> Result<Box<dyn WalFile>, Error> {
+/// Opens the last segment for writing (cutting a torn tail), or creates the first; fills it with
+/// zeros up to the preallocated size; fsyncs. Returns it and its length on disk.
+fn open_active(
+    io: &dyn FileIo,
+    config: &WalConfig,
+    totals: &ScanTotals,
+) -> Result<(Box<dyn WalFile>, u64), Error> {
     let Some(last) = totals.segments.last() else {
         let path = config.dir.join(segment_file_name(totals.next_seqno));
-        let file = io.open_append(&path).map_err(|err| Error::io("create segment", &path, err))?;
+        let mut file = io.open_append(&path).map_err(|err| Error::io("create segment", &path, err))?;
+        let len = file.len().map_err(|err| Error::io("stat segment", &path, err))?;
+        let len = fill_zeros(file.as_mut(), &path, len, config.preallocate_len())?;
+        file.sync_data().map_err(|err| Error::fatal("fsync segment", &path, err))?;
         io.sync_dir(&config.dir).map_err(|err| Error::fatal("fsync WAL directory", &config.dir, err))?;
-        return Ok(file);
+        return Ok((file, len));
     };
     let path = &last.path;
     let mut file = io.open_append(path).map_err(|err| Error::io("open segment", path, err))?;
+    let mut len = file.len().map_err(|err| Error::io("stat segment", path, err))?;
     if let Some(torn) = &totals.torn {
         tracing::warn!(
             segment = %torn.path.display(),
@@ -252,7 +296,30 @@ fn open_active(io: &dyn FileIo, config: &WalConfig, totals: &ScanTotals) -> Resu
             "truncating a torn write at the end of the WAL"
         );
         file.truncate(torn.offset).map_err(|err| Error::fatal("truncate torn segment tail", path, err))?;
+        len = torn.offset;
     }
+    let len = fill_zeros(file.as_mut(), path, len, config.preallocate_len())?;
     file.sync_data().map_err(|err| Error::fatal("fsync segment", path, err))?;
-    Ok(file)
+    Ok((file, len))
+}
+
+/// Bytes of zeros written per call while preparing a segment.
+pub(crate) const ZERO_CHUNK_LEN: usize = 1 << 20;
+
+/// Writes zeros from `from` up to `to` (nothing if `to <= from`); returns the new length. The caller
+/// fsyncs.
+pub(crate) fn fill_zeros(
+    file: &mut dyn WalFile,
+    path: &std::path::Path,
+    from: u64,
+    to: u64,
+) -> Result<u64, Error> {
+    let zeros = vec![0u8; ZERO_CHUNK_LEN.min(usize::try_from(to.saturating_sub(from)).unwrap_or(usize::MAX))];
+    let mut at = from;
+    while at < to {
+        let len = zeros.len().min(usize::try_from(to - at).unwrap_or(usize::MAX));
+        file.write_all_at(at, &zeros[..len]).map_err(|err| Error::fatal("preallocate segment", path, err))?;
+        at += len as u64;
+    }
+    Ok(at.max(from))
 }

@@ -2,18 +2,36 @@
 //! that recovery runs over a segment's bytes.
 //!
 //! Delicate: the scan is what decides between a torn tail (truncate and go on) and corruption (refuse
-//! to open). Only the end of the LAST segment may be torn, and only as an incomplete batch or an
-//! all-zero tail; an "incomplete" batch that is followed by a later valid batch is a damaged length
-//! field, not a torn write, and is corruption. Everything else that fails to verify is corruption.
+//! to open). Only the end of the LAST segment may be torn; an "incomplete" batch that is followed by
+//! a later valid batch is a damaged length field, not a torn write, and is corruption.
+//!
+//! The last segment may be preallocated (decisions/017): written with zeros before use, then
+//! overwritten in place. So:
+//! - an all-zero header where the next batch would start is the logical end. If only zeros follow,
+//!   the scan is clean, in any segment (a sealed segment is cut to its batches at rotation; should
+//!   that cut not have reached the disk, its zeros are harmless: recovery checks that the next
+//!   segment continues the seqnos, and cuts them). If anything else follows, in the last segment it
+//!   is what is left of an unsynced write whose first sector never reached the disk: a torn tail at
+//!   that offset; in another segment, corruption.
+//! - a batch that fails to verify is a torn write if its bytes stop (everything after them zero)
+//!   before the end its header claims (or, with an unreadable header, within the header): the
+//!   write was cut short over zeros. A batch whose bytes all are there and still fail is corruption.
+//!   (So a flipped bit in the last batch of the log reads as torn if that batch's payload happens to
+//!   end in zero bytes; as a grown length field already did.)
+//!
+//! Everything else that fails to verify is corruption.
 
 use std::path::{Path, PathBuf};
 
 use tidal_types::{Seqno, Term, TermSeqno};
 
-use crate::batch::{decode_batch, decode_header, DecodeError, MAGIC};
+use crate::batch::{decode_batch, decode_header, DecodeError, HEADER_LEN, MAGIC};
 
 /// Suffix of segment file names.
 pub const SEGMENT_SUFFIX: &str = ".seg";
+/// The next segment while it is prepared (zeros written and fsynced); a rotation renames it to the
+/// segment's name. Recovery removes it.
+pub const PREP_FILE_NAME: &str = "segment.prep";
 /// Digits of the zero-padded first seqno in a segment file name (u64::MAX has 20).
 const SEGMENT_NAME_DIGITS: usize = 20;
 
@@ -102,6 +120,18 @@ pub fn scan_segment(bytes: &[u8], next_seqno: Seqno, term: Term, is_last: bool) 
     let mut offset = 0usize;
     while offset < bytes.len() {
         let rest = &bytes[offset..];
+        if is_zero(&rest[..rest.len().min(HEADER_LEN)]) {
+            // The logical end of a preallocated segment.
+            if !is_zero(rest) {
+                scan.end = if is_last {
+                    ScanEnd::Torn { offset: offset as u64 }
+                } else {
+                    let reason = "bytes after a zero header in a segment that is not the last".to_string();
+                    ScanEnd::Corrupt { offset: offset as u64, reason }
+                };
+            }
+            return scan;
+        }
         let batch = match decode_batch(rest) {
             Ok(batch) => batch,
             Err(err) => {
@@ -141,10 +171,26 @@ pub fn logged_time_ms(payload: &[u8]) -> Option<u64> {
     Some(u64::from_le_bytes(slot))
 }
 
+/// Whether every byte is zero.
+pub fn is_zero(bytes: &[u8]) -> bool {
+    // Word-sized steps: a recovery may check a preallocated segment's tens of MiB of zeros.
+    let (words, tail) = bytes.split_at(bytes.len() / 8 * 8);
+    words.chunks_exact(8).all(|word| word == [0u8; 8]) && tail.iter().all(|byte| *byte == 0)
+}
+
+/// Length of `bytes` without its trailing zeros.
+pub fn data_len(bytes: &[u8]) -> usize {
+    let mut end = bytes.len();
+    while end >= 8 && bytes[end - 8..end] == [0u8; 8] {
+        end -= 8;
+    }
+    bytes[..end].iter().rposition(|byte| *byte != 0).map_or(0, |at| at + 1)
+}
+
 fn classify_failure(rest: &[u8], err: &DecodeError, offset: u64, is_last: bool) -> ScanEnd {
     let torn = match err {
         DecodeError::Truncated { .. } => !followed_by_later_batch(rest),
-        _ => rest.iter().all(|byte| *byte == 0),
+        _ => cut_over_zeros(rest),
     };
     if torn && is_last {
         ScanEnd::Torn { offset }
@@ -152,6 +198,16 @@ fn classify_failure(rest: &[u8], err: &DecodeError, offset: u64, is_last: bool) 
         ScanEnd::Corrupt { offset, reason: format!("{err} in a segment that is not the last") }
     } else {
         ScanEnd::Corrupt { offset, reason: err.to_string() }
+    }
+}
+
+/// Whether the batch at the start of `rest` stops short, over zeros: its last non-zero byte lies
+/// before the end its header claims (within the header if the header does not decode).
+fn cut_over_zeros(rest: &[u8]) -> bool {
+    let data = data_len(rest);
+    match decode_header(rest) {
+        Ok(header) => data < header.encoded_len(),
+        Err(_) => data <= HEADER_LEN,
     }
 }
 
@@ -216,7 +272,61 @@ mod tests {
         assert!(matches!(scan_segment(cut, Seqno(5), Term(0), false).end, ScanEnd::Corrupt { .. }));
         let mut zeros = bytes.clone();
         zeros.extend([0u8; 100]);
-        assert_eq!(scan_segment(&zeros, Seqno(5), Term(0), true).end, ScanEnd::Torn { offset: 160 });
+        let scan = scan_segment(&zeros, Seqno(5), Term(0), false);
+        assert_eq!((scan.end, scan.valid_len), (ScanEnd::Clean, 160), "zeros a seal did not cut");
+        zeros[200] = 1;
+        assert!(matches!(
+            scan_segment(&zeros, Seqno(5), Term(0), false).end,
+            ScanEnd::Corrupt { offset: 160, .. }
+        ));
+    }
+
+    #[test]
+    fn zeros_after_the_last_batch_are_the_logical_end_of_the_last_segment() {
+        let mut bytes = two_batches();
+        bytes.resize(4 << 20, 0);
+        let scan = scan_segment(&bytes, Seqno(5), Term(0), true);
+        assert_eq!((scan.end, scan.batches, scan.valid_len), (ScanEnd::Clean, 2, 160));
+        let scan = scan_segment(&vec![0u8; 1 << 20], Seqno(5), Term(0), true);
+        assert_eq!((scan.end, scan.batches, scan.valid_len), (ScanEnd::Clean, 0, 0));
+        // Something after the zero header: the rest of an unsynced write; torn at the logical end.
+        bytes[3 << 20] = 1;
+        assert_eq!(scan_segment(&bytes, Seqno(5), Term(0), true).end, ScanEnd::Torn { offset: 160 });
+    }
+
+    #[test]
+    fn a_batch_cut_short_over_zeros_is_torn_and_a_whole_damaged_one_is_corrupt() {
+        let whole = two_batches();
+        for cut in 85..whole.len() {
+            let mut bytes = whole[..cut].to_vec();
+            bytes.resize(whole.len() + 4096, 0);
+            assert_eq!(
+                scan_segment(&bytes, Seqno(5), Term(0), true).end,
+                ScanEnd::Torn { offset: 84 },
+                "cut {cut}"
+            );
+        }
+        let mut flipped = whole.clone();
+        flipped[84 + 70] ^= 4; // inside the last batch's payload, whose last byte is not zero
+        flipped.resize(whole.len() + 4096, 0);
+        assert!(matches!(
+            scan_segment(&flipped, Seqno(5), Term(0), true).end,
+            ScanEnd::Corrupt { offset: 84, .. }
+        ));
+    }
+
+    #[test]
+    fn zero_helpers_agree_with_a_byte_loop() {
+        for len in 0..40 {
+            for at in 0..=len {
+                let mut bytes = vec![0u8; len];
+                if at < len {
+                    bytes[at] = 9;
+                }
+                assert_eq!(is_zero(&bytes), bytes.iter().all(|byte| *byte == 0));
+                assert_eq!(data_len(&bytes), if at < len { at + 1 } else { 0 });
+            }
+        }
     }
 
     #[test]

@@ -42,6 +42,10 @@ pub(crate) struct Shared {
     /// Bumped (under `log`) when a quarantine or reset starts and when it ends; a reader that sees it
     /// change under it stops with [`Error::TruncatedWhileReading`] instead of mixing two logs.
     pub(crate) truncations: AtomicU64,
+    /// Whether the writer still has a next segment to prepare (it does so while idle).
+    pub(crate) prep_pending: Mutex<bool>,
+    /// Signalled when `prep_pending` changes.
+    pub(crate) prep_changed: Condvar,
 }
 
 /// Requests waiting for the writer.
@@ -161,9 +165,19 @@ impl Shared {
         self.poisoned.load(Ordering::SeqCst)
     }
 
+    /// Records whether a segment preparation is pending, waking waiters.
+    pub(crate) fn set_prep_pending(&self, pending: bool) {
+        let mut guard = self.prep_pending.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if *guard != pending {
+            *guard = pending;
+            self.prep_changed.notify_all();
+        }
+    }
+
     /// Marks the WAL poisoned and wakes the writer so it fails what is queued.
     pub(crate) fn poison(&self) {
         self.poisoned.store(true, Ordering::SeqCst);
+        self.set_prep_pending(false);
         self.queue_ready.notify_all();
         self.queue_space.notify_all();
     }

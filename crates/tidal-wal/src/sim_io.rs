@@ -1,11 +1,15 @@
 //! [`SimIo`]: an in-memory file system that models what a power loss keeps, for tests and the
 //! simulation.
 //!
-//! Model: a file (inode) holds synced bytes followed by unsynced bytes; `sync_data` moves the
-//! unsynced bytes to synced. Directory entries (create, rename, remove) are durable only after
-//! `sync_dir` of their parent. [`SimIo::crash`] reverts the namespace to its durable form, drops (or
-//! keeps a prefix of) every file's unsynced bytes, and invalidates every open handle, as a power loss
-//! and restart would. Truncation is modelled as immediately durable (the WAL fsyncs right after it).
+//! Model: a file (inode) holds the bytes a reader sees, the bytes a crash would leave (its durable
+//! image), and the writes since the last sync, in order (appends and positioned writes, over old
+//! bytes or past the end). `sync_data` makes the durable image equal to what a reader sees.
+//! Directory entries (create, rename, remove) are durable only after `sync_dir` of their parent.
+//! [`SimIo::crash`] reverts the namespace to its durable form, reverts every file to its durable image
+//! (an overwritten range shows its old bytes again, e.g. a preallocated segment's zeros; a grown file
+//! shrinks back) or, torn, lays the first `keep` bytes of its unsynced writes over that image, and
+//! invalidates every open handle, as a power loss and restart would. Truncation (and growing with
+//! zeros through it) is modelled as immediately durable (the WAL fsyncs right after it).
 //!
 //! Delicate: a failed sync leaves the unsynced bytes in place (the page cache may still show them to a
 //! reader) but never makes them durable; only a crash tells the two apart.
@@ -23,7 +27,8 @@ use crate::io::{FileIo, WalFile};
 pub enum CrashMode {
     /// Every unsynced byte is lost.
     LoseUnsynced,
-    /// Of each file's unsynced bytes, the first `keep` reach the disk (a torn write).
+    /// Of each file's unsynced writes, in order, the first `keep` bytes reach the disk over what was
+    /// there before (a torn write).
     TornUnsynced {
         /// How many unsynced bytes of each file survive.
         keep: usize,
@@ -56,6 +61,9 @@ struct SimState {
     ops: u64,
     /// Crash when `ops` reaches this count.
     crash_at_op: Option<(u64, CrashMode)>,
+    /// Set when a planned crash fired: the machine is down, every mutating operation fails (on any
+    /// thread: a power loss stops them all) until [`SimIo::restart`].
+    down: bool,
     sync_delay: Duration,
     data_syncs: u64,
     dir_syncs: u64,
@@ -63,8 +71,12 @@ struct SimState {
 
 #[derive(Default)]
 struct Inode {
-    synced: Vec<u8>,
-    unsynced: Vec<u8>,
+    /// What a reader sees.
+    current: Vec<u8>,
+    /// What a crash leaves.
+    durable: Vec<u8>,
+    /// Writes since the last sync, in order: offset and bytes.
+    unsynced: Vec<(usize, Vec<u8>)>,
 }
 
 struct SimFile {
@@ -81,31 +93,68 @@ fn parent_of(path: &Path) -> PathBuf {
     path.parent().map(Path::to_path_buf).unwrap_or_default()
 }
 
+/// Writes `buf` at `offset` of `bytes`, growing it (with zeros in any gap) as needed.
+fn write_at(bytes: &mut Vec<u8>, offset: usize, buf: &[u8]) {
+    let end = offset + buf.len();
+    if bytes.len() < end {
+        bytes.resize(end, 0);
+    }
+    bytes[offset..end].copy_from_slice(buf);
+}
+
 impl Inode {
-    fn bytes(&self) -> Vec<u8> {
-        let mut bytes = self.synced.clone();
-        bytes.extend_from_slice(&self.unsynced);
-        bytes
+    fn with_bytes(bytes: &[u8]) -> Inode {
+        Inode { current: bytes.to_vec(), durable: bytes.to_vec(), unsynced: Vec::new() }
     }
 
-    fn truncate(&mut self, len: usize) {
-        if len <= self.synced.len() {
-            self.synced.truncate(len);
-            self.unsynced.clear();
-        } else {
-            self.unsynced.truncate(len - self.synced.len());
+    fn write(&mut self, offset: usize, buf: &[u8]) {
+        write_at(&mut self.current, offset, buf);
+        self.unsynced.push((offset, buf.to_vec()));
+    }
+
+    fn sync(&mut self) {
+        for (offset, buf) in std::mem::take(&mut self.unsynced) {
+            write_at(&mut self.durable, offset, &buf);
         }
+        self.durable.truncate(self.current.len());
+    }
+
+    /// Reverts to the durable image, with the first `keep` unsynced bytes laid over it.
+    fn crash(&mut self, keep: usize) {
+        let mut left = keep;
+        for (offset, buf) in std::mem::take(&mut self.unsynced) {
+            if left == 0 {
+                break;
+            }
+            let kept = left.min(buf.len());
+            write_at(&mut self.durable, offset, &buf[..kept]);
+            left -= kept;
+        }
+        self.current = self.durable.clone();
+    }
+
+    fn set_len(&mut self, len: usize) {
+        self.current.resize(len, 0);
+        self.durable.resize(len, 0);
+        for (offset, buf) in &mut self.unsynced {
+            buf.truncate(len.saturating_sub(*offset));
+        }
+        self.unsynced.retain(|(_, buf)| !buf.is_empty());
     }
 }
 
 impl SimState {
     /// Counts one mutating operation; at the planned point, crashes and fails the operation.
     fn tick(&mut self) -> io::Result<()> {
+        if self.down {
+            return Err(io::Error::other("the machine is down after a simulated power loss"));
+        }
         self.ops += 1;
         match self.crash_at_op {
             Some((at, mode)) if self.ops >= at => {
                 self.crash_at_op = None;
                 self.crash(mode);
+                self.down = true;
                 Err(io::Error::other("simulated power loss"))
             }
             _ => Ok(()),
@@ -113,11 +162,12 @@ impl SimState {
     }
 
     fn crash(&mut self, mode: CrashMode) {
+        let keep = match mode {
+            CrashMode::LoseUnsynced => 0,
+            CrashMode::TornUnsynced { keep } => keep,
+        };
         for inode in self.inodes.values_mut() {
-            let unsynced = std::mem::take(&mut inode.unsynced);
-            if let CrashMode::TornUnsynced { keep } = mode {
-                inode.synced.extend_from_slice(&unsynced[..keep.min(unsynced.len())]);
-            }
+            inode.crash(keep);
         }
         self.entries = self.entries_durable.clone();
         let live: BTreeSet<u64> = self.entries.values().copied().collect();
@@ -179,11 +229,18 @@ impl SimIo {
     }
 
     /// Plans a crash: the `n`-th mutating operation from now (1-based; writes, syncs, truncations,
-    /// file creations, renames, removals) crashes with `mode` instead. A crashing write first appends
-    /// its bytes, so `TornUnsynced` can keep part of it. The operation then fails.
+    /// file creations, renames, removals) crashes with `mode` instead. A crashing write first lays
+    /// down its bytes, so `TornUnsynced` can keep part of it. The operation then fails, and so does
+    /// every mutating operation after it, from any thread, until [`SimIo::restart`]: the machine is
+    /// down (a WAL writer still running must not make anything durable after the power loss).
     pub fn crash_at_op(&self, n: u64, mode: CrashMode) {
         let mut state = self.lock();
         state.crash_at_op = Some((state.ops + n, mode));
+    }
+
+    /// Brings the machine back up after a planned crash (see [`SimIo::crash_at_op`]).
+    pub fn restart(&self) {
+        self.lock().down = false;
     }
 
     /// Whether a planned crash is still pending.
@@ -206,32 +263,33 @@ impl SimIo {
         let mut state = self.lock();
         let inode = state.inode_of(path)?;
         let byte = usize::try_from(bit_index / 8).map_err(io::Error::other)?;
-        let synced_len = inode.synced.len();
-        let target = if byte < synced_len {
-            inode.synced.get_mut(byte)
-        } else {
-            inode.unsynced.get_mut(byte - synced_len)
-        };
-        let target = target.ok_or_else(|| io::Error::other("bit index past the end of the file"))?;
-        *target ^= 1 << (bit_index % 8);
+        let mask = 1u8 << (bit_index % 8);
+        let target = inode
+            .current
+            .get_mut(byte)
+            .ok_or_else(|| io::Error::other("bit index past the end of the file"))?;
+        *target ^= mask;
+        if let Some(durable) = inode.durable.get_mut(byte) {
+            *durable ^= mask;
+        }
         Ok(())
     }
 
-    /// Cuts a file to `len` bytes, durably.
+    /// Sets a file's length to `len` bytes (cut, or grown with zeros), durably.
     pub fn truncate_file(&self, path: &Path, len: u64) -> io::Result<()> {
         let len = usize::try_from(len).map_err(io::Error::other)?;
-        self.lock().inode_of(path)?.truncate(len);
+        self.lock().inode_of(path)?.set_len(len);
         Ok(())
     }
 
-    /// The file's bytes as a reader sees them (synced then unsynced).
+    /// The file's bytes as a reader sees them (synced or not).
     pub fn file_bytes(&self, path: &Path) -> io::Result<Vec<u8>> {
-        Ok(self.lock().inode_of(path)?.bytes())
+        Ok(self.lock().inode_of(path)?.current.clone())
     }
 
-    /// Only the file's synced bytes.
+    /// The file's bytes as a crash would leave them if no unsynced byte survived.
     pub fn synced_bytes(&self, path: &Path) -> io::Result<Vec<u8>> {
-        Ok(self.lock().inode_of(path)?.synced.clone())
+        Ok(self.lock().inode_of(path)?.durable.clone())
     }
 
     /// Whether the file's directory entry would survive a crash.
@@ -254,7 +312,7 @@ impl SimIo {
         }
         let id = state.inode_next;
         state.inode_next += 1;
-        state.inodes.insert(id, Inode { synced: bytes.to_vec(), unsynced: Vec::new() });
+        state.inodes.insert(id, Inode::with_bytes(bytes));
         state.entries.insert(path.to_path_buf(), id);
         state.entries_durable.insert(path.to_path_buf(), id);
     }
@@ -379,8 +437,9 @@ fn inode_mut(state: &mut SimState, id: u64) -> io::Result<&mut Inode> {
     state.inodes.get_mut(&id).ok_or_else(|| io::Error::other("file was removed"))
 }
 
-impl WalFile for SimFile {
-    fn write_all(&mut self, buf: &[u8]) -> io::Result<()> {
+impl SimFile {
+    /// Writes at `offset`, or at the end if `None`.
+    fn write(&mut self, offset: Option<u64>, buf: &[u8]) -> io::Result<()> {
         self.with_inode(|state, id| {
             if std::mem::take(&mut state.fail_next_write) {
                 return Err(io::Error::other("injected write failure"));
@@ -388,9 +447,24 @@ impl WalFile for SimFile {
             if state.fail_writes {
                 return Err(io::Error::other("injected write failure: no space left on device"));
             }
-            inode_mut(state, id)?.unsynced.extend_from_slice(buf);
+            let inode = inode_mut(state, id)?;
+            let offset = match offset {
+                Some(offset) => usize::try_from(offset).map_err(io::Error::other)?,
+                None => inode.current.len(),
+            };
+            inode.write(offset, buf);
             state.tick()
         })
+    }
+}
+
+impl WalFile for SimFile {
+    fn write_all(&mut self, buf: &[u8]) -> io::Result<()> {
+        self.write(None, buf)
+    }
+
+    fn write_all_at(&mut self, offset: u64, buf: &[u8]) -> io::Result<()> {
+        self.write(Some(offset), buf)
     }
 
     fn sync_data(&mut self) -> io::Result<()> {
@@ -401,9 +475,7 @@ impl WalFile for SimFile {
         self.with_inode(|state, id| {
             state.tick()?;
             state.take_sync_fault()?;
-            let inode = inode_mut(state, id)?;
-            let unsynced = std::mem::take(&mut inode.unsynced);
-            inode.synced.extend_from_slice(&unsynced);
+            inode_mut(state, id)?.sync();
             state.data_syncs += 1;
             Ok(())
         })
@@ -413,15 +485,12 @@ impl WalFile for SimFile {
         let len = usize::try_from(len).map_err(io::Error::other)?;
         self.with_inode(|state, id| {
             state.tick()?;
-            inode_mut(state, id)?.truncate(len);
+            inode_mut(state, id)?.set_len(len);
             Ok(())
         })
     }
 
     fn len(&self) -> io::Result<u64> {
-        self.with_inode(|state, id| {
-            let inode = inode_mut(state, id)?;
-            Ok((inode.synced.len() + inode.unsynced.len()) as u64)
-        })
+        self.with_inode(|state, id| Ok(inode_mut(state, id)?.current.len() as u64))
     }
 }

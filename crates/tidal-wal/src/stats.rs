@@ -26,6 +26,11 @@ pub struct WalStats {
     pub drains: u64,
     /// Segments created by rotation.
     pub rotations: u64,
+    /// Next segments prepared (written with zeros and fsynced) while the writer was idle.
+    pub segments_prepared: u64,
+    /// Rotations that found no prepared segment ready and started an empty one instead (written by
+    /// appending); 0 while preallocation is off.
+    pub rotations_unprepared: u64,
     /// Count of fsyncs per bucket of [`FSYNC_LATENCY_BUCKETS_US`].
     pub fsync_latency_us_buckets: [u64; FSYNC_LATENCY_BUCKETS_US.len()],
     /// Sum of fsync latencies, microseconds.
@@ -47,6 +52,8 @@ pub(crate) struct StatsCounters {
     pub(crate) fsyncs: AtomicU64,
     pub(crate) drains: AtomicU64,
     pub(crate) rotations: AtomicU64,
+    pub(crate) segments_prepared: AtomicU64,
+    pub(crate) rotations_unprepared: AtomicU64,
     fsync_latency_us_buckets: [AtomicU64; FSYNC_LATENCY_BUCKETS_US.len()],
     fsync_latency_us_sum: AtomicU64,
 }
@@ -69,6 +76,8 @@ impl StatsCounters {
             fsyncs: load(&self.fsyncs),
             drains: load(&self.drains),
             rotations: load(&self.rotations),
+            segments_prepared: load(&self.segments_prepared),
+            rotations_unprepared: load(&self.rotations_unprepared),
             fsync_latency_us_buckets: std::array::from_fn(|index| {
                 load(&self.fsync_latency_us_buckets[index])
             }),

@@ -54,7 +54,7 @@ use crate::segment::SegmentInfo;
 use crate::shared::{Done, LogState, Queue, Queued, Shared, TruncateOp, Work};
 use crate::stats::{StatsCounters, WalStats};
 use crate::writer::{
-    AppendRequest, Appended, Completion, FlushedHook, ReplicatedAppended, ReplicatedCompletion, Writer,
+    AppendRequest, Appended, Completion, FlushedHook, Prep, ReplicatedAppended, ReplicatedCompletion, Writer,
     LOGGED_TIME_LEN,
 };
 
@@ -106,6 +106,7 @@ impl Wal {
         });
         let segments =
             if recovered.segments.is_empty() { vec![active_info.clone()] } else { recovered.segments };
+        let config_preallocates = config.preallocate_len() > 0;
         let shared = Arc::new(Shared {
             config,
             io,
@@ -119,12 +120,16 @@ impl Wal {
             poisoned: AtomicBool::new(false),
             stats: StatsCounters::default(),
             truncations: AtomicU64::new(0),
+            prep_pending: Mutex::new(config_preallocates),
+            prep_changed: Condvar::new(),
         });
         let writer = Writer {
             shared: shared.clone(),
             hook,
             active: recovered.active,
             active_info,
+            active_len: recovered.active_len,
+            prep: Prep::new(shared.config.preallocate_len()),
             next_seqno: recovered.next_seqno,
             last_time_ms: recovery.last_time_ms,
             history_term,
@@ -375,7 +380,8 @@ impl Wal {
         self.shared().lock_log().meta.purged
     }
 
-    /// The retained segments, oldest first, with their durable extent.
+    /// The retained segments, oldest first, with their durable extent (`bytes` is the logical length:
+    /// the active segment's file is longer by its preallocated zeros).
     pub fn list_segments(&self) -> Result<Vec<SegmentInfo>, Error> {
         Ok(self.shared().lock_log().segments.clone())
     }
@@ -463,6 +469,19 @@ impl Wal {
     /// thread. Idempotent.
     pub fn shutdown(&self) {
         self.inner.shutdown();
+    }
+
+    /// Waits until the writer has no next segment left to prepare (it prepares one while idle, after
+    /// open and after each rotation), at most `timeout`; whether it got there. With preallocation
+    /// off, at once. For tests and benchmarks that want the file operations of a quiet WAL.
+    pub fn wait_segment_prepared(&self, timeout: Duration) -> bool {
+        let shared = self.shared();
+        let guard = shared.prep_pending.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let (guard, _) = shared
+            .prep_changed
+            .wait_timeout_while(guard, timeout, |pending| *pending && !shared.is_poisoned())
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        !*guard
     }
 
     /// A snapshot of the writer's counters.

@@ -22,6 +22,23 @@
 //!   write cannot break the log's term order.
 //! - A truncation (quarantine, reset) is always a drain of its own: everything queued before it is
 //!   durable and announced before it starts, and nothing queued after it is sequenced until it ends.
+//!
+//! # Preallocated segments (decisions/017)
+//!
+//! The active segment is written with zeros and fsynced before use; batches overwrite it in place at
+//! the logical end (`active_info.bytes`, kept in memory; the file is longer). An fdatasync then
+//! flushes data blocks only, with no file-size change to commit through the journal. While the
+//! queue is empty the writer prepares the NEXT segment as `segment.prep`, one chunk of zeros (and
+//! its fdatasync) at a time, checking the queue between chunks, so a drain waits for one chunk at
+//! most. A rotation:
+//! 1. writes the pending bytes, cuts the old segment to its logical length (a sealed segment holds
+//!    no zeros, exactly as without preallocation) and fsyncs it: one fsync for both;
+//! 2. renames `segment.prep` to the new segment's name (or, if it is not ready, creates an empty
+//!    file, written by appending: the fallback, counted in the stats), and fsyncs the directory.
+//!
+//! A crash between 1 and 2 leaves the old segment last and sealed, and a `segment.prep` that
+//! recovery removes. A batch larger than the zeros left grows the file past them. A clean shutdown
+//! cuts the active segment to its logical length and removes `segment.prep`.
 
 use std::fmt;
 use std::path::PathBuf;
@@ -34,7 +51,8 @@ use tidal_types::{RecordKind, Seqno, Term, TermSeqno};
 use crate::batch::{encode_batch_into, Batch};
 use crate::error::Error;
 use crate::io::WalFile;
-use crate::segment::{logged_time_ms, segment_file_name, SegmentInfo};
+use crate::recovery::ZERO_CHUNK_LEN;
+use crate::segment::{logged_time_ms, segment_file_name, SegmentInfo, PREP_FILE_NAME};
 use crate::shared::{Outcome, Queued, Shared, Work};
 
 /// Bytes at the start of every payload that hold the envelope's logged time (u64 LE unix ms).
@@ -113,13 +131,45 @@ pub(crate) struct Writer {
     pub(crate) shared: Arc<Shared>,
     pub(crate) hook: Box<dyn FlushedHook>,
     pub(crate) active: Box<dyn WalFile>,
-    /// The active segment as it will be once the current drain is durable.
+    /// The active segment as it will be once the current drain is durable; `bytes` is its logical
+    /// length, where the next batch is written.
     pub(crate) active_info: SegmentInfo,
+    /// The active segment's length on disk: its logical length plus the preallocated zeros after it.
+    pub(crate) active_len: u64,
+    /// The next segment, prepared while the writer is idle.
+    pub(crate) prep: Prep,
     pub(crate) next_seqno: Seqno,
     pub(crate) last_time_ms: u64,
     /// Term of the last term-history entry: the term of the log's last batch (or of the purge point).
     /// No batch below it may follow.
     pub(crate) history_term: Term,
+}
+
+/// The next segment's preparation (`segment.prep`).
+pub(crate) enum Prep {
+    /// Preallocation is off, or gave up after an I/O error.
+    Off,
+    /// Nothing prepared yet; start when idle.
+    Wanted,
+    /// Zeros written up to `len` of `target`; the last chunk fsynced.
+    Filling { file: Box<dyn WalFile>, len: u64, target: u64 },
+    /// Written with zeros and fsynced; the next rotation takes it.
+    Ready { file: Box<dyn WalFile>, len: u64 },
+}
+
+impl Prep {
+    /// The starting state for a WAL configured with `preallocate_len`.
+    pub(crate) fn new(preallocate_len: u64) -> Prep {
+        if preallocate_len > 0 {
+            Prep::Wanted
+        } else {
+            Prep::Off
+        }
+    }
+
+    fn is_pending(&self) -> bool {
+        matches!(self, Prep::Wanted | Prep::Filling { .. })
+    }
 }
 
 /// What one drain wrote, before it is announced.
@@ -199,6 +249,77 @@ impl Writer {
                 }
             }
         }
+        self.shared.set_prep_pending(false);
+        if !self.shared.is_poisoned() {
+            if let Err(err) = self.trim_at_shutdown() {
+                tracing::error!("failed to {err:#}");
+                self.shared.poison();
+            }
+        }
+    }
+
+    /// A clean shutdown leaves the WAL as without preallocation: the active segment cut to its
+    /// logical length (durable already; the cut is fsynced), no `segment.prep`.
+    fn trim_at_shutdown(&mut self) -> Result<(), Error> {
+        let path = &self.active_info.path;
+        if self.active_len > self.active_info.bytes {
+            self.active
+                .truncate(self.active_info.bytes)
+                .map_err(|err| Error::fatal("cut segment at shutdown", path, err))?;
+            self.active.sync_data().map_err(|err| Error::fatal("fsync segment", path, err))?;
+            self.active_len = self.active_info.bytes;
+        }
+        if matches!(self.prep, Prep::Filling { .. } | Prep::Ready { .. }) {
+            self.prep = Prep::Wanted;
+            let prep = self.shared.config.dir.join(PREP_FILE_NAME);
+            self.shared
+                .io
+                .remove_file(&prep)
+                .map_err(|err| Error::io("remove prepared segment", &prep, err))?;
+        }
+        Ok(())
+    }
+
+    /// One step of preparing the next segment: create it, or write (and fsync) one chunk of zeros.
+    /// An I/O error gives preallocation up for this process (rotations then create empty segments);
+    /// it never poisons the WAL: no batch is at stake.
+    fn prep_step(&mut self) {
+        let dir = self.shared.config.dir.clone();
+        let path = dir.join(PREP_FILE_NAME);
+        let io = self.shared.io.clone();
+        let target = self.shared.config.preallocate_len();
+        let step = match std::mem::replace(&mut self.prep, Prep::Off) {
+            Prep::Wanted => io.open_append(&path).and_then(|mut file| {
+                file.truncate(0)?;
+                Ok(Prep::Filling { file, len: 0, target })
+            }),
+            Prep::Filling { mut file, len, target } => {
+                let chunk = (target - len).min(ZERO_CHUNK_LEN as u64);
+                let zeros = vec![0u8; usize::try_from(chunk).unwrap_or(ZERO_CHUNK_LEN)];
+                file.write_all_at(len, &zeros).and_then(|()| file.sync_data()).map(|()| {
+                    let len = len + chunk;
+                    if len >= target {
+                        self.shared.stats.segments_prepared.fetch_add(1, Ordering::Relaxed);
+                        Prep::Ready { file, len }
+                    } else {
+                        Prep::Filling { file, len, target }
+                    }
+                })
+            }
+            other => Ok(other),
+        };
+        match step {
+            Ok(prep) => {
+                self.prep = prep;
+                self.shared.set_prep_pending(self.prep.is_pending());
+            }
+            Err(err) => {
+                self.shared.set_prep_pending(false);
+                tracing::error!(path = %path.display(), "failed to prepare the next WAL segment, preallocation is off until restart: {err}");
+                // Best effort: recovery removes it anyway.
+                let _ = io.remove_file(&path);
+            }
+        }
     }
 
     /// Waits for requests; `None` once closed and empty. A truncation is always taken alone.
@@ -210,6 +331,12 @@ impl Writer {
             }
             if queue.closed {
                 return None;
+            }
+            if self.prep.is_pending() && !self.shared.is_poisoned() {
+                drop(queue);
+                self.prep_step();
+                queue = self.shared.lock_queue();
+                continue;
             }
             queue = self.shared.queue_ready.wait(queue).unwrap_or_else(|poisoned| poisoned.into_inner());
         }
@@ -370,10 +497,24 @@ impl Writer {
     }
 
     fn write_and_sync(&mut self, buf: &mut Vec<u8>) -> Result<(), Error> {
+        self.write_pending(buf)?;
+        self.sync_active()
+    }
+
+    /// Writes the drain's bytes at the logical end of the active segment (over preallocated zeros).
+    fn write_pending(&mut self, buf: &mut Vec<u8>) -> Result<(), Error> {
         let path = &self.active_info.path;
-        self.active.write_all(buf).map_err(|err| Error::fatal("write segment", path, err))?;
+        self.active
+            .write_all_at(self.active_info.bytes, buf)
+            .map_err(|err| Error::fatal("write segment", path, err))?;
         self.active_info.bytes += buf.len() as u64;
+        self.active_len = self.active_len.max(self.active_info.bytes);
         buf.clear();
+        Ok(())
+    }
+
+    fn sync_active(&mut self) -> Result<(), Error> {
+        let path = &self.active_info.path;
         let started = Instant::now();
         self.active.sync_data().map_err(|err| Error::fatal("fsync segment", path, err))?;
         self.shared.stats.record_fsync(started.elapsed());
@@ -383,13 +524,46 @@ impl Writer {
     /// Closes the active segment (write + fsync what is pending) and starts the next one at
     /// `self.next_seqno`, fsyncing the directory so the new file survives a crash.
     fn rotate(&mut self, buf: &mut Vec<u8>, flushed: &mut Flushed) -> Result<(), Error> {
-        self.write_and_sync(buf)?;
+        self.write_pending(buf)?;
+        if self.active_len > self.active_info.bytes {
+            // Sealed: no zeros after the last batch. The fsync below makes the cut durable with the
+            // data, before the next segment exists.
+            let path = &self.active_info.path;
+            self.active
+                .truncate(self.active_info.bytes)
+                .map_err(|err| Error::fatal("seal segment", path, err))?;
+            self.active_len = self.active_info.bytes;
+        }
+        self.sync_active()?;
         let dir = self.shared.config.dir.clone();
         let path: PathBuf = dir.join(segment_file_name(self.next_seqno));
-        let file =
-            self.shared.io.open_append(&path).map_err(|err| Error::fatal("create segment", &path, err))?;
+        let (file, len) = match std::mem::replace(&mut self.prep, Prep::Off) {
+            Prep::Ready { file, len } => {
+                let prep = dir.join(PREP_FILE_NAME);
+                self.shared
+                    .io
+                    .rename(&prep, &path)
+                    .map_err(|err| Error::fatal("rename prepared segment", &path, err))?;
+                self.prep = Prep::Wanted;
+                (file, len)
+            }
+            other => {
+                if !matches!(other, Prep::Off) {
+                    self.shared.stats.rotations_unprepared.fetch_add(1, Ordering::Relaxed);
+                }
+                self.prep = other;
+                let file = self
+                    .shared
+                    .io
+                    .open_append(&path)
+                    .map_err(|err| Error::fatal("create segment", &path, err))?;
+                (file, 0)
+            }
+        };
+        self.shared.set_prep_pending(self.prep.is_pending());
         self.shared.io.sync_dir(&dir).map_err(|err| Error::fatal("fsync WAL directory", &dir, err))?;
         self.active = file;
+        self.active_len = len;
         let closed = std::mem::replace(
             &mut self.active_info,
             SegmentInfo { path, first_seqno: self.next_seqno, last_seqno: None, bytes: 0 },

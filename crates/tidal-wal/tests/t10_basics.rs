@@ -73,9 +73,10 @@ fn read_from_every_seqno_returns_the_containing_batch_onwards_byte_identical() {
     }
     {
         tracing::info!("phase: the files hold exactly the hooked bytes, in order");
-        let mut on_disk = Vec::new();
+        let mut on_disk: Vec<u8> = Vec::new();
         for segment in &segments {
-            on_disk.extend(io.synced_bytes(&segment.path).unwrap());
+            // The active segment's file goes on with preallocated zeros (decisions/017).
+            on_disk.extend(&io.synced_bytes(&segment.path).unwrap()[..segment.bytes as usize]);
         }
         let concatenated: Vec<u8> = hooked.iter().flat_map(|batch| batch.encoded().to_vec()).collect();
         assert_eq!(on_disk, concatenated);

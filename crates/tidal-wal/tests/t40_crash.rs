@@ -16,6 +16,8 @@ use tidal_wal::{Appended, CrashMode, ManualClock, SimIo, Wal};
 const SEGMENT_BYTES_MAX: u64 = 400;
 const BLOCKING_APPENDS: usize = 24;
 const BURST: usize = 8;
+/// Only a hang waits this long for the writer to prepare a 400-byte segment.
+const PREPARED_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// An acknowledged write and the body it carried.
 type Acked = (Appended, Vec<u8>);
@@ -47,6 +49,9 @@ fn workload(wal: &Wal) -> Vec<Acked> {
             Ok(appended) => acked.push((appended, body(index))),
             Err(_) => return acked,
         }
+        // The writer prepares its next segment while idle (decisions/017): let it, so every run
+        // performs the same file operations in the same order.
+        wal.wait_segment_prepared(PREPARED_WAIT);
     }
     let burst_acked: Arc<Mutex<Vec<Acked>>> = Arc::default();
     let (sender, receiver) = std::sync::mpsc::channel::<()>();
@@ -64,6 +69,7 @@ fn workload(wal: &Wal) -> Vec<Acked> {
     }
     drop(sender);
     let _ = receiver.recv(); // returns once every completion has dropped its sender
+    wal.wait_segment_prepared(PREPARED_WAIT);
     acked.extend(burst_acked.lock().unwrap().drain(..));
     acked
 }
@@ -133,6 +139,7 @@ fn run_with_crash_at(op: u64, mode: CrashMode) -> bool {
     if io.crash_pending() {
         return false;
     }
+    io.restart();
     check_recovered(&io, &acked, &format!("crash at op {op} ({mode:?})"));
     true
 }

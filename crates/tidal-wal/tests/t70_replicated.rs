@@ -47,6 +47,22 @@ fn files(io: &SimIo) -> Vec<(String, Vec<u8>)> {
     io.paths().iter().map(|path| (file_name(path), io.file_bytes(path).unwrap())).collect()
 }
 
+/// The files as the log holds them: each segment cut to its logical length and no `segment.prep`
+/// (preallocated zeros depend on when each writer was idle, decisions/017).
+fn log_files(io: &SimIo, wal: &Wal) -> Vec<(String, Vec<u8>)> {
+    let segments = wal.list_segments().unwrap();
+    files(io)
+        .into_iter()
+        .filter(|(name, _)| name != "segment.prep")
+        .map(|(name, mut bytes)| {
+            if let Some(segment) = segments.iter().find(|segment| file_name(&segment.path) == name) {
+                bytes.truncate(segment.bytes as usize);
+            }
+            (name, bytes)
+        })
+        .collect()
+}
+
 #[test]
 fn replicated_appends_are_byte_identical_to_the_leader() {
     let leader_io = SimIo::new();
@@ -80,7 +96,7 @@ fn replicated_appends_are_byte_identical_to_the_leader() {
     }
     {
         tracing::info!("every file, the read-back, the hook and the positions are identical");
-        assert_eq!(files(&follower_io), files(&leader_io));
+        assert_eq!(log_files(&follower_io, &follower), log_files(&leader_io, &leader));
         assert_eq!(read_all(&follower, 1), read_all(&leader, 1));
         assert_eq!(follower_flushed.batches(), leader_flushed.batches());
         assert_eq!(follower.term_history(), leader.term_history());
@@ -108,6 +124,8 @@ fn a_request_that_does_not_continue_the_log_writes_nothing() {
     let clock = Arc::new(ManualClock::new(1_000));
     let (wal, _, flushed) = open(&io, small_config(SEGMENT_BYTES_MAX), &clock);
     wal.append_replicated_blocking(vec![batch(2, 1, 3, 10), batch(2, 4, 2, 11)]).unwrap();
+    // The writer prepares its next segment while idle (decisions/017): let it finish first.
+    assert!(wal.wait_segment_prepared(std::time::Duration::from_secs(30)));
     let before = files(&io);
     let refused = |failed: bool| {
         assert!(failed);

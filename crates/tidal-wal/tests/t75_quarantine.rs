@@ -117,6 +117,8 @@ fn a_quarantine_at_a_segment_start_and_refusals() {
     let (io, n1_batches) = cut_off_leader();
     let clock = Arc::new(ManualClock::new(3_000));
     let (n1, _, _) = open(&io, small_config(SEGMENT_BYTES_MAX), &clock);
+    // The writer prepares its next segment while idle (decisions/017): let it finish first.
+    assert!(n1.wait_segment_prepared(std::time::Duration::from_secs(30)));
     {
         tracing::info!("inside a batch, beyond the log, purged: refused, nothing changes");
         let before: Vec<(PathBuf, Vec<u8>)> =
@@ -179,12 +181,15 @@ fn crash_during(op: u64, mode: CrashMode, operation: &dyn Fn(&Wal)) -> Option<Si
     let (io, _) = cut_off_leader();
     let clock = Arc::new(ManualClock::new(3_000));
     let (wal, _, _) = open(&io, small_config(SEGMENT_BYTES_MAX), &clock);
+    // The writer prepares its next segment while idle (decisions/017): let it finish first.
+    assert!(wal.wait_segment_prepared(std::time::Duration::from_secs(30)));
     io.crash_at_op(op, mode);
     operation(&wal);
     wal.shutdown();
     if io.crash_pending() {
         return None;
     }
+    io.restart();
     Some(io)
 }
 
@@ -192,6 +197,7 @@ fn ops_of(operation: &dyn Fn(&Wal)) -> u64 {
     let (io, _) = cut_off_leader();
     let clock = Arc::new(ManualClock::new(3_000));
     let (wal, _, _) = open(&io, small_config(SEGMENT_BYTES_MAX), &clock);
+    assert!(wal.wait_segment_prepared(std::time::Duration::from_secs(30)));
     let before = io.op_count();
     operation(&wal);
     io.op_count() - before

@@ -16,7 +16,7 @@
 //! | leader | `write` | a group of client batches is about to be written to the segment (nothing on disk) |
 //! | leader | `fsync` | the group is written, not yet fsynced (its bytes are lost or torn) |
 //! | leader | `ship` | the group is fsynced; the writer's hook has not fed the ship tail or the commit yet |
-//! | leader | `rotate` | a new segment file is created, its directory entry not yet fsynced |
+//! | leader | `rotate` | a new segment file is created (or the prepared one renamed into place), its directory entry not yet fsynced |
 //! | follower | `receive` | a shipped or pulled group is about to be appended (nothing on disk) |
 //! | follower | `append` | half of the group's bytes reached the segment (a torn append) |
 //! | follower | `fsync` | the group is written, not yet fsynced |
@@ -44,7 +44,8 @@ pub enum Op {
     BeforeSync,
     /// After a segment fsync returned, before the caller learns it.
     AfterSync,
-    /// A new segment created, before the directory fsync that makes it durable.
+    /// A new segment created (or a prepared one renamed into place), before the directory fsync
+    /// that makes it durable.
     NewSegment,
     /// The applier is about to fold a committed batch (`ApplyPoint::BeforeApply`).
     Apply,
@@ -215,19 +216,34 @@ struct PointFile {
     segment: bool,
 }
 
-impl WalFile for PointFile {
-    fn write_all(&mut self, buf: &[u8]) -> io::Result<()> {
+impl PointFile {
+    /// A segment write at `offset` (its end if `None`), with the write points.
+    fn write(&mut self, offset: Option<u64>, buf: &[u8]) -> io::Result<()> {
         self.io.check_dead()?;
+        let mut write = |file: &mut Box<dyn WalFile>, bytes: &[u8]| match offset {
+            Some(offset) => file.write_all_at(offset, bytes),
+            None => file.write_all(bytes),
+        };
         if self.segment {
             if let Some(mode) = self.io.reached(Op::BeforeWrite, &self.path.display()) {
                 return Err(self.io.die(mode));
             }
             if let Some(mode) = self.io.reached(Op::MidWrite, &self.path.display()) {
-                let _ = self.inner.write_all(&buf[..buf.len() / 2]);
+                let _ = write(&mut self.inner, &buf[..buf.len() / 2]);
                 return Err(self.io.die(mode));
             }
         }
-        self.inner.write_all(buf)
+        write(&mut self.inner, buf)
+    }
+}
+
+impl WalFile for PointFile {
+    fn write_all(&mut self, buf: &[u8]) -> io::Result<()> {
+        self.write(None, buf)
+    }
+
+    fn write_all_at(&mut self, offset: u64, buf: &[u8]) -> io::Result<()> {
+        self.write(Some(offset), buf)
     }
 
     fn sync_data(&mut self) -> io::Result<()> {
@@ -307,7 +323,14 @@ impl FileIo for CrashPointIo {
                 )));
             }
         }
-        self.inner.rename(from, to)
+        self.inner.rename(from, to)?;
+        if is_segment(to) {
+            // A prepared segment renamed into place (a rotation), its directory entry not fsynced.
+            if let Some(mode) = self.reached(Op::NewSegment, &to.display()) {
+                return Err(self.die(mode));
+            }
+        }
+        Ok(())
     }
 
     fn sync_dir(&self, path: &Path) -> io::Result<()> {

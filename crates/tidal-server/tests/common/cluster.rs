@@ -107,6 +107,7 @@ impl Cluster {
         let args =
             ServeArgs { data_dir: Some(self.dirs[index].clone()), dimension: Some(4), ..Default::default() };
         let mut config = ServeConfig::resolve(&args).unwrap();
+        config.wal_preallocate_bytes = super::TEST_PREALLOCATE_BYTES;
         config.http = node.http.parse().unwrap();
         let join = index >= self.founders;
         let mut spec = self.spec.clone();

@@ -1,0 +1,292 @@
+//! Preallocated segments (decisions/017): the active segment is written with zeros before use and
+//! overwritten in place; the next one is prepared while the writer is idle and renamed in at
+//! rotation; a sealed segment is cut to its batches; a clean shutdown leaves no zeros behind. A crash
+//! inside the preallocated space (writes lost, or torn over the zeros) recovers exactly a prefix of
+//! whole batches holding every acknowledged one, and the log goes on from there.
+
+// Test code: a failed unwrap is a failed test.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::*;
+use tidal_types::{RecordKind, Seqno, Term};
+use tidal_wal::{Batch, CrashMode, ManualClock, NoopHook, SimIo, StdIo, Wal, WalConfig};
+
+const SEGMENT_BYTES_MAX: u64 = 1000;
+/// Long enough for any idle writer to prepare a 1000-byte segment; only a hang reaches it.
+const PREPARED_WAIT: Duration = Duration::from_secs(30);
+
+fn prep_path() -> PathBuf {
+    dir().join("segment.prep")
+}
+
+fn batch(first: u64, index: usize) -> Batch {
+    let mut payload = (1_000 + index as u64).to_le_bytes().to_vec();
+    payload.extend(std::iter::repeat_n(b'a' + (index % 26) as u8, 150 + index % 7));
+    Batch::new(RecordKind::Signal, Term(1), Seqno(first), 1, &payload)
+}
+
+/// `count` replicated batches continuing at `first`.
+fn batches(first: u64, count: usize) -> Vec<Batch> {
+    (0..count).map(|index| batch(first + index as u64, index)).collect()
+}
+
+fn encoded(batches: &[Batch]) -> Vec<u8> {
+    batches.iter().flat_map(|batch| batch.encoded().to_vec()).collect()
+}
+
+#[test]
+fn the_active_segment_is_preallocated_and_sealed_segments_hold_no_zeros() {
+    let io = SimIo::new();
+    let clock = Arc::new(ManualClock::new(1_000));
+    let (wal, _, recorded) = open(&io, small_config(SEGMENT_BYTES_MAX), &clock);
+    let first = dir().join("00000000000000000001.seg");
+    assert_eq!(io.file_bytes(&first).unwrap(), vec![0u8; SEGMENT_BYTES_MAX as usize], "zero-filled at open");
+    assert_eq!(io.synced_bytes(&first).unwrap().len() as u64, SEGMENT_BYTES_MAX, "and fsynced");
+    for index in 0..20u8 {
+        assert!(wal.wait_segment_prepared(PREPARED_WAIT));
+        assert_eq!(io.synced_bytes(&prep_path()).unwrap(), vec![0u8; SEGMENT_BYTES_MAX as usize]);
+        wal.append_blocking(request(RecordKind::Signal, 1, &[index; 200])).unwrap();
+    }
+    assert!(wal.wait_segment_prepared(PREPARED_WAIT));
+    let stats = wal.stats();
+    assert!(stats.rotations >= 3, "{stats:?}");
+    assert_eq!(stats.rotations_unprepared, 0, "every rotation found its segment prepared");
+    assert_eq!(stats.segments_prepared, stats.rotations + 1);
+    let segments = wal.list_segments().unwrap();
+    let (active, sealed) = segments.split_last().unwrap();
+    let mut on_disk = Vec::new();
+    for segment in sealed {
+        let bytes = io.synced_bytes(&segment.path).unwrap();
+        assert_eq!(bytes.len() as u64, segment.bytes, "{} is cut to its batches", segment.path.display());
+        on_disk.extend(bytes);
+    }
+    let active_bytes = io.file_bytes(&active.path).unwrap();
+    // A segment rotates once it reaches its size, so its last batch may run past the zeros.
+    assert_eq!(
+        active_bytes.len() as u64,
+        SEGMENT_BYTES_MAX.max(active.bytes),
+        "the active segment keeps its zeros"
+    );
+    assert!(active_bytes[active.bytes as usize..].iter().all(|byte| *byte == 0));
+    on_disk.extend(&active_bytes[..active.bytes as usize]);
+    assert_eq!(on_disk, encoded(&recorded.batches()));
+    assert_eq!(read_all(&wal, 1), recorded.batches());
+    wal.shutdown();
+    assert_eq!(io.file_bytes(&active.path).unwrap().len() as u64, active.bytes, "shutdown cuts the zeros");
+    assert!(io.file_bytes(&prep_path()).is_err(), "shutdown removes the prepared segment");
+    let (wal, recovery, _) = open(&io, small_config(SEGMENT_BYTES_MAX), &clock);
+    assert_eq!(recovery.truncated, None);
+    assert_eq!(read_all(&wal, 1), recorded.batches());
+}
+
+#[test]
+fn a_rotation_without_a_prepared_segment_appends_and_a_batch_may_outgrow_the_zeros() {
+    let io = SimIo::new();
+    let clock = Arc::new(ManualClock::new(1_000));
+    let (wal, _, recorded) = open(&io, small_config(SEGMENT_BYTES_MAX), &clock);
+    assert!(wal.wait_segment_prepared(PREPARED_WAIT));
+    // One request, one drain: its first rotation takes the prepared segment, the next ones find
+    // none ready and fall back to an empty file.
+    wal.append_replicated_blocking(batches(1, 20)).unwrap();
+    let stats = wal.stats();
+    assert!(stats.rotations >= 3, "{stats:?}");
+    assert_eq!(stats.rotations_unprepared, stats.rotations - 1, "{stats:?}");
+    // A batch larger than the segment: written past the zeros, the file grows.
+    let big = {
+        let mut payload = 7u64.to_le_bytes().to_vec();
+        payload.resize(3 * SEGMENT_BYTES_MAX as usize, b'z');
+        Batch::new(RecordKind::Control, Term(1), Seqno(21), 1, &payload)
+    };
+    assert!(wal.wait_segment_prepared(PREPARED_WAIT));
+    wal.append_replicated_blocking(vec![big]).unwrap();
+    let segments = wal.list_segments().unwrap();
+    for segment in &segments[..segments.len() - 1] {
+        assert_eq!(io.file_bytes(&segment.path).unwrap().len() as u64, segment.bytes, "{segment:?}");
+    }
+    let expected = recorded.batches();
+    assert_eq!(read_all(&wal, 1), expected);
+    drop(wal);
+    let (wal, recovery, _) = open(&io, small_config(SEGMENT_BYTES_MAX), &clock);
+    assert_eq!(recovery.truncated, None);
+    assert_eq!(read_all(&wal, 1), expected);
+}
+
+/// Acknowledged batches, then one drain of `drain` batches whose single write crashes with `mode`.
+/// Returns the reopened WAL's batches.
+fn crash_in_preallocated_space(mode: CrashMode, drain: &[Batch]) -> (SimIo, Vec<Batch>, tidal_wal::Recovery) {
+    let io = SimIo::new();
+    let clock = Arc::new(ManualClock::new(1_000));
+    let (wal, _, _) = open(&io, small_config(4096), &clock);
+    wal.append_replicated_blocking(batches(1, 3)).unwrap();
+    assert!(wal.wait_segment_prepared(PREPARED_WAIT));
+    // The writer is quiet: the next file operation is the drain's write.
+    io.crash_at_op(1, mode);
+    assert!(wal.append_replicated_blocking(drain.to_vec()).is_err());
+    assert!(!io.crash_pending());
+    drop(wal);
+    io.restart();
+    let (wal, recovery, _) = open(&io, small_config(4096), &clock);
+    let got = read_all(&wal, 1);
+    (io, got, recovery)
+}
+
+#[test]
+fn a_crash_inside_preallocated_space_recovers_a_prefix_of_whole_batches() {
+    let acked = batches(1, 3);
+    let drain: Vec<Batch> = (3..6).map(|index| batch(1 + index as u64, index)).collect();
+    let drain_bytes = encoded(&drain);
+    let boundaries: Vec<usize> = drain
+        .iter()
+        .scan(0, |end, batch| Some(std::mem::replace(end, *end + batch.encoded().len())))
+        .collect();
+    let mut modes = vec![CrashMode::LoseUnsynced];
+    modes.extend((0..=drain_bytes.len() + 10).map(|keep| CrashMode::TornUnsynced { keep }));
+    for mode in modes {
+        let keep = match mode {
+            CrashMode::LoseUnsynced => 0,
+            CrashMode::TornUnsynced { keep } => keep.min(drain_bytes.len()),
+        };
+        let label = format!("{mode:?}");
+        let (io, got, recovery) = crash_in_preallocated_space(mode, &drain);
+        let whole = drain.iter().scan(0, |end, batch| {
+            *end += batch.encoded().len();
+            Some(*end)
+        });
+        let whole = whole.filter(|end| *end <= keep).count();
+        let mut expected = acked.clone();
+        expected.extend_from_slice(&drain[..whole]);
+        assert_eq!(got, expected, "{label}");
+        let at_boundary = boundaries.contains(&keep) || keep == drain_bytes.len();
+        assert_eq!(recovery.truncated.is_some(), !at_boundary, "{label}: {:?}", recovery.truncated);
+        tracing::info!("the log goes on over what the crash left, and a second crash finds no stale batch");
+        let clock = Arc::new(ManualClock::new(2_000));
+        let (wal, _, _) = open(&io, small_config(4096), &clock);
+        let next = expected.last().unwrap().last_seqno().next();
+        let after = wal.append_blocking(request(RecordKind::Control, 1, b"after")).unwrap();
+        assert_eq!(after.first, next, "{label}");
+        // A power loss with the WAL open: its zeros stay, no shutdown cuts anything.
+        io.crash(CrashMode::LoseUnsynced);
+        drop(wal);
+        let (wal, recovery, _) = open(&io, small_config(4096), &clock);
+        let again = read_all(&wal, 1);
+        assert_eq!(again[..expected.len()], expected[..], "{label}");
+        assert_eq!(again.len(), expected.len() + 1, "{label}");
+        assert_eq!(recovery.truncated, None, "{label}");
+    }
+}
+
+#[test]
+fn leftovers_of_a_preparation_and_an_unused_segment_are_not_corruption() {
+    let io = SimIo::new();
+    let clock = Arc::new(ManualClock::new(1_000));
+    let expected = {
+        let (wal, _, _) = open(&io, small_config(SEGMENT_BYTES_MAX), &clock);
+        wal.append_replicated_blocking(batches(1, 4)).unwrap();
+        wal.shutdown();
+        read_all(&open(&io, small_config(SEGMENT_BYTES_MAX), &clock).0, 1)
+    };
+    // What a crash right after a rotation leaves: the renamed, still all-zero next segment; and a
+    // half-prepared `segment.prep`.
+    let next = expected.last().unwrap().last_seqno().next();
+    let unused = dir().join(format!("{:020}.seg", next.get()));
+    io.write_file(&unused, &vec![0u8; SEGMENT_BYTES_MAX as usize]);
+    io.write_file(&prep_path(), &[0u8; 100]);
+    let (wal, recovery, _) = open(&io, small_config(SEGMENT_BYTES_MAX), &clock);
+    assert_eq!(recovery.truncated, None);
+    assert_eq!(read_all(&wal, 1), expected);
+    assert!(wal.wait_segment_prepared(PREPARED_WAIT));
+    assert_eq!(io.file_bytes(&prep_path()).unwrap(), vec![0u8; SEGMENT_BYTES_MAX as usize]);
+    let appended = wal.append_blocking(request(RecordKind::Control, 1, b"into the unused one")).unwrap();
+    assert_eq!(appended.first, next);
+    assert_eq!(wal.list_segments().unwrap().last().unwrap().path, unused);
+}
+
+#[test]
+fn real_files_are_preallocated_rotated_and_cut() {
+    let temp = tempfile::tempdir().unwrap();
+    let mut config = WalConfig::new(temp.path());
+    config.segment_bytes_max = 64 * 1024;
+    let open = |config: &WalConfig| {
+        Wal::open(config.clone(), Arc::new(StdIo), Arc::new(ManualClock::new(1)), Box::new(NoopHook))
+            .unwrap()
+            .0
+    };
+    let wal = open(&config);
+    let mut written = Vec::new();
+    for index in 0..300usize {
+        let body = vec![(index % 251) as u8; 700 + index % 300];
+        assert!(wal.wait_segment_prepared(PREPARED_WAIT));
+        let appended = wal.append_blocking(request(RecordKind::Signal, 1, &body)).unwrap();
+        written.push((appended.first, body));
+    }
+    let segments = wal.list_segments().unwrap();
+    assert!(segments.len() >= 3);
+    for segment in &segments[..segments.len() - 1] {
+        assert_eq!(std::fs::metadata(&segment.path).unwrap().len(), segment.bytes);
+    }
+    let active = segments.last().unwrap();
+    assert_eq!(std::fs::metadata(&active.path).unwrap().len(), config.segment_bytes_max.max(active.bytes));
+    assert_eq!(wal.stats().rotations_unprepared, 0);
+    let check = |wal: &Wal| {
+        let read = read_all(wal, 1);
+        assert_eq!(read.len(), written.len());
+        for (batch, (first, body)) in read.iter().zip(&written) {
+            assert_eq!((batch.first_seqno(), &batch.payload()[8..]), (*first, &body[..]));
+        }
+    };
+    check(&wal);
+    drop(wal);
+    assert_eq!(std::fs::metadata(&active.path).unwrap().len(), active.bytes);
+    assert!(!temp.path().join("segment.prep").exists());
+    config.preallocate_bytes = 0;
+    let wal = open(&config);
+    check(&wal);
+    wal.append_blocking(request(RecordKind::Signal, 1, b"unpreallocated")).unwrap();
+    assert_eq!(
+        std::fs::metadata(&active.path).unwrap().len(),
+        wal.list_segments().unwrap().last().unwrap().bytes
+    );
+}
+
+#[test]
+fn a_sealed_segment_followed_by_zeros_is_cut_and_garbage_after_them_is_corruption() {
+    let io = SimIo::new();
+    let clock = Arc::new(ManualClock::new(1_000));
+    let (wal, _, recorded) = open(&io, small_config(SEGMENT_BYTES_MAX), &clock);
+    wal.append_replicated_blocking(batches(1, 20)).unwrap();
+    let segments = wal.list_segments().unwrap();
+    assert!(segments.len() >= 3);
+    drop(wal);
+    let sealed = &segments[1];
+    // The seal's cut did not reach the disk: the zeros are still there.
+    io.truncate_file(&sealed.path, sealed.bytes + 700).unwrap();
+    {
+        let damaged = SimIo::new();
+        for path in io.paths() {
+            damaged.write_file(&path, &io.file_bytes(&path).unwrap());
+        }
+        damaged.flip_bit(&sealed.path, (sealed.bytes + 650) * 8).unwrap();
+        match try_open(&damaged, small_config(SEGMENT_BYTES_MAX), &clock) {
+            Err(tidal_wal::Error::Corrupt { path, offset, .. }) => {
+                assert_eq!((path, offset), (sealed.path.clone(), sealed.bytes));
+            }
+            Err(other) => panic!("{other}"),
+            Ok(_) => panic!("garbage after a sealed segment's zeros went unnoticed"),
+        }
+        assert_eq!(
+            damaged.file_bytes(&sealed.path).unwrap().len() as u64,
+            sealed.bytes + 700,
+            "refused: untouched"
+        );
+    }
+    let (wal, recovery, _) = open(&io, small_config(SEGMENT_BYTES_MAX), &clock);
+    assert_eq!(recovery.truncated, None);
+    assert_eq!(read_all(&wal, 1), recorded.batches());
+    assert_eq!(io.file_bytes(&sealed.path).unwrap().len() as u64, sealed.bytes, "cut at open");
+}
