@@ -57,9 +57,8 @@ impl Counters {
         Ok(counters)
     }
 
-    /// Adds one to `(item, kind)`.
-    pub fn increment(&mut self, item: u64, kind: &str) {
-        let kind = self.kind_id(kind);
+    /// Adds one to `(item, kind)` for a kind id of [`Counters::kind_id`].
+    pub fn increment_id(&mut self, item: u64, kind: u32) {
         let count = self.counts.entry((item, kind)).or_insert(0);
         *count += 1;
         self.dirty.insert((item, kind), Some(*count));
@@ -88,7 +87,8 @@ impl Counters {
         self.dirty.len()
     }
 
-    fn kind_id(&mut self, kind: &str) -> u32 {
+    /// The id of a kind name, interned on first sight.
+    pub fn kind_id(&mut self, kind: &str) -> u32 {
         // A handful of kinds is the norm: comparing them beats hashing the name.
         if self.kinds.len() <= KINDS_SCANNED_MAX {
             if let Some(id) = self.kinds.iter().position(|known| **known == *kind) {

@@ -48,7 +48,7 @@ use crate::keys;
 use crate::negatives::{Actor, NegativesState, NEGATIVES_PER_USER_MAX};
 use crate::overlay::{Overlay, OverlayView, WriterDirty, ENTRY_OVERHEAD_BYTES};
 use crate::ranked::{rank_feed, rank_similar, rank_trending, RankParams, Ranked, RANKED_LIMIT_MAX};
-use crate::record::{decode_payload, records_fingerprint, Envelope, Records, SignalEvent};
+use crate::record::{decode_for_apply, records_fingerprint, Envelope, FoldRecords, Records, SignalColumns};
 use crate::record_error::RecordError;
 use crate::stores::Stores;
 use crate::trend::Trend;
@@ -158,13 +158,13 @@ struct Writer {
 #[derive(Debug)]
 pub struct DecodedBatch {
     batch: Batch,
-    decoded: Result<(Envelope, Records), RecordError>,
+    decoded: Result<(Envelope, FoldRecords), RecordError>,
 }
 
 impl DecodedBatch {
     /// Decodes `batch`'s payload (never fails here: an error is kept for the apply).
     pub fn decode(batch: Batch) -> DecodedBatch {
-        let decoded = decode_payload(batch.kind(), batch.payload());
+        let decoded = decode_for_apply(batch.kind(), batch.payload());
         DecodedBatch { batch, decoded }
     }
 
@@ -176,7 +176,7 @@ impl DecodedBatch {
 
 /// What one decoded batch changes, computed before anything changes.
 enum Change<'a> {
-    Signals { fold: SignalsFold<'a>, events: &'a [SignalEvent], envelope_time_ms: u64 },
+    Signals { fold: SignalsFold<'a>, events: &'a SignalColumns, envelope_time_ms: u64 },
     ItemMetadata { item: u64, value: Vec<u8>, new: bool },
     ItemEmbedding { item: u64, seqno: Seqno, vector: &'a [f32] },
     ItemDelete { item: u64, existed: bool },
@@ -619,11 +619,11 @@ impl TidalDb {
         state: &State,
         seqno: Seqno,
         envelope_time_ms: u64,
-        records: &'a Records,
+        records: &'a FoldRecords,
     ) -> Result<Change<'a>, Error> {
         let stores = &self.stores;
-        Ok(match records {
-            Records::Signals(events) => {
+        let records = match records {
+            FoldRecords::Signals(events) => {
                 let fold = fold::signals(
                     stores,
                     &state.index,
@@ -632,8 +632,12 @@ impl TidalDb {
                     envelope_time_ms,
                     events,
                 )?;
-                Change::Signals { fold, events, envelope_time_ms }
+                return Ok(Change::Signals { fold, events, envelope_time_ms });
             }
+            FoldRecords::Other(records) => records,
+        };
+        Ok(match records {
+            Records::Signals(_) => unreachable!("decode_for_apply decodes signals as columns"),
             Records::ItemMetadata { item, metadata } => Change::ItemMetadata {
                 item: *item,
                 value: keys::seqno_value(seqno, metadata),

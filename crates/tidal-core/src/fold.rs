@@ -24,7 +24,7 @@ use crate::fast_hash::{FastMap, FastState};
 use crate::feed_index::FeedIndex;
 use crate::keys::Profile;
 use crate::overlay::{DirtyUser, Overlay, OverlayView};
-use crate::record::{ControlRecord, SignalEvent};
+use crate::record::{ControlRecord, SignalColumns, SignalRef};
 use crate::stores::Stores;
 use crate::trend::{decay_factor, distance_ms, Trend};
 
@@ -51,7 +51,7 @@ pub fn signals<'a>(
     view: OverlayView<'_>,
     config: &EngineConfig,
     envelope_time_ms: u64,
-    events: &'a [SignalEvent],
+    events: &'a SignalColumns,
 ) -> Result<SignalsFold<'a>, Error> {
     let dimension = config.dimension as usize;
     let envelope_time = i64::try_from(envelope_time_ms).unwrap_or(i64::MAX);
@@ -59,7 +59,7 @@ pub fn signals<'a>(
         FastMap::with_capacity_and_hasher(events.len(), FastState::default());
     let mut loaded: FastMap<&'a str, Option<Profile>> = FastMap::default();
     let mut slots = Vec::with_capacity(events.len());
-    for event in events {
+    for event in events.iter() {
         let t = event.ts_ms.unwrap_or(envelope_time);
         match trends.entry(event.item) {
             Entry::Occupied(mut trend) => trend.get_mut().add(t, event.weight, config.half_life_ms),
@@ -76,12 +76,12 @@ pub fn signals<'a>(
         }
         // A user of the active overlay is folded in place; others start from the frozen overlay's
         // profile, else fjall's.
-        match view.active.user_ids.get(event.user.as_str()) {
+        match view.active.user_ids.get(event.user) {
             Some(&id) => slots.push(id),
             None => {
                 slots.push(NOT_IN_OVERLAY);
-                if !loaded.contains_key(event.user.as_str()) {
-                    loaded.insert(&event.user, view.profile(stores, &event.user, dimension)?);
+                if !loaded.contains_key(event.user) {
+                    loaded.insert(event.user, view.profile(stores, event.user, dimension)?);
                 }
             }
         }
@@ -96,7 +96,7 @@ pub fn profiles(
     index: &FeedIndex,
     config: &EngineConfig,
     envelope_time_ms: u64,
-    events: &[SignalEvent],
+    events: &SignalColumns,
     mut loaded: FastMap<&str, Option<Profile>>,
     slots: &[u32],
 ) -> (i64, usize) {
@@ -111,23 +111,23 @@ pub fn profiles(
         // index; one it did not find may have been added by an earlier event of this batch.
         let id = if slot != NOT_IN_OVERLAY {
             slot
-        } else if let Some(&id) = overlay.user_ids.get(event.user.as_str()) {
+        } else if let Some(&id) = overlay.user_ids.get(event.user) {
             id
         } else {
-            let profile = match loaded.remove(event.user.as_str()).flatten() {
+            let profile = match loaded.remove(event.user).flatten() {
                 Some(profile) => profile,
                 None => {
                     new_users += 1;
                     Profile { ref_ms: t, vector: vec![0.0; dimension] }
                 }
             };
-            let (id, added) = overlay.add_user(&event.user, profile);
+            let (id, added) = overlay.add_user(event.user, profile);
             bytes += added;
             id
         };
         let dirty = &mut overlay.users[id as usize];
-        debug_assert_eq!(&*dirty.name, event.user.as_str());
-        fold_event(dirty, t, event, embedding, config.profile_half_life_ms);
+        debug_assert_eq!(&*dirty.name, event.user);
+        fold_event(dirty, t, &event, embedding, config.profile_half_life_ms);
     }
     (new_users, bytes + events.len() * 8)
 }
@@ -136,7 +136,7 @@ pub fn profiles(
 fn fold_event(
     dirty: &mut DirtyUser,
     t: i64,
-    event: &SignalEvent,
+    event: &SignalRef<'_>,
     embedding: Option<&[f32]>,
     half_life_ms: u64,
 ) {
@@ -145,9 +145,11 @@ fn fold_event(
 }
 
 /// Counts the events per (item, kind).
-pub fn count_signals(counters: &mut Counters, events: &[SignalEvent]) {
-    for event in events {
-        counters.increment(event.item, &event.kind);
+pub fn count_signals(counters: &mut Counters, events: &SignalColumns) {
+    // The batch's kinds to counter kind ids once, then one counter update per event.
+    let kinds: Vec<u32> = events.kinds().iter().map(|kind| counters.kind_id(kind)).collect();
+    for event in events.iter() {
+        counters.increment_id(event.item, kinds[event.kind as usize]);
     }
 }
 

@@ -26,6 +26,7 @@
 
 use tidal_types::{NodeId, RecordKind, Seqno, Term};
 
+use crate::fast_hash::FastMap;
 use crate::record_error::RecordError;
 
 /// Byte range of the envelope time inside every payload; the WAL writer stamps it.
@@ -198,6 +199,128 @@ pub fn decode_payload(kind: RecordKind, payload: &[u8]) -> Result<(Envelope, Rec
     let envelope = decode_envelope(&mut reader)?;
     let records = match kind {
         RecordKind::Signal => decode_signals(&mut reader)?,
+        kind => decode_other(&mut reader, kind)?,
+    };
+    reader.finish()?;
+    Ok((envelope, records))
+}
+
+/// Records as the engine folds them: signals as [`SignalColumns`], every other kind as
+/// [`Records`]. Decoded by [`decode_for_apply`], with the same reader and checks as
+/// [`decode_payload`].
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) enum FoldRecords {
+    /// Kind 0: signal events (at least one).
+    Signals(SignalColumns),
+    /// Any other kind.
+    Other(Records),
+}
+
+impl FoldRecords {
+    /// Seqnos the records consume: one per signal event, one for any other kind.
+    pub fn event_count(&self) -> u64 {
+        match self {
+            FoldRecords::Signals(signals) => signals.len() as u64,
+            FoldRecords::Other(records) => records.event_count(),
+        }
+    }
+}
+
+/// [`decode_payload`] for the apply path: the same checks and errors, but signal events land in
+/// [`SignalColumns`] (two allocations per batch, not two per event).
+pub(crate) fn decode_for_apply(kind: RecordKind, payload: &[u8]) -> Result<(Envelope, FoldRecords), RecordError> {
+    let mut reader = Reader { buf: payload, at: 0 };
+    let envelope = decode_envelope(&mut reader)?;
+    let records = match kind {
+        RecordKind::Signal => FoldRecords::Signals(decode_signal_columns(&mut reader)?),
+        kind => FoldRecords::Other(decode_other(&mut reader, kind)?),
+    };
+    reader.finish()?;
+    Ok((envelope, records))
+}
+
+/// The signal events of one batch, packed for the fold: every user name in one string, every
+/// distinct kind name once. Built only by [`decode_for_apply`] from a payload's bytes.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct SignalColumns {
+    /// The user names of the events, one after the other.
+    users: String,
+    /// The distinct kind names of the batch, in first-seen order.
+    kinds: Vec<Box<str>>,
+    events: Vec<PackedSignal>,
+}
+
+/// One event of [`SignalColumns`].
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct PackedSignal {
+    /// End of the user name in `users` (it starts where the previous event's ends).
+    user_end: usize,
+    item: u64,
+    /// Index in `kinds`.
+    kind: u32,
+    weight: f64,
+    ts_ms: Option<i64>,
+}
+
+/// One event of [`SignalColumns`], borrowed.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct SignalRef<'a> {
+    /// User id.
+    pub user: &'a str,
+    /// Item id.
+    pub item: u64,
+    /// Index of the kind name in [`SignalColumns::kinds`].
+    pub kind: u32,
+    /// Weight; finite.
+    pub weight: f64,
+    /// Event time (unix ms); `None` means the envelope time.
+    pub ts_ms: Option<i64>,
+}
+
+impl SignalColumns {
+    /// Number of events.
+    pub fn len(&self) -> usize {
+        self.events.len()
+    }
+
+    /// Whether there are no events (never, for a decoded batch).
+    pub fn is_empty(&self) -> bool {
+        self.events.is_empty()
+    }
+
+    /// The distinct kind names, indexed by [`SignalRef::kind`].
+    pub fn kinds(&self) -> &[Box<str>] {
+        &self.kinds
+    }
+
+    /// The events in log order.
+    pub fn iter(&self) -> impl ExactSizeIterator<Item = SignalRef<'_>> + '_ {
+        let mut start = 0;
+        self.events.iter().map(move |event| {
+            let user = &self.users[start..event.user_end];
+            start = event.user_end;
+            SignalRef { user, item: event.item, kind: event.kind, weight: event.weight, ts_ms: event.ts_ms }
+        })
+    }
+
+    /// The events as [`SignalEvent`]s (allocates), for tests and tools.
+    pub fn to_events(&self) -> Vec<SignalEvent> {
+        self.iter()
+            .map(|event| SignalEvent {
+                user: event.user.to_owned(),
+                item: event.item,
+                kind: self.kinds[event.kind as usize].to_string(),
+                weight: event.weight,
+                ts_ms: event.ts_ms,
+            })
+            .collect()
+    }
+}
+
+/// Every kind but signals: the rest of the payload after the envelope.
+fn decode_other(reader: &mut Reader<'_>, kind: RecordKind) -> Result<Records, RecordError> {
+    Ok(match kind {
+        RecordKind::Signal => decode_signals(reader)?,
         RecordKind::ItemMetadata => {
             let item = reader.u64("item id")?;
             let metadata = reader.rest().to_vec();
@@ -221,14 +344,12 @@ pub fn decode_payload(kind: RecordKind, payload: &[u8]) -> Result<(Envelope, Rec
             Records::ItemEmbedding { item, vector }
         }
         RecordKind::ItemDelete => Records::ItemDelete { item: reader.u64("item id")? },
-        RecordKind::Control => decode_control(&mut reader)?,
+        RecordKind::Control => decode_control(reader)?,
         RecordKind::StreamEvents
         | RecordKind::StreamControl
         | RecordKind::InboxSend
         | RecordKind::InboxConsume => return Err(RecordError::NoApplier(kind)),
-    };
-    reader.finish()?;
-    Ok((envelope, records))
+    })
 }
 
 /// BLAKE3 of the payload after the envelope: equal for two writes with the same records, whatever
@@ -270,7 +391,9 @@ fn decode_envelope(reader: &mut Reader<'_>) -> Result<Envelope, RecordError> {
     Ok(Envelope { time_ms, principal, idempotency_key })
 }
 
-fn decode_signals(reader: &mut Reader<'_>) -> Result<Records, RecordError> {
+/// The event count of a signal payload, checked against the bytes left before anything is
+/// allocated for it.
+fn signal_count(reader: &mut Reader<'_>) -> Result<usize, RecordError> {
     let count = reader.u32("signal count")? as usize;
     if count == 0 {
         return Err(RecordError::NoEvents);
@@ -284,19 +407,79 @@ fn decode_signals(reader: &mut Reader<'_>) -> Result<Records, RecordError> {
             available,
         });
     }
+    Ok(count)
+}
+
+/// One signal event with its kind name, borrowing both from the payload (`kind` of the event is
+/// left 0 for the caller to set). The one parser of an event: [`decode_signals`] and
+/// [`decode_signal_columns`] both call it.
+fn next_signal<'a>(reader: &mut Reader<'a>) -> Result<(SignalRef<'a>, &'a str), RecordError> {
+    let user = reader.str16_ref("signal user")?;
+    let item = reader.u64("signal item")?;
+    let kind_len = usize::from(reader.u8("signal kind length")?);
+    let kind = utf8(reader.take("signal kind", kind_len)?, "signal kind")?;
+    let weight = reader.f64("signal weight")?;
+    if !weight.is_finite() {
+        return Err(RecordError::NonFinite { field: "signal weight" });
+    }
+    let ts = reader.i64("signal ts")?;
+    let ts_ms = (ts != TS_ABSENT).then_some(ts);
+    Ok((SignalRef { user, item, kind: 0, weight, ts_ms }, kind))
+}
+
+/// Up to this many distinct kinds in a batch, a kind's index is found by comparing names.
+const BATCH_KINDS_SCANNED_MAX: usize = 8;
+
+fn decode_signal_columns(reader: &mut Reader<'_>) -> Result<SignalColumns, RecordError> {
+    let count = signal_count(reader)?;
+    let mut columns = SignalColumns {
+        // The names are at most what is left of the payload.
+        users: String::with_capacity(reader.remaining().min(count.saturating_mul(16))),
+        kinds: Vec::new(),
+        events: Vec::with_capacity(count),
+    };
+    let mut kind_ids: FastMap<&str, u32> = FastMap::default();
+    for _ in 0..count {
+        let (event, kind) = next_signal(reader)?;
+        let known = if columns.kinds.len() <= BATCH_KINDS_SCANNED_MAX {
+            columns.kinds.iter().position(|known| **known == *kind).map(|id| id as u32)
+        } else {
+            kind_ids.get(kind).copied()
+        };
+        let kind = match known {
+            Some(id) => id,
+            None => {
+                // At most one kind per event, and a batch holds fewer than 2^32 events.
+                let id = columns.kinds.len() as u32;
+                columns.kinds.push(kind.into());
+                kind_ids.insert(kind, id);
+                id
+            }
+        };
+        columns.users.push_str(event.user);
+        columns.events.push(PackedSignal {
+            user_end: columns.users.len(),
+            item: event.item,
+            kind,
+            weight: event.weight,
+            ts_ms: event.ts_ms,
+        });
+    }
+    Ok(columns)
+}
+
+fn decode_signals(reader: &mut Reader<'_>) -> Result<Records, RecordError> {
+    let count = signal_count(reader)?;
     let mut events = Vec::with_capacity(count);
     for _ in 0..count {
-        let user = reader.str16("signal user")?;
-        let item = reader.u64("signal item")?;
-        let kind_len = usize::from(reader.u8("signal kind length")?);
-        let kind = utf8(reader.take("signal kind", kind_len)?, "signal kind")?;
-        let weight = reader.f64("signal weight")?;
-        if !weight.is_finite() {
-            return Err(RecordError::NonFinite { field: "signal weight" });
-        }
-        let ts = reader.i64("signal ts")?;
-        let ts_ms = (ts != TS_ABSENT).then_some(ts);
-        events.push(SignalEvent { user, item, kind, weight, ts_ms });
+        let (event, kind) = next_signal(reader)?;
+        events.push(SignalEvent {
+            user: event.user.to_owned(),
+            item: event.item,
+            kind: kind.to_owned(),
+            weight: event.weight,
+            ts_ms: event.ts_ms,
+        });
     }
     Ok(Records::Signals(events))
 }
@@ -313,8 +496,8 @@ fn decode_control(reader: &mut Reader<'_>) -> Result<Records, RecordError> {
     }
 }
 
-fn utf8(bytes: &[u8], field: &'static str) -> Result<String, RecordError> {
-    std::str::from_utf8(bytes).map(str::to_owned).map_err(|_| RecordError::NotUtf8 { field })
+fn utf8(bytes: &[u8], field: &'static str) -> Result<&str, RecordError> {
+    std::str::from_utf8(bytes).map_err(|_| RecordError::NotUtf8 { field })
 }
 
 /// A cursor over untrusted bytes; every read checks the length first.
@@ -365,6 +548,10 @@ impl<'a> Reader<'a> {
     }
 
     fn str16(&mut self, field: &'static str) -> Result<String, RecordError> {
+        self.str16_ref(field).map(str::to_owned)
+    }
+
+    fn str16_ref(&mut self, field: &'static str) -> Result<&'a str, RecordError> {
         let len = usize::from(u16::from_le_bytes(self.array(field)?));
         utf8(self.take(field, len)?, field)
     }
@@ -390,6 +577,60 @@ mod tests {
 
     fn envelope() -> Envelope {
         Envelope { time_ms: 1_700_000_000_000, principal: "svc".into(), idempotency_key: "k-1".into() }
+    }
+
+    /// `decode_payload`, after checking that the apply path's decoder (signal columns) gives the
+    /// same records or the same error.
+    fn decode_both(kind: RecordKind, payload: &[u8]) -> Result<(Envelope, Records), RecordError> {
+        let plain = decode_payload(kind, payload);
+        let for_apply = decode_for_apply(kind, payload).map(|(envelope, records)| {
+            let records = match records {
+                FoldRecords::Signals(columns) => {
+                    assert!(!columns.is_empty());
+                    Records::Signals(columns.to_events())
+                }
+                FoldRecords::Other(records) => records,
+            };
+            (envelope, records)
+        });
+        assert_eq!(for_apply, plain, "decode_for_apply and decode_payload disagree");
+        plain
+    }
+
+    #[test]
+    fn signal_columns_keep_names_and_kinds_in_order() {
+        // More kinds than the decoder scans before it switches to a map, repeated, and user names
+        // of every length up to the field's maximum, multibyte included.
+        let kinds: Vec<String> = (0..20).map(|k| format!("kind-{k}")).collect();
+        let events: Vec<SignalEvent> = (0..200u64)
+            .map(|i| SignalEvent {
+                user: match i % 4 {
+                    0 => String::new(),
+                    1 => format!("user-{i}"),
+                    2 => "ü".repeat(i as usize),
+                    _ => "x".repeat(STRING_LEN_MAX - i as usize),
+                },
+                item: i * 7,
+                kind: kinds[(i * 13 % 20) as usize].clone(),
+                weight: i as f64 - 50.5,
+                ts_ms: (i % 3 != 0).then_some(i as i64 * 1000 - 7),
+            })
+            .collect();
+        let encoded = encode_payload(&envelope(), &Records::Signals(events.clone()));
+        let (_, FoldRecords::Signals(columns)) = decode_for_apply(RecordKind::Signal, &encoded.payload).unwrap()
+        else {
+            panic!("signals decode as columns");
+        };
+        assert_eq!(columns.len(), 200);
+        assert_eq!(columns.kinds().len(), 20, "each distinct kind once");
+        assert_eq!(columns.kinds()[0].as_ref(), "kind-0", "kinds in first-seen order");
+        assert_eq!(columns.kinds()[1].as_ref(), "kind-13");
+        for (event, back) in events.iter().zip(columns.iter()) {
+            assert_eq!(back.user, event.user);
+            assert_eq!(columns.kinds()[back.kind as usize].as_ref(), event.kind);
+        }
+        assert_eq!(columns.to_events(), events);
+        assert_eq!(decode_both(RecordKind::Signal, &encoded.payload).unwrap().1, Records::Signals(events));
     }
 
     #[test]
@@ -505,6 +746,7 @@ mod tests {
         payload.truncate(12); // time + two empty strings
         payload.extend_from_slice(&u32::MAX.to_le_bytes());
         assert!(matches!(decode_payload(RecordKind::Signal, &payload), Err(RecordError::Truncated { .. })));
+        assert!(matches!(decode_for_apply(RecordKind::Signal, &payload), Err(RecordError::Truncated { .. })));
         let mut embedding = payload[..12].to_vec();
         embedding.extend_from_slice(&1u64.to_le_bytes());
         embedding.extend_from_slice(&u32::MAX.to_le_bytes());
@@ -562,7 +804,7 @@ mod tests {
         fn round_trip(time_ms in any::<u64>(), principal in "[a-z]{0,10}", key in "[a-z0-9-]{0,10}", records in any_records()) {
             let envelope = Envelope { time_ms, principal, idempotency_key: key };
             let encoded = encode_payload(&envelope, &records);
-            let (env, back) = decode_payload(encoded.kind, &encoded.payload).unwrap();
+            let (env, back) = decode_both(encoded.kind, &encoded.payload).unwrap();
             prop_assert_eq!(env, envelope);
             prop_assert_eq!(back, records);
         }
@@ -570,7 +812,7 @@ mod tests {
         #[test]
         fn garbage_never_panics(kind in 0u8..9, bytes in prop::collection::vec(any::<u8>(), 0..256)) {
             let kind = RecordKind::from_byte(kind).unwrap();
-            let _ = decode_payload(kind, &bytes);
+            let _ = decode_both(kind, &bytes);
             let _ = records_fingerprint(&bytes);
         }
 
@@ -582,9 +824,9 @@ mod tests {
                 let i = at.index(bytes.len());
                 bytes[i] = value;
             }
-            let _ = decode_payload(encoded.kind, &bytes);
+            let _ = decode_both(encoded.kind, &bytes);
             let len = cut.index(bytes.len() + 1);
-            let _ = decode_payload(encoded.kind, &bytes[..len]);
+            let _ = decode_both(encoded.kind, &bytes[..len]);
         }
     }
 }

@@ -10,6 +10,12 @@
 
 /// Decay multiplier for `delta_ms` of elapsed logged time: `2^(-delta / half_life)`.
 pub fn decay_factor(delta_ms: u64, half_life_ms: u64) -> f64 {
+    // No time passed (every event of a batch without its own `ts` after the first): `2^(-0)` is
+    // exactly 1, so skip the `exp2`. Bit-identical; a zero half-life (refused by the config) keeps
+    // its NaN.
+    if delta_ms == 0 && half_life_ms != 0 {
+        return 1.0;
+    }
     (-(delta_ms as f64) / half_life_ms as f64).exp2()
 }
 
@@ -92,6 +98,15 @@ mod tests {
         trend.add(HOUR as i64, 2.0, HOUR);
         assert_eq!(trend.score, 2.25);
         assert_eq!(trend.score_at(HOUR as i64, HOUR), 2.25, "no backwards extrapolation");
+    }
+
+    #[test]
+    fn no_elapsed_time_is_exactly_the_formula() {
+        for half_life in [1, 7, HOUR, u64::MAX] {
+            let formula = (-(0u64 as f64) / half_life as f64).exp2();
+            assert_eq!(decay_factor(0, half_life).to_bits(), formula.to_bits());
+        }
+        assert!(decay_factor(0, 0).is_nan(), "a zero half-life is not special-cased");
     }
 
     #[test]

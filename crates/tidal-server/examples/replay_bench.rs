@@ -65,6 +65,16 @@ fn main() {
             report.batches,
             report.bytes as f64 / 1e6,
         );
+        // Where the fold waited for the flusher: the split of the two cores between them.
+        let flush = node.db().stats().flush;
+        println!(
+            "run {run}: flushes {} ({} entries, {} ms), fold waited for the flusher {} times, {} ms",
+            flush.flushes,
+            flush.entries,
+            flush.duration_ms_sum,
+            flush.backpressure_waits,
+            flush.backpressure_wait_ms_sum
+        );
         rates.push((rate, events as f64 / replay, report.bytes as f64 / 1e6 / open));
         node.shutdown();
         drop(node);
