@@ -496,7 +496,7 @@ fn decode_control(reader: &mut Reader<'_>) -> Result<Records, RecordError> {
     }
 }
 
-fn utf8(bytes: &[u8], field: &'static str) -> Result<&str, RecordError> {
+fn utf8<'a>(bytes: &'a [u8], field: &'static str) -> Result<&'a str, RecordError> {
     std::str::from_utf8(bytes).map_err(|_| RecordError::NotUtf8 { field })
 }
 
