@@ -228,7 +228,10 @@ impl FoldRecords {
 
 /// [`decode_payload`] for the apply path: the same checks and errors, but signal events land in
 /// [`SignalColumns`] (two allocations per batch, not two per event).
-pub(crate) fn decode_for_apply(kind: RecordKind, payload: &[u8]) -> Result<(Envelope, FoldRecords), RecordError> {
+pub(crate) fn decode_for_apply(
+    kind: RecordKind,
+    payload: &[u8],
+) -> Result<(Envelope, FoldRecords), RecordError> {
     let mut reader = Reader { buf: payload, at: 0 };
     let envelope = decode_envelope(&mut reader)?;
     let records = match kind {
@@ -496,7 +499,7 @@ fn decode_control(reader: &mut Reader<'_>) -> Result<Records, RecordError> {
     }
 }
 
-fn utf8(bytes: &[u8], field: &'static str) -> Result<&str, RecordError> {
+fn utf8<'a>(bytes: &'a [u8], field: &'static str) -> Result<&'a str, RecordError> {
     std::str::from_utf8(bytes).map_err(|_| RecordError::NotUtf8 { field })
 }
 
@@ -617,7 +620,8 @@ mod tests {
             })
             .collect();
         let encoded = encode_payload(&envelope(), &Records::Signals(events.clone()));
-        let (_, FoldRecords::Signals(columns)) = decode_for_apply(RecordKind::Signal, &encoded.payload).unwrap()
+        let (_, FoldRecords::Signals(columns)) =
+            decode_for_apply(RecordKind::Signal, &encoded.payload).unwrap()
         else {
             panic!("signals decode as columns");
         };
