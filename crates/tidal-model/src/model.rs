@@ -64,7 +64,9 @@ pub enum Bug {
 
 impl Bug {
     /// Every planted bug, in PROTOCOL.md's order.
-    pub const ALL: [Bug; 10] = [
+    /// [`Bug::StalePullReplaces`] is not in it: with follower pulls the smallest model that shows
+    /// it is too large for the checker within minutes (decisions/019).
+    pub const ALL: [Bug; 9] = [
         Bug::AckBeforeFsync,
         Bug::NoTermRecheck,
         Bug::CountOlderTerm,
@@ -74,7 +76,6 @@ impl Bug {
         Bug::ChooseByCommit,
         Bug::SkipDualCount,
         Bug::NoticePastMatched,
-        Bug::StalePullReplaces,
     ];
 }
 

@@ -62,7 +62,11 @@ fn taking_a_commit_notice_past_what_a_live_ship_matched() {
     finds(Bug::NoticePastMatched);
 }
 
+/// Not found within 3 minutes (depth first, test profile): follower pulls put a copy of a whole
+/// log on the network per pull, and the counterexample is about 15 steps deep. Kept to be run by
+/// hand; decisions/019.
 #[test]
+#[ignore = "not found within minutes: the model with follower pulls is too large (decisions/019)"]
 fn a_catch_up_chunk_from_a_node_not_in_office_replacing_batches() {
     finds(Bug::StalePullReplaces);
 }

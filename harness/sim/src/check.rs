@@ -316,3 +316,42 @@ pub fn position_history(io: &SimIo, wal_dir: &Path, seqno: u64, epoch_ms: u64) -
     }
     lines
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tidal_types::{RecordKind, Seqno, Term};
+    use tidal_wal::Batch;
+
+    /// Encoded batches `(term, first seqno, events)`.
+    fn encoded(batches: &[(u64, u64, u32)]) -> Vec<u8> {
+        let mut bytes = Vec::new();
+        for (term, first, events) in batches {
+            let batch = Batch::new(RecordKind::ItemDelete, Term(*term), Seqno(*first), *events, &[0u8; 18]);
+            bytes.extend_from_slice(batch.encoded());
+        }
+        bytes
+    }
+
+    #[test]
+    fn a_diverging_position_is_told_node_by_node() {
+        let io = SimIo::new();
+        let (n1, n3) = (Path::new("/n1/wal"), Path::new("/n3/wal"));
+        io.write_file(&n1.join("00000000000000000001.seg"), &encoded(&[(1, 1, 9), (3, 10, 1)]));
+        io.write_file(&n1.join("quarantine/2-10-10-1735689601500.wal"), &encoded(&[(2, 10, 1)]));
+        io.write_file(&n3.join("00000000000000000001.seg"), &encoded(&[(1, 1, 9), (2, 10, 1)]));
+        let mut violations = Vec::new();
+        let logs = vec![read_wal(&io, n1, 0, &mut violations), read_wal(&io, n3, 2, &mut violations)];
+        assert!(violations.is_empty(), "{violations:?}");
+        assert_eq!(diverging(&logs).into_iter().collect::<Vec<_>>(), [10]);
+        let n1_story = position_history(&io, n1, 10, 1_735_689_600_000);
+        assert_eq!(n1_story.len(), 2, "{n1_story:?}");
+        assert!(n1_story[0].starts_with("holds (term 3, 10..=10"), "{n1_story:?}");
+        assert!(n1_story[1].starts_with("quarantined (term 2, 10..=10"), "{n1_story:?}");
+        assert!(n1_story[1].contains("at 1500 ms"), "{n1_story:?}");
+        let n3_story = position_history(&io, n3, 5, 1_735_689_600_000);
+        assert_eq!(n3_story.len(), 1, "{n3_story:?}");
+        assert!(n3_story[0].starts_with("holds (term 1, 1..=9, hash "), "{n3_story:?}");
+        assert_eq!(position_history(&io, n3, 11, 0), ["holds nothing"]);
+    }
+}

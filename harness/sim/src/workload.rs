@@ -511,7 +511,64 @@ fn converged(all: &[Option<ClusterStatus>]) -> Option<(u64, u64)> {
 }
 
 async fn converge_and_check(workload: &Workload, shared: &Rc<RefCell<Shared>>, healed_at: Instant) {
-    // Heal gate: one leader, every node on its term, everything durable and applied everywhere.
+    // Invariant 2 compares digests at ONE applied seqno. A node may apply past the converged
+    // frontier between the status poll and its digest read (a new term's LeaderStart after a late
+    // election): then the digests are of different seqnos and say nothing. Converge again and read
+    // again (a few times); only digests at the same seqno that differ are a violation.
+    let mut digests = Vec::new();
+    let mut position = (0, 0);
+    for attempt in 1..=DIGEST_ATTEMPTS {
+        let Some(converged_at) = converge(workload, shared, healed_at).await else { return };
+        position = converged_at;
+        digests = read_digests(workload, shared, position.1).await;
+        if digests.windows(2).all(|pair| pair[0].0 == pair[1].0) || attempt == DIGEST_ATTEMPTS {
+            break;
+        }
+        shared.borrow_mut().trace.push(format!("digests read at different applied seqnos: {digests:?}"));
+    }
+    {
+        let mut shared = shared.borrow_mut();
+        if digests.windows(2).any(|pair| pair[0] != pair[1]) {
+            shared.violations.push(format!("invariant 2: digests differ after heal: {digests:?}"));
+        } else if let Some(first) = digests.first() {
+            shared.trace.push(format!("digest {} {}", first.0, first.1));
+            shared.digest = Some(first.clone());
+        }
+    }
+    check_converged(workload, shared, position).await;
+}
+
+/// How many times the heal check converges and reads the digests when they come from different
+/// applied seqnos.
+const DIGEST_ATTEMPTS: usize = 3;
+
+/// Every node's `(applied seqno, digest)`, read with `min_seqno`.
+async fn read_digests(
+    workload: &Workload,
+    shared: &Rc<RefCell<Shared>>,
+    min_seqno: u64,
+) -> Vec<(u64, String)> {
+    let mut digests = Vec::new();
+    for node in 0..workload.nodes {
+        let path = format!("/cluster/digest?min_seqno={min_seqno}");
+        match request(&host(node), "GET", &path, None, &[], REQUEST_TIMEOUT)
+            .await
+            .and_then(|a| a.json::<DigestView>())
+        {
+            Ok(view) => digests.push((view.applied_seqno, view.digest)),
+            Err(error) => shared.borrow_mut().violations.push(format!("digest of n{}: {error:#}", node + 1)),
+        }
+    }
+    digests
+}
+
+/// Heal gate: one leader, every node on its term, everything durable and applied everywhere.
+/// Returns `(term, commit)`, or `None` after recording the violation at the deadline.
+async fn converge(
+    workload: &Workload,
+    shared: &Rc<RefCell<Shared>>,
+    healed_at: Instant,
+) -> Option<(u64, u64)> {
     let position = loop {
         let all = statuses(workload.nodes).await;
         record_leaders(shared, &all);
@@ -541,34 +598,20 @@ async fn converge_and_check(workload: &Workload, shared: &Rc<RefCell<Shared>>, h
                 workload.converge_deadline,
                 summary.join("; ")
             ));
-            return;
+            return None;
         }
         // Poll step of a wait on observable state (the deadline above bounds it).
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
-    let converged_ms = u64::try_from(healed_at.elapsed().as_millis()).unwrap_or(u64::MAX);
-    shared.borrow_mut().converged_after_ms = Some(converged_ms);
-    // Invariant 2: the same digest at the same seqno on every node.
-    let mut digests = Vec::new();
-    for node in 0..workload.nodes {
-        let path = format!("/cluster/digest?min_seqno={}", position.1);
-        match request(&host(node), "GET", &path, None, &[], REQUEST_TIMEOUT)
-            .await
-            .and_then(|a| a.json::<DigestView>())
-        {
-            Ok(view) => digests.push((view.applied_seqno, view.digest)),
-            Err(error) => shared.borrow_mut().violations.push(format!("digest of n{}: {error:#}", node + 1)),
-        }
+    if shared.borrow().converged_after_ms.is_none() {
+        let converged_ms = u64::try_from(healed_at.elapsed().as_millis()).unwrap_or(u64::MAX);
+        shared.borrow_mut().converged_after_ms = Some(converged_ms);
     }
-    {
-        let mut shared = shared.borrow_mut();
-        if digests.windows(2).any(|pair| pair[0] != pair[1]) {
-            shared.violations.push(format!("invariant 2: digests differ after heal: {digests:?}"));
-        } else if let Some(first) = digests.first() {
-            shared.trace.push(format!("digest {} {}", first.0, first.1));
-            shared.digest = Some(first.clone());
-        }
-    }
+    Some(position)
+}
+
+/// The checks after convergence at `position` (metrics, invariant 1, feed parity).
+async fn check_converged(workload: &Workload, shared: &Rc<RefCell<Shared>>, position: (u64, u64)) {
     // From each node's `/metrics` (counted since its last start):
     // - invariant 2, "through the log only": a snapshot install is the one path that carries item
     //   data outside the log (scenarios with `heal_via_log`);

@@ -487,7 +487,7 @@ mod tests {
         );
         assert!(matches!(append_only(verdict), Verdict::Refuse { .. }));
         // Appending past our log, or skipping what we hold, is still fine.
-        let l = log(3, vec![b(1, 9, 2)], 5);
+        let l = log(3, vec![b(1, 5, 2), b(6, 9, 2)], 5);
         let verdict = append_only(decide_ship(&l, &ship(3, pos(2, 9), vec![b(10, 10, 2)], 9), true));
         assert!(matches!(verdict, Verdict::Accept { .. }), "{verdict:?}");
         let verdict = append_only(decide_ship(&l, &ship(3, pos(2, 5), vec![b(6, 9, 2)], 9), true));
