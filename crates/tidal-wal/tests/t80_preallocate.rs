@@ -294,3 +294,24 @@ fn a_sealed_segment_followed_by_zeros_is_cut_and_garbage_after_them_is_corruptio
     assert_eq!(read_all(&wal, 1), recorded.batches());
     assert_eq!(io.file_bytes(&sealed.path).unwrap().len() as u64, sealed.bytes, "cut at open");
 }
+
+#[test]
+fn a_segment_sealed_before_its_zeros_are_used_is_cut_to_its_batches() {
+    let io = SimIo::new();
+    let clock = Arc::new(ManualClock::new(1_000));
+    let (wal, _, _) = open(&io, small_config(4096), &clock);
+    wal.append_replicated_blocking(batches(1, 2)).unwrap();
+    // A power loss, no clean shutdown: the active segment keeps its 4096 bytes of zeros.
+    io.crash(CrashMode::LoseUnsynced);
+    drop(wal);
+    // Reopened with smaller segments: it rotates long before its zeros are used up.
+    let (wal, _, _) = open(&io, small_config(SEGMENT_BYTES_MAX), &clock);
+    let mut expected = batches(1, 2);
+    let more: Vec<Batch> = (2..8).map(|index| batch(1 + index as u64, index)).collect();
+    expected.extend(more.iter().cloned());
+    wal.append_replicated_blocking(more).unwrap();
+    let segments = wal.list_segments().unwrap();
+    assert!(segments.len() >= 2, "{segments:?}");
+    assert_eq!(io.synced_bytes(&segments[0].path).unwrap().len() as u64, segments[0].bytes, "sealed: cut");
+    assert_eq!(read_all(&wal, 1), expected);
+}
