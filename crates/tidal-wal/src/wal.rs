@@ -134,6 +134,10 @@ impl Wal {
             last_time_ms: recovery.last_time_ms,
             history_term,
         };
+        let mut writer = writer;
+        // The first next segment is prepared before the WAL takes writes: a fresh node does not
+        // spend its first seconds interleaving zero-fill steps with client drains (decisions/017).
+        writer.prepare_next_segment();
         let handle = std::thread::Builder::new()
             .name("tidal-wal-writer".to_string())
             .spawn(move || writer.run())

@@ -27,10 +27,10 @@
 //!
 //! The active segment is written with zeros and fsynced before use; batches overwrite it in place at
 //! the logical end (`active_info.bytes`, kept in memory; the file is longer). An fdatasync then
-//! flushes data blocks only, with no file-size change to commit through the journal. While the
-//! queue is empty the writer prepares the NEXT segment as `segment.prep`, one chunk of zeros (and
-//! its fdatasync) at a time, checking the queue between chunks, so a drain waits for one chunk at
-//! most. A rotation:
+//! flushes data blocks only, with no file-size change to commit through the journal. The NEXT
+//! segment is prepared as `segment.prep`: completely at open, before the writer takes requests;
+//! after each rotation while the queue is empty, one chunk of zeros (and its fdatasync) at a time,
+//! checking the queue between chunks, so a drain waits for one chunk at most. A rotation:
 //! 1. writes the pending bytes, cuts the old segment to its logical length (a sealed segment holds
 //!    no zeros, exactly as without preallocation) and fsyncs it: one fsync for both;
 //! 2. renames `segment.prep` to the new segment's name (or, if it is not ready, creates an empty
@@ -278,6 +278,13 @@ impl Writer {
                 .map_err(|err| Error::io("remove prepared segment", &prep, err))?;
         }
         Ok(())
+    }
+
+    /// Prepares the next segment completely (before the writer thread starts).
+    pub(crate) fn prepare_next_segment(&mut self) {
+        while self.prep.is_pending() {
+            self.prep_step();
+        }
     }
 
     /// One step of preparing the next segment: create it, or write (and fsync) one chunk of zeros.

@@ -118,8 +118,11 @@ fn a_rotation_without_a_prepared_segment_appends_and_a_batch_may_outgrow_the_zer
 }
 
 /// Acknowledged batches, then one drain of `drain` batches whose single write crashes with `mode`.
-/// Returns the reopened WAL's batches.
-fn crash_in_preallocated_space(mode: CrashMode, drain: &[Batch]) -> (SimIo, Vec<Batch>, tidal_wal::Recovery) {
+/// Returns the reopened WAL and its batches.
+fn crash_in_preallocated_space(
+    mode: CrashMode,
+    drain: &[Batch],
+) -> (SimIo, Wal, Vec<Batch>, tidal_wal::Recovery) {
     let io = SimIo::new();
     let clock = Arc::new(ManualClock::new(1_000));
     let (wal, _, _) = open(&io, small_config(4096), &clock);
@@ -133,7 +136,7 @@ fn crash_in_preallocated_space(mode: CrashMode, drain: &[Batch]) -> (SimIo, Vec<
     io.restart();
     let (wal, recovery, _) = open(&io, small_config(4096), &clock);
     let got = read_all(&wal, 1);
-    (io, got, recovery)
+    (io, wal, got, recovery)
 }
 
 #[test]
@@ -153,7 +156,7 @@ fn a_crash_inside_preallocated_space_recovers_a_prefix_of_whole_batches() {
             CrashMode::TornUnsynced { keep } => keep.min(drain_bytes.len()),
         };
         let label = format!("{mode:?}");
-        let (io, got, recovery) = crash_in_preallocated_space(mode, &drain);
+        let (io, wal, got, recovery) = crash_in_preallocated_space(mode, &drain);
         let whole = drain.iter().scan(0, |end, batch| {
             *end += batch.encoded().len();
             Some(*end)
@@ -164,9 +167,10 @@ fn a_crash_inside_preallocated_space_recovers_a_prefix_of_whole_batches() {
         assert_eq!(got, expected, "{label}");
         let at_boundary = boundaries.contains(&keep) || keep == drain_bytes.len();
         assert_eq!(recovery.truncated.is_some(), !at_boundary, "{label}: {:?}", recovery.truncated);
-        tracing::info!("the log goes on over what the crash left, and a second crash finds no stale batch");
+        tracing::info!(
+            "the recovered WAL goes on over what the crash left; a second crash finds no stale bytes"
+        );
         let clock = Arc::new(ManualClock::new(2_000));
-        let (wal, _, _) = open(&io, small_config(4096), &clock);
         let next = expected.last().unwrap().last_seqno().next();
         let after = wal.append_blocking(request(RecordKind::Control, 1, b"after")).unwrap();
         assert_eq!(after.first, next, "{label}");
@@ -289,4 +293,25 @@ fn a_sealed_segment_followed_by_zeros_is_cut_and_garbage_after_them_is_corruptio
     assert_eq!(recovery.truncated, None);
     assert_eq!(read_all(&wal, 1), recorded.batches());
     assert_eq!(io.file_bytes(&sealed.path).unwrap().len() as u64, sealed.bytes, "cut at open");
+}
+
+#[test]
+fn a_segment_sealed_before_its_zeros_are_used_is_cut_to_its_batches() {
+    let io = SimIo::new();
+    let clock = Arc::new(ManualClock::new(1_000));
+    let (wal, _, _) = open(&io, small_config(4096), &clock);
+    wal.append_replicated_blocking(batches(1, 2)).unwrap();
+    // A power loss, no clean shutdown: the active segment keeps its 4096 bytes of zeros.
+    io.crash(CrashMode::LoseUnsynced);
+    drop(wal);
+    // Reopened with smaller segments: it rotates long before its zeros are used up.
+    let (wal, _, _) = open(&io, small_config(SEGMENT_BYTES_MAX), &clock);
+    let mut expected = batches(1, 2);
+    let more: Vec<Batch> = (2..8).map(|index| batch(1 + index as u64, index)).collect();
+    expected.extend(more.iter().cloned());
+    wal.append_replicated_blocking(more).unwrap();
+    let segments = wal.list_segments().unwrap();
+    assert!(segments.len() >= 2, "{segments:?}");
+    assert_eq!(io.synced_bytes(&segments[0].path).unwrap().len() as u64, segments[0].bytes, "sealed: cut");
+    assert_eq!(read_all(&wal, 1), expected);
 }

@@ -220,7 +220,7 @@ impl PointFile {
     /// A segment write at `offset` (its end if `None`), with the write points.
     fn write(&mut self, offset: Option<u64>, buf: &[u8]) -> io::Result<()> {
         self.io.check_dead()?;
-        let mut write = |file: &mut Box<dyn WalFile>, bytes: &[u8]| match offset {
+        let write = |file: &mut Box<dyn WalFile>, bytes: &[u8]| match offset {
             Some(offset) => file.write_all_at(offset, bytes),
             None => file.write_all(bytes),
         };
