@@ -145,6 +145,11 @@ pub(crate) struct Writer {
     pub(crate) history_term: Term,
 }
 
+/// Zeros written (and fdatasynced) per idle step of preparing the next segment: a write that arrives
+/// during a step waits for it, so it is small (a 1 MiB step cost the replication-lag gate's p99
+/// several ms right after a rotation).
+const PREP_IDLE_STEP_LEN: usize = 128 * 1024;
+
 /// The next segment's preparation (`segment.prep`).
 pub(crate) enum Prep {
     /// Preallocation is off, or gave up after an I/O error.
@@ -283,14 +288,14 @@ impl Writer {
     /// Prepares the next segment completely (before the writer thread starts).
     pub(crate) fn prepare_next_segment(&mut self) {
         while self.prep.is_pending() {
-            self.prep_step();
+            self.prep_step(ZERO_CHUNK_LEN);
         }
     }
 
-    /// One step of preparing the next segment: create it, or write (and fsync) one chunk of zeros.
+    /// One step of preparing the next segment: create it, or write (and fsync) `step_len` zeros.
     /// An I/O error gives preallocation up for this process (rotations then create empty segments);
     /// it never poisons the WAL: no batch is at stake.
-    fn prep_step(&mut self) {
+    fn prep_step(&mut self, step_len: usize) {
         let dir = self.shared.config.dir.clone();
         let path = dir.join(PREP_FILE_NAME);
         let io = self.shared.io.clone();
@@ -301,8 +306,8 @@ impl Writer {
                 Ok(Prep::Filling { file, len: 0, target })
             }),
             Prep::Filling { mut file, len, target } => {
-                let chunk = (target - len).min(ZERO_CHUNK_LEN as u64);
-                let zeros = vec![0u8; usize::try_from(chunk).unwrap_or(ZERO_CHUNK_LEN)];
+                let chunk = (target - len).min(step_len as u64);
+                let zeros = vec![0u8; usize::try_from(chunk).unwrap_or(step_len)];
                 file.write_all_at(len, &zeros).and_then(|()| file.sync_data()).map(|()| {
                     let len = len + chunk;
                     if len >= target {
@@ -341,7 +346,7 @@ impl Writer {
             }
             if self.prep.is_pending() && !self.shared.is_poisoned() {
                 drop(queue);
-                self.prep_step();
+                self.prep_step(PREP_IDLE_STEP_LEN);
                 queue = self.shared.lock_queue();
                 continue;
             }
