@@ -115,30 +115,10 @@ fn micros(elapsed: Duration) -> u32 {
 fn raw(dir: &Path, name: &str, size: usize, args: &Args) -> Row {
     let path = dir.join(format!("raw-{size}.dat"));
     let mut file = OpenOptions::new().create(true).append(true).open(&path).unwrap();
-    let buf = vec![0xAB_u8; size];
-    let deadline = Instant::now() + Duration::from_secs(args.seconds);
-    let started = Instant::now();
-    let mut latencies_us = Vec::new();
-    let mut writes = 0u64;
-    while writes < args.count && Instant::now() < deadline {
-        let op = Instant::now();
-        file.write_all(&buf).unwrap();
+    timed_syncs(&path, name, size, args, |buf, _| {
+        file.write_all(buf).unwrap();
         file.sync_data().unwrap();
-        latencies_us.push(micros(op.elapsed()));
-        writes += 1;
-    }
-    let elapsed = started.elapsed();
-    drop(file);
-    std::fs::remove_file(&path).unwrap();
-    Row {
-        name: name.to_string(),
-        events: writes,
-        fsyncs: writes,
-        bytes: writes * size as u64,
-        elapsed,
-        latencies_us,
-        rotations: (0, 0),
-    }
+    })
 }
 
 /// Bytes of the pre-zeroed file of the raw pre-zeroed phases (one default segment).
@@ -154,6 +134,21 @@ fn raw_prezeroed(dir: &Path, name: &str, size: usize, args: &Args) -> Row {
         file.write_all_at(&zeros, at).unwrap();
     }
     file.sync_data().unwrap();
+    timed_syncs(&path, name, size, args, |buf, writes| {
+        file.write_all_at(buf, (writes * size as u64) % (PREZEROED_LEN - size as u64 + 1)).unwrap();
+        file.sync_data().unwrap();
+    })
+}
+
+/// Times `write_and_sync(buf, writes so far)` of a `size`-byte buffer until the count or the time is
+/// up, then removes the file at `path`.
+fn timed_syncs(
+    path: &Path,
+    name: &str,
+    size: usize,
+    args: &Args,
+    mut write_and_sync: impl FnMut(&[u8], u64),
+) -> Row {
     let buf = vec![0xAB_u8; size];
     let deadline = Instant::now() + Duration::from_secs(args.seconds);
     let started = Instant::now();
@@ -161,14 +156,12 @@ fn raw_prezeroed(dir: &Path, name: &str, size: usize, args: &Args) -> Row {
     let mut writes = 0u64;
     while writes < args.count && Instant::now() < deadline {
         let op = Instant::now();
-        file.write_all_at(&buf, (writes * size as u64) % (PREZEROED_LEN - size as u64 + 1)).unwrap();
-        file.sync_data().unwrap();
+        write_and_sync(&buf, writes);
         latencies_us.push(micros(op.elapsed()));
         writes += 1;
     }
     let elapsed = started.elapsed();
-    drop(file);
-    std::fs::remove_file(&path).unwrap();
+    std::fs::remove_file(path).unwrap();
     Row {
         name: name.to_string(),
         events: writes,
