@@ -986,20 +986,23 @@ impl Replica {
                 }) {
                     self.forget_leader_match_from(term, cut);
                 }
-                match self.perform(&ship, steps).await {
+                // A live ship's batches move the commit frontier the moment they are durable: on
+                // the WAL writer's thread, right after the fsync (the applier then applies at once),
+                // not after a wake-up of this task. We hold the term lock until `perform` returns,
+                // so the term cannot change in between.
+                let on_durable = live.then(|| {
+                    let replica = Arc::clone(self);
+                    let matched = matched.seqno;
+                    Box::new(move || replica.live_durable(term, matched, commit)) as OnDurable
+                });
+                match self.perform(&ship, steps, on_durable).await {
                     Ok(()) => {
-                        // Everything up to `matched` is now durable here and the leader's log: a
-                        // commit notice that came during the fsync covers it at once.
-                        let notified = if live {
-                            self.note_leader(term, |state| state.matched = state.matched.max(matched.seqno))
+                        // Again here (idempotent), for a ship whose batches we all held already.
+                        if live {
+                            self.live_durable(term, matched.seqno, commit);
                         } else {
-                            None
-                        };
-                        let notified = notified.unwrap_or(Seqno::ZERO);
-                        if notified > commit.max(self.commit.commit()) {
-                            self.count_notice(NOTICE_ADVANCED);
+                            self.commit.advance(commit);
                         }
-                        self.commit.advance(commit.max(notified));
                         ShipOutcome::Matched(matched)
                     }
                     Err(reason) => {
@@ -1013,7 +1016,25 @@ impl Replica {
         ShipAnswer { term, durable: self.wal.durable_seqno(), applied: *self.applied.borrow(), outcome }
     }
 
-    async fn perform(&self, ship: &Ship, steps: Vec<Step>) -> Result<(), String> {
+    /// A live ship of `term` is durable here up to `matched`, which the leader's log holds there:
+    /// a commit notice that came during the fsync covers it now; so does the ship's `commit`.
+    fn live_durable(&self, term: Term, matched: Seqno, commit: Seqno) {
+        let notified =
+            self.note_leader(term, |state| state.matched = state.matched.max(matched)).unwrap_or(Seqno::ZERO);
+        if notified > commit.max(self.commit.commit()) {
+            self.count_notice(NOTICE_ADVANCED);
+        }
+        self.commit.advance(commit.max(notified));
+    }
+
+    /// Performs the accepted steps; `on_durable` runs on the WAL writer's thread once the appended
+    /// batches are durable (not at all if nothing is appended or the append fails).
+    async fn perform(
+        &self,
+        ship: &Ship,
+        steps: Vec<Step>,
+        on_durable: Option<OnDurable>,
+    ) -> Result<(), String> {
         let mut appends = Vec::new();
         for step in steps {
             match step {
@@ -1035,7 +1056,15 @@ impl Replica {
         }
         let (tx, rx) = tokio::sync::oneshot::channel();
         self.wal
-            .submit_replicated(appends, Box::new(move |result| drop(tx.send(result))))
+            .submit_replicated(
+                appends,
+                Box::new(move |result| {
+                    if let (Ok(_), Some(on_durable)) = (&result, on_durable) {
+                        on_durable();
+                    }
+                    drop(tx.send(result))
+                }),
+            )
             .map_err(|e| format!("append refused: {e:?}"))?;
         match rx.await {
             Ok(Ok(_)) => Ok(()),
@@ -1355,6 +1384,9 @@ impl Replica {
         Ok(Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx)))
     }
 }
+
+/// Run on the WAL writer's thread once a live ship's batches are durable.
+type OnDurable = Box<dyn FnOnce() + Send>;
 
 /// Where a message the receive path takes comes from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
