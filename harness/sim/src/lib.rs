@@ -582,6 +582,9 @@ struct Driver<'a> {
     /// Restarts due: `(simulated time, node)`.
     bounces: Vec<(Duration, usize)>,
     damaged: Option<Damaged>,
+    /// A cut tail whose window ended before its node decided (repair or refuse): a refusal that
+    /// comes after the undo is still the expected one (disk 155).
+    late_damage: Option<Damaged>,
     exits_seen: usize,
     /// The node the crash point was armed on (and whether its death is being handled).
     point_node: Option<usize>,
@@ -746,6 +749,9 @@ impl Driver<'_> {
                         self.cluster.wal_io[damaged.node].write_file(&damaged.path, &damaged.original);
                         self.trace.push(format!("restore n{} {}", damaged.node + 1, damaged.path.display()));
                         self.crash_and_restart(sim, damaged.node, CrashMode::LoseUnsynced, now);
+                    } else {
+                        // A cut tail may still be refused by a start that is not done yet.
+                        self.late_damage = Some(damaged);
                     }
                 }
             }
@@ -784,6 +790,23 @@ impl Driver<'_> {
                     offset.as_millis(),
                     node + 1
                 ));
+                continue;
+            }
+            let late = self.late_damage.as_ref().is_some_and(|damaged| damaged.node == *node);
+            if late && (error.contains("corrupt") || error.contains("refusing to start")) {
+                if let Some(damaged) = self.late_damage.take() {
+                    // Refused after its window ended: the operator restores the disk and the
+                    // supervisor restarts the node.
+                    self.cluster.wal_io[damaged.node].write_file(&damaged.path, &damaged.original);
+                    self.counters.bump("refused_start");
+                    self.trace.push(format!(
+                        "{} ms n{} refused to start (after its window); restore {}",
+                        offset.as_millis(),
+                        node + 1,
+                        damaged.path.display()
+                    ));
+                    self.bounces.push((now + RESTART_DELAY, *node));
+                }
                 continue;
             }
             let expected = self.damaged.as_mut().filter(|damaged| damaged.node == *node && !damaged.refused);
@@ -1065,6 +1088,7 @@ pub fn run(seed: u64, scenario: &Scenario) -> anyhow::Result<Outcome> {
         violations: Vec::new(),
         bounces: Vec::new(),
         damaged: None,
+        late_damage: None,
         exits_seen: 0,
         point_node: None,
         point_exit_ok: None,
