@@ -10,6 +10,11 @@
 //! - (d) writer, `--big-writers` threads of 64 KiB records;
 //! - (e) writer, `--threads` writes of 100 bytes kept in flight by completions (no thread per
 //!   writer): how the server's async handlers use it, without 64 OS threads competing for 2 cores;
+//! - (f) paired: (b) and (e) again, each on its own open WAL, in alternating slices of 250 ms
+//!   (`--pairs` pairs, the order within a pair alternating too), and the ratio of each pair. This
+//!   disk switches between fdatasyncs of ~80 µs and of 4 ms from one second to the next, so the
+//!   ratio of (e) to (b), phases seconds apart, often compares two different disks; adjacent slices
+//!   mostly see the same one. The median of the pairs' ratios is the group-commit figure;
 //! - raw pre-zeroed 4 KiB / 64 KiB: the raw loops overwriting a 64 MiB file that was written with
 //!   zeros and fsynced first (what a preallocated segment gives, decisions/017).
 //!
@@ -18,7 +23,8 @@
 //! state: a segment is normally prepared long before it is needed).
 //!
 //! After the table: per writer phase, the share of drains (fsyncs) by the requests they covered,
-//! and the adaptive gather's waits (decisions/021; `TIDAL_WAL_GATHER_MIN=0` turns it off).
+//! and the adaptive gather's waits (decisions/021; off by default, `TIDAL_WAL_GATHER_MIN=16` turns it
+//! on after drains of 16 requests or more).
 //!
 //! Numbers depend entirely on the disk: run it on the disk the data will live on.
 
@@ -47,6 +53,7 @@ USAGE: wal_bench [--dir DIR] [--seconds N] [--count N] [--threads N] [--big-writ
   --count N          bound on writes per phase (default 1000000)
   --threads N        concurrent writers of phase (c) (default 64)
   --big-writers N    concurrent writers of 64 KiB records in phase (d) (default 4)
+  --pairs N          slice pairs of the paired phase (f) (default 8; 0 skips it)
   --help             this text";
 
 struct Args {
@@ -55,11 +62,12 @@ struct Args {
     count: u64,
     threads: usize,
     big_writers: usize,
+    pairs: usize,
 }
 
 fn parse_args() -> Result<Args, String> {
     let mut args =
-        Args { dir: PathBuf::from("."), seconds: 3, count: 1_000_000, threads: 64, big_writers: 4 };
+        Args { dir: PathBuf::from("."), seconds: 3, count: 1_000_000, threads: 64, big_writers: 4, pairs: 8 };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
         if flag == "--help" || flag == "-h" {
@@ -74,6 +82,7 @@ fn parse_args() -> Result<Args, String> {
             "--count" => args.count = number()?,
             "--threads" => args.threads = number()?.max(1) as usize,
             "--big-writers" => args.big_writers = number()?.max(1) as usize,
+            "--pairs" => args.pairs = number()? as usize,
             other => return Err(format!("unknown argument {other}\n\n{USAGE}")),
         }
     }
@@ -325,6 +334,72 @@ fn writer_chained(dir: &Path, name: &str, in_flight: usize, size: usize, args: &
     }
 }
 
+/// Events/s of one slice: `in_flight` writes of 100 B kept in flight on `wal` for `slice`
+/// (1: a single writer waiting for each write), measured by the WAL's own event counter.
+fn slice_rate(wal: &Wal, in_flight: usize, slice: Duration) -> f64 {
+    let before = wal.stats().events;
+    let started = Instant::now();
+    let (finished, all_done) = std::sync::mpsc::channel();
+    let chain = Arc::new(Chain {
+        wal: wal.clone(),
+        deadline: started + slice,
+        issued: AtomicU64::new(0),
+        count: u64::MAX,
+        size: 100,
+        latencies_us: std::sync::Mutex::new(Vec::new()),
+        finished: std::sync::Mutex::new(finished),
+    });
+    if in_flight == 1 {
+        // The (b) way: a thread that waits for each write.
+        while Instant::now() < started + slice {
+            let request =
+                AppendRequest { kind: RecordKind::Signal, event_count: 1, payload: vec![0x5A; 100] };
+            wal.append_blocking(request).unwrap();
+        }
+    } else {
+        for _ in 0..in_flight {
+            chain_next(chain.clone());
+        }
+        for _ in 0..in_flight {
+            all_done.recv().unwrap();
+        }
+    }
+    (wal.stats().events - before) as f64 / started.elapsed().as_secs_f64()
+}
+
+/// Phase (f): ratios of 64-in-flight to single-writer events/s over adjacent slices.
+fn paired(dir: &Path, args: &Args) -> Vec<(f64, f64)> {
+    let single = open_wal(&dir.join("paired_1"));
+    let many = open_wal(&dir.join("paired_64"));
+    let slice = Duration::from_millis(250);
+    let mut pairs = Vec::new();
+    for pair in 0..args.pairs {
+        let (one, sixty_four) = if pair % 2 == 0 {
+            let one = slice_rate(&single, 1, slice);
+            (one, slice_rate(&many, args.threads, slice))
+        } else {
+            let sixty_four = slice_rate(&many, args.threads, slice);
+            (slice_rate(&single, 1, slice), sixty_four)
+        };
+        pairs.push((one, sixty_four));
+    }
+    for wal in [single, many] {
+        wal.shutdown();
+    }
+    std::fs::remove_dir_all(dir.join("paired_1")).unwrap();
+    std::fs::remove_dir_all(dir.join("paired_64")).unwrap();
+    pairs
+}
+
+fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(f64::total_cmp);
+    match values.len() {
+        0 => 0.0,
+        n if n % 2 == 1 => values[n / 2],
+        n => (values[n / 2 - 1] + values[n / 2]) / 2.0,
+    }
+}
+
 fn main() {
     let args = match parse_args() {
         Ok(args) => args,
@@ -364,6 +439,7 @@ fn main() {
         raw_prezeroed(&scratch, "raw pre-zeroed 4 KiB", 4096, &args),
         raw_prezeroed(&scratch, "raw pre-zeroed 64 KiB", 64 * 1024, &args),
     ];
+    let pairs = if args.pairs > 0 { paired(&scratch, &args) } else { Vec::new() };
     std::fs::remove_dir_all(&scratch).unwrap();
     println!(
         "{:<30} {:>11} {:>10} {:>10} {:>9} {:>10} {:>10}",
@@ -417,4 +493,16 @@ fn main() {
     println!("ratio (d)/raw 64 KiB MB/s: {:.2}", d.mb_per_s() / raw64.mb_per_s());
     println!("ratio (e)/(b) events/s: {:.1}x", rows[6].events_per_s() / b.events_per_s());
     println!("ratio (d)/raw pre-zeroed 64 KiB MB/s: {:.2}", d.mb_per_s() / rows[8].mb_per_s());
+    if !pairs.is_empty() {
+        let shown: Vec<String> =
+            pairs.iter().map(|(one, many)| format!("{:.0}/{:.0}={:.1}x", many, one, many / one)).collect();
+        println!("(f) paired slices, {} in flight / 1 writer events/s: {}", args.threads, shown.join(" "));
+        println!(
+            "(f) paired: median 1 writer {:.0} events/s, median {} in flight {:.0} events/s, median ratio {:.1}x",
+            median(pairs.iter().map(|pair| pair.0).collect()),
+            args.threads,
+            median(pairs.iter().map(|pair| pair.1).collect()),
+            median(pairs.iter().map(|(one, many)| many / one).collect())
+        );
+    }
 }
