@@ -961,6 +961,23 @@ async fn metrics(State(state): State<Arc<AppState>>) -> Response {
         &wal.fsync_latency_us_buckets,
         wal.fsync_latency_us_sum as f64 / 1e6,
     );
+    let drain_bounds = &tidal_wal::stats::DRAIN_REQUESTS_BUCKETS;
+    let drain_bounds: Vec<f64> = drain_bounds[..drain_bounds.len() - 1].iter().map(|n| *n as f64).collect();
+    render_histogram(
+        &mut out,
+        "tidal_wal_drain_requests",
+        "Requests covered by one WAL group commit (one drain, one fsync).",
+        &drain_bounds,
+        &wal.drain_requests_buckets,
+        wal.drain_requests_sum as f64,
+    );
+    render_single(
+        &mut out,
+        "tidal_wal_gathers_total",
+        "counter",
+        "Times the WAL writer waited (bounded) for the writers of its last large drain (decisions/021).",
+        wal.gathers as f64,
+    );
     render_single(
         &mut out,
         "tidal_wal_batches_total",

@@ -159,6 +159,8 @@ async fn health_readiness_metrics_status() {
         "tidal_applied_seqno",
         "tidal_http_requests_total",
         "tidal_wal_batches_total",
+        "tidal_wal_drain_requests_bucket",
+        "tidal_wal_gathers_total",
     ] {
         assert!(text.contains(name), "metrics lack {name}:\n{text}");
     }

@@ -10,12 +10,21 @@
 //! - (d) writer, `--big-writers` threads of 64 KiB records;
 //! - (e) writer, `--threads` writes of 100 bytes kept in flight by completions (no thread per
 //!   writer): how the server's async handlers use it, without 64 OS threads competing for 2 cores;
+//! - (f) paired: (b) and (e) again, each on its own open WAL, in alternating slices of 250 ms
+//!   (`--pairs` pairs, the order within a pair alternating too), and the ratio of each pair. This
+//!   disk switches between fdatasyncs of ~80 µs and of 4 ms from one second to the next, so the
+//!   ratio of (e) to (b), phases seconds apart, often compares two different disks; adjacent slices
+//!   mostly see the same one. The median of the pairs' ratios is the group-commit figure;
 //! - raw pre-zeroed 4 KiB / 64 KiB: the raw loops overwriting a 64 MiB file that was written with
 //!   zeros and fsynced first (what a preallocated segment gives, decisions/017).
 //!
 //! The writer phases use the default config: segments preallocated, unless `TIDAL_WAL_PREALLOCATE=0`.
 //! Each waits until the writer has prepared its next segment before the clock starts (the steady
 //! state: a segment is normally prepared long before it is needed).
+//!
+//! After the table: per writer phase, the share of drains (fsyncs) by the requests they covered,
+//! and the adaptive gather's waits (decisions/021; off by default, `TIDAL_WAL_GATHER_MIN=16` turns it
+//! on after drains of 16 requests or more).
 //!
 //! Numbers depend entirely on the disk: run it on the disk the data will live on.
 
@@ -31,6 +40,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tidal_types::RecordKind;
+use tidal_wal::stats::DRAIN_REQUESTS_BUCKETS;
 use tidal_wal::{AppendRequest, NoopHook, StdIo, SystemClock, Wal, WalConfig};
 
 const USAGE: &str = "\
@@ -43,6 +53,7 @@ USAGE: wal_bench [--dir DIR] [--seconds N] [--count N] [--threads N] [--big-writ
   --count N          bound on writes per phase (default 1000000)
   --threads N        concurrent writers of phase (c) (default 64)
   --big-writers N    concurrent writers of 64 KiB records in phase (d) (default 4)
+  --pairs N          slice pairs of the paired phase (f) (default 8; 0 skips it)
   --help             this text";
 
 struct Args {
@@ -51,11 +62,12 @@ struct Args {
     count: u64,
     threads: usize,
     big_writers: usize,
+    pairs: usize,
 }
 
 fn parse_args() -> Result<Args, String> {
     let mut args =
-        Args { dir: PathBuf::from("."), seconds: 3, count: 1_000_000, threads: 64, big_writers: 4 };
+        Args { dir: PathBuf::from("."), seconds: 3, count: 1_000_000, threads: 64, big_writers: 4, pairs: 8 };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
         if flag == "--help" || flag == "-h" {
@@ -70,6 +82,7 @@ fn parse_args() -> Result<Args, String> {
             "--count" => args.count = number()?,
             "--threads" => args.threads = number()?.max(1) as usize,
             "--big-writers" => args.big_writers = number()?.max(1) as usize,
+            "--pairs" => args.pairs = number()? as usize,
             other => return Err(format!("unknown argument {other}\n\n{USAGE}")),
         }
     }
@@ -86,6 +99,10 @@ struct Row {
     latencies_us: Vec<u32>,
     /// Segment rotations, and how many of them found no prepared segment (writer phases).
     rotations: (u64, u64),
+    /// Writer phases: drains per bucket of `DRAIN_REQUESTS_BUCKETS` (requests covered by one fsync).
+    drain_requests: Vec<u64>,
+    /// Writer phases: gather waits, those that saw every writer back, and their total µs.
+    gathers: (u64, u64, u64),
 }
 
 impl Row {
@@ -170,14 +187,23 @@ fn timed_syncs(
         elapsed,
         latencies_us,
         rotations: (0, 0),
+        drain_requests: Vec::new(),
+        gathers: (0, 0, 0),
     }
 }
 
-/// The writer phases' config: the defaults, preallocation off with `TIDAL_WAL_PREALLOCATE=0`.
+/// The writer phases' config: the defaults, preallocation off with `TIDAL_WAL_PREALLOCATE=0`, the
+/// adaptive gather set by `TIDAL_WAL_GATHER_MIN` (0: off) and `TIDAL_WAL_GATHER_WAIT_US`.
 fn wal_config(wal_dir: &Path) -> WalConfig {
     let mut config = WalConfig::new(wal_dir);
     if std::env::var("TIDAL_WAL_PREALLOCATE").is_ok_and(|value| value == "0") {
         config.preallocate_bytes = 0;
+    }
+    if let Some(min) = std::env::var("TIDAL_WAL_GATHER_MIN").ok().and_then(|value| value.parse().ok()) {
+        config.gather_min_requests = min;
+    }
+    if let Some(us) = std::env::var("TIDAL_WAL_GATHER_WAIT_US").ok().and_then(|value| value.parse().ok()) {
+        config.gather_wait_max = Duration::from_micros(us);
     }
     config
 }
@@ -230,6 +256,8 @@ fn writer(dir: &Path, name: &str, threads: usize, size: usize, args: &Args) -> R
         bytes: stats.bytes,
         elapsed,
         latencies_us,
+        drain_requests: stats.drain_requests_buckets.to_vec(),
+        gathers: (stats.gathers, stats.gathers_complete, stats.gather_wait_us_sum),
     }
 }
 
@@ -301,6 +329,74 @@ fn writer_chained(dir: &Path, name: &str, in_flight: usize, size: usize, args: &
         bytes: stats.bytes,
         elapsed,
         latencies_us,
+        drain_requests: stats.drain_requests_buckets.to_vec(),
+        gathers: (stats.gathers, stats.gathers_complete, stats.gather_wait_us_sum),
+    }
+}
+
+/// Events/s of one slice: `in_flight` writes of 100 B kept in flight on `wal` for `slice`
+/// (1: a single writer waiting for each write), measured by the WAL's own event counter.
+fn slice_rate(wal: &Wal, in_flight: usize, slice: Duration) -> f64 {
+    let before = wal.stats().events;
+    let started = Instant::now();
+    let (finished, all_done) = std::sync::mpsc::channel();
+    let chain = Arc::new(Chain {
+        wal: wal.clone(),
+        deadline: started + slice,
+        issued: AtomicU64::new(0),
+        count: u64::MAX,
+        size: 100,
+        latencies_us: std::sync::Mutex::new(Vec::new()),
+        finished: std::sync::Mutex::new(finished),
+    });
+    if in_flight == 1 {
+        // The (b) way: a thread that waits for each write.
+        while Instant::now() < started + slice {
+            let request =
+                AppendRequest { kind: RecordKind::Signal, event_count: 1, payload: vec![0x5A; 100] };
+            wal.append_blocking(request).unwrap();
+        }
+    } else {
+        for _ in 0..in_flight {
+            chain_next(chain.clone());
+        }
+        for _ in 0..in_flight {
+            all_done.recv().unwrap();
+        }
+    }
+    (wal.stats().events - before) as f64 / started.elapsed().as_secs_f64()
+}
+
+/// Phase (f): ratios of 64-in-flight to single-writer events/s over adjacent slices.
+fn paired(dir: &Path, args: &Args) -> Vec<(f64, f64)> {
+    let single = open_wal(&dir.join("paired_1"));
+    let many = open_wal(&dir.join("paired_64"));
+    let slice = Duration::from_millis(250);
+    let mut pairs = Vec::new();
+    for pair in 0..args.pairs {
+        let (one, sixty_four) = if pair % 2 == 0 {
+            let one = slice_rate(&single, 1, slice);
+            (one, slice_rate(&many, args.threads, slice))
+        } else {
+            let sixty_four = slice_rate(&many, args.threads, slice);
+            (slice_rate(&single, 1, slice), sixty_four)
+        };
+        pairs.push((one, sixty_four));
+    }
+    for wal in [single, many] {
+        wal.shutdown();
+    }
+    std::fs::remove_dir_all(dir.join("paired_1")).unwrap();
+    std::fs::remove_dir_all(dir.join("paired_64")).unwrap();
+    pairs
+}
+
+fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(f64::total_cmp);
+    match values.len() {
+        0 => 0.0,
+        n if n % 2 == 1 => values[n / 2],
+        n => (values[n / 2 - 1] + values[n / 2]) / 2.0,
     }
 }
 
@@ -343,6 +439,7 @@ fn main() {
         raw_prezeroed(&scratch, "raw pre-zeroed 4 KiB", 4096, &args),
         raw_prezeroed(&scratch, "raw pre-zeroed 64 KiB", 64 * 1024, &args),
     ];
+    let pairs = if args.pairs > 0 { paired(&scratch, &args) } else { Vec::new() };
     std::fs::remove_dir_all(&scratch).unwrap();
     println!(
         "{:<30} {:>11} {:>10} {:>10} {:>9} {:>10} {:>10}",
@@ -368,9 +465,44 @@ fn main() {
             row.name, row.rotations.0, row.rotations.1
         );
     }
+    for row in rows.iter().filter(|row| row.drain_requests.iter().sum::<u64>() > 0) {
+        let drains: u64 = row.drain_requests.iter().sum();
+        let histogram: Vec<String> = DRAIN_REQUESTS_BUCKETS
+            .iter()
+            .zip(&row.drain_requests)
+            .filter(|(_, count)| **count > 0)
+            .map(|(bound, count)| {
+                let share = 100.0 * *count as f64 / drains as f64;
+                if *bound == u64::MAX {
+                    format!("more:{share:.0}%")
+                } else {
+                    format!("<={bound}:{share:.0}%")
+                }
+            })
+            .collect();
+        let (gathers, complete, wait_us) = row.gathers;
+        println!(
+            "{}: requests per drain {}; {gathers} gathers ({complete} complete, mean {:.0}us)",
+            row.name,
+            histogram.join(" "),
+            wait_us as f64 / gathers.max(1) as f64
+        );
+    }
     let (b, c, raw64, d) = (&rows[2], &rows[3], &rows[4], &rows[5]);
     println!("ratio (c)/(b) events/s: {:.1}x", c.events_per_s() / b.events_per_s());
     println!("ratio (d)/raw 64 KiB MB/s: {:.2}", d.mb_per_s() / raw64.mb_per_s());
     println!("ratio (e)/(b) events/s: {:.1}x", rows[6].events_per_s() / b.events_per_s());
     println!("ratio (d)/raw pre-zeroed 64 KiB MB/s: {:.2}", d.mb_per_s() / rows[8].mb_per_s());
+    if !pairs.is_empty() {
+        let shown: Vec<String> =
+            pairs.iter().map(|(one, many)| format!("{:.0}/{:.0}={:.1}x", many, one, many / one)).collect();
+        println!("(f) paired slices, {} in flight / 1 writer events/s: {}", args.threads, shown.join(" "));
+        println!(
+            "(f) paired: median 1 writer {:.0} events/s, median {} in flight {:.0} events/s, median ratio {:.1}x",
+            median(pairs.iter().map(|pair| pair.0).collect()),
+            args.threads,
+            median(pairs.iter().map(|pair| pair.1).collect()),
+            median(pairs.iter().map(|(one, many)| many / one).collect())
+        );
+    }
 }
