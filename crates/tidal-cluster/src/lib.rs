@@ -12,6 +12,7 @@ pub mod applier;
 pub mod commit_state;
 pub mod control;
 pub mod decide;
+pub mod files;
 pub mod replica;
 pub mod ship_feed;
 pub mod snapshot;

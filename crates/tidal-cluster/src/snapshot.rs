@@ -45,6 +45,7 @@ use tidal_wal::{QuarantineReport, Wal};
 use tokio_stream::{Stream, StreamExt};
 
 use crate::applier::ApplierSender;
+use crate::files::FileStep;
 
 /// Directory inside the data directory for snapshot files (served and received).
 pub const SNAPSHOT_DIR_NAME: &str = "snapshot";
@@ -382,9 +383,12 @@ async fn receive(
     let file = file.expect("the file is put back after every write");
     let dimension = local.db.config().dimension;
     blocking(move || {
-        file.sync_all().map_err(io("fsync incoming snapshot"))?;
         let installing = dir.join(INSTALL_FILE);
+        crate::files::step(FileStep::Fsync, &installing, &[]).map_err(io("fsync incoming snapshot"))?;
+        file.sync_all().map_err(io("fsync incoming snapshot"))?;
+        crate::files::step(FileStep::Rename, &installing, &[]).map_err(io("rename incoming snapshot"))?;
         std::fs::rename(&incoming, &installing).map_err(io("rename incoming snapshot"))?;
+        crate::files::step(FileStep::SyncDir, &installing, &[]).map_err(io("fsync snapshot directory"))?;
         sync_dir(&dir)?;
         let info = read_snapshot(open(&installing)?, dimension, &mut |_, _, _| Ok(()))?;
         if info.position != position {
@@ -514,12 +518,8 @@ impl InstallMarker {
 }
 
 fn write_marker(data_dir: &Path, marker: &InstallMarker) -> Result<(), InstallError> {
-    let tmp = data_dir.join(format!("{INSTALL_PENDING_FILE}.tmp"));
-    let mut file = File::create(&tmp).map_err(io("create install marker"))?;
-    file.write_all(&marker.encode()).map_err(io("write install marker"))?;
-    file.sync_all().map_err(io("fsync install marker"))?;
-    std::fs::rename(&tmp, data_dir.join(INSTALL_PENDING_FILE)).map_err(io("rename install marker"))?;
-    sync_dir(data_dir)
+    crate::files::write_then_rename(&data_dir.join(INSTALL_PENDING_FILE), &marker.encode())
+        .map_err(io("write install marker (write-then-rename)"))
 }
 
 fn read_marker(data_dir: &Path) -> Result<Option<InstallMarker>, InstallError> {

@@ -2,7 +2,7 @@
 //! message must not hang a queue).
 
 use crate::auth::SecretAttach;
-use crate::connector::{Connector, ShipTap};
+use crate::connector::{Connector, ControlTap, ShipTap};
 use crate::control::{check_raft_payload, Probe, ProbeReply, RaftCall};
 use crate::message::{Chunk, Pull, Ship, ShipAnswer, WireError, MESSAGE_BATCH_BYTES_MAX};
 use crate::pb;
@@ -50,6 +50,8 @@ pub struct Peer {
     address: String,
     /// The connector's ship tap (simulation only; `None` in production).
     ship_tap: Option<std::sync::Arc<dyn ShipTap>>,
+    /// The connector's control tap (simulation only; `None` in production).
+    control_tap: Option<std::sync::Arc<dyn ControlTap>>,
 }
 
 impl Peer {
@@ -88,6 +90,7 @@ impl Peer {
             cluster_id: cluster_id.to_string(),
             address: address.to_string(),
             ship_tap: connector.ship_tap(),
+            control_tap: connector.control_tap(),
         })
     }
 
@@ -214,6 +217,15 @@ impl Peer {
 
     /// Probes the peer for its last durable position in `probe.term`.
     pub async fn probe(&self, probe: &Probe, timeout: Duration) -> Result<ProbeReply, NetError> {
+        let answer = self.probe_once(probe, timeout).await;
+        if let Some(tap) = &self.control_tap {
+            let untapped = Peer { control_tap: None, ..self.clone() };
+            tap.probed(&untapped, probe, timeout);
+        }
+        answer
+    }
+
+    async fn probe_once(&self, probe: &Probe, timeout: Duration) -> Result<ProbeReply, NetError> {
         let mut request = tonic::Request::new(pb::ProbeRequest::from(probe));
         request.set_timeout(timeout);
         let reply = self.client.clone().probe(request).await?.into_inner();
@@ -222,6 +234,17 @@ impl Peer {
 
     /// Sends one openraft RPC and returns the encoded response.
     pub async fn raft(&self, call: RaftCall, timeout: Duration) -> Result<Vec<u8>, NetError> {
+        let Some(tap) = &self.control_tap else {
+            return self.raft_once(call, timeout).await;
+        };
+        let copy = call.clone();
+        let answer = self.raft_once(call, timeout).await;
+        let untapped = Peer { control_tap: None, ..self.clone() };
+        tap.raft_sent(&untapped, &copy, timeout);
+        answer
+    }
+
+    async fn raft_once(&self, call: RaftCall, timeout: Duration) -> Result<Vec<u8>, NetError> {
         check_raft_payload(&call.payload)?;
         let mut request = tonic::Request::new(pb::RaftRequest {
             cluster_id: self.cluster_id.clone(),

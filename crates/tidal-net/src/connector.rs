@@ -26,6 +26,8 @@ pub struct Connector {
     custom: Option<Arc<ConnectFn>>,
     /// Simulation only ([`Connector::with_ship_tap`]); `None` in production.
     ship_tap: Option<Arc<dyn ShipTap>>,
+    /// Simulation only ([`Connector::with_control_tap`]); `None` in production.
+    control_tap: Option<Arc<dyn ControlTap>>,
 }
 
 /// A simulation seam (harness/sim's duplicated and reordered delivery; production never sets
@@ -49,11 +51,33 @@ pub trait ShipTap: Send + Sync + 'static {
     }
 }
 
+/// A simulation seam for the control plane (harness/sim's duplicated and reordered delivery of
+/// openraft's RPCs and of the office probe; production never sets one), of the same kind as
+/// [`ShipTap`]: sees every openraft RPC ([`crate::Peer::raft`]) and every probe
+/// ([`crate::Peer::probe`]) a peer of this connector sent, once its answer (or error) is back, and
+/// may send copies of it again later through `untapped` (the same peer without the tap) as separate
+/// requests. The caller never sees those copies or their answers: its own call and answer are
+/// unchanged.
+pub trait ControlTap: Send + Sync + 'static {
+    /// The openraft RPC `call` was sent to `untapped.address()` with `timeout` and answered (or
+    /// failed).
+    fn raft_sent(&self, untapped: &crate::Peer, call: &crate::RaftCall, timeout: std::time::Duration);
+
+    /// `probe` was sent to `untapped.address()` with `timeout` and answered (or failed). The
+    /// default does nothing.
+    fn probed(&self, untapped: &crate::Peer, probe: &crate::Probe, timeout: std::time::Duration) {
+        let _ = (untapped, probe, timeout);
+    }
+}
+
 impl std::fmt::Debug for Connector {
     fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         formatter.write_str(if self.custom.is_some() { "Connector(custom)" } else { "Connector(tcp)" })?;
         if self.ship_tap.is_some() {
             formatter.write_str("+ship_tap")?;
+        }
+        if self.control_tap.is_some() {
+            formatter.write_str("+control_tap")?;
         }
         Ok(())
     }
@@ -62,7 +86,7 @@ impl std::fmt::Debug for Connector {
 impl Connector {
     /// The OS's TCP (what production uses).
     pub fn tcp() -> Connector {
-        Connector { custom: None, ship_tap: None }
+        Connector { custom: None, ship_tap: None, control_tap: None }
     }
 
     /// Connections opened by `connect`, called with the peer's `host:port`.
@@ -70,7 +94,7 @@ impl Connector {
     where
         F: Fn(String) -> ConnectFuture + Send + Sync + 'static,
     {
-        Connector { custom: Some(Arc::new(connect)), ship_tap: None }
+        Connector { custom: Some(Arc::new(connect)), ship_tap: None, control_tap: None }
     }
 
     /// The same connector whose peers report every ship to `tap` (simulation only, see
@@ -82,6 +106,17 @@ impl Connector {
 
     pub(crate) fn ship_tap(&self) -> Option<Arc<dyn ShipTap>> {
         self.ship_tap.clone()
+    }
+
+    /// The same connector whose peers report every openraft RPC and probe to `tap` (simulation
+    /// only, see [`ControlTap`]).
+    pub fn with_control_tap(mut self, tap: Arc<dyn ControlTap>) -> Connector {
+        self.control_tap = Some(tap);
+        self
+    }
+
+    pub(crate) fn control_tap(&self) -> Option<Arc<dyn ControlTap>> {
+        self.control_tap.clone()
     }
 
     pub(crate) fn custom(&self) -> Option<Service> {

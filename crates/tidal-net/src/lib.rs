@@ -15,7 +15,7 @@ pub mod server;
 pub mod snapshot_message;
 
 pub use client::{NetError, Peer};
-pub use connector::{Accepted, Connector, ShipTap};
+pub use connector::{Accepted, Connector, ControlTap, ShipTap};
 pub use control::{Probe, ProbeOutcome, ProbeReply, RaftCall, RAFT_PAYLOAD_BYTES_MAX};
 pub use message::{
     join_batches, split_batches, Chunk, ChunkOutcome, Pull, Ship, ShipAnswer, ShipOutcome, WireError,

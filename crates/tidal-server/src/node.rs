@@ -551,7 +551,6 @@ const INCARNATION_FILE: &str = "incarnation";
 /// Drawn from the time, the process id and the path through BLAKE3; persisted write-then-rename,
 /// fsynced, before the engine opens.
 fn incarnation(data_dir: &std::path::Path) -> anyhow::Result<u64> {
-    use std::io::Write;
     let path = data_dir.join(INCARNATION_FILE);
     let fresh_state = !data_dir.join("state").exists();
     if !fresh_state {
@@ -573,12 +572,8 @@ fn incarnation(data_dir: &std::path::Path) -> anyhow::Result<u64> {
     let mut first = [0u8; 8];
     first.copy_from_slice(&hash.as_bytes()[..8]);
     let incarnation = u64::from_le_bytes(first).max(1);
-    let temp = data_dir.join(format!("{INCARNATION_FILE}.tmp"));
-    let mut file = File::create(&temp).with_context(|| format!("create {}", temp.display()))?;
-    writeln!(file, "{incarnation}")?;
-    file.sync_all()?;
-    std::fs::rename(&temp, &path).with_context(|| format!("rename to {}", path.display()))?;
-    File::open(data_dir)?.sync_all()?;
+    tidal_cluster::files::write_then_rename(&path, format!("{incarnation}\n").as_bytes())
+        .with_context(|| format!("write {} (write-then-rename)", path.display()))?;
     tracing::info!(incarnation, "new CRDT incarnation for a fresh state");
     Ok(incarnation)
 }

@@ -130,6 +130,10 @@ pub enum Fault {
     Corrupt { who: Who, damage: Damage },
     /// The node's clock (the one its WAL stamps batches with) is off by `ms` for the window.
     ClockSkew { who: Who, ms: i64 },
+    /// Every node's small-file writes in its data dir (`files.rs`) fail at `step` for the window;
+    /// `who` (the leader) crashes and restarts at once, so a new leader writes its stream baseline.
+    /// A supervisor restarts every node whose write failed at the window's end.
+    FileFail { who: Who, step: tidal_cluster::files::FileStep },
 }
 
 impl Fault {
@@ -157,6 +161,12 @@ impl Fault {
             Fault::Corrupt { damage: Damage::TruncateSegment { .. }, .. } => "truncate_segment",
             Fault::Corrupt { damage: Damage::TruncateTail { .. }, .. } => "truncate_tail",
             Fault::ClockSkew { .. } => "clock_skew",
+            Fault::FileFail { step, .. } => match step {
+                tidal_cluster::files::FileStep::Write => "file_write_fail_window",
+                tidal_cluster::files::FileStep::Fsync => "file_fsync_fail_window",
+                tidal_cluster::files::FileStep::Rename => "file_rename_fail_window",
+                tidal_cluster::files::FileStep::SyncDir => "file_dirsync_fail_window",
+            },
         }
     }
 
@@ -178,6 +188,7 @@ impl Fault {
             Fault::DiskFull { who } => Fault::DiskFull { who: at(who) },
             Fault::Corrupt { who, damage } => Fault::Corrupt { who: at(who), damage },
             Fault::ClockSkew { who, ms } => Fault::ClockSkew { who: at(who), ms },
+            Fault::FileFail { who, step } => Fault::FileFail { who: at(who), step },
             other => other,
         }
     }

@@ -11,6 +11,7 @@
 pub mod check;
 pub mod crashpoint;
 pub mod faults;
+pub mod files;
 pub mod history;
 pub mod http;
 pub mod net;
@@ -26,6 +27,7 @@ use std::rc::Rc;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
+use tidal_cluster::files::FileStep;
 use tidal_cluster::{ClusterSpec, ControlTiming, Durability, NodeSpec};
 use tidal_server::config::{ClusterMembership, NodeIo, ServeArgs, ServeConfig};
 use tidal_types::NodeId;
@@ -93,6 +95,9 @@ pub struct Scenario {
     /// Whether the seed may turn on duplicated and reordered delivery of ships (`redeliver.rs`;
     /// classes and rates drawn per seed from a stream of their own).
     pub redelivery: bool,
+    /// Whether the seed may fail writes, fsyncs and renames of the data dir's small files
+    /// (`files.rs`; drawn per seed from a stream of its own).
+    pub file_faults: bool,
 }
 
 const fn swarm(kinds: &'static [Kind], window_ms: (u64, u64), network_noise: bool) -> Faults {
@@ -123,6 +128,7 @@ impl Scenario {
             rename_errors: false,
             embeddings: false,
             redelivery: false,
+            file_faults: false,
         };
         vec![
             base.clone(),
@@ -241,6 +247,7 @@ impl Scenario {
                 writes_max: 120,
                 segment_bytes_max: 4096,
                 item_pad: 100,
+                file_faults: true,
                 ..base
             },
         ]
@@ -391,7 +398,20 @@ pub struct SimulatedCluster {
     pub start_delays: Vec<Duration>,
     /// Each node's ship tap (duplicated and reordered delivery), when the run has one.
     pub redelivery: Vec<Option<redeliver::Redelivery>>,
+    /// Each node's injector for its data dir's small files (registered only by runs that draw
+    /// file faults, see [`SimulatedCluster::register_file_faults`]).
+    pub files: Vec<files::DataDirFaults>,
+    /// How many times each node's process started (bumped as its host starts `run_on`).
+    pub starts: Vec<Arc<AtomicU64>>,
     _root: tempfile::TempDir,
+}
+
+impl Drop for SimulatedCluster {
+    fn drop(&mut self) {
+        for dir in &self.data_dirs {
+            tidal_cluster::files::register_faults(dir, None);
+        }
+    }
 }
 
 impl SimulatedCluster {
@@ -414,6 +434,7 @@ impl SimulatedCluster {
         let data_dirs = (1..=nodes).map(|id| root.path().join(format!("n{id}"))).collect();
         let elapsed = Arc::new(AtomicU64::new(0));
         let wal_io: Vec<SimIo> = (0..nodes).map(|_| SimIo::new()).collect();
+        let starts: Vec<Arc<AtomicU64>> = (0..nodes).map(|_| Arc::default()).collect();
         Ok(SimulatedCluster {
             spec,
             points: wal_io.iter().map(|io| crashpoint::CrashPointIo::new(io.clone())).collect(),
@@ -426,6 +447,8 @@ impl SimulatedCluster {
             segment_bytes_max: 16 * 1024,
             start_delays: vec![Duration::ZERO; nodes],
             redelivery: vec![None; nodes],
+            files: starts.iter().map(|starts| files::DataDirFaults::new(starts.clone())).collect(),
+            starts,
             _root: root,
         })
     }
@@ -452,6 +475,9 @@ impl SimulatedCluster {
             wal_files: Arc::new(self.points[index].clone()),
             wal_clock: Arc::new(self.clocks[index].clone()),
             connector: match &self.redelivery[index] {
+                Some(tap) if tap.rates().control_any() => net::connector()
+                    .with_ship_tap(Arc::new(tap.clone()))
+                    .with_control_tap(Arc::new(tap.clone())),
                 Some(tap) => net::connector().with_ship_tap(Arc::new(tap.clone())),
                 None => net::connector(),
             },
@@ -459,6 +485,13 @@ impl SimulatedCluster {
             apply_probe: Some(Arc::new(self.points[index].clone())),
         };
         Ok(config)
+    }
+
+    /// Registers each node's file-fault injector for its data dir (`tidal_cluster::files`).
+    pub fn register_file_faults(&self) {
+        for (dir, faults) in self.data_dirs.iter().zip(&self.files) {
+            tidal_cluster::files::register_faults(dir, Some(Arc::new(faults.clone())));
+        }
     }
 
     /// Registers every node as a host of `sim`. A node whose `run_on` fails is recorded in
@@ -475,9 +508,11 @@ impl SimulatedCluster {
             let config = self.config(index)?;
             let exits = self.exits.clone();
             let delay = self.start_delays[index];
+            let starts = self.starts[index].clone();
             sim.host(format!("n{}", index + 1), move || {
                 let config = config.clone();
                 let exits = exits.clone();
+                starts.fetch_add(1, Ordering::SeqCst);
                 async move {
                     if !delay.is_zero() {
                         // Process start-up time (simulated), not a synchronization.
@@ -552,6 +587,10 @@ struct Driver<'a> {
     point_node: Option<usize>,
     /// An exit of this node is its crash point's death, not a violation.
     point_exit_ok: Option<usize>,
+    /// Refusals to start on a failed write of the CRDT incarnation (`files.rs`), by node.
+    file_refusals: Vec<usize>,
+    /// The file-fault window's state.
+    file_window: FileWindow,
 }
 
 impl Driver<'_> {
@@ -636,6 +675,7 @@ impl Driver<'_> {
                 self.bounces.push((now + RESTART_DELAY, node));
             }
             Fault::ClockSkew { who, ms } => cluster.clocks[who.node()].skew.store(*ms, Ordering::SeqCst),
+            Fault::FileFail { who, step } => self.open_file_window(sim, *step, who.node(), now),
         }
     }
 
@@ -710,15 +750,27 @@ impl Driver<'_> {
                 }
             }
             Fault::ClockSkew { who, .. } => self.cluster.clocks[who.node()].skew.store(0, Ordering::SeqCst),
+            Fault::FileFail { .. } => self.close_file_window(sim, now),
         }
         true
     }
 
     /// Judges host exits since the last call: a refusal to start on a damaged WAL is expected,
     /// anything else is a violation.
-    fn judge_exits(&mut self, offset: Duration) {
+    fn judge_exits(&mut self, now: Duration, offset: Duration) {
         let exits = self.cluster.exits.borrow();
         for (node, error) in exits.iter().skip(self.exits_seen) {
+            let incarnation_failed =
+                self.cluster.files[*node].failed().iter().any(|failed| failed.file == "incarnation");
+            if incarnation_failed && error.contains("simulated file error") {
+                // A node that could not write its CRDT incarnation must not start (fail closed);
+                // the supervisor starts it again.
+                self.file_refusals.push(*node);
+                self.counters.bump("file_fail_closed_start");
+                self.trace.push(format!("{} ms n{} refused to start: {error}", offset.as_millis(), node + 1));
+                self.bounces.push((now + RESTART_DELAY, *node));
+                continue;
+            }
             if self.cluster.points[*node].renames_failed() > 0 && error.contains("simulated rename error") {
                 // Failing closed on a failed rename (e.g. at start-up, recovery writing `wal.meta`)
                 // is what the node must do; the supervisor restarts it at the heal.
@@ -803,6 +855,40 @@ impl Driver<'_> {
         self.bounces.push((now + downtime, node));
     }
 
+    /// Opens the file-fault window: every node's small-file writes fail at `step` from now on,
+    /// and the leader crashes (restarted shortly), so a new leader writes its stream baseline.
+    fn open_file_window(&mut self, sim: &mut turmoil::Sim<'_>, step: FileStep, leader: usize, now: Duration) {
+        self.file_window.opened = true;
+        self.file_window.failed_before =
+            self.cluster.files.iter().map(|faults| faults.failed().len()).collect();
+        for faults in &self.cluster.files {
+            faults.fail(Some(step));
+        }
+        if sim.is_host_running(host_name(leader)) {
+            self.crash_and_restart(sim, leader, CrashMode::LoseUnsynced, now);
+        }
+    }
+
+    /// Closes the file-fault window: writes succeed again, and a supervisor restarts every node
+    /// whose write failed meanwhile (it failed closed; the restart must recover).
+    fn close_file_window(&mut self, sim: &mut turmoil::Sim<'_>, now: Duration) {
+        if !self.file_window.opened || self.file_window.closed {
+            return;
+        }
+        self.file_window.closed = true;
+        for (node, faults) in self.cluster.files.iter().enumerate() {
+            faults.fail(None);
+            let before = self.file_window.failed_before.get(node).copied().unwrap_or(0);
+            let failed = faults.failed().len().saturating_sub(before);
+            self.file_window.failures += failed;
+            let restarting = self.bounces.iter().any(|(_, due)| *due == node);
+            if failed > 0 && !restarting && sim.is_host_running(host_name(node)) {
+                self.trace.push(format!("n{}: {failed} file writes failed; supervisor restart", node + 1));
+                self.crash_and_restart(sim, node, CrashMode::LoseUnsynced, now);
+            }
+        }
+    }
+
     /// Restarts that are due.
     fn bounce_due(&mut self, sim: &mut turmoil::Sim<'_>, now: Duration) {
         let due: Vec<usize> =
@@ -813,6 +899,75 @@ impl Driver<'_> {
                 sim.bounce(host_name(node));
             }
         }
+    }
+}
+
+/// The file-fault window's state in a run.
+#[derive(Default)]
+struct FileWindow {
+    opened: bool,
+    closed: bool,
+    /// Each node's failed steps before it opened.
+    failed_before: Vec<usize>,
+    /// Failed steps while it was open.
+    failures: usize,
+}
+
+/// The per-run checks of the file faults: a node whose stream baseline of term T could not be
+/// written never acknowledged a write of term T in that process (it did not serve); a node whose CRDT incarnation
+/// could not be written refused to start. Counts every failed step by class.
+#[allow(clippy::too_many_arguments)]
+fn check_file_faults(
+    cluster: &SimulatedCluster,
+    plan: &files::FilePlan,
+    window: &FileWindow,
+    refusals: &[usize],
+    (acks, ack_starts): (&[workload::Ack], &[u64]),
+    logs: &[check::LogMap],
+    counters: &mut Counters,
+    violations: &mut Vec<String>,
+) {
+    let term_at = |node: usize, seqno: u64| {
+        logs.get(node)?
+            .range(..=seqno)
+            .next_back()
+            .filter(|(_, (_, last, _))| *last >= seqno)
+            .map(|(_, (term, _, _))| *term)
+    };
+    for (node, faults) in cluster.files.iter().enumerate() {
+        for failed in faults.failed() {
+            counters.bump(files::class(&failed));
+            let Some(term) = failed.term else { continue };
+            // An ack the driver saw (after the step it came in) while the node ran the process whose
+            // write failed; a later process may serve the term (it resumed it and wrote the file).
+            let served = acks.iter().zip(ack_starts).find(|(ack, start)| {
+                ack.node == node && **start == failed.start && term_at(node, ack.seqno) == Some(term)
+            });
+            match served.map(|(ack, _)| ack) {
+                Some(ack) => violations.push(format!(
+                    "file faults: n{} acknowledged write {} (seqno {}) in term {term} although its stream baseline of that term was not written ({:?} failed)",
+                    node + 1,
+                    ack.id,
+                    ack.seqno,
+                    failed.step
+                )),
+                None => counters.bump("file_refused_office"),
+            }
+        }
+    }
+    if let Some((node, _)) = plan.boot {
+        let failed = cluster.files[node].failed().iter().any(|failed| failed.file == "incarnation");
+        if !failed {
+            counters.bump("file_boot_unreached");
+        } else if !refusals.contains(&node) {
+            violations.push(format!(
+                "file faults: n{} did not refuse to start although writing its CRDT incarnation failed",
+                node + 1
+            ));
+        }
+    }
+    if window.opened && window.failures == 0 {
+        counters.bump("file_window_unreached");
     }
 }
 
@@ -837,8 +992,16 @@ pub fn run(seed: u64, scenario: &Scenario) -> anyhow::Result<Outcome> {
     // `TIDAL_SIM_REDELIVERY=0` turns duplicated and reordered delivery off (to compare a plant's
     // catch rate with and without it).
     let redelivery_off = std::env::var_os("TIDAL_SIM_REDELIVERY").is_some_and(|value| value == "0");
+    // `TIDAL_SIM_CONTROL_REDELIVERY=0` turns off only the control-plane classes (openraft's RPCs
+    // and the office probe).
+    let control_off = std::env::var_os("TIDAL_SIM_CONTROL_REDELIVERY").is_some_and(|value| value == "0");
     let redelivery = if scenario.redelivery && !redelivery_off {
-        redeliver::Rates::draw(seed)
+        let rates = redeliver::Rates::draw(seed);
+        if control_off {
+            rates.without_control()
+        } else {
+            rates
+        }
     } else {
         redeliver::Rates::default()
     };
@@ -846,6 +1009,29 @@ pub fn run(seed: u64, scenario: &Scenario) -> anyhow::Result<Outcome> {
         cluster.redelivery = (0..scenario.nodes)
             .map(|node| Some(redeliver::Redelivery::new(redelivery, seed ^ 0x7a9 ^ ((node as u64) << 40))))
             .collect();
+    }
+    // File faults (`disk`): a window in which every node's small-file writes fail at a drawn step,
+    // and a failed first start. `TIDAL_SIM_FILE_FAULTS=0` turns them off.
+    let file_faults_off = std::env::var_os("TIDAL_SIM_FILE_FAULTS").is_some_and(|value| value == "0");
+    let file_plan = if scenario.file_faults && !file_faults_off {
+        files::FilePlan::draw(seed, scenario.nodes)
+    } else {
+        files::FilePlan::default()
+    };
+    if file_plan.any() {
+        cluster.register_file_faults();
+    }
+    let mut plan = plan;
+    if let Some((pick, step)) = file_plan.window {
+        // One window of the plan (picked by the file stream) becomes the file-fault window: it
+        // keeps that window's time, and every other window stays as drawn.
+        if !plan.windows.is_empty() {
+            let index = usize::try_from(pick % plan.windows.len() as u64).unwrap_or(0);
+            plan.windows[index].fault = Fault::FileFail { who: faults::Who::Leader, step };
+        }
+    }
+    if let Some((node, step)) = file_plan.boot {
+        cluster.files[node].fail_boot(step);
     }
     let limit = scenario.load + scenario.converge_deadline + Duration::from_secs(120);
     let mut sim = turmoil::Builder::new()
@@ -882,6 +1068,8 @@ pub fn run(seed: u64, scenario: &Scenario) -> anyhow::Result<Outcome> {
         exits_seen: 0,
         point_node: None,
         point_exit_ok: None,
+        file_refusals: Vec::new(),
+        file_window: FileWindow::default(),
     };
     if plan.fail_rate > 0.0 {
         driver.counters.bump("flaky_links");
@@ -892,8 +1080,12 @@ pub fn run(seed: u64, scenario: &Scenario) -> anyhow::Result<Outcome> {
     let plan_hash = blake3::hash(format!("{plan:?} {redelivery:?}").as_bytes()).to_hex()[..16].to_string();
     driver.trace.push(format!("plan {plan_hash}"));
     if redelivery.any() {
-        driver.trace.push(format!("redelivery of ships: {redelivery:?}"));
+        driver.trace.push(format!("redelivery: {redelivery:?}"));
     }
+    if file_plan.any() {
+        driver.trace.push(format!("file faults: {file_plan:?}"));
+    }
+    let mut ack_starts: Vec<u64> = Vec::new();
     let mut pending = plan.windows.clone();
     pending.reverse();
     // The open window, with its faults resolved to nodes.
@@ -915,7 +1107,7 @@ pub fn run(seed: u64, scenario: &Scenario) -> anyhow::Result<Outcome> {
         }
         let offset = load_started.map_or(Duration::ZERO, |start| now - start);
         driver.point_reached(&mut sim, now, offset, scenario.point_downtime, scenario.rename_errors);
-        driver.judge_exits(offset);
+        driver.judge_exits(now, offset);
         if let Some(point) = &scenario.crash_point {
             if driver.point_node.is_none() && load_started.is_some() && offset >= scenario.arm_after {
                 let leader = {
@@ -992,7 +1184,16 @@ pub fn run(seed: u64, scenario: &Scenario) -> anyhow::Result<Outcome> {
             }
             _ => {}
         }
-        match sim.step() {
+        let stepped = sim.step();
+        {
+            // Each new acknowledgement, stamped with the answering node's process start (right
+            // after the step it came in, before the driver restarts anything).
+            let shared = shared.borrow();
+            for ack in shared.acks.iter().skip(ack_starts.len()) {
+                ack_starts.push(cluster.starts[ack.node].load(Ordering::SeqCst));
+            }
+        }
+        match stepped {
             Ok(true) => break,
             Ok(false) => {}
             Err(error) => {
@@ -1003,14 +1204,14 @@ pub fn run(seed: u64, scenario: &Scenario) -> anyhow::Result<Outcome> {
     }
     let simulated = sim.elapsed();
     let offset = simulated - load_started.unwrap_or_default();
-    driver.judge_exits(offset);
+    driver.judge_exits(simulated, offset);
     let crash_point_fired = driver.point_node.and_then(|node| cluster.points[node].fired());
     for points in &cluster.points {
         for _ in 0..points.renames_failed() {
             driver.counters.bump("rename_fail");
         }
     }
-    let Driver { mut counters, trace, mut violations, .. } = driver;
+    let Driver { mut counters, trace, mut violations, file_refusals, file_window, .. } = driver;
     drop(sim);
     for (node, tap) in cluster.redelivery.iter().enumerate() {
         let Some(tap) = tap else { continue };
@@ -1056,6 +1257,16 @@ pub fn run(seed: u64, scenario: &Scenario) -> anyhow::Result<Outcome> {
         ));
     }
     let shared = Rc::try_unwrap(shared).map(RefCell::into_inner).unwrap_or_else(|rc| rc.borrow().clone());
+    check_file_faults(
+        &cluster,
+        &file_plan,
+        &file_window,
+        &file_refusals,
+        (&shared.acks, &ack_starts),
+        &logs,
+        &mut counters,
+        &mut violations,
+    );
     // Invariant 4 (observed): at most one leader per term.
     for (term, leaders) in &shared.leaders {
         if leaders.len() > 1 {

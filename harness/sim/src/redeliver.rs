@@ -23,7 +23,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tidal_net::{Chunk, Peer, Ship, ShipOutcome};
+use tidal_net::{Chunk, Peer, Probe, ProbeOutcome, RaftCall, Ship, ShipOutcome};
 
 /// Per-seed rates (0: the class is off).
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
@@ -41,12 +41,31 @@ pub struct Rates {
     /// Probability that a copy of a pulled chunk is held and handed to the puller after the 1st to
     /// `hold_max`-th later chunk from the same node (a later pull's, if this one ended first).
     pub chunk_reorder: f64,
+    /// Probability that a control-plane call (an openraft RPC: vote, append-entries,
+    /// install-snapshot; or an office probe) is sent again after a drawn delay.
+    pub control_duplicate: f64,
+    /// Probability that a copy of a control-plane call is held and sent after the 1st to
+    /// `control_hold_max`-th later call to the same node.
+    pub control_reorder: f64,
+    /// Longest delay of a control-plane duplicate (ms).
+    pub control_delay_max_ms: u64,
+    /// Most later calls a reordered control-plane copy waits for.
+    pub control_hold_max: u64,
 }
 
 impl Rates {
     /// Whether any class is on.
     pub fn any(&self) -> bool {
-        self.duplicate > 0.0 || self.reorder > 0.0 || self.chunk_duplicate > 0.0 || self.chunk_reorder > 0.0
+        self.duplicate > 0.0
+            || self.reorder > 0.0
+            || self.chunk_duplicate > 0.0
+            || self.chunk_reorder > 0.0
+            || self.control_any()
+    }
+
+    /// Whether a control-plane class is on.
+    pub fn control_any(&self) -> bool {
+        self.control_duplicate > 0.0 || self.control_reorder > 0.0
     }
 
     /// Swarm draw: each class on with probability 0.6, its rate 2-30 %.
@@ -65,7 +84,28 @@ impl Rates {
         // Drawn after the ship rates, so a seed keeps the ship rates it had before chunks were tapped.
         let chunk_duplicate = rate(&mut rng);
         let chunk_reorder = rate(&mut rng);
-        Rates { duplicate, reorder, delay_max_ms, hold_max, chunk_duplicate, chunk_reorder }
+        // The control-plane classes from a stream of their own: a seed keeps every rate above.
+        let mut control = Rng::new(seed ^ 0x0c07_7401_5eed_0000);
+        let control_duplicate = rate(&mut control);
+        let control_reorder = rate(&mut control);
+        let (control_delay_max_ms, control_hold_max) = (control.range(50, 3000), control.range(1, 21));
+        Rates {
+            duplicate,
+            reorder,
+            delay_max_ms,
+            hold_max,
+            chunk_duplicate,
+            chunk_reorder,
+            control_duplicate,
+            control_reorder,
+            control_delay_max_ms,
+            control_hold_max,
+        }
+    }
+
+    /// The same rates without the control-plane classes (`TIDAL_SIM_CONTROL_REDELIVERY=0`).
+    pub fn without_control(self) -> Rates {
+        Rates { control_duplicate: 0.0, control_reorder: 0.0, ..self }
     }
 }
 
@@ -85,8 +125,27 @@ struct HeldChunk {
     chunk: Chunk,
 }
 
+/// A held copy of a control-plane call.
+struct HeldCall {
+    /// Later calls to the same node to wait for.
+    later: u64,
+    call: Call,
+}
+
+/// A control-plane call the tap may send again.
+#[derive(Clone)]
+enum Call {
+    Raft { call: RaftCall, timeout: Duration },
+    Probe { probe: Probe, timeout: Duration },
+}
+
 struct State {
     rng: Rng,
+    /// The control-plane classes' choices (a stream of their own, so the ship choices of a seed
+    /// stay as they were; both follow the order the calls happen in).
+    control_rng: Rng,
+    /// Copies of control-plane calls, by target address.
+    held_calls: HashMap<String, Vec<HeldCall>>,
     /// By follower address.
     held: HashMap<String, Vec<Held>>,
     /// Copies of pulled chunks, by the address they were pulled from.
@@ -115,6 +174,8 @@ impl Redelivery {
             enabled: AtomicBool::new(rates.any()),
             state: Mutex::new(State {
                 rng: Rng::new(seed),
+                control_rng: Rng::new(seed ^ 0x0c07_7401),
+                held_calls: HashMap::new(),
                 held: HashMap::new(),
                 held_chunks: HashMap::new(),
                 counts: BTreeMap::new(),
@@ -134,6 +195,7 @@ impl Redelivery {
         let mut state = self.lock();
         state.held.clear();
         state.held_chunks.clear();
+        state.held_calls.clear();
     }
 
     /// Copies sent and their answers, by class.
@@ -194,6 +256,176 @@ impl Redelivery {
             };
             *this.lock().counts.entry(answer).or_default() += 1;
         });
+    }
+}
+
+impl Redelivery {
+    /// A control-plane call was answered: maybe hold a copy, maybe send one again after a delay,
+    /// and release the held copies whose turn came.
+    fn control_sent(&self, untapped: &Peer, call: Call) {
+        if !self.0.enabled.load(Ordering::SeqCst) {
+            return;
+        }
+        let rates = self.0.rates;
+        if !rates.control_any() {
+            return;
+        }
+        let (released, duplicate) = {
+            let mut state = self.lock();
+            let state = &mut *state;
+            let held = state.held_calls.entry(untapped.address().to_string()).or_default();
+            for copy in held.iter_mut() {
+                copy.later = copy.later.saturating_sub(1);
+            }
+            let (released, kept): (Vec<HeldCall>, Vec<HeldCall>) =
+                held.drain(..).partition(|copy| copy.later == 0);
+            *held = kept;
+            if held.len() < HELD_MAX && state.control_rng.chance(rates.control_reorder) {
+                let later = state.control_rng.range(1, rates.control_hold_max + 1);
+                held.push(HeldCall { later, call: call.clone() });
+            }
+            let duplicate = state
+                .control_rng
+                .chance(rates.control_duplicate)
+                .then(|| Duration::from_millis(state.control_rng.range(0, rates.control_delay_max_ms + 1)));
+            (released, duplicate)
+        };
+        for copy in released {
+            self.send_call(untapped.clone(), copy.call, Duration::ZERO, "reorder");
+        }
+        if let Some(delay) = duplicate {
+            self.send_call(untapped.clone(), call, delay, "duplicate");
+        }
+    }
+
+    /// Sends a copy of a control-plane call after `delay` as a separate request; its answer is
+    /// only counted (`raft_copy_<kind>_<answer>`, `probe_copy_<answer>`).
+    fn send_call(&self, peer: Peer, call: Call, delay: Duration, how: &'static str) {
+        let this = self.clone();
+        tokio::spawn(async move {
+            if !delay.is_zero() {
+                // The copy's time in the network (simulated), not a synchronization.
+                tokio::time::sleep(delay).await;
+            }
+            if !this.0.enabled.load(Ordering::SeqCst) {
+                return;
+            }
+            let class = match (&call, how) {
+                (Call::Raft { .. }, "duplicate") => "raft_duplicate",
+                (Call::Raft { .. }, _) => "raft_reorder",
+                (Call::Probe { .. }, "duplicate") => "probe_duplicate",
+                (Call::Probe { .. }, _) => "probe_reorder",
+            };
+            *this.lock().counts.entry(class).or_default() += 1;
+            let answer = match call {
+                Call::Raft { call, timeout } => {
+                    let kind = call.kind.clone();
+                    let request = serde_json::from_slice::<serde_json::Value>(&call.payload).ok();
+                    match peer.raft(call, timeout).await {
+                        Ok(reply) => {
+                            let reply = serde_json::from_slice::<serde_json::Value>(&reply).ok();
+                            let (answer, stale) = raft_answer(&kind, request.as_ref(), reply.as_ref());
+                            if let Some(what) = stale {
+                                this.lock().halts.push(format!("{}: {what}", peer.address()));
+                            }
+                            answer
+                        }
+                        Err(_) => "raft_copy_lost",
+                    }
+                }
+                Call::Probe { probe, timeout } => match peer.probe(&probe, timeout).await {
+                    // The answerer's position is only for the prober's own term.
+                    Ok(reply)
+                        if matches!(reply.outcome, ProbeOutcome::Position { .. })
+                            && reply.term != probe.term =>
+                    {
+                        this.lock().halts.push(format!(
+                            "{}: answered a probe of term {} with its position while in term {}",
+                            peer.address(),
+                            probe.term,
+                            reply.term
+                        ));
+                        "probe_copy_wrong_term"
+                    }
+                    Ok(reply) => match reply.outcome {
+                        ProbeOutcome::Position { .. } => "probe_copy_position",
+                        ProbeOutcome::Fenced => "probe_copy_fenced",
+                        ProbeOutcome::NotYet => "probe_copy_not_yet",
+                    },
+                    Err(_) => "probe_copy_lost",
+                },
+            };
+            *this.lock().counts.entry(answer).or_default() += 1;
+        });
+    }
+}
+
+/// The term of an openraft vote (`{"leader_id": {"term": T, ..}, ..}`) at `pointer` in `value`.
+fn vote_term(value: &serde_json::Value, pointer: &str) -> Option<u64> {
+    value.pointer(pointer)?.as_u64()
+}
+
+/// Classifies the answer to a copy of an openraft RPC (openraft's `Result<Response, RaftError>`
+/// in JSON), and says what it must never be: a vote granted by a node whose own vote is of a
+/// later term than the copy's (an older term's candidate elected after the fact).
+fn raft_answer(
+    kind: &str,
+    request: Option<&serde_json::Value>,
+    reply: Option<&serde_json::Value>,
+) -> (&'static str, Option<String>) {
+    let Some(reply) = reply else { return ("raft_copy_undecodable", None) };
+    if reply.get("Err").is_some() {
+        return (
+            match kind {
+                "vote" => "raft_copy_vote_error",
+                "append" => "raft_copy_append_error",
+                _ => "raft_copy_snapshot_error",
+            },
+            None,
+        );
+    }
+    let Some(ok) = reply.get("Ok") else { return ("raft_copy_undecodable", None) };
+    match kind {
+        "vote" => {
+            let granted = ok.get("vote_granted").and_then(serde_json::Value::as_bool).unwrap_or(false);
+            if !granted {
+                return ("raft_copy_vote_refused", None);
+            }
+            let asked = request.and_then(|request| vote_term(request, "/vote/leader_id/term"));
+            let holds = vote_term(ok, "/vote/leader_id/term");
+            match (asked, holds) {
+                (Some(asked), Some(holds)) if holds > asked => (
+                    "raft_copy_vote_granted_stale",
+                    Some(format!("granted a vote of term {asked} while its own vote is of term {holds}")),
+                ),
+                _ => ("raft_copy_vote_granted", None),
+            }
+        }
+        "append" => (
+            match ok {
+                serde_json::Value::String(answer) if answer == "Success" => "raft_copy_append_success",
+                serde_json::Value::String(answer) if answer == "Conflict" => "raft_copy_append_conflict",
+                serde_json::Value::Object(answer) if answer.contains_key("PartialSuccess") => {
+                    "raft_copy_append_partial"
+                }
+                serde_json::Value::Object(answer) if answer.contains_key("HigherVote") => {
+                    "raft_copy_append_higher_vote"
+                }
+                _ => "raft_copy_append_other",
+            },
+            None,
+        ),
+        _ => ("raft_copy_snapshot_ok", None),
+    }
+}
+
+impl tidal_net::ControlTap for Redelivery {
+    fn raft_sent(&self, untapped: &Peer, call: &RaftCall, timeout: Duration) {
+        self.control_sent(untapped, Call::Raft { call: call.clone(), timeout });
+    }
+
+    fn probed(&self, untapped: &Peer, probe: &Probe, timeout: Duration) {
+        self.control_sent(untapped, Call::Probe { probe: probe.clone(), timeout });
     }
 }
 

@@ -330,18 +330,12 @@ impl Replica {
         Ok(appended.last)
     }
 
-    /// Writes `data_dir/stream_baseline` (`term baseline`), by write-then-rename, fsynced.
+    /// Writes `data_dir/stream_baseline` (`term baseline`), by write-then-rename, fsynced. An
+    /// error ends the office before it serves (the caller returns it: fail closed).
     fn persist_baseline(&self, term: Term, baseline: TermSeqno) -> Result<(), String> {
-        use std::io::Write;
         let path = self.data_dir.join(STREAM_BASELINE_FILE);
-        let temp = self.data_dir.join(format!("{STREAM_BASELINE_FILE}.tmp"));
-        let write = || -> std::io::Result<()> {
-            let mut file = std::fs::File::create(&temp)?;
-            writeln!(file, "{} {}", term.get(), baseline.seqno.get())?;
-            file.sync_all()?;
-            std::fs::rename(&temp, &path)?;
-            std::fs::File::open(&self.data_dir)?.sync_all()
-        };
-        write().map_err(|e| format!("persist {}: {e}", path.display()))
+        let contents = format!("{} {}\n", term.get(), baseline.seqno.get());
+        crate::files::write_then_rename(&path, contents.as_bytes())
+            .map_err(|e| format!("persist {}: {e}", path.display()))
     }
 }
