@@ -17,6 +17,9 @@
 //! Each waits until the writer has prepared its next segment before the clock starts (the steady
 //! state: a segment is normally prepared long before it is needed).
 //!
+//! After the table: per writer phase, the share of drains (fsyncs) by the requests they covered,
+//! and the adaptive gather's waits (decisions/021; `TIDAL_WAL_GATHER_MIN=0` turns it off).
+//!
 //! Numbers depend entirely on the disk: run it on the disk the data will live on.
 
 // A benchmark binary: failing loudly on a broken setup is what we want.
@@ -31,6 +34,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tidal_types::RecordKind;
+use tidal_wal::stats::DRAIN_REQUESTS_BUCKETS;
 use tidal_wal::{AppendRequest, NoopHook, StdIo, SystemClock, Wal, WalConfig};
 
 const USAGE: &str = "\
@@ -86,6 +90,10 @@ struct Row {
     latencies_us: Vec<u32>,
     /// Segment rotations, and how many of them found no prepared segment (writer phases).
     rotations: (u64, u64),
+    /// Writer phases: drains per bucket of `DRAIN_REQUESTS_BUCKETS` (requests covered by one fsync).
+    drain_requests: Vec<u64>,
+    /// Writer phases: gather waits, those that saw every writer back, and their total µs.
+    gathers: (u64, u64, u64),
 }
 
 impl Row {
@@ -170,14 +178,23 @@ fn timed_syncs(
         elapsed,
         latencies_us,
         rotations: (0, 0),
+        drain_requests: Vec::new(),
+        gathers: (0, 0, 0),
     }
 }
 
-/// The writer phases' config: the defaults, preallocation off with `TIDAL_WAL_PREALLOCATE=0`.
+/// The writer phases' config: the defaults, preallocation off with `TIDAL_WAL_PREALLOCATE=0`, the
+/// adaptive gather set by `TIDAL_WAL_GATHER_MIN` (0: off) and `TIDAL_WAL_GATHER_WAIT_US`.
 fn wal_config(wal_dir: &Path) -> WalConfig {
     let mut config = WalConfig::new(wal_dir);
     if std::env::var("TIDAL_WAL_PREALLOCATE").is_ok_and(|value| value == "0") {
         config.preallocate_bytes = 0;
+    }
+    if let Some(min) = std::env::var("TIDAL_WAL_GATHER_MIN").ok().and_then(|value| value.parse().ok()) {
+        config.gather_min_requests = min;
+    }
+    if let Some(us) = std::env::var("TIDAL_WAL_GATHER_WAIT_US").ok().and_then(|value| value.parse().ok()) {
+        config.gather_wait_max = Duration::from_micros(us);
     }
     config
 }
@@ -230,6 +247,8 @@ fn writer(dir: &Path, name: &str, threads: usize, size: usize, args: &Args) -> R
         bytes: stats.bytes,
         elapsed,
         latencies_us,
+        drain_requests: stats.drain_requests_buckets.to_vec(),
+        gathers: (stats.gathers, stats.gathers_complete, stats.gather_wait_us_sum),
     }
 }
 
@@ -301,6 +320,8 @@ fn writer_chained(dir: &Path, name: &str, in_flight: usize, size: usize, args: &
         bytes: stats.bytes,
         elapsed,
         latencies_us,
+        drain_requests: stats.drain_requests_buckets.to_vec(),
+        gathers: (stats.gathers, stats.gathers_complete, stats.gather_wait_us_sum),
     }
 }
 
@@ -366,6 +387,29 @@ fn main() {
         println!(
             "{}: {} rotations, {} without a prepared segment",
             row.name, row.rotations.0, row.rotations.1
+        );
+    }
+    for row in rows.iter().filter(|row| row.drain_requests.iter().sum::<u64>() > 0) {
+        let drains: u64 = row.drain_requests.iter().sum();
+        let histogram: Vec<String> = DRAIN_REQUESTS_BUCKETS
+            .iter()
+            .zip(&row.drain_requests)
+            .filter(|(_, count)| **count > 0)
+            .map(|(bound, count)| {
+                let share = 100.0 * *count as f64 / drains as f64;
+                if *bound == u64::MAX {
+                    format!("more:{share:.0}%")
+                } else {
+                    format!("<={bound}:{share:.0}%")
+                }
+            })
+            .collect();
+        let (gathers, complete, wait_us) = row.gathers;
+        println!(
+            "{}: requests per drain {}; {gathers} gathers ({complete} complete, mean {:.0}us)",
+            row.name,
+            histogram.join(" "),
+            wait_us as f64 / gathers.max(1) as f64
         );
     }
     let (b, c, raw64, d) = (&rows[2], &rows[3], &rows[4], &rows[5]);

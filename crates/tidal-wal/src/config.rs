@@ -4,6 +4,7 @@
 //! that could never be written would be a livelock.
 
 use std::path::PathBuf;
+use std::time::Duration;
 
 /// Default segment size: 64 MiB keeps the file count small while purge can still free space in
 /// reasonably fine steps, and one segment still fits comfortably in memory for a read-back scan.
@@ -16,6 +17,11 @@ pub const QUEUE_BYTES_MAX_DEFAULT: usize = 256 * 1024 * 1024;
 /// Default bound on one drain (one fsync): 16 MiB amortises the fsync well while one slow drain does
 /// not delay the next writers for long.
 pub const DRAIN_BYTES_MAX_DEFAULT: usize = 16 * 1024 * 1024;
+
+/// Default for [`WalConfig::gather_min_requests`]: below 16 writers in flight the writer never waits.
+pub const GATHER_MIN_REQUESTS_DEFAULT: usize = 16;
+/// Default for [`WalConfig::gather_wait_max`].
+pub const GATHER_WAIT_MAX_DEFAULT: Duration = Duration::from_micros(200);
 
 /// Where the WAL lives and how its writer is bounded.
 #[derive(Clone, Debug)]
@@ -35,6 +41,14 @@ pub struct WalConfig {
     /// (capped at `segment_bytes_max`; 0 turns preallocation off). Batches then overwrite zeros in
     /// place, so an fdatasync need not commit a new file size through the file system's journal.
     pub preallocate_bytes: u64,
+    /// Adaptive gather (decisions/021): when the last drain covered at least this many requests and
+    /// fewer than those writers (plus what queued during its fsync) are queued again, the writer
+    /// waits up to [`WalConfig::gather_wait_max`] (and never longer than the last fsync took) for the
+    /// stragglers before it writes, so one fsync covers them all. 0 turns it off; one or a few
+    /// writers never wait.
+    pub gather_min_requests: usize,
+    /// Bound on one gather wait.
+    pub gather_wait_max: Duration,
 }
 
 impl WalConfig {
@@ -47,6 +61,8 @@ impl WalConfig {
             queue_bytes_max: QUEUE_BYTES_MAX_DEFAULT,
             drain_bytes_max: DRAIN_BYTES_MAX_DEFAULT,
             preallocate_bytes: u64::MAX,
+            gather_min_requests: GATHER_MIN_REQUESTS_DEFAULT,
+            gather_wait_max: GATHER_WAIT_MAX_DEFAULT,
         }
     }
 

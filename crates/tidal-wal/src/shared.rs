@@ -55,6 +55,12 @@ pub(crate) struct Queue {
     /// Payload bytes of `requests`.
     pub(crate) bytes: usize,
     pub(crate) closed: bool,
+    /// Whether the writer waits on `queue_ready` (set and cleared by the writer under this lock).
+    /// A submitter wakes it only then: a futex wake per request costs a system call each, and a busy
+    /// writer looks at the queue again before it sleeps.
+    pub(crate) writer_waiting: bool,
+    /// While the writer waits: the queue length that wakes it (1, or more while it gathers).
+    pub(crate) wake_at: usize,
 }
 
 pub(crate) struct Queued {

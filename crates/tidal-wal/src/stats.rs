@@ -11,6 +11,11 @@ use std::time::Duration;
 pub const FSYNC_LATENCY_BUCKETS_US: [u64; 14] =
     [50, 100, 250, 500, 1_000, 2_500, 5_000, 10_000, 25_000, 50_000, 100_000, 250_000, 1_000_000, u64::MAX];
 
+/// Upper bounds (inclusive) of the buckets of requests per drain (per group commit's fsync); the
+/// last is a catch-all. Read with the writer's concurrency: at 64 writers in flight, a drain that
+/// covers them all lands in the `64` bucket.
+pub const DRAIN_REQUESTS_BUCKETS: [u64; 12] = [1, 2, 4, 8, 16, 24, 32, 48, 64, 128, 512, u64::MAX];
+
 /// A snapshot of the writer's counters.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct WalStats {
@@ -35,6 +40,17 @@ pub struct WalStats {
     pub fsync_latency_us_buckets: [u64; FSYNC_LATENCY_BUCKETS_US.len()],
     /// Sum of fsync latencies, microseconds.
     pub fsync_latency_us_sum: u64,
+    /// Count of drains (group commits that wrote at least one batch) per bucket of
+    /// [`DRAIN_REQUESTS_BUCKETS`] by the requests they covered.
+    pub drain_requests_buckets: [u64; DRAIN_REQUESTS_BUCKETS.len()],
+    /// Requests covered by those drains (sum over the histogram).
+    pub drain_requests_sum: u64,
+    /// Gather waits (decisions/021): times the writer waited for the writers of its last drain.
+    pub gathers: u64,
+    /// Of those, the ones that ended because every expected writer was back (the rest timed out).
+    pub gathers_complete: u64,
+    /// Time spent in gather waits, microseconds.
+    pub gather_wait_us_sum: u64,
     /// Requests queued and not yet taken by the writer.
     pub queue_batches: usize,
     /// Payload bytes of those requests.
@@ -56,6 +72,11 @@ pub(crate) struct StatsCounters {
     pub(crate) rotations_unprepared: AtomicU64,
     fsync_latency_us_buckets: [AtomicU64; FSYNC_LATENCY_BUCKETS_US.len()],
     fsync_latency_us_sum: AtomicU64,
+    drain_requests_buckets: [AtomicU64; DRAIN_REQUESTS_BUCKETS.len()],
+    drain_requests_sum: AtomicU64,
+    gathers: AtomicU64,
+    gathers_complete: AtomicU64,
+    gather_wait_us_sum: AtomicU64,
 }
 
 impl StatsCounters {
@@ -65,6 +86,22 @@ impl StatsCounters {
         self.fsync_latency_us_buckets[bucket].fetch_add(1, Ordering::Relaxed);
         self.fsync_latency_us_sum.fetch_add(micros, Ordering::Relaxed);
         self.fsyncs.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts a drain that wrote `requests` requests under one fsync.
+    pub(crate) fn record_drain(&self, requests: usize) {
+        let requests = requests as u64;
+        let bucket = DRAIN_REQUESTS_BUCKETS.iter().position(|bound| requests <= *bound).unwrap_or(0);
+        self.drain_requests_buckets[bucket].fetch_add(1, Ordering::Relaxed);
+        self.drain_requests_sum.fetch_add(requests, Ordering::Relaxed);
+    }
+
+    /// Counts a gather wait of `elapsed`; `complete` if every expected writer came.
+    pub(crate) fn record_gather(&self, elapsed: Duration, complete: bool) {
+        self.gathers.fetch_add(1, Ordering::Relaxed);
+        self.gathers_complete.fetch_add(u64::from(complete), Ordering::Relaxed);
+        let micros = u64::try_from(elapsed.as_micros()).unwrap_or(u64::MAX);
+        self.gather_wait_us_sum.fetch_add(micros, Ordering::Relaxed);
     }
 
     pub(crate) fn snapshot(&self) -> WalStats {
@@ -82,6 +119,11 @@ impl StatsCounters {
                 load(&self.fsync_latency_us_buckets[index])
             }),
             fsync_latency_us_sum: load(&self.fsync_latency_us_sum),
+            drain_requests_buckets: std::array::from_fn(|index| load(&self.drain_requests_buckets[index])),
+            drain_requests_sum: load(&self.drain_requests_sum),
+            gathers: load(&self.gathers),
+            gathers_complete: load(&self.gathers_complete),
+            gather_wait_us_sum: load(&self.gather_wait_us_sum),
             queue_batches: 0,
             queue_bytes: 0,
             durable_seqno: 0,
@@ -104,5 +146,20 @@ mod tests {
         assert_eq!(stats.fsync_latency_us_buckets[0], 1);
         assert_eq!(stats.fsync_latency_us_buckets[1], 1);
         assert_eq!(stats.fsync_latency_us_buckets[FSYNC_LATENCY_BUCKETS_US.len() - 1], 1);
+    }
+
+    #[test]
+    fn drains_land_in_their_buckets() {
+        let counters = StatsCounters::default();
+        counters.record_drain(1);
+        counters.record_drain(33);
+        counters.record_drain(64);
+        counters.record_drain(10_000);
+        let stats = counters.snapshot();
+        assert_eq!(stats.drain_requests_buckets[0], 1);
+        assert_eq!(stats.drain_requests_buckets[7], 1, "33 is in the 48 bucket");
+        assert_eq!(stats.drain_requests_buckets[8], 1);
+        assert_eq!(stats.drain_requests_buckets[DRAIN_REQUESTS_BUCKETS.len() - 1], 1);
+        assert_eq!(stats.drain_requests_sum, 1 + 33 + 64 + 10_000);
     }
 }

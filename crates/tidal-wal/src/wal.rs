@@ -133,6 +133,8 @@ impl Wal {
             next_seqno: recovered.next_seqno,
             last_time_ms: recovery.last_time_ms,
             history_term,
+            last_drain_requests: 0,
+            last_fsync: Duration::ZERO,
         };
         let mut writer = writer;
         // The first next segment is prepared before the WAL takes writes: a fresh node does not
@@ -281,8 +283,11 @@ impl Wal {
         }
         queue.bytes += bytes;
         queue.requests.push_back(queued);
+        let wake = queue.writer_waiting && queue.requests.len() >= queue.wake_at;
         drop(queue);
-        shared.queue_ready.notify_one();
+        if wake {
+            shared.queue_ready.notify_one();
+        }
         Ok(())
     }
 

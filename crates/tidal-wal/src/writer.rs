@@ -44,7 +44,7 @@ use std::fmt;
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use tidal_types::{RecordKind, Seqno, Term, TermSeqno};
 
@@ -143,6 +143,12 @@ pub(crate) struct Writer {
     /// Term of the last term-history entry: the term of the log's last batch (or of the purge point).
     /// No batch below it may follow.
     pub(crate) history_term: Term,
+    /// Requests the last drain covered, plus those queued when its fsync returned (before its
+    /// completions ran): how many writers are likely to be back for the next drain. 0 when the
+    /// last drain was too small to gather for.
+    pub(crate) last_drain_requests: usize,
+    /// How long the last data fsync took (bounds a gather wait).
+    pub(crate) last_fsync: Duration,
 }
 
 /// Zeros written (and fdatasynced) per idle step of preparing the next segment: a write that arrives
@@ -336,7 +342,8 @@ impl Writer {
 
     /// Waits for requests; `None` once closed and empty. A truncation is always taken alone.
     fn next_drain(&mut self) -> Option<Vec<Queued>> {
-        let mut queue = self.shared.lock_queue();
+        let shared = Arc::clone(&self.shared);
+        let mut queue = shared.lock_queue();
         loop {
             if !queue.requests.is_empty() {
                 break;
@@ -347,11 +354,14 @@ impl Writer {
             if self.prep.is_pending() && !self.shared.is_poisoned() {
                 drop(queue);
                 self.prep_step(PREP_IDLE_STEP_LEN);
-                queue = self.shared.lock_queue();
+                queue = shared.lock_queue();
                 continue;
             }
+            queue.writer_waiting = true;
             queue = self.shared.queue_ready.wait(queue).unwrap_or_else(|poisoned| poisoned.into_inner());
+            queue.writer_waiting = false;
         }
+        queue = self.gather(queue);
         let drain_bytes_max =
             if self.shared.is_poisoned() { usize::MAX } else { self.shared.config.drain_bytes_max };
         let mut drain = Vec::new();
@@ -376,6 +386,44 @@ impl Writer {
         drop(queue);
         self.shared.queue_space.notify_all();
         Some(drain)
+    }
+
+    /// The adaptive gather (decisions/021). After a drain that covered many writers, those writers
+    /// come back one by one as their completions wake them: taking the first few at once splits them
+    /// over two or more fsyncs. Waits, bounded by `gather_wait_max` and by the last fsync's
+    /// duration, until as many requests are queued as the last drain counted writers; one wake when
+    /// they are all there (`wake_at`), not one per request. Never after a small drain (low load),
+    /// never before a truncation, never once closed or poisoned.
+    fn gather<'a>(
+        &mut self,
+        mut queue: std::sync::MutexGuard<'a, crate::shared::Queue>,
+    ) -> std::sync::MutexGuard<'a, crate::shared::Queue> {
+        let target = std::mem::take(&mut self.last_drain_requests);
+        if target == 0 || queue.requests.len() >= target {
+            return queue;
+        }
+        if matches!(queue.requests.front().map(|front| &front.work), Some(Work::Truncate(_))) {
+            return queue;
+        }
+        let wait = self.shared.config.gather_wait_max.min(self.last_fsync);
+        let started = Instant::now();
+        let deadline = started + wait;
+        while queue.requests.len() < target && !queue.closed && !self.shared.is_poisoned() {
+            let Some(left) = deadline.checked_duration_since(Instant::now()).filter(|left| !left.is_zero())
+            else {
+                break;
+            };
+            queue.writer_waiting = true;
+            queue.wake_at = target;
+            queue = match self.shared.queue_ready.wait_timeout(queue, left) {
+                Ok((queue, _)) => queue,
+                Err(poisoned) => poisoned.into_inner().0,
+            };
+            queue.writer_waiting = false;
+            queue.wake_at = 1;
+        }
+        self.shared.stats.record_gather(started.elapsed(), queue.requests.len() >= target);
+        queue
     }
 
     /// Writes and fsyncs one drain of appends, then publishes the new durable frontier, segment list
@@ -405,6 +453,12 @@ impl Writer {
             return Ok(flushed);
         }
         self.write_and_sync(&mut buf)?;
+        let gather_min = self.shared.config.gather_min_requests;
+        if gather_min > 0 && flushed.outcomes.len() >= gather_min {
+            // The writers of this drain are not back yet (their completions run after this):
+            // whoever is queued now is another writer.
+            self.last_drain_requests = flushed.outcomes.len() + self.shared.lock_queue().requests.len();
+        }
         self.publish(&flushed)?;
         Ok(flushed)
     }
@@ -529,7 +583,8 @@ impl Writer {
         let path = &self.active_info.path;
         let started = Instant::now();
         self.active.sync_data().map_err(|err| Error::fatal("fsync segment", path, err))?;
-        self.shared.stats.record_fsync(started.elapsed());
+        self.last_fsync = started.elapsed();
+        self.shared.stats.record_fsync(self.last_fsync);
         Ok(())
     }
 
@@ -614,6 +669,7 @@ impl Writer {
         drop(log);
         let stats = &self.shared.stats;
         stats.drains.fetch_add(1, Ordering::Relaxed);
+        stats.record_drain(flushed.outcomes.iter().filter(|outcome| outcome.is_ok()).count());
         stats.batches.fetch_add(flushed.batches.len() as u64, Ordering::Relaxed);
         let events: u64 = flushed
             .batches

@@ -22,10 +22,34 @@ fn body(thread: usize, index: usize) -> Vec<u8> {
 
 #[test]
 fn concurrent_submits_get_distinct_contiguous_ranges_and_share_fsyncs() {
+    concurrent_submits(small_config(4096));
+}
+
+/// The same with the adaptive gather after every drain of 2 or more (decisions/021), and a bound
+/// far above the fsync's 2 ms (the wait is capped by the last fsync's duration anyway): waiting for
+/// stragglers changes which requests share an fsync, never what completes when.
+#[test]
+fn concurrent_submits_with_an_eager_gather() {
+    let mut config = small_config(4096);
+    config.gather_min_requests = 2;
+    config.gather_wait_max = Duration::from_millis(50);
+    concurrent_submits(config);
+}
+
+/// And with the gather off.
+#[test]
+fn concurrent_submits_without_gather() {
+    let mut config = small_config(4096);
+    config.gather_min_requests = 0;
+    concurrent_submits(config);
+}
+
+fn concurrent_submits(config: tidal_wal::WalConfig) {
     let io = SimIo::new();
     io.set_sync_delay(Duration::from_millis(2));
     let clock = Arc::new(ManualClock::new(1));
-    let (wal, _, recorded) = open(&io, small_config(4096), &clock);
+    let gather_min = config.gather_min_requests;
+    let (wal, _, recorded) = open(&io, config, &clock);
     let results: Arc<Mutex<Vec<(usize, usize, Appended)>>> = Arc::default();
     let violations: Arc<Mutex<Vec<String>>> = Arc::default();
     let threads: Vec<_> = (0..THREADS)
@@ -111,5 +135,11 @@ fn concurrent_submits_get_distinct_contiguous_ranges_and_share_fsyncs() {
         stats.fsyncs
     );
     assert!(stats.rotations > 0);
+    // Every request was one batch, and every drain is counted once in the histogram.
+    assert_eq!(stats.drain_requests_sum, batches);
+    assert_eq!(stats.drain_requests_buckets.iter().sum::<u64>(), stats.drains);
+    if gather_min == 0 {
+        assert_eq!(stats.gathers, 0);
+    }
     tracing::info!(fsyncs = stats.fsyncs, batches, "group commit");
 }
