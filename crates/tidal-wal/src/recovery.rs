@@ -16,7 +16,8 @@
 //! - Preallocation (decisions/017): zeros after the last batch of the last segment are its logical
 //!   end, not a tail to cut. A torn tail is cut (the file is truncated there, so no leftover of an
 //!   unsynced write can ever line up with a later batch). A prepared next segment (`segment.prep`)
-//!   is removed: it holds no batch. Then the active segment is filled with zeros up to the
+//!   is kept when it holds only zeros (it never holds a batch) and preparation goes on from its
+//!   length; otherwise it is removed. Then the active segment is filled with zeros up to the
 //!   preallocated size and fsynced, before the writer starts.
 
 use std::path::PathBuf;
@@ -63,6 +64,9 @@ pub struct TornTail {
     pub bytes_dropped: u64,
 }
 
+/// A `segment.prep` kept at open, and its length (zeros up to it).
+pub(crate) type KeptPrep = (Box<dyn WalFile>, u64);
+
 /// Everything the writer and the handles start from.
 pub(crate) struct Recovered {
     pub(crate) recovery: Recovery,
@@ -73,6 +77,9 @@ pub(crate) struct Recovered {
     pub(crate) active_len: u64,
     pub(crate) next_seqno: Seqno,
     pub(crate) index: BatchIndex,
+    /// The next segment as a crash left it (`segment.prep`, zeros only, not longer than the
+    /// preallocated size) and its length: the writer goes on preparing it instead of starting over.
+    pub(crate) prep: Option<KeptPrep>,
 }
 
 /// What scanning the segments found.
@@ -98,9 +105,7 @@ pub(crate) fn recover(config: &WalConfig, io: &dyn FileIo) -> Result<Recovered, 
         io.remove_file(&tmp).map_err(|err| Error::io("remove leftover meta file", &tmp, err))?;
     }
     let prep = dir.join(PREP_FILE_NAME);
-    if paths.contains(&prep) {
-        io.remove_file(&prep).map_err(|err| Error::io("remove prepared segment", &prep, err))?;
-    }
+    let prep_kept = if paths.contains(&prep) { keep_prepared(config, io, &prep)? } else { None };
     let mut segment_paths: Vec<(Seqno, PathBuf)> = paths
         .into_iter()
         .filter_map(|path| parse_segment_file_name(&path).map(|first| (first, path)))
@@ -159,7 +164,42 @@ pub(crate) fn recover(config: &WalConfig, io: &dyn FileIo) -> Result<Recovered, 
         active_len,
         next_seqno: totals.next_seqno,
         index: totals.index,
+        prep: prep_kept,
     })
+}
+
+/// A `segment.prep` found at open: kept (and fsynced once more) if preallocation is on, it holds
+/// only zeros and it is not longer than the preallocated size; else removed. Only zeros are ever
+/// written to it (a rotation renames it and fsyncs the directory before the first batch goes in),
+/// so this check is a guard, not a repair. Keeping it spares a restart (a follower that crashed
+/// and must catch up) rewriting and fsyncing up to a whole segment of zeros before it serves.
+fn keep_prepared(
+    config: &WalConfig,
+    io: &dyn FileIo,
+    path: &std::path::Path,
+) -> Result<Option<KeptPrep>, Error> {
+    let target = config.preallocate_len();
+    let kept = if target == 0 {
+        None
+    } else {
+        let mut file = io.open_append(path).map_err(|err| Error::io("open prepared segment", path, err))?;
+        let len = file.len().map_err(|err| Error::io("read prepared segment length", path, err))?;
+        let zeros = len <= target
+            && crate::segment::is_zero(
+                &io.read_prefix(path, len).map_err(|err| Error::io("read prepared segment", path, err))?,
+            );
+        if zeros {
+            file.sync_data().map_err(|err| Error::io("fsync prepared segment", path, err))?;
+            Some((file, len))
+        } else {
+            tracing::warn!(path = %path.display(), len, "removing a prepared segment that is not zeros of at most the preallocated size");
+            None
+        }
+    };
+    if kept.is_none() {
+        io.remove_file(path).map_err(|err| Error::io("remove prepared segment", path, err))?;
+    }
+    Ok(kept)
 }
 
 /// Removes segments wholly at or below the purge point (an interrupted purge); never the last one.

@@ -129,7 +129,7 @@ impl Wal {
             active: recovered.active,
             active_info,
             active_len: recovered.active_len,
-            prep: Prep::new(shared.config.preallocate_len()),
+            prep: Prep::resume(shared.config.preallocate_len(), recovered.prep),
             next_seqno: recovered.next_seqno,
             last_time_ms: recovery.last_time_ms,
             history_term,
@@ -139,7 +139,12 @@ impl Wal {
         let mut writer = writer;
         // The first next segment is prepared before the WAL takes writes: a fresh node does not
         // spend its first seconds interleaving zero-fill steps with client drains (decisions/017).
-        writer.prepare_next_segment();
+        // A segment.prep a crash left behind is finished in idle steps instead: a restarted node
+        // (a follower that must catch up) serves at once (decisions/022).
+        if matches!(writer.prep, Prep::Wanted) {
+            writer.prepare_next_segment();
+        }
+        shared.set_prep_pending(writer.prep.is_pending());
         let handle = std::thread::Builder::new()
             .name("tidal-wal-writer".to_string())
             .spawn(move || writer.run())

@@ -178,7 +178,17 @@ impl Prep {
         }
     }
 
-    fn is_pending(&self) -> bool {
+    /// The starting state at open: [`Prep::new`], or the `segment.prep` recovery kept (zeros up
+    /// to its length) to go on from.
+    pub(crate) fn resume(preallocate_len: u64, kept: Option<crate::recovery::KeptPrep>) -> Prep {
+        match kept {
+            Some((file, len)) if preallocate_len > 0 && len >= preallocate_len => Prep::Ready { file, len },
+            Some((file, len)) if preallocate_len > 0 => Prep::Filling { file, len, target: preallocate_len },
+            _ => Prep::new(preallocate_len),
+        }
+    }
+
+    pub(crate) fn is_pending(&self) -> bool {
         matches!(self, Prep::Wanted | Prep::Filling { .. })
     }
 }

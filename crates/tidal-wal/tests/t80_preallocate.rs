@@ -315,3 +315,58 @@ fn a_segment_sealed_before_its_zeros_are_used_is_cut_to_its_batches() {
     assert_eq!(io.synced_bytes(&segments[0].path).unwrap().len() as u64, segments[0].bytes, "sealed: cut");
     assert_eq!(read_all(&wal, 1), expected);
 }
+
+/// A restart after a crash goes on with the `segment.prep` it finds (zeros only) instead of writing
+/// a whole segment of zeros again before it serves (decisions/022); a `segment.prep` holding
+/// anything but zeros, or longer than a segment, is removed and prepared anew.
+#[test]
+fn a_prepared_segment_left_by_a_crash_is_kept_and_one_with_bytes_is_replaced() {
+    let io = SimIo::new();
+    let clock = Arc::new(ManualClock::new(1_000));
+    {
+        let (wal, _, _) = open(&io, small_config(SEGMENT_BYTES_MAX), &clock);
+        wal.append_replicated_blocking(batches(1, 2)).unwrap();
+        assert!(wal.wait_segment_prepared(PREPARED_WAIT));
+        crash(&io, wal); // no clean shutdown: segment.prep stays
+    }
+    let (wal, _, _) = open(&io, small_config(SEGMENT_BYTES_MAX), &clock);
+    assert!(wal.wait_segment_prepared(PREPARED_WAIT));
+    assert_eq!(wal.stats().segments_prepared, 0, "the kept segment.prep is ready: nothing written at open");
+    assert_eq!(io.synced_bytes(&prep_path()).unwrap(), vec![0u8; SEGMENT_BYTES_MAX as usize]);
+    for index in 0..8u8 {
+        wal.append_blocking(request(RecordKind::Signal, 1, &[index + 1; 200])).unwrap();
+    }
+    let stats = wal.stats();
+    assert!(stats.rotations >= 1, "{stats:?}");
+    assert_eq!(stats.rotations_unprepared, 0, "the first rotation took the kept segment: {stats:?}");
+    let before = read_all(&wal, 1);
+    crash(&io, wal);
+
+    // Half prepared: finished in idle steps from where it stopped.
+    io.write_file(&prep_path(), &[0u8; 300]);
+    let (wal, _, _) = open(&io, small_config(SEGMENT_BYTES_MAX), &clock);
+    assert!(wal.wait_segment_prepared(PREPARED_WAIT));
+    assert_eq!(wal.stats().segments_prepared, 1);
+    assert_eq!(io.synced_bytes(&prep_path()).unwrap(), vec![0u8; SEGMENT_BYTES_MAX as usize]);
+    assert_eq!(read_all(&wal, 1), before);
+    crash(&io, wal);
+
+    // Not zeros, or too long: removed and prepared again, and never read as a segment.
+    for bad in [vec![7u8; 300], vec![0u8; SEGMENT_BYTES_MAX as usize + 1]] {
+        io.write_file(&prep_path(), &bad);
+        let (wal, recovery, _) = open(&io, small_config(SEGMENT_BYTES_MAX), &clock);
+        assert_eq!(recovery.truncated, None);
+        assert_eq!(read_all(&wal, 1), before);
+        assert!(wal.wait_segment_prepared(PREPARED_WAIT));
+        assert_eq!(io.synced_bytes(&prep_path()).unwrap(), vec![0u8; SEGMENT_BYTES_MAX as usize]);
+        crash(&io, wal);
+    }
+}
+
+/// The process dies with the machine: its next file operation (the clean shutdown's first) fails,
+/// and so does everything after it; then the machine is back.
+fn crash(io: &SimIo, wal: Wal) {
+    io.crash_at_op(1, CrashMode::LoseUnsynced);
+    drop(wal);
+    io.restart();
+}
