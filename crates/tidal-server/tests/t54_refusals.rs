@@ -99,3 +99,54 @@ async fn bad_rpcs_and_a_stale_leaders_ship_are_refused_counted_and_change_nothin
     cluster.put_acked(51, json!({"still": "writable"})).await;
     cluster.stop_all().await;
 }
+
+/// Fails the first fsync of each registered node's stream baseline, and counts them.
+#[derive(Default)]
+struct FailFirstBaseline {
+    failed: std::sync::Mutex<Vec<std::path::PathBuf>>,
+}
+
+impl tidal_cluster::files::FileFaults for FailFirstBaseline {
+    fn before(
+        &self,
+        step: tidal_cluster::files::FileStep,
+        path: &std::path::Path,
+        _contents: &[u8],
+    ) -> std::io::Result<()> {
+        let baseline = path.file_name().is_some_and(|name| name == "stream_baseline");
+        let mut failed = self.failed.lock().unwrap();
+        if baseline && step == tidal_cluster::files::FileStep::Fsync && !failed.iter().any(|p| p == path) {
+            failed.push(path.to_path_buf());
+            return Err(std::io::Error::other("injected: fsync of the stream baseline failed"));
+        }
+        Ok(())
+    }
+}
+
+/// A node elected in openraft that cannot write its stream baseline must not serve (fail closed),
+/// and must not keep the cluster from electing another node either: it switches its heartbeats
+/// off so the others stand (decisions/022). Here each of the two nodes left after the leader
+/// stops fails its first baseline write; before the fix the first of them to win stayed leader
+/// without serving and no write was ever acknowledged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_that_cannot_write_its_baseline_hands_over_instead_of_blocking_writes() {
+    let root = tempfile::tempdir().unwrap();
+    let mut cluster = Cluster::new(root.path(), 3, Durability::Quorum, |_| {});
+    cluster.start_all().await;
+    for id in 0..5 {
+        cluster.put_acked(id, json!({"id": id})).await;
+    }
+    let old = cluster.leader().await;
+    let old_term = cluster.client(old).status().await.unwrap().term;
+    let faults = std::sync::Arc::new(FailFirstBaseline::default());
+    for index in cluster.followers_of(old) {
+        tidal_cluster::files::register_faults(&cluster.dirs[index], Some(faults.clone()));
+    }
+    cluster.stop(old).await;
+    let last = cluster.put_acked(100, json!({"after": "a failed office"})).await.seqno;
+    assert!(!faults.failed.lock().unwrap().is_empty(), "no baseline write failed: the test did not test");
+    let new = cluster.leader().await;
+    assert!(cluster.client(new).status().await.unwrap().term > old_term);
+    assert!(same(&cluster.digests_at(last).await));
+    cluster.stop_all().await;
+}

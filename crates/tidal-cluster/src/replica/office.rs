@@ -117,16 +117,34 @@ impl Replica {
         let (stop_tx, stop) = watch::channel(false);
         *self.office.lock().expect("office lock is never held across a panic") = Some((term, stop_tx));
         *self.role.lock().expect("role lock is never held across a panic") = Role::Candidate;
+        // A failed office of an earlier term may have switched them off (below).
+        self.set_heartbeats(true);
         let replica = self.clone();
         tokio::spawn(async move {
             let started = Instant::now();
-            match replica.clone().take_office(term, stop).await {
+            match replica.clone().take_office(term, stop.clone()).await {
                 Ok(baseline) => tracing::info!(
                     %term, %baseline, ms = started.elapsed().as_millis() as u64, "in office: serving as leader"
                 ),
+                Err(why) if replica.still(term, &stop).is_ok() => {
+                    // openraft still has us lead this term, but we cannot serve it (say the stream
+                    // baseline could not be written): we fail closed, and our heartbeats would keep
+                    // every other node from standing, so no one would take writes. Without them the
+                    // voters' lease runs out and they elect another node, whose higher term deposes
+                    // us (as a leadership transfer does, replica/promote.rs).
+                    tracing::error!(%term, "could not take office: {why}; heartbeats off so that another node is elected");
+                    replica.set_heartbeats(false);
+                }
                 Err(why) => tracing::warn!(%term, "did not take office: {why}"),
             }
         });
+    }
+
+    /// Switches openraft's leader heartbeats on or off (no-op without a control plane).
+    fn set_heartbeats(&self, on: bool) {
+        if let Some(control) = self.control.get() {
+            control.raft().runtime_config().heartbeat(on);
+        }
     }
 
     fn still(&self, term: Term, stop: &watch::Receiver<bool>) -> Result<(), String> {
