@@ -11,7 +11,6 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use common::*;
@@ -21,10 +20,6 @@ use tidal_wal::{decode_batch, Batch, Error, ManualClock, NoopHook, SimIo, StdIo,
 const REGENERATE_ENV: &str = "TIDAL_WAL_REGENERATE_GOLDEN";
 const GOLDEN_SEGMENT_BYTES_MAX: u64 = 512;
 const GOLDEN_START_MS: u64 = 1_732_900_000_000;
-
-fn fixture_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/golden")
-}
 
 /// (term, kind, event count, body) of each golden batch, in seqno order.
 fn golden_spec() -> Vec<(Term, RecordKind, u32, Vec<u8>)> {
@@ -59,19 +54,6 @@ fn generate() -> SimIo {
 fn generated_files() -> Vec<(String, Vec<u8>)> {
     let io = generate();
     io.paths().iter().map(|path| (file_name(path), io.file_bytes(path).unwrap())).collect()
-}
-
-/// (file name, bytes) of the committed fixture, sorted by name.
-fn fixture_files() -> Vec<(String, Vec<u8>)> {
-    let mut files: Vec<(String, Vec<u8>)> = std::fs::read_dir(fixture_dir())
-        .expect("the golden fixture directory exists")
-        .map(|entry| {
-            let path = entry.unwrap().path();
-            (file_name(&path), std::fs::read(&path).unwrap())
-        })
-        .collect();
-    files.sort();
-    files
 }
 
 /// The fixture copied into a fresh SimIo at [`dir`].

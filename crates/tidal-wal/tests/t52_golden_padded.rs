@@ -10,7 +10,6 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use common::*;
@@ -19,23 +18,6 @@ use tidal_wal::{decode_batch, Batch, Error, ManualClock, SimIo};
 const GOLDEN_SEGMENT_BYTES_MAX: u64 = 512;
 /// The padded last segment's size: past the segment size, as after a batch that outgrew it.
 const PADDED_LEN: usize = 1024;
-
-fn fixture_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/golden")
-}
-
-/// (file name, bytes) of the committed fixture, sorted by name.
-fn fixture_files() -> Vec<(String, Vec<u8>)> {
-    let mut files: Vec<(String, Vec<u8>)> = std::fs::read_dir(fixture_dir())
-        .unwrap()
-        .map(|entry| {
-            let path = entry.unwrap().path();
-            (file_name(&path), std::fs::read(&path).unwrap())
-        })
-        .collect();
-    files.sort();
-    files
-}
 
 fn last_segment_name(files: &[(String, Vec<u8>)]) -> String {
     files.iter().filter(|(name, _)| name.ends_with(".seg")).map(|(name, _)| name.clone()).next_back().unwrap()

@@ -112,10 +112,44 @@ impl Rates {
 /// At most this many copies held per follower (a held ship may be large).
 const HELD_MAX: usize = 8;
 
-struct Held {
-    /// Later ships to wait for.
+/// A held copy of a ship or a control-plane call.
+struct Held<T> {
+    /// Later sends to the same node to wait for.
     later: u64,
-    ship: Ship,
+    copy: T,
+}
+
+/// One sender class's redelivery rates: hold a copy (released after 1..=`hold_max` later sends to
+/// the same node) with probability `reorder`; send one again after 0..=`delay_max_ms` with
+/// probability `duplicate`.
+struct CopyRates {
+    reorder: f64,
+    hold_max: u64,
+    duplicate: f64,
+    delay_max_ms: u64,
+}
+
+/// One answered send of `sent` to a node whose held copies are `held`: ages them and returns those
+/// now due, maybe holds a copy of `sent`, and maybe draws a delay for a duplicate (the draws in
+/// that order, so a seed's plan replays).
+fn plan_copies<T: Clone>(
+    held: &mut Vec<Held<T>>,
+    sent: &T,
+    rng: &mut Rng,
+    rates: CopyRates,
+) -> (Vec<T>, Option<Duration>) {
+    for held in held.iter_mut() {
+        held.later = held.later.saturating_sub(1);
+    }
+    let (released, kept): (Vec<Held<T>>, Vec<Held<T>>) = held.drain(..).partition(|held| held.later == 0);
+    *held = kept;
+    if held.len() < HELD_MAX && rng.chance(rates.reorder) {
+        let later = rng.range(1, rates.hold_max + 1);
+        held.push(Held { later, copy: sent.clone() });
+    }
+    let duplicate =
+        rng.chance(rates.duplicate).then(|| Duration::from_millis(rng.range(0, rates.delay_max_ms + 1)));
+    (released.into_iter().map(|held| held.copy).collect(), duplicate)
 }
 
 /// A held copy of a pulled chunk.
@@ -123,13 +157,6 @@ struct HeldChunk {
     /// Later chunks from the same node to wait for.
     later: u64,
     chunk: Chunk,
-}
-
-/// A held copy of a control-plane call.
-struct HeldCall {
-    /// Later calls to the same node to wait for.
-    later: u64,
-    call: Call,
 }
 
 /// A control-plane call the tap may send again.
@@ -145,9 +172,9 @@ struct State {
     /// stay as they were; both follow the order the calls happen in).
     control_rng: Rng,
     /// Copies of control-plane calls, by target address.
-    held_calls: HashMap<String, Vec<HeldCall>>,
+    held_calls: HashMap<String, Vec<Held<Call>>>,
     /// By follower address.
-    held: HashMap<String, Vec<Held>>,
+    held: HashMap<String, Vec<Held<Ship>>>,
     /// Copies of pulled chunks, by the address they were pulled from.
     held_chunks: HashMap<String, Vec<HeldChunk>>,
     counts: BTreeMap<&'static str, u64>,
@@ -274,24 +301,16 @@ impl Redelivery {
             let mut state = self.lock();
             let state = &mut *state;
             let held = state.held_calls.entry(untapped.address().to_string()).or_default();
-            for copy in held.iter_mut() {
-                copy.later = copy.later.saturating_sub(1);
-            }
-            let (released, kept): (Vec<HeldCall>, Vec<HeldCall>) =
-                held.drain(..).partition(|copy| copy.later == 0);
-            *held = kept;
-            if held.len() < HELD_MAX && state.control_rng.chance(rates.control_reorder) {
-                let later = state.control_rng.range(1, rates.control_hold_max + 1);
-                held.push(HeldCall { later, call: call.clone() });
-            }
-            let duplicate = state
-                .control_rng
-                .chance(rates.control_duplicate)
-                .then(|| Duration::from_millis(state.control_rng.range(0, rates.control_delay_max_ms + 1)));
-            (released, duplicate)
+            let rates = CopyRates {
+                reorder: rates.control_reorder,
+                hold_max: rates.control_hold_max,
+                duplicate: rates.control_duplicate,
+                delay_max_ms: rates.control_delay_max_ms,
+            };
+            plan_copies(held, &call, &mut state.control_rng, rates)
         };
         for copy in released {
-            self.send_call(untapped.clone(), copy.call, Duration::ZERO, "reorder");
+            self.send_call(untapped.clone(), copy, Duration::ZERO, "reorder");
         }
         if let Some(delay) = duplicate {
             self.send_call(untapped.clone(), call, delay, "duplicate");
@@ -439,23 +458,16 @@ impl tidal_net::ShipTap for Redelivery {
             let mut state = self.lock();
             let state = &mut *state;
             let held = state.held.entry(untapped.address().to_string()).or_default();
-            for copy in held.iter_mut() {
-                copy.later = copy.later.saturating_sub(1);
-            }
-            let (released, kept): (Vec<Held>, Vec<Held>) = held.drain(..).partition(|copy| copy.later == 0);
-            *held = kept;
-            if held.len() < HELD_MAX && state.rng.chance(rates.reorder) {
-                let later = state.rng.range(1, rates.hold_max + 1);
-                held.push(Held { later, ship: ship.clone() });
-            }
-            let duplicate = state
-                .rng
-                .chance(rates.duplicate)
-                .then(|| Duration::from_millis(state.rng.range(0, rates.delay_max_ms + 1)));
-            (released, duplicate)
+            let rates = CopyRates {
+                reorder: rates.reorder,
+                hold_max: rates.hold_max,
+                duplicate: rates.duplicate,
+                delay_max_ms: rates.delay_max_ms,
+            };
+            plan_copies(held, ship, &mut state.rng, rates)
         };
         for copy in released {
-            self.send(untapped.clone(), copy.ship, Duration::ZERO, "ship_reorder");
+            self.send(untapped.clone(), copy, Duration::ZERO, "ship_reorder");
         }
         if let Some(delay) = duplicate {
             self.send(untapped.clone(), ship.clone(), delay, "ship_duplicate");

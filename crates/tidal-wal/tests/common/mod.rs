@@ -97,3 +97,21 @@ pub fn assert_chain_from_one(batches: &[Batch]) {
 pub fn file_name(path: &Path) -> String {
     path.file_name().unwrap().to_string_lossy().into_owned()
 }
+
+/// The committed golden WAL fixture (t50_golden writes it, t50 and t52 read it).
+pub fn fixture_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/golden")
+}
+
+/// (file name, bytes) of the committed golden fixture, sorted by name.
+pub fn fixture_files() -> Vec<(String, Vec<u8>)> {
+    let mut files: Vec<(String, Vec<u8>)> = std::fs::read_dir(fixture_dir())
+        .expect("the golden fixture directory exists")
+        .map(|entry| {
+            let path = entry.unwrap().path();
+            (file_name(&path), std::fs::read(&path).unwrap())
+        })
+        .collect();
+    files.sort();
+    files
+}
