@@ -3,6 +3,8 @@
 //! Delicate:
 //! - Only positions acknowledged IN THE CURRENT TERM count (PROTOCOL.md); the leader's own matched
 //!   is its durable position, recorded by the WAL hook after each fsync.
+//! - The leader's commit never passes its own durable position: followers may hold and ack a drain
+//!   the leader shipped before its own fsync (decisions/023), which a crash of the leader can lose.
 //! - The frontier never decreases; each advance is handed to the applier (which applies nothing
 //!   above it) and published to the ShipQueues (which carry it to followers).
 
@@ -114,7 +116,12 @@ impl CommitState {
                 let term_start = matched.term_start;
                 let term_at = |seqno: Seqno| if seqno >= term_start { Some(term) } else { None };
                 let quorum = self.quorum.lock().expect("quorum lock is never held across a panic");
-                commit_frontier(&quorum, &matched.positions, term, current, term_at)
+                let majority = commit_frontier(&quorum, &matched.positions, term, current, term_at);
+                // Never past our own durable position: followers may hold (and ack) batches we ship
+                // before our fsync (decisions/023); a crash may lose them here, and a commit we
+                // announced must stay in our log.
+                let own = matched.positions.get(&self.me).map_or(Seqno::ZERO, |own| own.seqno);
+                majority.min(own).max(current)
             }
         }
     }
@@ -170,5 +177,38 @@ impl CommitState {
         if advanced {
             self.applier.commit(next);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::applier::Applier;
+    use std::sync::Arc;
+    use tidal_core::{EngineConfig, TidalDb};
+
+    fn at(term: u64, seqno: u64) -> TermSeqno {
+        TermSeqno { term: Term(term), seqno: Seqno(seqno) }
+    }
+
+    /// Followers may hold and ack batches the leader shipped before its own fsync (decisions/023):
+    /// a majority of followers is not enough, the commit waits for the leader's own durable position.
+    #[test]
+    fn the_leaders_commit_never_passes_its_own_durable_position() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = Arc::new(TidalDb::open(dir.path(), EngineConfig::with_dimension(4)).unwrap());
+        let (applier, sender) = Applier::spawn(db).unwrap();
+        let voters = vec![NodeId(1), NodeId(2), NodeId(3)];
+        let commit = CommitState::new(NodeId(1), voters, Durability::Quorum, Seqno::ZERO, sender.clone());
+        commit.begin_term(Term(2), Seqno(1));
+        commit.record_matched(NodeId(1), Term(2), at(2, 3));
+        commit.record_matched(NodeId(2), Term(2), at(2, 8));
+        commit.record_matched(NodeId(3), Term(2), at(2, 8));
+        assert_eq!(commit.commit(), Seqno(3), "two followers at 8, the leader durable at 3");
+        commit.record_matched(NodeId(1), Term(2), at(2, 6));
+        assert_eq!(commit.commit(), Seqno(6));
+        commit.record_matched(NodeId(1), Term(2), at(2, 9));
+        assert_eq!(commit.commit(), Seqno(8), "the leader past the majority: the majority's");
+        applier.join(sender);
     }
 }

@@ -107,11 +107,18 @@ pub struct ReplicaHook {
 }
 
 impl FlushedHook for ReplicaHook {
+    fn written(&mut self, batches: &[Batch]) {
+        // Shipped while our own fsync runs (decisions/023): a follower's fsync overlaps ours. Safe
+        // because our commit never passes our own durable position (CommitState) and a restart never
+        // resumes a term this node led before it (office.rs), so what a crash loses here was never
+        // committed and is never written again with other contents under the same term.
+        self.feed.push(batches);
+    }
+
     fn flushed(&mut self, batches: &[Batch]) {
         let Some(last) = batches.last() else { return };
         let position = TermSeqno { term: last.term(), seqno: last.last_seqno() };
         self.applier.flushed(batches.to_vec());
-        self.feed.push(batches);
         // While in office, the leader's own durable position counts as matched. CommitState ignores
         // it unless this node holds office in the batch's term (stepping down is synchronous with
         // persisting a higher vote, so a deposed leader never counts its own batches).
@@ -245,6 +252,9 @@ pub struct Replica {
     snapshots: Arc<SnapshotSource>,
     /// Held while this node fetches and installs a snapshot (one at a time: the files are shared).
     installing: tokio::sync::Mutex<()>,
+    /// The highest term this process opened as leader (0: none). A term this node led in an earlier
+    /// process is not resumed (office.rs, decisions/023).
+    opened_term: AtomicU64,
     /// When the last automatic install started (rate limit).
     last_install: Mutex<Option<Instant>>,
     installs: Mutex<InstallStats>,
@@ -393,6 +403,7 @@ impl Replica {
             applier,
             snapshots,
             installing: tokio::sync::Mutex::new(()),
+            opened_term: AtomicU64::new(0),
             last_install: Mutex::new(None),
             installs: Mutex::new(InstallStats::default()),
             promoting: AtomicBool::new(false),

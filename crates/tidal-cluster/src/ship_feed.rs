@@ -1,10 +1,11 @@
 //! The ship feed: a bounded in-memory tail of the leader's flushed batches.
 //!
-//! The WAL writer pushes every fsynced drain here (through its flushed hook); one ShipQueue per
-//! follower reads from it. The tail is bounded by bytes and by batches (the oldest batches fall off):
+//! The WAL writer pushes every drain here once it is written, just before its fsync (the hook's
+//! `written`, decisions/023), so followers fsync while the leader does; one ShipQueue per follower
+//! reads from it. The tail is bounded by bytes and by batches (the oldest batches fall off):
 //! a follower that needs what the tail no longer holds is told `Rotated` and pulls from the leader's
-//! segments instead — the queue never reads disk. Delicate: the tail holds only fsynced batches, in
-//! seqno order, contiguous; `push` asserts it.
+//! segments instead — the queue never reads disk. Delicate: the tail holds written batches, in seqno
+//! order, contiguous (`push` asserts it); the last ones may not be durable yet.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
@@ -65,7 +66,8 @@ impl ShipFeed {
         self.tail.lock().expect("ship feed lock is never held across a panic")
     }
 
-    /// Appends fsynced batches (in seqno order, contiguous with what the tail holds).
+    /// Appends written batches (in seqno order, contiguous with what the tail holds; the WAL's
+    /// `written` hook, before their fsync).
     pub fn push(&self, batches: &[Batch]) {
         let mut tail = self.lock();
         for batch in batches {

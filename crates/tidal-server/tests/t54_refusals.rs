@@ -150,3 +150,42 @@ async fn a_leader_that_cannot_write_its_baseline_hands_over_instead_of_blocking_
     assert!(same(&cluster.digests_at(last).await));
     cluster.stop_all().await;
 }
+
+/// A term is never resumed across a restart (decisions/023): leaders ship a drain before their own
+/// fsync, so a crashed leader's followers may hold batches of its term that the crash took from
+/// it. The leader restarts alone, so openraft restores its leadership of the same term; the
+/// followers restart and would follow it. It must hand the office over instead: the leader that
+/// serves afterwards (whichever node) is in a higher term, and nothing acknowledged is lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_leader_hands_its_term_over_instead_of_resuming_it() {
+    let root = tempfile::tempdir().unwrap();
+    let mut cluster = Cluster::new(root.path(), 3, Durability::Quorum, |_| {});
+    cluster.start_all().await;
+    let mut last = 0;
+    for id in 0..10 {
+        last = cluster.put_acked(id, json!({"id": id})).await.seqno;
+    }
+    let old = cluster.leader().await;
+    let old_term = cluster.client(old).status().await.unwrap().term;
+    for index in 0..3 {
+        cluster.stop(index).await;
+    }
+    // Alone, the old leader cannot be deposed: openraft puts it back in office in `old_term`.
+    cluster.start(old).await;
+    for index in (0..3).filter(|index| *index != old) {
+        cluster.start(index).await;
+    }
+    let leader = cluster.leader().await;
+    let term = cluster.client(leader).status().await.unwrap().term;
+    assert!(term > old_term, "node {leader} serves in term {term}, the term led before the restart");
+    for id in 10..15 {
+        last = cluster.put_acked(id, json!({"id": id})).await.seqno;
+    }
+    for id in 0..15 {
+        let item = cluster.client(leader).get_item(id).await.unwrap();
+        assert_eq!(item.metadata, json!({"id": id}), "item {id}");
+    }
+    let digests = cluster.digests_at(last).await;
+    assert!(same(&digests), "replicas differ: {digests:?}");
+    cluster.stop_all().await;
+}

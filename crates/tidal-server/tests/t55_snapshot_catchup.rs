@@ -89,7 +89,7 @@ async fn a_follower_behind_the_leaders_purge_point_installs_a_snapshot_and_conve
         }
         last
     };
-    let leader = {
+    let (leader, last) = {
         tracing::info!(
             "phase 3: the two running nodes restart, so no in-memory ship tail still covers the gap"
         );
@@ -100,7 +100,12 @@ async fn a_follower_behind_the_leaders_purge_point_installs_a_snapshot_and_conve
             cluster.start(running).await;
         }
         let l = cluster.leader().await;
-        cluster.client(l).clone()
+        let leader = cluster.client(l).clone();
+        // The restarted leader opens a new term (a term is never resumed across a restart,
+        // decisions/023): its LeaderStart follows `last`. One more write marks the end of the log.
+        let end = leader.post_signals(signals(10, 500), None).await.unwrap().seqno;
+        assert!(end > last, "{end} <= {last}");
+        (leader, end)
     };
     {
         tracing::info!("phase 4: the follower restarts, installs the leader's snapshot and converges");

@@ -6,7 +6,10 @@
 //! durable frontier, then calls the [`FlushedHook`] and finally every completion.
 //!
 //! Delicate:
-//! - Nothing is handed out (hook, completion, reader) before the fsync that covers it.
+//! - Nothing is handed out (hook, completion, reader) before the fsync that covers it, with one
+//!   exception: [`FlushedHook::written`] sees a drain's batches once they are written, just before
+//!   its fsync, so a leader ships them while it fsyncs (decisions/023). Whoever takes them there
+//!   must not treat them as durable: a failed fsync poisons the WAL and a crash may lose them.
 //! - A failed write or fsync poisons the WAL for good: the drain's completions get the error, every
 //!   later request gets [`Error::Poisoned`], and nothing is ever retried (after a failed fsync the
 //!   kernel may have dropped the pages; a later success would prove nothing).
@@ -109,8 +112,14 @@ pub struct ReplicatedAppended {
 pub type ReplicatedCompletion = Box<dyn FnOnce(Result<ReplicatedAppended, Error>) + Send>;
 
 /// Sees every flushed batch, on the writer thread, after the fsync and before the completions, in
-/// seqno order (the ship feed hangs here). Must be quick and must not panic.
+/// seqno order (the applier hangs here). Must be quick and must not panic.
 pub trait FlushedHook: Send + 'static {
+    /// The batches of a drain, written to the segment but NOT yet fsynced, in seqno order: called
+    /// just before the drain's fsync, once per drain that writes batches (the ship feed hangs here,
+    /// so followers fsync while the leader does). They are not durable: if the fsync fails, the WAL
+    /// is poisoned and [`FlushedHook::flushed`] is never called for them; after a crash they may be
+    /// gone. Batches a rotation inside the drain already fsynced are included.
+    fn written(&mut self, _batches: &[Batch]) {}
     /// The batches just made durable, in seqno order.
     fn flushed(&mut self, batches: &[Batch]);
     /// Every batch from `from` on was just cut off the log (quarantined or reset away), before any
@@ -462,7 +471,9 @@ impl Writer {
         if flushed.batches.is_empty() {
             return Ok(flushed);
         }
-        self.write_and_sync(&mut buf)?;
+        self.write_pending(&mut buf)?;
+        self.hook.written(&flushed.batches);
+        self.sync_active()?;
         let gather_min = self.shared.config.gather_min_requests;
         if gather_min > 0 && flushed.outcomes.len() >= gather_min {
             // The writers of this drain are not back yet (their completions run after this):
@@ -570,11 +581,6 @@ impl Writer {
         self.next_seqno = batch.last_seqno().next();
         self.active_info.last_seqno = Some(batch.last_seqno());
         flushed.batches.push(batch.clone());
-    }
-
-    fn write_and_sync(&mut self, buf: &mut Vec<u8>) -> Result<(), Error> {
-        self.write_pending(buf)?;
-        self.sync_active()
     }
 
     /// Writes the drain's bytes at the logical end of the active segment (over preallocated zeros).

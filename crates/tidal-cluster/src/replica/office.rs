@@ -9,7 +9,9 @@
 //! - stepping down is synchronous with persisting a higher vote ([`Replica::deposed`], called under
 //!   the term lock by the vote store), so a deposed leader never counts another ack;
 //! - every step re-checks that the term is still T; a stale office stops at its next step;
-//! - a node put back in office in the SAME term writes no second LeaderStart.
+//! - a node put back in office in the SAME term writes no second LeaderStart, and only within the
+//!   process that opened it: a term openraft restores after a restart is handed over, never resumed
+//!   (its unsynced tail may have been shipped and lost here; decisions/023).
 
 use super::{Replica, Role, HEARTBEAT_INTERVAL};
 use crate::control::{ControlCmd, ControlPlane};
@@ -140,6 +142,11 @@ impl Replica {
         });
     }
 
+    /// Whether any voter other than this node counts (a single-voter cluster ships to no one).
+    fn has_other_voters(&self) -> bool {
+        self.members.borrow().voters().iter().any(|voter| *voter != self.me)
+    }
+
     /// Switches openraft's leader heartbeats on or off (no-op without a control plane).
     fn set_heartbeats(&self, on: bool) {
         if let Some(control) = self.control.get() {
@@ -217,6 +224,21 @@ impl Replica {
         let term_start = {
             let _term_lock = self.gate.lock().await;
             self.still(term, &stop)?;
+            if !write_leader_start
+                && self.opened_term.load(Ordering::SeqCst) < term.get()
+                && self.has_other_voters()
+            {
+                // We hold this term's LeaderStart but did not open the term in this process: openraft
+                // restored our leadership after a restart. Our earlier process shipped batches before
+                // their fsync (decisions/023), so followers outside the majority we probed may hold
+                // batches of this term that the crash took from us; writing on from our log would
+                // put other contents at their seqnos under the same term. Hand the office over: the
+                // next leader opens a new term and quarantines whatever was never committed.
+                return Err(format!(
+                    "openraft restored our leadership of term {term} after a restart; a term is never resumed across a restart"
+                ));
+            }
+            self.opened_term.fetch_max(term.get(), Ordering::SeqCst);
             self.wal.set_term(term);
             let term_start = if write_leader_start {
                 baseline.seqno.next()
