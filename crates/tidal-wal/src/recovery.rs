@@ -185,9 +185,7 @@ fn keep_prepared(
         let mut file = io.open_append(path).map_err(|err| Error::io("open prepared segment", path, err))?;
         let len = file.len().map_err(|err| Error::io("read prepared segment length", path, err))?;
         let zeros = len <= target
-            && crate::segment::is_zero(
-                &io.read_prefix(path, len).map_err(|err| Error::io("read prepared segment", path, err))?,
-            );
+            && io.is_zero_prefix(path, len).map_err(|err| Error::io("read prepared segment", path, err))?;
         if zeros {
             file.sync_data().map_err(|err| Error::io("fsync prepared segment", path, err))?;
             Some((file, len))
