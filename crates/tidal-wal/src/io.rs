@@ -32,6 +32,12 @@ pub trait FileIo: Send + Sync + 'static {
     fn is_zero_prefix(&self, path: &Path, len: u64) -> io::Result<bool> {
         Ok(crate::segment::is_zero(&self.read_prefix(path, len)?))
     }
+    /// Reads a whole file that may end in a long run of zeros (a preallocated segment) as its bytes
+    /// up to some point and the number of zero bytes that follow them to the end of the file. The
+    /// split is wherever the implementation likes (the default: the whole file, no zeros).
+    fn read_zero_trimmed(&self, path: &Path) -> io::Result<(Vec<u8>, u64)> {
+        Ok((self.read_all(path)?, 0))
+    }
     /// Removes a file (durable after `sync_dir`).
     fn remove_file(&self, path: &Path) -> io::Result<()>;
     /// Renames a file, replacing `to` (durable after `sync_dir`).
@@ -99,6 +105,28 @@ impl FileIo for StdIo {
         let mut bytes = Vec::with_capacity(capacity);
         file.take(len).read_to_end(&mut bytes)?;
         Ok(bytes)
+    }
+
+    /// In 1 MiB steps: all-zero steps are only counted (materialized if bytes follow), so the
+    /// preallocated end of the active segment costs no allocation at restart.
+    fn read_zero_trimmed(&self, path: &Path) -> io::Result<(Vec<u8>, u64)> {
+        let mut file = File::open(path)?;
+        let mut buf = vec![0u8; 1 << 20];
+        let mut bytes = Vec::new();
+        let mut zeros = 0usize;
+        loop {
+            let read = file.read(&mut buf)?;
+            if read == 0 {
+                return Ok((bytes, zeros as u64));
+            }
+            if crate::segment::is_zero(&buf[..read]) {
+                zeros += read;
+            } else {
+                bytes.resize(bytes.len() + zeros, 0);
+                zeros = 0;
+                bytes.extend_from_slice(&buf[..read]);
+            }
+        }
     }
 
     /// In 1 MiB steps through one buffer: a kept `segment.prep` is a whole segment of zeros, and

@@ -269,13 +269,24 @@ fn scan_segments(
             return Err(Error::corrupt(path, 0, reason));
         }
         let is_last = index + 1 == segment_paths.len();
-        let bytes = io.read_all(path).map_err(|err| Error::io("read segment", path, err))?;
-        let scan = scan_segment(&bytes, totals.next_seqno, totals.last_term, is_last);
+        let read_error = |err| Error::io("read segment", path, err);
+        // The last segment's preallocated zeros are counted, not read into memory; a scan that does
+        // not end cleanly on the trimmed bytes (a batch may run into the zeros) reads it all again.
+        let (mut bytes, mut zeros) = if is_last {
+            io.read_zero_trimmed(path).map_err(read_error)?
+        } else {
+            (io.read_all(path).map_err(read_error)?, 0)
+        };
+        let mut scan = scan_segment(&bytes, totals.next_seqno, totals.last_term, is_last);
+        if zeros > 0 && !matches!(scan.end, ScanEnd::Clean) {
+            (bytes, zeros) = (io.read_all(path).map_err(read_error)?, 0);
+            scan = scan_segment(&bytes, totals.next_seqno, totals.last_term, is_last);
+        }
+        let file_len = bytes.len() as u64 + zeros;
         match scan.end {
             ScanEnd::Clean => {}
             ScanEnd::Torn { offset } => {
-                totals.torn =
-                    Some(TornTail { path: path.clone(), offset, bytes_dropped: bytes.len() as u64 - offset });
+                totals.torn = Some(TornTail { path: path.clone(), offset, bytes_dropped: file_len - offset });
             }
             ScanEnd::Corrupt { offset, reason } => return Err(Error::corrupt(path, offset, reason)),
         }

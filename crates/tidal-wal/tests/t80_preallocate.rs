@@ -374,3 +374,69 @@ fn crash(io: &SimIo, wal: Wal) {
     drop(wal);
     io.restart();
 }
+
+/// On real files the last segment's zeros are counted in 1 MiB steps, not read into memory
+/// (`StdIo::read_zero_trimmed`). Recovery must find the same log whatever the split: a segment that
+/// ends in megabytes of preallocated zeros, a last batch whose payload itself ends in more than a
+/// step of zeros (the scan of the trimmed bytes is not clean: read again in full), and a torn batch
+/// followed by zeros (cut, with the bytes dropped counted up to the end of the file).
+#[test]
+fn recovery_over_real_files_counts_the_zeros_of_the_last_segment_without_losing_a_batch() {
+    let temp = tempfile::tempdir().unwrap();
+    let dir = temp.path().join("wal");
+    let mut config = WalConfig::new(&dir);
+    config.segment_bytes_max = 64 << 20;
+    config.preallocate_bytes = 0; // the test writes the zeros itself
+    let open = |config: &WalConfig| {
+        Wal::open(config.clone(), Arc::new(StdIo), Arc::new(tidal_wal::SystemClock), Box::new(NoopHook))
+            .unwrap()
+    };
+    let mut zero_tail = vec![7u8; 16];
+    zero_tail.resize(3 << 20, 0);
+    let (wal, _) = open(&config);
+    wal.append_blocking(request(RecordKind::Signal, 1, &[1; 300])).unwrap();
+    wal.append_blocking(request(RecordKind::Signal, 1, &zero_tail)).unwrap();
+    let before = read_all(&wal, 1);
+    drop(wal);
+    let segment = dir.join("00000000000000000001.seg");
+    let logical = std::fs::metadata(&segment).unwrap().len();
+    let pad = |len: u64| {
+        let file = std::fs::OpenOptions::new().write(true).open(&segment).unwrap();
+        file.set_len(len).unwrap();
+    };
+
+    // Preallocated zeros after a batch whose payload ends in 3 MiB of zeros.
+    pad(logical + (5 << 20));
+    let (wal, recovery) = open(&config);
+    assert_eq!(recovery.truncated, None);
+    assert_eq!(recovery.batches, 2);
+    assert_eq!(read_all(&wal, 1), before);
+    wal.append_blocking(request(RecordKind::Signal, 1, &[3; 300])).unwrap();
+    let before = read_all(&wal, 1);
+    drop(wal);
+
+    // A small last batch, then zeros: the common case.
+    let logical = std::fs::metadata(&segment).unwrap().len();
+    pad(logical + (9 << 20) + 5);
+    let (wal, recovery) = open(&config);
+    assert_eq!(recovery.truncated, None);
+    assert_eq!(read_all(&wal, 1), before);
+    drop(wal);
+
+    // The last batch torn (its second half lost), then zeros: cut at its start.
+    let last_len = before.last().unwrap().encoded().len() as u64;
+    let file = std::fs::OpenOptions::new().write(true).open(&segment).unwrap();
+    std::os::unix::fs::FileExt::write_all_at(
+        &file,
+        &vec![0u8; (last_len / 2) as usize],
+        logical - last_len / 2,
+    )
+    .unwrap();
+    drop(file);
+    let file_len = std::fs::metadata(&segment).unwrap().len();
+    let (wal, recovery) = open(&config);
+    let torn = recovery.truncated.expect("the torn batch is cut");
+    assert_eq!(torn.offset, logical - last_len);
+    assert_eq!(torn.bytes_dropped, file_len - torn.offset);
+    assert_eq!(read_all(&wal, 1), before[..before.len() - 1].to_vec());
+}
