@@ -69,6 +69,14 @@ fn commit_notices_enabled() -> bool {
     static ENABLED: OnceLock<bool> = OnceLock::new();
     *ENABLED.get_or_init(|| std::env::var("TIDAL_COMMIT_NOTICES").map_or(true, |v| v != "0"))
 }
+
+/// Whether the leader feeds its ship tail when a drain is written, before its fsync (decisions/023);
+/// `TIDAL_SHIP_ON_WRITE=0` feeds it after the fsync instead (for A/B measurements). The commit cap
+/// and the restart rule hold either way.
+fn ship_on_write() -> bool {
+    static ENABLED: OnceLock<bool> = OnceLock::new();
+    *ENABLED.get_or_init(|| std::env::var("TIDAL_SHIP_ON_WRITE").map_or(true, |v| v != "0"))
+}
 const BACKOFF_MIN: Duration = Duration::from_millis(20);
 const BACKOFF_MAX: Duration = Duration::from_secs(1);
 /// A pull that receives nothing for this long is abandoned (and retried later).
@@ -112,13 +120,18 @@ impl FlushedHook for ReplicaHook {
         // because our commit never passes our own durable position (CommitState) and a restart never
         // resumes a term this node led before it (office.rs), so what a crash loses here was never
         // committed and is never written again with other contents under the same term.
-        self.feed.push(batches);
+        if ship_on_write() {
+            self.feed.push(batches);
+        }
     }
 
     fn flushed(&mut self, batches: &[Batch]) {
         let Some(last) = batches.last() else { return };
         let position = TermSeqno { term: last.term(), seqno: last.last_seqno() };
         self.applier.flushed(batches.to_vec());
+        if !ship_on_write() {
+            self.feed.push(batches);
+        }
         // While in office, the leader's own durable position counts as matched. CommitState ignores
         // it unless this node holds office in the batch's term (stepping down is synchronous with
         // persisting a higher vote, so a deposed leader never counts its own batches).
