@@ -45,7 +45,8 @@ fn classes(state: &ModelState) -> Vec<Vec<usize>> {
 
 fn local_fingerprint(node: &NodeState) -> u64 {
     let mut hasher = DefaultHasher::new();
-    (node.term, node.elected, &node.wal, node.durable, node.commit, node.applied).hash(&mut hasher);
+    (node.term, node.elected, node.incarnation, &node.wal, node.durable, node.commit, node.applied)
+        .hash(&mut hasher);
     std::mem::discriminant(&node.role).hash(&mut hasher);
     node.office_term().hash(&mut hasher);
     node.unsynced.len().hash(&mut hasher);
