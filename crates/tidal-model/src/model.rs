@@ -8,6 +8,19 @@
 //! message is delivered. Delicate:
 //! - a planted bug ([`Bugs`]) flips ONE rule by lying to or bypassing the core, never by editing it;
 //! - an action that changes nothing returns `None`, so stateright does not count it as a new state.
+//!
+//! The leader writes its log in parallel with replicating (Raft §10.2.1, decisions/023): a live ship
+//! carries its whole log, appends not yet fsynced included, so a follower may hold durably a batch
+//! that the leader's crash loses. Two rules keep that safe, and each has a planted bug:
+//! - in quorum mode the leader's commit is `min(commit_frontier, own durable)`, never decreasing
+//!   ([`Bug::CommitPastOwnDurable`] drops the cap);
+//! - a restarted leader never takes office again in its term: it waits for an election of a higher
+//!   term ([`Bug::ResumeAfterRestart`] lets openraft put it back, as [`Action::Reelect`]). Resumed,
+//!   it could write another batch at a `(term, seqno)` it had shipped before the crash. The core
+//!   decides on `(term, seqno)` only and cannot tell the two apart; the model stamps each batch
+//!   with its writer process ([`crate::state::Batch`]) so that the properties can.
+//!
+//! Pulls (a syncing leader's, a follower's catch-up) serve the source's durable log only.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
