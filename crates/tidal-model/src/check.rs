@@ -117,10 +117,9 @@ fn up_to_first_violation(
 /// profile (opt-level 1) on a slow machine.
 pub fn bounded() -> Vec<(&'static str, ReplicationModel)> {
     vec![
-        (
-            "3 nodes, quorum, 2 terms, LeaderStarts only, no crash",
-            ReplicationModel { max_crashes: 0, ..ReplicationModel::three(2, 0, Mode::Quorum) },
-        ),
+        // With a crash: a leader ships its LeaderStart unsynced, a follower keeps it, the leader's
+        // crash loses it, and the leader of term 2 meets it (decisions/023).
+        ("3 nodes, quorum, 2 terms, LeaderStarts only, 1 crash", ReplicationModel::three(2, 0, Mode::Quorum)),
         ("3 nodes, quorum, 1 term, 1 write, 1 crash", ReplicationModel::three(1, 1, Mode::Quorum)),
         ("3 nodes, leader, 1 term, 1 write, 1 crash", ReplicationModel::three(1, 1, Mode::Leader)),
         (
