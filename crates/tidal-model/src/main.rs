@@ -67,7 +67,8 @@ fn main() {
         let (model, search) = planted(*bug);
         let report = check(&format!("planted {bug:?}"), variant(model), search, true);
         println!("{}", report.line());
-        match report.violations.first() {
+        // The shortest of the counterexamples found (one per property broken).
+        match report.violations.iter().min_by_key(|(_, history)| history.lines().count()) {
             Some((_, history)) => {
                 found += 1;
                 println!("{history}");
