@@ -5,8 +5,9 @@ use std::time::{Duration, Instant};
 use stateright::{Checker, HasDiscoveries, Model};
 
 use crate::history::worked_history;
-use crate::model::{Bug, Bugs, Mode, ReplicationModel};
+use crate::model::{Action, Bug, Bugs, Mode, ReplicationModel};
 use crate::properties::SAFETY;
+use crate::state::ModelState;
 use crate::symmetry::representative;
 
 /// What one run of the checker found.
@@ -78,7 +79,7 @@ pub fn check(name: &str, model: ReplicationModel, search: Search, stop_at_violat
     discoveries.sort_by_key(|(name, _)| *name);
     for (property, path) in discoveries {
         if SAFETY.contains(&property) {
-            let steps = path.into_vec();
+            let steps = up_to_first_violation(&model, path.into_vec(), property);
             violations.push((property.to_string(), worked_history(&model, &steps, property)));
         } else {
             reached.push(property.to_string());
@@ -94,14 +95,31 @@ pub fn check(name: &str, model: ReplicationModel, search: Search, stop_at_violat
     }
 }
 
+/// `steps` cut at the first state that breaks `property`. The checker records the LAST violating
+/// path it met before it stopped (stateright overwrites a discovery while a block of states is
+/// being explored), which may carry steps after the violation; they are dropped.
+fn up_to_first_violation(
+    model: &ReplicationModel,
+    mut steps: Vec<(ModelState, Option<Action>)>,
+    property: &str,
+) -> Vec<(ModelState, Option<Action>)> {
+    let Some(condition) = model.properties().into_iter().find(|p| p.name == property).map(|p| p.condition)
+    else {
+        return steps;
+    };
+    if let Some(first) = steps.iter().position(|(state, _)| !condition(model, state)) {
+        steps.truncate(first + 1);
+    }
+    steps
+}
+
 /// The bounded check run by `make test`: both durability modes on 3 nodes, small enough for the test
 /// profile (opt-level 1) on a slow machine.
 pub fn bounded() -> Vec<(&'static str, ReplicationModel)> {
     vec![
-        (
-            "3 nodes, quorum, 2 terms, LeaderStarts only, no crash",
-            ReplicationModel { max_crashes: 0, ..ReplicationModel::three(2, 0, Mode::Quorum) },
-        ),
+        // With a crash: a leader ships its LeaderStart unsynced, a follower keeps it, the leader's
+        // crash loses it, and the leader of term 2 meets it (decisions/023).
+        ("3 nodes, quorum, 2 terms, LeaderStarts only, 1 crash", ReplicationModel::three(2, 0, Mode::Quorum)),
         ("3 nodes, quorum, 1 term, 1 write, 1 crash", ReplicationModel::three(1, 1, Mode::Quorum)),
         ("3 nodes, leader, 1 term, 1 write, 1 crash", ReplicationModel::three(1, 1, Mode::Leader)),
         (
@@ -161,6 +179,17 @@ pub fn planted(bug: Bug) -> (ReplicationModel, Search) {
             ReplicationModel { max_crashes: 0, ..ReplicationModel::three(2, 0, Mode::Quorum) }
                 .with_notices()
                 .with_follower_pulls()
+        }
+        // One term of LeaderStart: both followers (one learns the term from a heartbeat) fsync and
+        // ack it before the leader's own fsync.
+        Bug::CommitPastOwnDurable => {
+            ReplicationModel { max_crashes: 0, ..ReplicationModel::three(1, 0, Mode::Quorum) }
+        }
+        // One term, one crash: the leader ships its LeaderStart unsynced, a follower fsyncs it, the
+        // leader's crash loses it; back in office in the same term, it writes a second LeaderStart
+        // at the same (term, seqno).
+        Bug::ResumeAfterRestart => {
+            ReplicationModel { learn_terms: false, ..ReplicationModel::three(1, 0, Mode::Quorum) }
         }
         Bug::AckBeforeFsync
         | Bug::NoTermRecheck

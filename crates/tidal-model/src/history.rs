@@ -3,14 +3,15 @@
 //!
 //! A node's state reads `n2 Lt3* t3 [t1 t1 | t3] c2 a2`: role (F follower, P probing, S syncing, L leader,
 //! `*` serving) with its term, the persisted term, the WAL as the term of each seqno with `|` after the
-//! durable prefix, then commit and applied.
+//! durable prefix, then commit and applied. A batch written by a leader process resumed in its term
+//! after a restart carries a `'` per restart (`t1'`): the same `(term, seqno)`, another batch.
 
 use std::fmt::Write as _;
 
 use stateright::Model;
 use tidal_types::NodeId;
 
-use crate::model::{Action, ReplicationModel};
+use crate::model::{batch_label, Action, ReplicationModel};
 use crate::state::{index, Message, ModelState, NodeState, Role};
 
 /// The node an action happens on.
@@ -44,11 +45,11 @@ pub fn node_summary(me: NodeId, node: &NodeState) -> String {
         Role::Leader { term, serving, .. } => format!("L{term}{}", if *serving { "*" } else { "" }),
     };
     let mut wal = String::new();
-    for (i, term) in node.wal.iter().enumerate() {
+    for (i, batch) in node.wal.iter().enumerate() {
         if i as u64 == node.durable.get() {
             wal.push_str("| ");
         }
-        let _ = write!(wal, "{term} ");
+        let _ = write!(wal, "{} ", batch_label(batch));
     }
     if node.durable.get() == node.wal.len() as u64 && !node.wal.is_empty() {
         wal.push('|');

@@ -4,7 +4,9 @@
 //! `Quorum`, `answer_probe` and `plan_office` — not a copy of it, through every interleaving of a
 //! small cluster: elections at any moment (one leader per term, persisted votes), message loss,
 //! duplication and reordering, crashes that lose what was not fsynced, and a membership change.
-//! docs/decisions/006-model-check.md says what is abstracted and why that is sound.
+//! Leaders ship batches as soon as they are written, before their own fsync (decisions/023); each
+//! batch carries the identity of the process that wrote it, so two batches at one `(term, seqno)`
+//! are told apart. docs/decisions/006-model-check.md says what is abstracted and why that is sound.
 //!
 //! It is not a simulation of the production runtime: no bytes, no timing, no snapshots beyond
 //! rewinding state to a divergence point, no purge.

@@ -8,6 +8,19 @@
 //! message is delivered. Delicate:
 //! - a planted bug ([`Bugs`]) flips ONE rule by lying to or bypassing the core, never by editing it;
 //! - an action that changes nothing returns `None`, so stateright does not count it as a new state.
+//!
+//! The leader writes its log in parallel with replicating (Raft §10.2.1, decisions/023): a live ship
+//! carries its whole log, appends not yet fsynced included, so a follower may hold durably a batch
+//! that the leader's crash loses. Two rules keep that safe, and each has a planted bug:
+//! - in quorum mode the leader's commit is `min(commit_frontier, own durable)`, never decreasing
+//!   ([`Bug::CommitPastOwnDurable`] drops the cap);
+//! - a restarted leader never takes office again in its term: it waits for an election of a higher
+//!   term ([`Bug::ResumeAfterRestart`] lets openraft put it back, as [`Action::Reelect`]). Resumed,
+//!   it could write another batch at a `(term, seqno)` it had shipped before the crash. The core
+//!   decides on `(term, seqno)` only and cannot tell the two apart; the model stamps each batch
+//!   with its writer process ([`crate::state::Batch`]) so that the properties can.
+//!
+//! Pulls (a syncing leader's, a follower's catch-up) serve the source's durable log only.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
@@ -21,8 +34,8 @@ use tidal_types::{NodeId, Seqno, Term, TermSeqno};
 
 use crate::properties;
 use crate::state::{
-    id, index, Acked, Broken, Config, History, LowerTermView, Message, ModelState, Network, NodeState,
-    NoticeState, PendingAck, Role,
+    id, index, Acked, Batch, Broken, Committed, Config, History, LowerTermView, Message, ModelState, Network,
+    NodeState, NoticeState, PendingAck, Role,
 };
 
 /// Durability mode (PROTOCOL.md, "Committing and acknowledging").
@@ -60,13 +73,21 @@ pub enum Bug {
     /// A follower's catch-up chunk from a node not in office (stale leader hint) may replace the
     /// follower's batches, as a ship from the leader may (chaos 114, decisions/019).
     StalePullReplaces,
+    /// The leader's commit is the majority-matched frontier alone, not capped at its own durable
+    /// position: with ships of unsynced batches, followers can match past the leader's fsync
+    /// (decisions/023).
+    CommitPastOwnDurable,
+    /// Openraft puts a restarted leader back in office in the same term, and it takes it: it may
+    /// write a batch at a `(term, seqno)` where it had shipped another one that its crash lost
+    /// (decisions/023).
+    ResumeAfterRestart,
 }
 
 impl Bug {
     /// Every planted bug, in PROTOCOL.md's order.
     /// [`Bug::StalePullReplaces`] is not in it: with follower pulls the smallest model that shows
     /// it is too large for the checker within minutes (decisions/019).
-    pub const ALL: [Bug; 9] = [
+    pub const ALL: [Bug; 11] = [
         Bug::AckBeforeFsync,
         Bug::NoTermRecheck,
         Bug::CountOlderTerm,
@@ -76,6 +97,8 @@ impl Bug {
         Bug::ChooseByCommit,
         Bug::SkipDualCount,
         Bug::NoticePastMatched,
+        Bug::CommitPastOwnDurable,
+        Bug::ResumeAfterRestart,
     ];
 }
 
@@ -102,12 +125,21 @@ pub struct Bugs {
     pub notice_past_matched: bool,
     /// See [`Bug::StalePullReplaces`].
     pub stale_pull_replaces: bool,
+    /// See [`Bug::CommitPastOwnDurable`].
+    pub commit_past_own_durable: bool,
+    /// See [`Bug::ResumeAfterRestart`].
+    pub resume_after_restart: bool,
 }
 
 impl Bugs {
     /// Exactly one planted bug.
     pub fn one(bug: Bug) -> Bugs {
-        let mut bugs = Bugs::default();
+        Bugs::default().with(bug)
+    }
+
+    /// These bugs and `bug`.
+    pub fn with(self, bug: Bug) -> Bugs {
+        let mut bugs = self;
         match bug {
             Bug::AckBeforeFsync => bugs.ack_before_fsync = true,
             Bug::NoTermRecheck => bugs.no_term_recheck = true,
@@ -119,6 +151,8 @@ impl Bugs {
             Bug::SkipDualCount => bugs.skip_dual_count = true,
             Bug::NoticePastMatched => bugs.notice_past_matched = true,
             Bug::StalePullReplaces => bugs.stale_pull_replaces = true,
+            Bug::CommitPastOwnDurable => bugs.commit_past_own_durable = true,
+            Bug::ResumeAfterRestart => bugs.resume_after_restart = true,
         }
         bugs
     }
@@ -148,6 +182,10 @@ pub struct ReplicationModel {
     /// hint that went stale (decisions/019). A pull from the node in office is not modelled apart:
     /// the leader's ships do what its chunks do, and more (they are acked).
     pub follower_pulls: bool,
+    /// A leader's live ships carry its whole log, appends not yet fsynced included (it ships each
+    /// group-commit drain once written, before its own fsync: decisions/023). False: only its
+    /// durable log, the rule before; kept to show which planted bugs need the new rule.
+    pub ship_unsynced: bool,
     /// Planted bugs.
     pub bugs: Bugs,
 }
@@ -170,7 +208,11 @@ pub enum Action {
         /// Term.
         term: Term,
     },
-    /// After a restart, openraft puts a node back in office in the same term.
+    /// After a restart, openraft puts a node back in office in the same term. Only with the planted
+    /// bug `resume_after_restart`: the code refuses such an office and hands it over (heartbeats off,
+    /// the others elect a higher term), so without the bug a restarted leader waits for an [`Elect`].
+    ///
+    /// [`Elect`]: Action::Elect
     Reelect {
         /// Node.
         node: NodeId,
@@ -187,8 +229,12 @@ pub enum Action {
         /// Leader.
         leader: NodeId,
     },
-    /// The leader ships its whole durable log (prev `(0, 0)`): any ship a ShipQueue would send after
-    /// a Gap or Diverged has the same effect on the follower, or none.
+    /// The leader ships its whole log (prev `(0, 0)`), appends not yet fsynced included: it ships a
+    /// group-commit drain as soon as it is written, before its own fsync ([`ship_unsynced`]; without
+    /// it, its durable log). Any ship a ShipQueue would send after a Gap or Diverged has the same
+    /// effect on the follower, or none.
+    ///
+    /// [`ship_unsynced`]: ReplicationModel::ship_unsynced
     Ship {
         /// Leader.
         leader: NodeId,
@@ -202,13 +248,14 @@ pub enum Action {
         /// Follower.
         to: NodeId,
     },
-    /// The source of a syncing leader serves its whole durable log as one pulled chunk.
+    /// The source of a syncing leader serves its whole durable log as one pulled chunk (a pull never
+    /// serves unsynced batches: production's `serve_pull` reads durable batches only).
     Pull {
         /// Syncing leader.
         leader: NodeId,
     },
     /// A follower pulls from `source`, a node of its term not in office (a stale leader hint): the
-    /// source serves its whole durable log as one chunk.
+    /// source serves its whole durable log as one chunk (durable batches only, as any pull).
     CatchUp {
         /// Follower.
         node: NodeId,
@@ -252,6 +299,7 @@ impl ReplicationModel {
             learn_terms: true,
             commit_notices: false,
             follower_pulls: false,
+            ship_unsynced: true,
             bugs: Bugs::default(),
         }
     }
@@ -273,6 +321,11 @@ impl ReplicationModel {
             membership_change: true,
             ..ReplicationModel::three(max_term, max_writes, mode)
         }
+    }
+
+    /// The same model with live ships of the durable log only (the rule before decisions/023).
+    pub fn with_durable_ships(self) -> ReplicationModel {
+        ReplicationModel { ship_unsynced: false, ..self }
     }
 
     /// The same model with `bugs` planted.
@@ -413,7 +466,7 @@ impl Model for ReplicationModel {
             }
             Action::Pull { leader } => self.pull(&mut next, leader),
             Action::CatchUp { node, source } => {
-                let message = ship_message(self.node(&next, source), source, node, true);
+                let message = ship_message(self.node(&next, source), source, node, true, false);
                 next.network.send(message)
             }
             Action::Deliver(message) => self.deliver(&mut next, message),
@@ -462,7 +515,11 @@ impl ReplicationModel {
                     actions.push(Action::LearnTerm { node: id(i), term: Term(term) });
                 }
             }
-            if node.role == Role::Follower && node.elected == Some(node.term) && node.term > Term(0) {
+            if self.bugs.resume_after_restart
+                && node.role == Role::Follower
+                && node.elected == Some(node.term)
+                && node.term > Term(0)
+            {
                 actions.push(Action::Reelect { node: id(i) });
             }
         }
@@ -476,6 +533,7 @@ impl ReplicationModel {
         }
         let node = &mut state.nodes[index(candidate)];
         node.elected = Some(term);
+        node.incarnation = 0;
         node.role = Role::Probing { term, answers: BTreeMap::new(), commits: BTreeMap::new() };
         // A decided change that openraft never saw dies with its leader's term.
         if matches!(state.config, Config::Deciding { .. }) {
@@ -549,9 +607,9 @@ impl ReplicationModel {
     fn open(&self, state: &mut ModelState, leader: NodeId, term: Term, write_leader_start: bool) {
         let node = &mut state.nodes[index(leader)];
         if write_leader_start {
-            node.wal.push(term);
+            node.wal.push(Batch::new(term, node.incarnation));
         }
-        let start = node.wal.iter().position(|t| *t == term).map_or(node.len(), |i| Seqno(i as u64 + 1));
+        let start = node.wal.iter().position(|b| b.term == term).map_or(node.len(), |i| Seqno(i as u64 + 1));
         node.role = Role::Leader {
             term,
             start,
@@ -568,7 +626,7 @@ impl ReplicationModel {
     fn client_write(&self, state: &mut ModelState, leader: NodeId) -> bool {
         let node = &mut state.nodes[index(leader)];
         let Role::Leader { term, waiting, .. } = &mut node.role else { return false };
-        node.wal.push(*term);
+        node.wal.push(Batch::new(*term, node.incarnation));
         waiting.insert(Seqno(node.wal.len() as u64));
         state.writes += 1;
         true
@@ -576,7 +634,7 @@ impl ReplicationModel {
 
     fn ship(&self, state: &mut ModelState, leader: NodeId, to: NodeId) -> bool {
         let node = self.node(state, leader);
-        let message = ship_message(node, leader, to, false);
+        let message = ship_message(node, leader, to, false, self.ship_unsynced);
         state.network.send(message)
     }
 
@@ -587,7 +645,7 @@ impl ReplicationModel {
         if source_node.term != term {
             return false;
         }
-        let message = ship_message(source_node, source, leader, true);
+        let message = ship_message(source_node, source, leader, true, false);
         state.network.send(message)
     }
 
@@ -599,11 +657,11 @@ impl ReplicationModel {
                     prev,
                     batches: batches
                         .iter()
-                        .map(|b| BatchMeta { first: b.seqno, last: b.seqno, term: b.term })
+                        .map(|(seqno, b)| BatchMeta { first: *seqno, last: *seqno, term: b.term })
                         .collect(),
                     commit,
                 };
-                self.receive(state, from, to, &meta, pull)
+                self.receive(state, from, to, &meta, &batches, pull)
             }
             Message::Ack { from, to, term, matched } => self.receive_ack(state, from, to, term, matched),
             Message::Commit { to, term, commit, .. } => self.receive_notice(state, to, term, commit),
@@ -627,8 +685,17 @@ impl ReplicationModel {
         true
     }
 
-    /// The follower's receive path: decide_ship, perform, keep the ack for after the fsync.
-    fn receive(&self, state: &mut ModelState, from: NodeId, to: NodeId, ship: &ShipMeta, pull: bool) -> bool {
+    /// The follower's receive path: decide_ship (on `(term, seqno)` only, as production), perform
+    /// (an append copies the batch, writer included), keep the ack for after the fsync.
+    fn receive(
+        &self,
+        state: &mut ModelState,
+        from: NodeId,
+        to: NodeId,
+        ship: &ShipMeta,
+        batches: &[(Seqno, Batch)],
+        pull: bool,
+    ) -> bool {
         let node = self.node(state, to);
         // A chunk to a syncing leader from its source is the log it adopts; any other chunk is a
         // follower's catch-up from a node not in office, which may append but not replace.
@@ -671,7 +738,7 @@ impl ReplicationModel {
                 Step::Append(i) => {
                     let node = &mut state.nodes[index(to)];
                     assert_eq!(node.len().next(), ship.batches[i].first, "append must be contiguous");
-                    node.wal.push(ship.batches[i].term);
+                    node.wal.push(batches[i].1);
                 }
             }
         }
@@ -687,7 +754,7 @@ impl ReplicationModel {
         }
         if let Role::Syncing { term, target, .. } = node.role {
             if node.last() == target {
-                let write_leader_start = !node.wal.contains(&term);
+                let write_leader_start = !node.wal.iter().any(|b| b.term == term);
                 self.open(state, to, term, write_leader_start);
             }
         }
@@ -785,21 +852,31 @@ impl ReplicationModel {
             Mode::Quorum => {
                 let wal = &node.wal;
                 let true_term_at = |seqno: Seqno| {
-                    usize::try_from(seqno.get()).ok()?.checked_sub(1).and_then(|i| wal.get(i)).copied()
+                    let i = usize::try_from(seqno.get()).ok()?.checked_sub(1)?;
+                    wal.get(i).map(|b| b.term)
                 };
-                if self.bugs.count_older_term {
+                let frontier = if self.bugs.count_older_term {
                     commit_frontier(&quorum, matched, term, node.commit, |seqno| {
                         true_term_at(seqno).map(|_| term)
                     })
                 } else {
                     commit_frontier(&quorum, matched, term, node.commit, true_term_at)
+                };
+                if self.bugs.commit_past_own_durable {
+                    frontier
+                } else {
+                    // Followers may have matched unsynced batches of ours: never commit past what
+                    // we hold durably (a batch our crash loses was never committed), never go down.
+                    frontier.min(node.durable).max(node.commit)
                 }
             }
             Mode::Leader => matched.get(&me).map_or(node.commit, |p| p.seqno.max(node.commit)),
         };
         if self.quorum_mode() {
             for seqno in node.commit.get() + 1..=next.get() {
-                state.history.committed.insert((node.position(Seqno(seqno)), term));
+                let position = node.position(Seqno(seqno));
+                let writer = node.batch_at(Seqno(seqno)).map_or(0, |b| b.writer);
+                state.history.committed.insert(Committed { position, writer, by: term });
             }
         }
         node.commit = next;
@@ -817,8 +894,11 @@ impl ReplicationModel {
         let done: Vec<Seqno> = waiting.iter().copied().filter(|s| *s <= next && *s <= applied).collect();
         for seqno in done {
             waiting.remove(&seqno);
+            let at = usize::try_from(seqno.get()).unwrap_or(0).wrapping_sub(1);
+            let writer = node.wal.get(at).map_or(0, |b| b.writer);
             state.history.acked.insert(Acked {
                 batch: TermSeqno { term, seqno },
+                writer,
                 by: me,
                 in_term: node_term,
             });
@@ -830,7 +910,8 @@ impl ReplicationModel {
         let node = &mut state.nodes[index(me)];
         for seqno in from.get()..=node.len().get() {
             let position = node.position(Seqno(seqno));
-            if state.history.committed.iter().any(|(c, _)| *c == position) {
+            let Some(batch) = node.batch_at(Seqno(seqno)) else { continue };
+            if state.history.committed.iter().any(|c| c.position == position && c.writer == batch.writer) {
                 state.history.broken.insert(Broken::QuarantinedCommitted(me, position));
             }
         }
@@ -900,8 +981,12 @@ fn add_pending(node: &mut NodeState, pending: PendingAck) {
     node.unsynced.insert(merged);
 }
 
-/// Crash and restart: the WAL keeps what was fsynced, memory restarts from the persisted state.
+/// Crash and restart: the WAL keeps what was fsynced, memory restarts from the persisted state; a
+/// node openraft elected is a new writer process from now on.
 fn restart(node: &mut NodeState) -> bool {
+    if node.elected.is_some() {
+        node.incarnation = node.incarnation.saturating_add(1);
+    }
     node.wal.truncate(usize::try_from(node.durable.get()).unwrap_or(0));
     node.unsynced.clear();
     node.notice = NoticeState::default();
@@ -910,9 +995,10 @@ fn restart(node: &mut NodeState) -> bool {
     true
 }
 
-/// A ship (or pulled chunk) of `node`'s whole durable log.
-fn ship_message(node: &NodeState, sender: NodeId, to: NodeId, pull: bool) -> Message {
-    let batches = (1..=node.durable.get()).map(|s| node.position(Seqno(s))).collect();
+/// A ship (or pulled chunk) of `node`'s whole durable log, or with `unsynced` of its whole log.
+fn ship_message(node: &NodeState, sender: NodeId, to: NodeId, pull: bool, unsynced: bool) -> Message {
+    let upto = if unsynced { node.len() } else { node.durable };
+    let batches = (1..=upto.get()).filter_map(|s| Some((Seqno(s), node.batch_at(Seqno(s))?))).collect();
     Message::Ship {
         from: sender,
         to,
@@ -988,13 +1074,13 @@ impl fmt::Display for Action {
             Action::Reelect { node } => write!(f, "{node}: back in office in the same term"),
             Action::Probe { leader, target } => write!(f, "{leader}: probes {target}"),
             Action::ClientWrite { leader } => write!(f, "{leader}: client write appended"),
-            Action::Ship { leader, to } => write!(f, "{leader}: ships its durable log to {to}"),
+            Action::Ship { leader, to } => write!(f, "{leader}: ships its log to {to}"),
             Action::Notice { leader, to } => write!(f, "{leader}: sends its commit frontier to {to}"),
             Action::Pull { leader } => write!(f, "{leader}: pulls from its source"),
             Action::CatchUp { node, source } => write!(f, "{node}: catches up from {source} (not in office)"),
             Action::Deliver(Message::Ship { from, to, term, prev, batches, commit, pull }) => {
                 let batches: Vec<String> =
-                    batches.iter().map(|b| format!("{}:{}", b.seqno, b.term)).collect();
+                    batches.iter().map(|(seqno, b)| format!("{seqno}:{}", batch_label(b))).collect();
                 let kind = if *pull { "chunk" } else { "ship" };
                 write!(
                     f,
@@ -1014,4 +1100,9 @@ impl fmt::Display for Action {
             Action::FinishChange { leader } => write!(f, "{leader}: new configuration committed"),
         }
     }
+}
+
+/// A batch as the histories print it: its term, and `'` per writer process after the first.
+pub fn batch_label(batch: &Batch) -> String {
+    format!("{}{}", batch.term, "'".repeat(usize::from(batch.writer)))
 }

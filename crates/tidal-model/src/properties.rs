@@ -28,9 +28,10 @@ pub const SAFETY: [&str; 10] = [
 ];
 
 /// Quorum mode: every acknowledged write is in the log of every leader of its term or later, at the
-/// same position, and applied there, once that leader serves.
+/// same position (the same batch: same writer process), and applied there, once that leader serves.
 pub const NO_ACKED_WRITE_LOST: &str = "no acknowledged write lost (quorum)";
-/// Quorum mode: every position a leader counted as committed is in every later serving leader's log.
+/// Quorum mode: every batch a leader counted as committed (position and writer) is in every later
+/// serving leader's log.
 pub const NO_COMMITTED_BATCH_LOST: &str = "no committed batch lost (quorum)";
 /// Quorum mode: a leader that opened term T holds every position committed by a leader of a term
 /// below T (taking office step 3: "L now holds all of them"), before it serves.
@@ -38,8 +39,10 @@ pub const LEADER_COMPLETENESS: &str = "an opened leader holds every earlier-term
 /// Quorum mode: every committed position is durable on a majority of the voters openraft elects
 /// with (the premise of taking office step 3: every committed batch is on one node of any majority).
 pub const COMMITTED_ON_ELECTORATE: &str = "every commit is durable on a majority of the electorate (quorum)";
-/// Two logs holding the same term at a seqno agree on everything up to it; terms never decrease
-/// along a log.
+/// Two logs holding the same term at a seqno hold the same batch there (same writer process) and
+/// agree on everything up to it; terms never decrease along a log. Comparing writers is what sees a
+/// leader resumed in its term after a restart writing a second batch at a `(term, seqno)` it had
+/// shipped before the crash (decisions/023).
 pub const LOG_MATCHING: &str = "log matching";
 /// A node's commit frontier never decreases while it runs.
 pub const COMMIT_MONOTONE: &str = "commit never decreases";
@@ -118,7 +121,7 @@ fn acked_writes_held(state: &ModelState) -> bool {
             .acked
             .iter()
             .filter(|a| a.batch.term <= term)
-            .all(|a| node.term_at(a.batch.seqno) == Some(a.batch.term) && node.applied >= a.batch.seqno)
+            .all(|a| node.holds(a.batch, a.writer) && node.applied >= a.batch.seqno)
     })
 }
 
@@ -129,18 +132,18 @@ fn committed_held(state: &ModelState) -> bool {
             .history
             .committed
             .iter()
-            .filter(|(c, _)| c.term <= term)
-            .all(|(c, _)| node.term_at(c.seqno) == Some(c.term))
+            .filter(|c| c.position.term <= term)
+            .all(|c| node.holds(c.position, c.writer))
     })
 }
 
 fn committed_on_electorate(model: &ReplicationModel, state: &ModelState) -> bool {
     let electorate = Quorum::single(model.electorate(state.config));
-    state.history.committed.iter().all(|(c, _)| {
+    state.history.committed.iter().all(|c| {
         let holders: BTreeSet<NodeId> = (0..state.nodes.len())
             .filter(|i| {
                 let node = &state.nodes[*i];
-                c.seqno <= node.durable && node.term_at(c.seqno) == Some(c.term)
+                c.position.seqno <= node.durable && node.holds(c.position, c.writer)
             })
             .map(id)
             .collect();
@@ -151,21 +154,17 @@ fn committed_on_electorate(model: &ReplicationModel, state: &ModelState) -> bool
 fn leaders_complete(state: &ModelState) -> bool {
     state.nodes.iter().all(|node| {
         let Role::Leader { term, .. } = node.role else { return true };
-        state
-            .history
-            .committed
-            .iter()
-            .filter(|(_, by)| *by < term)
-            .all(|(c, _)| node.term_at(c.seqno) == Some(c.term))
+        state.history.committed.iter().filter(|c| c.by < term).all(|c| node.holds(c.position, c.writer))
     })
 }
 
 fn log_matching(state: &ModelState) -> bool {
-    let ordered = state.nodes.iter().all(|n| n.wal.windows(2).all(|w| w[0] <= w[1]));
+    let ordered = state.nodes.iter().all(|n| n.wal.windows(2).all(|w| w[0].term <= w[1].term));
     let matching = state.nodes.iter().enumerate().all(|(i, a)| {
         state.nodes.iter().skip(i + 1).all(|b| {
-            // Holding the same term at the highest common such seqno implies the same prefix.
-            let common = a.wal.iter().zip(&b.wal).rposition(|(x, y)| x == y);
+            // Holding the same term at the highest such seqno implies the same batches (writers
+            // included) up to it.
+            let common = a.wal.iter().zip(&b.wal).rposition(|(x, y)| x.term == y.term);
             common.is_none_or(|last| a.wal[..=last] == b.wal[..=last])
         })
     });

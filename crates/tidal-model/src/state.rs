@@ -1,7 +1,10 @@
 //! The model's state: per-node durable and in-memory state, the network, and history variables.
 //!
-//! A batch is abstracted as one seqno stamped with one term: `wal[i]` is the term of the batch at
-//! seqno `i + 1`. Everything the properties need that no single node remembers (what was acknowledged,
+//! A batch is abstracted as one seqno stamped with one term and the writer process that wrote it
+//! ([`Batch`]): `wal[i]` is the batch at seqno `i + 1`. The decision core sees `(term, seqno)` only,
+//! as production does; the writer is what the properties use to tell apart two batches at the same
+//! `(term, seqno)` written by two processes of one leader (a leader put back in office in its term
+//! after a restart that lost batches it had already shipped). Everything the properties need that no single node remembers (what was acknowledged,
 //! what some leader declared committed, rules broken at a transition) is kept in [`History`].
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -36,8 +39,13 @@ pub struct NodeState {
     pub term: Term,
     /// Persisted: openraft made this node leader of this term (a restart may put it back in office).
     pub elected: Option<Term>,
-    /// The WAL as appended: `wal[i]` is the term of the batch at seqno `i + 1`.
-    pub wal: Vec<Term>,
+    /// The writer-process id this node stamps on the batches it writes: restarts since openraft last
+    /// elected it (bumped by a restart while `elected` is set, reset by an election). A term's
+    /// batches come from its one leader, so numbering from the election keeps every batch's writer 0
+    /// unless a restarted leader resumes its term (the planted bug `resume_after_restart`).
+    pub incarnation: u8,
+    /// The WAL as appended: `wal[i]` is the batch at seqno `i + 1`.
+    pub wal: Vec<Batch>,
     /// Last fsynced seqno: a crash keeps `wal[..durable]` only.
     pub durable: Seqno,
     /// Commit frontier (in memory).
@@ -51,6 +59,23 @@ pub struct NodeState {
     /// Follower (in memory): the leader's commit notices and how far a live ship of that term
     /// matched after its fsync (decisions/016).
     pub notice: NoticeState,
+}
+
+/// One batch in a WAL or a message: the term of the leader that wrote it and which process of that
+/// leader (its [`NodeState::incarnation`]) wrote it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Batch {
+    /// The writing leader's term.
+    pub term: Term,
+    /// The writing process (0 unless a restarted leader resumed its term).
+    pub writer: u8,
+}
+
+impl Batch {
+    /// A batch of `term` written by process `writer`.
+    pub fn new(term: Term, writer: u8) -> Batch {
+        Batch { term, writer }
+    }
 }
 
 /// A follower's commit-notice bookkeeping, as tidal-cluster's `LeaderCommit`.
@@ -181,8 +206,8 @@ pub enum Message {
         term: Term,
         /// Position before the first batch.
         prev: TermSeqno,
-        /// Batches, contiguous from `prev.seqno + 1`.
-        batches: Vec<TermSeqno>,
+        /// Batches with their seqnos, contiguous from `prev.seqno + 1`.
+        batches: Vec<(Seqno, Batch)>,
         /// Sender's commit frontier.
         commit: Seqno,
         /// A pulled chunk (not acked).
@@ -217,8 +242,8 @@ pub enum Message {
 pub struct History {
     /// Every client acknowledgement.
     pub acked: BTreeSet<Acked>,
-    /// Every position some leader counted as committed (quorum mode), with that leader's term.
-    pub committed: BTreeSet<(TermSeqno, Term)>,
+    /// Every batch some leader counted as committed (quorum mode).
+    pub committed: BTreeSet<Committed>,
     /// Nodes that have served as leader.
     pub served_by: BTreeSet<NodeId>,
     /// A divergent suffix was moved to quarantine.
@@ -227,11 +252,24 @@ pub struct History {
     pub broken: BTreeSet<Broken>,
 }
 
+/// A batch a leader counted as committed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Committed {
+    /// Its position.
+    pub position: TermSeqno,
+    /// Its writer process.
+    pub writer: u8,
+    /// The term of the leader that counted it.
+    pub by: Term,
+}
+
 /// A client acknowledgement.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Acked {
     /// The write's position.
     pub batch: TermSeqno,
+    /// Its writer process.
+    pub writer: u8,
     /// The acknowledging node.
     pub by: NodeId,
     /// Its term when it acknowledged.
@@ -255,6 +293,7 @@ impl NodeState {
         NodeState {
             term: Term(0),
             elected: None,
+            incarnation: 0,
             wal: Vec::new(),
             durable: Seqno::ZERO,
             commit: Seqno::ZERO,
@@ -270,10 +309,20 @@ impl NodeState {
         Seqno(self.wal.len() as u64)
     }
 
-    /// The term of the batch at `seqno`, if held.
-    pub fn term_at(&self, seqno: Seqno) -> Option<Term> {
+    /// The batch at `seqno`, if held.
+    pub fn batch_at(&self, seqno: Seqno) -> Option<Batch> {
         let index = usize::try_from(seqno.get()).ok()?.checked_sub(1)?;
         self.wal.get(index).copied()
+    }
+
+    /// The term of the batch at `seqno`, if held.
+    pub fn term_at(&self, seqno: Seqno) -> Option<Term> {
+        self.batch_at(seqno).map(|batch| batch.term)
+    }
+
+    /// Whether the node holds `position` written by `writer` (the same batch, not only its position).
+    pub fn holds(&self, position: TermSeqno, writer: u8) -> bool {
+        self.batch_at(position.seqno) == Some(Batch::new(position.term, writer))
     }
 
     /// The position of `seqno` (`(0, 0)` for seqno 0 or one not held).
@@ -289,9 +338,9 @@ impl NodeState {
     /// Term history `[(term, first seqno)]` of `wal[..upto]`.
     pub fn history(&self, upto: Seqno) -> Vec<TermSeqno> {
         let mut history: Vec<TermSeqno> = Vec::new();
-        for (i, term) in self.wal.iter().enumerate().take(usize::try_from(upto.get()).unwrap_or(0)) {
-            if history.last().is_none_or(|entry| entry.term != *term) {
-                history.push(TermSeqno { term: *term, seqno: Seqno(i as u64 + 1) });
+        for (i, batch) in self.wal.iter().enumerate().take(usize::try_from(upto.get()).unwrap_or(0)) {
+            if history.last().is_none_or(|entry| entry.term != batch.term) {
+                history.push(TermSeqno { term: batch.term, seqno: Seqno(i as u64 + 1) });
             }
         }
         history

@@ -17,7 +17,9 @@ use crate::state::{index, Acked, Broken, Config, Message, ModelState, Network, N
 /// Nodes are sorted by a fingerprint of what they hold without naming other nodes (term, WAL,
 /// frontiers, role and its term); ties keep their order. Symmetric states whose nodes all differ map
 /// to the same representative; a tie only costs some reduction, never soundness (the representative
-/// is always a renaming of the state).
+/// is always a renaming of the state). A batch's writer is a process number of its term's leader,
+/// not a node id, so WALs and shipped batches are renamed as they are; a node's `incarnation` moves
+/// with the node.
 pub fn representative(state: &ModelState) -> ModelState {
     let mut permutation: Vec<usize> = (0..state.nodes.len()).collect();
     for class in classes(state) {
@@ -45,7 +47,8 @@ fn classes(state: &ModelState) -> Vec<Vec<usize>> {
 
 fn local_fingerprint(node: &NodeState) -> u64 {
     let mut hasher = DefaultHasher::new();
-    (node.term, node.elected, &node.wal, node.durable, node.commit, node.applied).hash(&mut hasher);
+    (node.term, node.elected, node.incarnation, &node.wal, node.durable, node.commit, node.applied)
+        .hash(&mut hasher);
     std::mem::discriminant(&node.role).hash(&mut hasher);
     node.office_term().hash(&mut hasher);
     node.unsynced.len().hash(&mut hasher);
