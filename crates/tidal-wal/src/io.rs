@@ -110,39 +110,25 @@ impl FileIo for StdIo {
     /// In 1 MiB steps: all-zero steps are only counted (materialized if bytes follow), so the
     /// preallocated end of the active segment costs no allocation at restart.
     fn read_zero_trimmed(&self, path: &Path) -> io::Result<(Vec<u8>, u64)> {
-        let mut file = File::open(path)?;
-        let mut buf = vec![0u8; 1 << 20];
         let mut bytes = Vec::new();
         let mut zeros = 0usize;
-        loop {
-            let read = file.read(&mut buf)?;
-            if read == 0 {
-                return Ok((bytes, zeros as u64));
-            }
-            if crate::segment::is_zero(&buf[..read]) {
-                zeros += read;
+        for_each_chunk(File::open(path)?, |chunk| {
+            if crate::segment::is_zero(chunk) {
+                zeros += chunk.len();
             } else {
                 bytes.resize(bytes.len() + zeros, 0);
                 zeros = 0;
-                bytes.extend_from_slice(&buf[..read]);
+                bytes.extend_from_slice(chunk);
             }
-        }
+            true
+        })?;
+        Ok((bytes, zeros as u64))
     }
 
     /// In 1 MiB steps through one buffer: a kept `segment.prep` is a whole segment of zeros, and
     /// reading it into one allocation cost a restart tens of milliseconds of page faults.
     fn is_zero_prefix(&self, path: &Path, len: u64) -> io::Result<bool> {
-        let mut file = File::open(path)?.take(len);
-        let mut buf = vec![0u8; 1 << 20];
-        loop {
-            let read = file.read(&mut buf)?;
-            if read == 0 {
-                return Ok(true);
-            }
-            if !crate::segment::is_zero(&buf[..read]) {
-                return Ok(false);
-            }
-        }
+        for_each_chunk(File::open(path)?.take(len), crate::segment::is_zero)
     }
 
     fn remove_file(&self, path: &Path) -> io::Result<()> {
@@ -178,6 +164,21 @@ impl WalFile for StdFile {
 
     fn len(&self) -> io::Result<u64> {
         Ok(self.file.metadata()?.len())
+    }
+}
+
+/// Reads `reader` to its end in 1 MiB steps through one buffer, handing each step to `f` until it
+/// returns false; returns whether every step was taken.
+fn for_each_chunk(mut reader: impl Read, mut f: impl FnMut(&[u8]) -> bool) -> io::Result<bool> {
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        let read = reader.read(&mut buf)?;
+        if read == 0 {
+            return Ok(true);
+        }
+        if !f(&buf[..read]) {
+            return Ok(false);
+        }
     }
 }
 

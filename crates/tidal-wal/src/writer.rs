@@ -8,7 +8,7 @@
 //! Delicate:
 //! - Nothing is handed out (hook, completion, reader) before the fsync that covers it, with one
 //!   exception: [`FlushedHook::written`] sees a drain's batches once they are written, just before
-//!   its fsync, so a leader ships them while it fsyncs (decisions/023). Whoever takes them there
+//!   its fsync (a leader with `TIDAL_SHIP_ON_WRITE=1` ships them from there, decisions/023). Whoever takes them there
 //!   must not treat them as durable: a failed fsync poisons the WAL and a crash may lose them.
 //! - A failed write or fsync poisons the WAL for good: the drain's completions get the error, every
 //!   later request gets [`Error::Poisoned`], and nothing is ever retried (after a failed fsync the
@@ -112,11 +112,12 @@ pub struct ReplicatedAppended {
 pub type ReplicatedCompletion = Box<dyn FnOnce(Result<ReplicatedAppended, Error>) + Send>;
 
 /// Sees every flushed batch, on the writer thread, after the fsync and before the completions, in
-/// seqno order (the applier hangs here). Must be quick and must not panic.
+/// seqno order (the applier and, by default, the ship feed hang here). Must be quick and must not
+/// panic.
 pub trait FlushedHook: Send + 'static {
     /// The batches of a drain, written to the segment but NOT yet fsynced, in seqno order: called
-    /// just before the drain's fsync, once per drain that writes batches (the ship feed hangs here,
-    /// so followers fsync while the leader does). They are not durable: if the fsync fails, the WAL
+    /// just before the drain's fsync, once per drain that writes batches (with `TIDAL_SHIP_ON_WRITE=1`
+    /// the ship feed hangs here, so followers fsync while the leader does). They are not durable: if the fsync fails, the WAL
     /// is poisoned and [`FlushedHook::flushed`] is never called for them; after a crash they may be
     /// gone. Batches a rotation inside the drain already fsynced are included.
     fn written(&mut self, _batches: &[Batch]) {}
