@@ -85,7 +85,7 @@ bench: build bench-wal bench-feed bench-cluster bench-peers
 # A 3-node local cluster (quorum): replication lag (ack -> visible on every follower) and ingest.
 bench-cluster: build
 	$(TIDAL) cluster up --dir ./target/bench-cluster --port-base 24070
-	$(TIDAL) bench --url http://127.0.0.1:24070 --followers http://127.0.0.1:24071,http://127.0.0.1:24072 --workload lag --concurrency 4 --seconds $(BENCH_SECONDS)
+	$(TIDAL) bench --url http://127.0.0.1:24070 --workload lag --concurrency 4 --seconds $(BENCH_SECONDS)
 	$(TIDAL) bench --url http://127.0.0.1:24070 --workload signals --batch 1000 --concurrency 16 --seconds $(BENCH_SECONDS)
 	$(TIDAL) cluster down --dir ./target/bench-cluster
 

@@ -73,7 +73,8 @@ pub struct BenchArgs {
     /// Distinct users.
     #[arg(long, default_value_t = 10_000)]
     pub users: u64,
-    /// Follower URLs, comma separated (lag and read-anywhere workloads).
+    /// Follower URLs, comma separated (lag and read-anywhere workloads; default: every other member
+    /// of the writer's cluster).
     #[arg(long, value_delimiter = ',')]
     pub followers: Vec<String>,
     /// Target request rate per second over all workers (0: as fast as the workers go). Requests are
@@ -87,6 +88,11 @@ pub struct BenchArgs {
     /// No progress line on stderr.
     #[arg(long)]
     pub quiet: bool,
+    /// Keep writing to `--url` when it is a follower (every write then takes the forwarding hop).
+    /// Without it, a write workload aimed at a follower goes to the leader that follower names,
+    /// as a client of PostgreSQL writes to the primary.
+    #[arg(long)]
+    pub through_follower: bool,
 }
 
 impl Default for BenchArgs {
@@ -107,6 +113,7 @@ impl Default for BenchArgs {
             rate: 0,
             id_base: 0,
             quiet: false,
+            through_follower: false,
         }
     }
 }
@@ -159,19 +166,35 @@ pub async fn measure(args: &BenchArgs) -> anyhow::Result<Summary> {
         let (url, handle) = spawn_node(args.dim as u32).await?;
         spawned = Some(handle);
         url
-    } else {
+    } else if args.through_follower || matches!(args.workload, Workload::Feed) {
         args.url.clone()
+    } else {
+        writer_url(&args.url, args.token.clone(), args.quiet).await
     };
     let client = Client::new(url.clone(), args.token.clone());
     if let Workload::Feed = args.workload {
         preload(&client, args).await?;
     }
+    let mut args = args.clone();
     if let Workload::Lag | Workload::ReadAnywhere = args.workload {
+        if args.followers.is_empty() {
+            // Every other member of the cluster the writer belongs to.
+            if let Ok(status) = client.status().await {
+                let scheme = url.split_once("://").map_or("http", |(scheme, _)| scheme);
+                args.followers = status
+                    .nodes
+                    .iter()
+                    .filter(|node| node.id != status.node_id)
+                    .map(|node| format!("{scheme}://{}", node.http))
+                    .collect();
+            }
+        }
         anyhow::ensure!(
             !args.followers.is_empty(),
-            "the lag and read-anywhere workloads need --followers URL[,URL...]"
+            "the lag and read-anywhere workloads need --followers URL[,URL...] (or a cluster member to ask)"
         );
     }
+    let args = &args;
     if !args.quiet {
         eprintln!(
             "bench: {:?} against {url}, concurrency {}, {} s or {} requests",
@@ -183,6 +206,37 @@ pub async fn measure(args: &BenchArgs) -> anyhow::Result<Summary> {
         handle.stop().await?;
     }
     Ok(report?.summary())
+}
+
+/// Where a write workload sends its writes: `url`, or the leader it names when it is a cluster
+/// follower. A node that does not answer `/cluster/status` (a single node, an old build) is driven
+/// as given.
+async fn writer_url(url: &str, token: Option<String>, quiet: bool) -> String {
+    let Ok(status) = Client::new(url.to_string(), token).status().await else {
+        return url.to_string();
+    };
+    match leader_address(url, &status) {
+        Some(leader) if leader != url.trim_end_matches('/') => {
+            if !quiet {
+                eprintln!(
+                    "bench: {url} is n{} ({}); writing to the leader n{} at {leader} (--through-follower keeps {url})",
+                    status.node_id,
+                    status.role,
+                    status.leader_id.unwrap_or_default()
+                );
+            }
+            leader
+        }
+        _ => url.to_string(),
+    }
+}
+
+/// The leader's URL from a node's status, with the scheme of `url`; None when no leader is known.
+fn leader_address(url: &str, status: &tidal_types::ClusterStatus) -> Option<String> {
+    let leader = status.leader_id?;
+    let node = status.nodes.iter().find(|node| node.id == leader)?;
+    let scheme = url.split_once("://").map_or("http", |(scheme, _)| scheme);
+    Some(format!("{scheme}://{}", node.http))
 }
 
 struct SpawnedNode {
@@ -596,5 +650,42 @@ impl Summary {
                 self.first_p50_ms, self.first_p99_ms
             );
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::leader_address;
+    use tidal_types::{ClusterStatus, NodeStatus};
+
+    fn node(id: u64, http: &str) -> NodeStatus {
+        serde_json::from_value(serde_json::json!({
+            "id": id, "role": "follower", "http": http, "durable_seqno": 0, "applied_seqno": 0,
+            "lag_ms": 0, "matched_seqno": 0, "pulling": false, "snapshot": false
+        }))
+        .expect("a node status")
+    }
+
+    fn status(leader: Option<u64>) -> ClusterStatus {
+        serde_json::from_value(serde_json::json!({
+            "node_id": 1, "role": "follower", "term": 2, "leader_id": leader, "durable_seqno": 0,
+            "commit_seqno": 0, "applied_seqno": 0, "nodes": [node(1, "127.0.0.1:7070"), node(3, "127.0.0.1:7072")]
+        }))
+        .expect("a cluster status")
+    }
+
+    #[test]
+    fn writes_go_to_the_leader_a_follower_names_with_the_callers_scheme() {
+        assert_eq!(
+            leader_address("http://127.0.0.1:7070", &status(Some(3))).as_deref(),
+            Some("http://127.0.0.1:7072")
+        );
+        assert_eq!(
+            leader_address("https://a:1/", &status(Some(1))).as_deref(),
+            Some("https://127.0.0.1:7070")
+        );
+        // No leader known, or one the status does not list: no address.
+        assert_eq!(leader_address("http://127.0.0.1:7070", &status(None)), None);
+        assert_eq!(leader_address("http://127.0.0.1:7070", &status(Some(9))), None);
     }
 }
