@@ -1,9 +1,12 @@
-//! The applier: folds durable batches into the engine, never past the commit frontier.
+//! The applier: folds logged batches into the engine, never past the commit frontier.
 //!
 //! One thread per node owns `TidalDb::apply` (the one apply path). It receives, in order, the
-//! batches the WAL writer flushed (leader writes, follower ships and pulled chunks alike) and the
-//! commit frontier, and applies the prefix of pending batches whose last seqno is committed. In
-//! quorum mode that is what keeps reads from ever showing a write that may still vanish.
+//! batches the WAL writer wrote (a cluster member's: leader writes, follower ships and pulled chunks
+//! alike, handed over before their fsync; a single node's: after it) and the commit frontier, and
+//! applies the prefix of pending batches whose last seqno is committed. In quorum mode that is what
+//! keeps reads from ever showing a write that may still vanish: a batch is committed only once a
+//! majority has fsynced it, so a follower may show it before its OWN fsync (decisions/025), and the
+//! engine's [`DurableFrontier`] gate keeps fjall from persisting state past this node's durable WAL.
 //!
 //! Delicate:
 //! - Input is bounded (a sync channel): the WAL writer waits for the applier rather than buffering
@@ -14,11 +17,13 @@
 //! - [`ApplyProbe`] is a test seam (harness/sim's `apply` crash points); production has none.
 
 use std::collections::VecDeque;
-use std::sync::mpsc::{Receiver, SyncSender};
-use std::sync::{Arc, Mutex};
-use tidal_core::TidalDb;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc::{Receiver, SyncSender, TrySendError};
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
+use std::time::Duration;
+use tidal_core::{DurableGate, GateWait, TidalDb};
 use tidal_types::Seqno;
-use tidal_wal::{Batch, FlushedHook};
+use tidal_wal::{Batch, DurableView, FlushedHook};
 use tokio::sync::watch;
 
 /// Messages queued to the applier. Each `Flushed` is one WAL drain, itself bounded in bytes.
@@ -27,7 +32,7 @@ const APPLIER_INPUT_MAX: usize = 256;
 /// What the applier is told.
 #[derive(Debug)]
 pub enum ApplierInput {
-    /// Batches made durable by the WAL writer, in seqno order.
+    /// Batches the WAL writer logged, in seqno order (written, or durable: see the module doc).
     Flushed(Vec<Batch>),
     /// The commit frontier moved (it never moves back; lower values are ignored).
     Commit(Seqno),
@@ -48,37 +53,85 @@ pub enum ApplierInput {
 }
 
 /// Sends to the applier. A send after the applier stopped is dropped: the node is already failing.
+///
+/// Delicate: the WAL writer thread must never wait for the applier BEFORE its fsync. The applier
+/// may wait for the engine's flusher, which waits for the WAL to be durable (the engine's gate,
+/// decisions/025): the writer blocked on a full input before its fsync would close the cycle. So the
+/// writer's pre-fsync sends are [`ApplierSender::try_flushed`] (the hook defers what does not fit to
+/// after the fsync) and [`ApplierSender::commit`], which never blocks: the frontier is also kept
+/// beside the channel, and the applier takes it at every message, but only once it has taken every
+/// cut (truncation, snapshot install) sent before the frontier was told. A commit must not overtake
+/// the cut that drops the pending batches of an old log at the same seqnos (the first version of this
+/// did, and the simulation's register scenario saw two digests at one applied seqno). A notice the
+/// full channel refused is also re-sent by [`ApplierSender::resend_commit`] after the next fsync.
 #[derive(Clone)]
-pub struct ApplierSender(SyncSender<ApplierInput>);
+pub struct ApplierSender {
+    tx: SyncSender<ApplierInput>,
+    /// Cuts sent so far.
+    cuts: Arc<AtomicU64>,
+    /// The highest commit frontier told, with the number of cuts sent when it was told.
+    told: Arc<Mutex<(Seqno, u64)>>,
+    /// A commit notice was refused by a full channel since the last `resend_commit`.
+    commit_dropped: Arc<AtomicBool>,
+}
 
 impl ApplierSender {
-    /// Queues durable batches.
+    /// Queues logged batches (see [`ApplierInput::Flushed`]), waiting for space.
     pub fn flushed(&self, batches: Vec<Batch>) {
-        let _ = self.0.send(ApplierInput::Flushed(batches));
+        let _ = self.tx.send(ApplierInput::Flushed(batches));
+    }
+
+    /// Queues logged batches if there is space now; hands them back if the input is full.
+    pub fn try_flushed(&self, batches: Vec<Batch>) -> Result<(), Vec<Batch>> {
+        match self.tx.try_send(ApplierInput::Flushed(batches)) {
+            Err(TrySendError::Full(ApplierInput::Flushed(batches))) => Err(batches),
+            // Disconnected: the applier stopped; the node is failing anyway.
+            _ => Ok(()),
+        }
     }
 
     /// Drops pending batches from `from` on (the log was truncated there).
     pub fn truncated(&self, from: Seqno) {
-        let _ = self.0.send(ApplierInput::Truncated(from));
+        self.cuts.fetch_add(1, Ordering::SeqCst);
+        let _ = self.tx.send(ApplierInput::Truncated(from));
     }
 
-    /// Advances the commit frontier.
+    /// Advances the commit frontier. Never blocks (see the type's doc).
     pub fn commit(&self, commit: Seqno) {
-        let _ = self.0.send(ApplierInput::Commit(commit));
+        {
+            let mut told = self.told.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            if commit > told.0 {
+                *told = (commit, self.cuts.load(Ordering::SeqCst));
+            }
+        }
+        if let Err(TrySendError::Full(_)) = self.tx.try_send(ApplierInput::Commit(commit)) {
+            self.commit_dropped.store(true, Ordering::SeqCst);
+        }
+    }
+
+    /// Re-sends the commit frontier if a notice of it was refused by a full channel (waits for
+    /// space: call it where blocking is safe, after the WAL's fsync).
+    pub fn resend_commit(&self) {
+        if self.commit_dropped.swap(false, Ordering::SeqCst) {
+            let told = self.told.lock().unwrap_or_else(std::sync::PoisonError::into_inner).0;
+            let _ = self.tx.send(ApplierInput::Commit(told));
+        }
     }
 
     /// Tells the applier that the WAL was reset to a snapshot at `seqno` and waits (blocking) until
     /// it dropped its pending batches. False if the applier has stopped.
     pub fn snapshot_installed(&self, seqno: Seqno) -> bool {
         let (done, dropped) = std::sync::mpsc::sync_channel(1);
-        self.0.send(ApplierInput::SnapshotInstalled { seqno, done }).is_ok() && dropped.recv().is_ok()
+        self.cuts.fetch_add(1, Ordering::SeqCst);
+        self.tx.send(ApplierInput::SnapshotInstalled { seqno, done }).is_ok() && dropped.recv().is_ok()
     }
 }
 
 /// Where an [`ApplyProbe`] is asked, for each committed batch the applier folds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ApplyPoint {
-    /// The batch is durable and committed; the engine has not folded it (nothing of it in the
+    /// The batch is committed (on a follower maybe not yet fsynced here, decisions/025); the engine
+    /// has not folded it (nothing of it in the
     /// engine's state, in memory or in fjall).
     BeforeApply,
     /// The engine folded it (`TidalDb::apply` returned); the applied frontier the node's waiters
@@ -119,10 +172,18 @@ impl Applier {
         let (applied_tx, applied_rx) = watch::channel(db.applied_seqno());
         let fatal = Arc::new(Mutex::new(None));
         let thread_fatal = fatal.clone();
+        let told = Arc::new(Mutex::new((Seqno::ZERO, 0)));
+        let thread_told = told.clone();
         let thread = std::thread::Builder::new()
             .name("tidal-applier".into())
-            .spawn(move || run(db, rx, applied_tx, thread_fatal, probe))?;
-        Ok((Applier { applied: applied_rx, fatal, thread: Mutex::new(Some(thread)) }, ApplierSender(tx)))
+            .spawn(move || run(db, rx, &thread_told, applied_tx, thread_fatal, probe))?;
+        let sender = ApplierSender {
+            tx,
+            cuts: Arc::new(AtomicU64::new(0)),
+            told,
+            commit_dropped: Arc::new(AtomicBool::new(false)),
+        };
+        Ok((Applier { applied: applied_rx, fatal, thread: Mutex::new(Some(thread)) }, sender))
     }
 
     /// The applied frontier; closed (errors on wait) once the applier has stopped.
@@ -138,7 +199,7 @@ impl Applier {
     /// Stops the applier after everything queued before this call (shut the WAL down first, so its
     /// last drains are queued) and waits for the thread. Later sends are dropped.
     pub fn join(&self, own_sender: ApplierSender) {
-        let _ = own_sender.0.send(ApplierInput::Stop);
+        let _ = own_sender.tx.send(ApplierInput::Stop);
         drop(own_sender);
         let thread = self.thread.lock().expect("applier lock is never held across a panic").take();
         if let Some(thread) = thread {
@@ -152,6 +213,7 @@ impl Applier {
 fn run(
     db: Arc<TidalDb>,
     input: Receiver<ApplierInput>,
+    told: &Mutex<(Seqno, u64)>,
     applied: watch::Sender<Seqno>,
     fatal: Arc<Mutex<Option<String>>>,
     probe: Option<Arc<dyn ApplyProbe>>,
@@ -162,11 +224,14 @@ fn run(
     let mut pending: VecDeque<Batch> = VecDeque::new();
     let mut commit = db.applied_seqno();
     let mut stop = false;
+    // Cuts taken so far (they come in the order `ApplierSender` counts them).
+    let mut cuts = 0u64;
     for message in input.iter() {
         match message {
             ApplierInput::Flushed(batches) => pending.extend(batches),
             ApplierInput::Commit(seqno) => commit = commit.max(seqno),
             ApplierInput::Truncated(from) => {
+                cuts += 1;
                 let before = pending.len();
                 pending.retain(|batch| batch.first_seqno() < from);
                 if pending.len() != before {
@@ -175,6 +240,7 @@ fn run(
             }
             ApplierInput::Stop => stop = true,
             ApplierInput::SnapshotInstalled { seqno, done } => {
+                cuts += 1;
                 if !pending.is_empty() {
                     tracing::warn!(batches = pending.len(), %seqno, "dropped batches of the quarantined log");
                 }
@@ -182,6 +248,12 @@ fn run(
                 commit = commit.max(seqno);
                 let _ = done.send(());
             }
+        }
+        // A notice a full channel may have refused (`ApplierSender::commit`), once we have taken
+        // every cut sent before it.
+        let (told, told_after) = *told.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if told_after <= cuts {
+            commit = commit.max(told);
         }
         while let Some(front) = pending.front() {
             if front.last_seqno() > commit {
@@ -223,6 +295,57 @@ fn drain_dead(input: &Receiver<ApplierInput>) {
             ApplierInput::SnapshotInstalled { done, .. } => drop(done),
             _ => {}
         }
+    }
+}
+
+/// The engine's durability gate on a cluster member (decisions/025): the flusher waits here until
+/// the WAL is durable through the overlay it writes to fjall. The WAL's own durable frontier is the
+/// truth (it may also go down, at a quarantine); the condvar only wakes waiters, at each flush.
+/// It holds a [`DurableView`], not the WAL: the engine holds the gate, and a WAL kept open by its
+/// engine would keep its writer, hook, applier and so the engine itself alive (a crashed node's
+/// fjall lock would never be released).
+#[derive(Default)]
+pub struct DurableFrontier {
+    wal: OnceLock<DurableView>,
+    flushes: Mutex<u64>,
+    flushed: Condvar,
+}
+
+impl DurableFrontier {
+    /// A gate that holds everything back until [`DurableFrontier::attach`] gives it the WAL.
+    pub fn new() -> Arc<DurableFrontier> {
+        Arc::new(DurableFrontier::default())
+    }
+
+    /// The WAL whose durable frontier this is (once; later calls are ignored).
+    pub fn attach(&self, wal: DurableView) {
+        let _ = self.wal.set(wal);
+        self.notify();
+    }
+
+    /// The WAL made a drain durable (its hook, on the writer thread).
+    pub fn notify(&self) {
+        *self.flushes.lock().unwrap_or_else(std::sync::PoisonError::into_inner) += 1;
+        self.flushed.notify_all();
+    }
+}
+
+impl DurableGate for DurableFrontier {
+    fn wait_durable(&self, seqno: Seqno, timeout: Duration) -> GateWait {
+        let look = || match self.wal.get() {
+            None => GateWait::NotYet,
+            Some(wal) if wal.durable_seqno() >= seqno => GateWait::Durable,
+            Some(wal) if wal.is_poisoned() => GateWait::Never("the WAL is poisoned".into()),
+            Some(_) => GateWait::NotYet,
+        };
+        let flushes = self.flushes.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        // Looked at under the lock a flush notifies through: no wake-up is lost in between.
+        match look() {
+            GateWait::NotYet => {}
+            seen => return seen,
+        }
+        let _ = self.flushed.wait_timeout(flushes, timeout);
+        look()
     }
 }
 
@@ -295,5 +418,41 @@ mod tests {
         assert!(sender.snapshot_installed(Seqno::ZERO));
         assert_eq!(db.applied_seqno(), Seqno(1), "batches after the install apply");
         applier.join(sender);
+    }
+
+    fn item_batch_in(term: u64, seqno: u64, metadata: &[u8]) -> Batch {
+        let envelope = Envelope { time_ms: 1, principal: "p".into(), idempotency_key: String::new() };
+        let encoded =
+            encode_payload(&envelope, &Records::ItemMetadata { item: 7, metadata: metadata.to_vec() });
+        Batch::new(encoded.kind, Term(term), Seqno(seqno), encoded.event_count, &encoded.payload)
+    }
+
+    #[test]
+    fn a_commit_told_beside_the_channel_never_overtakes_a_cut() {
+        // The applier's input as the WAL writer and a commit notice leave it: an old log's batch at
+        // seqno 1, the cut that drops it, the new log's batch at seqno 1, and the commit of seqno 1
+        // (told beside the channel too, as a notice refused by a full channel would be). The
+        // applier runs on this thread only after all of it is queued, so it sees the told frontier
+        // while it holds the OLD batch: it must wait for the cut.
+        let dir = tempfile::tempdir().unwrap();
+        let db = Arc::new(TidalDb::open(dir.path(), EngineConfig::with_dimension(4)).unwrap());
+        let (tx, rx) = std::sync::mpsc::sync_channel(APPLIER_INPUT_MAX);
+        let told = Arc::new(Mutex::new((Seqno::ZERO, 0)));
+        let sender = ApplierSender {
+            tx,
+            cuts: Arc::new(AtomicU64::new(0)),
+            told: told.clone(),
+            commit_dropped: Arc::new(AtomicBool::new(false)),
+        };
+        sender.flushed(vec![item_batch_in(1, 1, br#"{"log":"old"}"#)]);
+        sender.truncated(Seqno(1));
+        sender.flushed(vec![item_batch_in(2, 1, br#"{"log":"new"}"#)]);
+        sender.commit(Seqno(1));
+        drop(sender);
+        let (applied, _) = watch::channel(Seqno::ZERO);
+        run(db.clone(), rx, &told, applied, Arc::new(Mutex::new(None)), None);
+        assert_eq!(db.applied_seqno(), Seqno(1));
+        let item = db.get_item(7).unwrap().expect("item 7 applied");
+        assert_eq!(item.metadata, br#"{"log":"new"}"#.to_vec(), "the old log's batch was applied");
     }
 }

@@ -18,7 +18,9 @@ pub mod ship_feed;
 pub mod snapshot;
 pub mod spec;
 
-pub use applier::{Applier, ApplierInput, ApplierSender, ApplyPoint, ApplyProbe, CommitOnFlush};
+pub use applier::{
+    Applier, ApplierInput, ApplierSender, ApplyPoint, ApplyProbe, CommitOnFlush, DurableFrontier,
+};
 pub use commit_state::CommitState;
 pub use control::{ControlPlane, ControlTiming, TermGate};
 pub use replica::{

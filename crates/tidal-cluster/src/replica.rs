@@ -25,7 +25,7 @@ pub use members::{MemberChange, MemberError, MemberReport, Members};
 pub use promote::{PromoteError, PromoteReport, WriteTicket};
 pub use reconcile::{PeerReconcile, RECONCILE_INTERVAL};
 
-use crate::applier::ApplierSender;
+use crate::applier::{ApplierSender, DurableFrontier};
 use crate::commit_state::CommitState;
 use crate::control::{ControlPlane, ControlTiming, TermGate};
 use crate::decide::{
@@ -105,18 +105,46 @@ pub const REFUSAL_CLASSES: [&str; 10] = [
 
 /// The WAL hook of a cluster node.
 pub struct ReplicaHook {
-    /// Applier input.
-    pub applier: ApplierSender,
-    /// Commit bookkeeping.
-    pub commit: Arc<CommitState>,
-    /// The ship feed (the leader's tail).
-    pub feed: ShipFeed,
-    /// This node.
-    pub me: NodeId,
+    applier: ApplierSender,
+    commit: Arc<CommitState>,
+    feed: ShipFeed,
+    me: NodeId,
+    durable: Arc<DurableFrontier>,
+    /// Written batches the applier's full input did not take before the fsync; handed over after
+    /// it (in order: once one is deferred, every later one waits behind it).
+    deferred: Vec<Batch>,
+}
+
+impl ReplicaHook {
+    /// The hook of node `me`: applier input, commit bookkeeping, the ship feed (the leader's tail)
+    /// and the engine's durability gate (woken at each flush).
+    pub fn new(
+        applier: ApplierSender,
+        commit: Arc<CommitState>,
+        feed: ShipFeed,
+        me: NodeId,
+        durable: Arc<DurableFrontier>,
+    ) -> ReplicaHook {
+        ReplicaHook { applier, commit, feed, me, durable, deferred: Vec::new() }
+    }
 }
 
 impl FlushedHook for ReplicaHook {
     fn written(&mut self, batches: &[Batch]) {
+        // The applier takes them now, before our fsync: it applies only what is committed, and a
+        // batch is committed once a majority fsynced it (the leader's commit also never passes its
+        // own durable position), so a follower shows what the cluster holds without waiting for its
+        // own disk (decisions/025). The engine's gate keeps fjall behind our durable WAL. Never
+        // waiting here: the applier may be waiting for our fsync (see `ApplierSender`).
+        if !batches.is_empty() {
+            if self.deferred.is_empty() {
+                if let Err(back) = self.applier.try_flushed(batches.to_vec()) {
+                    self.deferred = back;
+                }
+            } else {
+                self.deferred.extend_from_slice(batches);
+            }
+        }
         // With TIDAL_SHIP_ON_WRITE=1, shipped while our own fsync runs (decisions/023). Safe
         // because our commit never passes our own durable position (CommitState) and a restart never
         // resumes a term this node led before it (office.rs), so what a crash loses here was never
@@ -129,7 +157,12 @@ impl FlushedHook for ReplicaHook {
     fn flushed(&mut self, batches: &[Batch]) {
         let Some(last) = batches.last() else { return };
         let position = TermSeqno { term: last.term(), seqno: last.last_seqno() };
-        self.applier.flushed(batches.to_vec());
+        self.durable.notify();
+        // Durable now: the engine's gate lets the applier's flush through, so waiting is safe.
+        if !self.deferred.is_empty() {
+            self.applier.flushed(std::mem::take(&mut self.deferred));
+        }
+        self.applier.resend_commit();
         if !ship_on_write() {
             self.feed.push(batches);
         }
@@ -1011,20 +1044,23 @@ impl Replica {
                 }) {
                     self.forget_leader_match_from(term, cut);
                 }
-                // A live ship's batches move the commit frontier the moment they are durable: on
-                // the WAL writer's thread, right after the fsync (the applier then applies at once),
-                // not after a wake-up of this task. We hold the term lock until `perform` returns,
-                // so the term cannot change in between.
-                let on_durable = live.then(|| {
+                // A live ship's batches move the commit frontier the moment they are written to our
+                // WAL, before its fsync (decisions/025): on the WAL writer's thread, before the
+                // fsync starts (the applier then applies what is committed at once), not after a
+                // wake-up of this task. A commit covers only what a majority fsynced, so what we
+                // show is never lost cluster-wide; our ack still waits for our fsync. We hold the
+                // term lock until `perform` returns, so the term cannot change in between.
+                let on_written = live.then(|| {
                     let replica = Arc::clone(self);
                     let matched = matched.seqno;
-                    Box::new(move || replica.live_durable(term, matched, commit)) as OnDurable
+                    Box::new(move || replica.live_written(term, matched, commit))
+                        as tidal_wal::WrittenCallback
                 });
-                match self.perform(&ship, steps, on_durable).await {
+                match self.perform(&ship, steps, on_written).await {
                     Ok(()) => {
                         // Again here (idempotent), for a ship whose batches we all held already.
                         if live {
-                            self.live_durable(term, matched.seqno, commit);
+                            self.live_written(term, matched.seqno, commit);
                         } else {
                             self.commit.advance(commit);
                         }
@@ -1041,9 +1077,10 @@ impl Replica {
         ShipAnswer { term, durable: self.wal.durable_seqno(), applied: *self.applied.borrow(), outcome }
     }
 
-    /// A live ship of `term` is durable here up to `matched`, which the leader's log holds there:
-    /// a commit notice that came during the fsync covers it now; so does the ship's `commit`.
-    fn live_durable(&self, term: Term, matched: Seqno, commit: Seqno) {
+    /// A live ship of `term` is written here (maybe not fsynced yet) up to `matched`, which the
+    /// leader's log holds there: a commit notice that came meanwhile covers it now; so does the
+    /// ship's `commit`.
+    fn live_written(&self, term: Term, matched: Seqno, commit: Seqno) {
         let notified =
             self.note_leader(term, |state| state.matched = state.matched.max(matched)).unwrap_or(Seqno::ZERO);
         if notified > commit.max(self.commit.commit()) {
@@ -1052,13 +1089,14 @@ impl Replica {
         self.commit.advance(commit.max(notified));
     }
 
-    /// Performs the accepted steps; `on_durable` runs on the WAL writer's thread once the appended
-    /// batches are durable (not at all if nothing is appended or the append fails).
+    /// Performs the accepted steps; `on_written` runs on the WAL writer's thread once the appended
+    /// batches are written, before their fsync (not at all if nothing is appended or the WAL refuses
+    /// them); returns once they are durable.
     async fn perform(
         &self,
         ship: &Ship,
         steps: Vec<Step>,
-        on_durable: Option<OnDurable>,
+        on_written: Option<tidal_wal::WrittenCallback>,
     ) -> Result<(), String> {
         let mut appends = Vec::new();
         for step in steps {
@@ -1081,15 +1119,7 @@ impl Replica {
         }
         let (tx, rx) = tokio::sync::oneshot::channel();
         self.wal
-            .submit_replicated(
-                appends,
-                Box::new(move |result| {
-                    if let (Ok(_), Some(on_durable)) = (&result, on_durable) {
-                        on_durable();
-                    }
-                    drop(tx.send(result))
-                }),
-            )
+            .submit_replicated_with(appends, on_written, Box::new(move |result| drop(tx.send(result))))
             .map_err(|e| format!("append refused: {e:?}"))?;
         match rx.await {
             Ok(Ok(_)) => Ok(()),
@@ -1409,9 +1439,6 @@ impl Replica {
         Ok(Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx)))
     }
 }
-
-/// Run on the WAL writer's thread once a live ship's batches are durable.
-type OnDurable = Box<dyn FnOnce() + Send>;
 
 /// Where a message the receive path takes comes from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

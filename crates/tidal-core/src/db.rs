@@ -267,6 +267,13 @@ impl TidalDb {
         Seqno(self.applied_seqno.load(Ordering::Acquire))
     }
 
+    /// Makes every flush to fjall wait until `gate` says the WAL is durable through the flushed
+    /// overlay's applied seqno, for a node that applies batches before its own fsync
+    /// (decisions/025). Once; false if a gate is set already.
+    pub fn set_durable_gate(&self, gate: Arc<dyn crate::flusher::DurableGate>) -> bool {
+        self.flush.set_gate(gate)
+    }
+
     /// The applied seqno fjall holds: the last flush's, committed atomically with the data it
     /// covers (not necessarily fsynced: [`TidalDb::checkpoint`] is). A process crash falls back to it.
     pub fn flushed_applied_seqno(&self) -> Seqno {

@@ -20,7 +20,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::Receiver;
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, RwLock};
 use std::time::{Duration, Instant};
 
 use tidal_types::Seqno;
@@ -93,10 +93,46 @@ pub struct FrozenOverlay {
     pub last_time_ms: u64,
 }
 
+/// How far this node's WAL is durable, for the flusher: fjall never holds state past it
+/// (decisions/025). A cluster member applies committed batches once its WAL has WRITTEN them, before
+/// its own fsync; its persisted state must still be a prefix of its durable log, or a power loss
+/// would leave fjall ahead of the WAL (and `open` refuses such a data dir). A node that applies only
+/// durable batches needs no gate.
+pub trait DurableGate: Send + Sync + 'static {
+    /// Waits at most `timeout` for the WAL to be durable through `seqno`.
+    fn wait_durable(&self, seqno: Seqno, timeout: Duration) -> GateWait;
+}
+
+/// What [`DurableGate::wait_durable`] saw.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum GateWait {
+    /// Durable through the seqno.
+    Durable,
+    /// Not yet; ask again.
+    NotYet,
+    /// Never will be (the WAL is poisoned or closed): why.
+    Never(String),
+}
+
+/// How long the flusher waits on the gate between looks at an abandonment.
+const GATE_POLL: Duration = Duration::from_millis(50);
+
+/// The gate, once set (Debug for [`FlushShared`]).
+#[derive(Default)]
+struct Gate(OnceLock<Arc<dyn DurableGate>>);
+
+impl std::fmt::Debug for Gate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.get().is_some() { "Gate(set)" } else { "Gate(none)" })
+    }
+}
+
 /// State shared by the engine and the flusher thread.
 #[derive(Debug, Default)]
 pub struct FlushShared {
     progress: Mutex<Progress>,
+    /// The durability gate of a node that applies before its fsync.
+    gate: Gate,
     /// Notified whenever `progress` changes.
     changed: Condvar,
     /// Applied seqno fjall holds (the last committed flush's).
@@ -184,6 +220,31 @@ impl FlushShared {
             progress.in_flight
         );
         progress.in_flight = Some(seqno);
+    }
+
+    /// Sets the durability gate (once; false if one is set already).
+    pub fn set_gate(&self, gate: Arc<dyn DurableGate>) -> bool {
+        self.gate.0.set(gate).is_ok()
+    }
+
+    /// Waits until the gate says `seqno` is durable. `Ok(false)`: the flush was abandoned meanwhile.
+    fn wait_gate(&self, seqno: Seqno) -> Result<bool, String> {
+        let Some(gate) = self.gate.0.get() else { return Ok(true) };
+        let started = Instant::now();
+        let mut warned = false;
+        loop {
+            match gate.wait_durable(seqno, GATE_POLL) {
+                GateWait::Durable => return Ok(true),
+                GateWait::Never(reason) => return Err(reason),
+                GateWait::NotYet if self.lock().abandoned => return Ok(false),
+                GateWait::NotYet => {
+                    if !warned && started.elapsed() > Duration::from_secs(10) {
+                        warned = true;
+                        tracing::warn!(%seqno, "the engine's flush has waited 10 s for the WAL to be durable");
+                    }
+                }
+            }
+        }
     }
 
     /// Drops every flush not committed yet, as a crash would.
@@ -322,6 +383,22 @@ pub fn run<S>(context: FlusherContext<S>, frozen_overlays: Receiver<Arc<FrozenOv
         if !shared.pass(FlushStage::BeforeCommit) {
             shared.finish(None);
             continue;
+        }
+        match shared.wait_gate(frozen.applied_seqno) {
+            Ok(true) => {}
+            Ok(false) => {
+                shared.finish(None);
+                continue;
+            }
+            Err(reason) => {
+                let reason = format!(
+                    "the overlay frozen at {} cannot be flushed: the WAL will not be durable there ({reason})",
+                    frozen.applied_seqno
+                );
+                tracing::error!("failed to flush: {reason}; the engine refuses further applies");
+                shared.finish(Some(reason));
+                return;
+            }
         }
         let started = Instant::now();
         let mut writes = stores.database.batch();

@@ -53,7 +53,7 @@ pub use config::{
 pub use db::{ApplyOutcome, DecodedBatch, EngineStats, ItemState, TidalDb};
 pub use error::Error;
 #[doc(hidden)]
-pub use flusher::{FlushHold, FlushStage};
+pub use flusher::{DurableGate, FlushHold, FlushStage, GateWait};
 pub use flusher::{FlushStats, FLUSH_DURATION_BUCKETS_MS};
 pub use idempotency::{IdempotencyRecord, PRUNE_PER_APPLY_MAX};
 pub use negatives::{Actor, NegativesState, NEGATIVES_PER_USER_MAX};

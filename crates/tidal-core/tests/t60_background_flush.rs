@@ -229,3 +229,73 @@ fn apply_waits_when_a_second_flush_comes_due_during_the_first() {
         assert_eq!(stats.duration_ms_buckets.iter().sum::<u64>(), 3);
     }
 }
+
+/// A test gate: durable through `durable`; records every seqno the flusher asks about.
+#[derive(Default)]
+struct TestGate {
+    state: std::sync::Mutex<(Seqno, Vec<Seqno>)>,
+    changed: std::sync::Condvar,
+}
+
+impl TestGate {
+    fn set_durable(&self, seqno: Seqno) {
+        self.state.lock().unwrap().0 = seqno;
+        self.changed.notify_all();
+    }
+
+    /// Waits (bounded) until the flusher has asked about `seqno`.
+    fn wait_asked(&self, seqno: Seqno) -> bool {
+        let state = self.state.lock().unwrap();
+        let (state, _) = self
+            .changed
+            .wait_timeout_while(state, std::time::Duration::from_secs(10), |s| !s.1.contains(&seqno))
+            .unwrap();
+        state.1.contains(&seqno)
+    }
+}
+
+impl tidal_core::DurableGate for TestGate {
+    fn wait_durable(&self, seqno: Seqno, timeout: std::time::Duration) -> tidal_core::GateWait {
+        let mut state = self.state.lock().unwrap();
+        if !state.1.contains(&seqno) {
+            state.1.push(seqno);
+            self.changed.notify_all();
+        }
+        let (state, _) = self.changed.wait_timeout_while(state, timeout, |s| s.0 < seqno).unwrap();
+        if state.0 >= seqno {
+            tidal_core::GateWait::Durable
+        } else {
+            tidal_core::GateWait::NotYet
+        }
+    }
+}
+
+#[test]
+fn fjall_never_holds_state_past_the_durable_gate() {
+    let log = workload();
+    let dir = tempfile::tempdir().unwrap();
+    let db = std::sync::Arc::new(open_with(dir.path(), flush_window()));
+    let gate = std::sync::Arc::new(TestGate::default());
+    assert!(db.set_durable_gate(gate.clone()));
+    let at = |count: usize| log.batches[count - 1].last_seqno();
+    {
+        tracing::info!("durable through batch 25: the overlay frozen at batch 20 flushes");
+        gate.set_durable(at(25));
+        apply_all(&db, &log.batches[..30]);
+        assert!(gate.wait_asked(at(20)));
+    }
+    {
+        tracing::info!("a checkpoint freezes batch 30, past the gate: it waits, fjall stays at 20");
+        let checkpointing = {
+            let db = db.clone();
+            std::thread::spawn(move || db.checkpoint().unwrap())
+        };
+        assert!(gate.wait_asked(at(30)), "the flusher never asked the gate about batch 30");
+        assert_eq!(db.flushed_applied_seqno(), at(20), "fjall went past the WAL's durable frontier");
+        assert_eq!(db.applied_seqno(), at(30), "applies do not wait for the gate");
+        tracing::info!("the WAL is durable through batch 30: the checkpoint completes");
+        gate.set_durable(at(30));
+        assert_eq!(checkpointing.join().unwrap(), at(30));
+        assert_eq!(db.flushed_applied_seqno(), at(30));
+    }
+}

@@ -29,8 +29,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tidal_cluster::control::LogStore;
 use tidal_cluster::{
-    Applier, ApplierSender, CommitOnFlush, CommitState, Replica, ReplicaHook, ReplicaParts, ShipFeed,
-    SnapshotPins, SnapshotSource, TermGate,
+    Applier, ApplierSender, CommitOnFlush, CommitState, DurableFrontier, Replica, ReplicaHook, ReplicaParts,
+    ShipFeed, SnapshotPins, SnapshotSource, TermGate,
 };
 use tidal_core::{DecodedBatch, EngineConfig, Envelope, Records, TidalDb};
 use tidal_types::{ErrorCode, Seqno, Term, TermSeqno};
@@ -121,18 +121,26 @@ impl Node {
             );
             (membership.clone(), commit, feed)
         });
+        // A cluster member applies committed batches before its own fsync (decisions/025); this gate
+        // keeps the engine's persisted state behind its durable WAL all the same.
+        let durable_gate = DurableFrontier::new();
         let hook: Box<dyn tidal_wal::FlushedHook> = match &cluster {
             None => Box::new(CommitOnFlush(sender.clone())),
-            Some((membership, commit, feed)) => Box::new(ReplicaHook {
-                applier: sender.clone(),
-                commit: commit.clone(),
-                feed: feed.clone(),
-                me: membership.me,
-            }),
+            Some((membership, commit, feed)) => Box::new(ReplicaHook::new(
+                sender.clone(),
+                commit.clone(),
+                feed.clone(),
+                membership.me,
+                durable_gate.clone(),
+            )),
         };
         let (wal, recovery) =
             Wal::open(wal_config, config.io.wal_files.clone(), config.io.wal_clock.clone(), hook)
                 .context("open WAL")?;
+        if cluster.is_some() {
+            durable_gate.attach(wal.durable_view());
+            db.set_durable_gate(durable_gate);
+        }
         if let Some(torn) = &recovery.truncated {
             tracing::warn!(?torn, "WAL had a torn tail; truncated");
         }

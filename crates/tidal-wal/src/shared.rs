@@ -9,6 +9,8 @@ use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
+use crate::writer::WrittenCallback;
+
 use tidal_types::{Seqno, TermSeqno};
 
 use crate::batch::{Batch, HEADER_LEN};
@@ -72,8 +74,9 @@ pub(crate) struct Queued {
 pub(crate) enum Work {
     /// A leader write: the writer assigns seqnos and stamps term and time.
     Append(AppendRequest),
-    /// Replicated batches, written byte-identical if they continue the log.
-    Replicated(Vec<Batch>),
+    /// Replicated batches, written byte-identical if they continue the log; the callback runs once
+    /// they are written, before their fsync.
+    Replicated(Vec<Batch>, Option<WrittenCallback>),
     /// A quarantine or reset; always a drain of its own.
     Truncate(TruncateOp),
 }
@@ -106,7 +109,7 @@ impl Work {
     pub(crate) fn queued_bytes(&self) -> usize {
         match self {
             Work::Append(request) => request.payload.len(),
-            Work::Replicated(batches) => batches.iter().map(|batch| batch.encoded().len()).sum(),
+            Work::Replicated(batches, _) => batches.iter().map(|batch| batch.encoded().len()).sum(),
             Work::Truncate(_) => 0,
         }
     }

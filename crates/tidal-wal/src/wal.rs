@@ -55,7 +55,7 @@ use crate::shared::{Done, LogState, Queue, Queued, Shared, TruncateOp, Work};
 use crate::stats::{StatsCounters, WalStats};
 use crate::writer::{
     AppendRequest, Appended, Completion, FlushedHook, Prep, ReplicatedAppended, ReplicatedCompletion, Writer,
-    LOGGED_TIME_LEN,
+    WrittenCallback, LOGGED_TIME_LEN,
 };
 
 /// How long `append_blocking` waits for queue space before it tries again; a wake-up normally comes
@@ -189,11 +189,25 @@ impl Wal {
         batches: Vec<Batch>,
         done: ReplicatedCompletion,
     ) -> Result<(), ReplicatedSubmitError> {
+        self.submit_replicated_with(batches, None, done)
+    }
+
+    /// [`Wal::submit_replicated`], and `on_written` runs on the writer thread once the batches are
+    /// written to the segment, before the drain's fsync and after [`FlushedHook::written`]; never if
+    /// the request is refused or the write fails. Same rules as the completion.
+    pub fn submit_replicated_with(
+        &self,
+        batches: Vec<Batch>,
+        on_written: Option<WrittenCallback>,
+        done: ReplicatedCompletion,
+    ) -> Result<(), ReplicatedSubmitError> {
         validate_replicated(&batches).map_err(ReplicatedSubmitError::Invalid)?;
-        let queued = Queued { work: Work::Replicated(batches), done: Done::Replicated(done) };
+        let queued = Queued { work: Work::Replicated(batches, on_written), done: Done::Replicated(done) };
         match self.enqueue(queued, true) {
             Ok(()) => Ok(()),
-            Err((Work::Replicated(batches), Refusal::Full)) => Err(ReplicatedSubmitError::QueueFull(batches)),
+            Err((Work::Replicated(batches, _), Refusal::Full)) => {
+                Err(ReplicatedSubmitError::QueueFull(batches))
+            }
             Err((_, Refusal::Full)) => unreachable!("enqueue hands back what it was given"),
             Err((_, Refusal::Closed)) => Err(ReplicatedSubmitError::Closed),
             Err((_, Refusal::Poisoned)) => Err(ReplicatedSubmitError::Poisoned),
@@ -485,6 +499,12 @@ impl Wal {
         self.inner.shutdown();
     }
 
+    /// A view of this WAL's durable frontier that does not keep the WAL open (the writer stops when
+    /// the last [`Wal`] handle goes, whatever views remain).
+    pub fn durable_view(&self) -> DurableView {
+        DurableView(self.inner.shared.clone())
+    }
+
     /// Waits until the writer has no next segment left to prepare (it prepares one while idle, after
     /// open and after each rotation), at most `timeout`; whether it got there. With preallocation
     /// off, at once. For tests and benchmarks that want the file operations of a quiet WAL.
@@ -531,6 +551,28 @@ impl WalInner {
                 tracing::error!("the WAL writer thread panicked");
             }
         }
+    }
+}
+
+/// See [`Wal::durable_view`].
+#[derive(Clone)]
+pub struct DurableView(Arc<Shared>);
+
+impl DurableView {
+    /// Highest fsynced seqno (it goes down only at a quarantine or reset).
+    pub fn durable_seqno(&self) -> Seqno {
+        self.0.durable_seqno()
+    }
+
+    /// Whether the WAL is poisoned (nothing more becomes durable).
+    pub fn is_poisoned(&self) -> bool {
+        self.0.is_poisoned()
+    }
+}
+
+impl std::fmt::Debug for DurableView {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DurableView").field("durable", &self.durable_seqno()).finish()
     }
 }
 

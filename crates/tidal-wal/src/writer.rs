@@ -111,13 +111,19 @@ pub struct ReplicatedAppended {
 /// Same rules as [`Completion`].
 pub type ReplicatedCompletion = Box<dyn FnOnce(Result<ReplicatedAppended, Error>) + Send>;
 
+/// Called on the writer thread once a replicated request's batches are written, before the fsync
+/// ([`Wal::submit_replicated_with`](crate::Wal::submit_replicated_with)). Same rules as
+/// [`Completion`]; the batches are not durable yet.
+pub type WrittenCallback = Box<dyn FnOnce() + Send>;
+
 /// Sees every flushed batch, on the writer thread, after the fsync and before the completions, in
 /// seqno order (the applier and, by default, the ship feed hang here). Must be quick and must not
 /// panic.
 pub trait FlushedHook: Send + 'static {
     /// The batches of a drain, written to the segment but NOT yet fsynced, in seqno order: called
-    /// just before the drain's fsync, once per drain that writes batches (with `TIDAL_SHIP_ON_WRITE=1`
-    /// the ship feed hangs here, so followers fsync while the leader does). They are not durable: if the fsync fails, the WAL
+    /// just before the drain's fsync, once per drain that writes batches (a cluster member's applier
+    /// takes them here, decisions/025; with `TIDAL_SHIP_ON_WRITE=1` the ship feed too, so followers
+    /// fsync while the leader does). Must never wait for anything that waits for this WAL's fsync. They are not durable: if the fsync fails, the WAL
     /// is poisoned and [`FlushedHook::flushed`] is never called for them; after a crash they may be
     /// gone. Batches a rotation inside the drain already fsynced are included.
     fn written(&mut self, _batches: &[Batch]) {}
@@ -211,6 +217,8 @@ struct Flushed {
     /// Segments closed by rotations during the drain.
     closed_segments: Vec<SegmentInfo>,
     term_starts: Vec<TermSeqno>,
+    /// Callbacks of the replicated requests sequenced in this drain, run once it is written.
+    on_written: Vec<WrittenCallback>,
 }
 
 /// Fails completions if the writer thread unwinds, so nobody waits forever.
@@ -258,6 +266,7 @@ impl Writer {
                         outcomes: vec![report.map(Outcome::Truncated)],
                         closed_segments: Vec::new(),
                         term_starts: Vec::new(),
+                        on_written: Vec::new(),
                     }),
                 Ok(single) => self.write_drain(Vec::from(single)),
                 Err(works) => self.write_drain(works),
@@ -455,6 +464,7 @@ impl Writer {
             outcomes: Vec::with_capacity(works.len()),
             closed_segments: Vec::new(),
             term_starts: Vec::new(),
+            on_written: Vec::new(),
         };
         let mut buf = Vec::with_capacity(works.iter().map(Work::encoded_len).sum());
         for work in works {
@@ -464,7 +474,11 @@ impl Writer {
             }
             let outcome = match work {
                 Work::Append(request) => self.sequence_append(request, term, &mut buf, &mut flushed)?,
-                Work::Replicated(batches) => self.sequence_replicated(batches, &mut buf, &mut flushed)?,
+                Work::Replicated(batches, on_written) => {
+                    let outcome = self.sequence_replicated(batches, &mut buf, &mut flushed)?;
+                    flushed.on_written.extend(on_written);
+                    outcome
+                }
                 Work::Truncate(_) => unreachable!("next_drain takes a truncation alone"),
             };
             flushed.outcomes.push(Ok(outcome));
@@ -474,6 +488,9 @@ impl Writer {
         }
         self.write_pending(&mut buf)?;
         self.hook.written(&flushed.batches);
+        for on_written in flushed.on_written.drain(..) {
+            on_written();
+        }
         self.sync_active()?;
         let gather_min = self.shared.config.gather_min_requests;
         if gather_min > 0 && flushed.outcomes.len() >= gather_min {
@@ -499,7 +516,7 @@ impl Writer {
     fn check_fits(&self, work: &Work, term: Term) -> Result<(), Error> {
         let (first, first_term) = match work {
             Work::Append(_) => (self.next_seqno, term),
-            Work::Replicated(batches) => match batches.first() {
+            Work::Replicated(batches, _) => match batches.first() {
                 Some(head) => (head.first_seqno(), head.term()),
                 None => {
                     return Err(Error::Invalid("a replicated request holds at least one batch".to_string()))
