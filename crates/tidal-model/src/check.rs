@@ -191,6 +191,14 @@ pub fn planted(bug: Bug) -> (ReplicationModel, Search) {
         Bug::ResumeAfterRestart => {
             ReplicationModel { learn_terms: false, ..ReplicationModel::three(1, 0, Mode::Quorum) }
         }
+        // One term, one write, notices: a ship of [1] is delivered after a notice of commit 2
+        // reached the follower; taking the notice uncapped at write time commits past its log.
+        Bug::NoticePastWritten => {
+            ReplicationModel { max_crashes: 0, ..ReplicationModel::three(1, 1, Mode::Quorum) }.with_notices()
+        }
+        // One term of LeaderStart, one crash: a follower writes the committed LeaderStart, applies it
+        // before its fsync, crashes, and keeps the applied frontier the WAL lost.
+        Bug::PersistPastDurable => ReplicationModel::three(1, 0, Mode::Quorum),
         Bug::AckBeforeFsync
         | Bug::NoTermRecheck
         | Bug::AcceptLowerTerm

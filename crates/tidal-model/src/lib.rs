@@ -6,7 +6,9 @@
 //! duplication and reordering, crashes that lose what was not fsynced, and a membership change.
 //! Leaders ship batches as soon as they are written, before their own fsync (decisions/023); each
 //! batch carries the identity of the process that wrote it, so two batches at one `(term, seqno)`
-//! are told apart. docs/decisions/006-model-check.md says what is abstracted and why that is sound.
+//! are told apart. Followers apply committed batches once written, before their own fsync
+//! (decisions/025), and a restart brings `applied` back to the durable WAL.
+//! docs/decisions/006-model-check.md says what is abstracted and why that is sound.
 //!
 //! It is not a simulation of the production runtime: no bytes, no timing, no snapshots beyond
 //! rewinding state to a divergence point, no purge.

@@ -4,7 +4,9 @@
 //!
 //! `--bugs` runs the planted bugs only; `--bug <Name>` (repeatable) only the named ones;
 //! `--durable-ships` checks every model with live ships of the durable log only (the rule before
-//! decisions/023), to see which planted bugs need ships of unsynced batches.
+//! decisions/023), to see which planted bugs need ships of unsynced batches; `--apply-after-fsync`
+//! checks every model with followers applying only after their own fsync (the rule before
+//! decisions/025).
 
 use tidal_model::check::{bounded, check, deep, planted, Search};
 use tidal_model::{Bug, Bugs, Mode, ReplicationModel};
@@ -13,7 +15,15 @@ fn main() {
     let args: Vec<String> = std::env::args().collect();
     let named: Vec<&str> = args.windows(2).filter(|w| w[0] == "--bug").map(|w| w[1].as_str()).collect();
     let durable_ships = args.iter().any(|a| a == "--durable-ships");
-    let variant = |model: ReplicationModel| if durable_ships { model.with_durable_ships() } else { model };
+    let apply_after_fsync = args.iter().any(|a| a == "--apply-after-fsync");
+    let variant = |model: ReplicationModel| {
+        let model = if durable_ships { model.with_durable_ships() } else { model };
+        if apply_after_fsync {
+            model.with_apply_after_fsync()
+        } else {
+            model
+        }
+    };
     let wanted = |bug: &Bug| named.is_empty() || named.contains(&format!("{bug:?}").as_str());
     if let Some(at) = args.iter().position(|a| a == "--bounds") {
         // --bounds <nodes 3|5> <max term> <max writes> <quorum|leader> [crashes]: one run, for

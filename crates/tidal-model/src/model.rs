@@ -21,6 +21,17 @@
 //!   with its writer process ([`crate::state::Batch`]) so that the properties can.
 //!
 //! Pulls (a syncing leader's, a follower's catch-up) serve the source's durable log only.
+//!
+//! A follower applies committed batches once WRITTEN, before its own fsync (decisions/025,
+//! [`ReplicationModel::apply_on_write`]): a live ship's batches count as held for its own commit
+//! frontier the moment they are appended (`matched` for commit notices is set then), so the
+//! ship's commit and later notices cover them and the follower applies up to that commit. Its ack
+//! still waits for its fsync, and the leader still counts only fsynced acks, so what a follower
+//! applies early is already fsynced by a majority. A follower's commit and applied frontiers may
+//! therefore pass its durable position (never its written log); a restart brings `applied` back to
+//! the durable WAL, since the engine never persists state past it. Two planted bugs:
+//! [`Bug::NoticePastWritten`] (the write-time commit is not capped at what was written) and
+//! [`Bug::PersistPastDurable`] (a restart keeps `applied` above the durable WAL).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
@@ -68,7 +79,8 @@ pub enum Bug {
     /// During a membership change the leader counts commit against the new voter set only.
     SkipDualCount,
     /// A follower takes a commit notice's frontier without capping it at what a live ship of that
-    /// term matched after its fsync (decisions/016).
+    /// term matched (after its fsync, decisions/016; once written, decisions/025) when the notice
+    /// arrives.
     NoticePastMatched,
     /// A follower's catch-up chunk from a node not in office (stale leader hint) may replace the
     /// follower's batches, as a ship from the leader may (chaos 114, decisions/019).
@@ -81,13 +93,20 @@ pub enum Bug {
     /// write a batch at a `(term, seqno)` where it had shipped another one that its crash lost
     /// (decisions/023).
     ResumeAfterRestart,
+    /// A follower that applies on write (decisions/025) takes, when it writes a live ship's
+    /// batches, the ship's commit and the notices' commit of that term without capping them at
+    /// what it has written (its `matched`).
+    NoticePastWritten,
+    /// A restart keeps the applied frontier where it was, above the durable WAL: the engine
+    /// persisted state the WAL lost (decisions/025 rule 3 broken).
+    PersistPastDurable,
 }
 
 impl Bug {
     /// Every planted bug, in PROTOCOL.md's order.
     /// [`Bug::StalePullReplaces`] is not in it: with follower pulls the smallest model that shows
     /// it is too large for the checker within minutes (decisions/019).
-    pub const ALL: [Bug; 11] = [
+    pub const ALL: [Bug; 13] = [
         Bug::AckBeforeFsync,
         Bug::NoTermRecheck,
         Bug::CountOlderTerm,
@@ -99,6 +118,8 @@ impl Bug {
         Bug::NoticePastMatched,
         Bug::CommitPastOwnDurable,
         Bug::ResumeAfterRestart,
+        Bug::NoticePastWritten,
+        Bug::PersistPastDurable,
     ];
 }
 
@@ -129,6 +150,10 @@ pub struct Bugs {
     pub commit_past_own_durable: bool,
     /// See [`Bug::ResumeAfterRestart`].
     pub resume_after_restart: bool,
+    /// See [`Bug::NoticePastWritten`].
+    pub notice_past_written: bool,
+    /// See [`Bug::PersistPastDurable`].
+    pub persist_past_durable: bool,
 }
 
 impl Bugs {
@@ -153,6 +178,8 @@ impl Bugs {
             Bug::StalePullReplaces => bugs.stale_pull_replaces = true,
             Bug::CommitPastOwnDurable => bugs.commit_past_own_durable = true,
             Bug::ResumeAfterRestart => bugs.resume_after_restart = true,
+            Bug::NoticePastWritten => bugs.notice_past_written = true,
+            Bug::PersistPastDurable => bugs.persist_past_durable = true,
         }
         bugs
     }
@@ -186,6 +213,12 @@ pub struct ReplicationModel {
     /// group-commit drain once written, before its own fsync: decisions/023). False: only its
     /// durable log, the rule before; kept to show which planted bugs need the new rule.
     pub ship_unsynced: bool,
+    /// A follower applies committed batches once written, before its own fsync (decisions/025): a
+    /// live ship's batches set its notice `matched` and move its commit to
+    /// `max(commit, min(ship's commit or notice, matched))` at write time, and it applies up to
+    /// that commit. False: only after its fsync (decisions/016), the rule before; kept to show
+    /// which planted bugs need the new rule.
+    pub apply_on_write: bool,
     /// Planted bugs.
     pub bugs: Bugs,
 }
@@ -300,6 +333,7 @@ impl ReplicationModel {
             commit_notices: false,
             follower_pulls: false,
             ship_unsynced: true,
+            apply_on_write: true,
             bugs: Bugs::default(),
         }
     }
@@ -326,6 +360,12 @@ impl ReplicationModel {
     /// The same model with live ships of the durable log only (the rule before decisions/023).
     pub fn with_durable_ships(self) -> ReplicationModel {
         ReplicationModel { ship_unsynced: false, ..self }
+    }
+
+    /// The same model with followers applying only after their own fsync (the rule before
+    /// decisions/025).
+    pub fn with_apply_after_fsync(self) -> ReplicationModel {
+        ReplicationModel { apply_on_write: false, ..self }
     }
 
     /// The same model with `bugs` planted.
@@ -473,7 +513,7 @@ impl Model for ReplicationModel {
             Action::Fsync { node } => self.fsync(&mut next, node),
             Action::Restart { node } => {
                 next.crashes += 1;
-                restart(&mut next.nodes[index(node)])
+                restart(&mut next.nodes[index(node)], self.bugs.persist_past_durable)
             }
             Action::BeginChange { leader } => {
                 next.config = Config::Deciding { term: self.node(state, leader).term };
@@ -669,7 +709,8 @@ impl ReplicationModel {
     }
 
     /// A commit notice (tidal-cluster's `Replica::notice_commit`): no term lock, no fsync; commit
-    /// moves to what the notice announced AND a live ship of its term matched after its fsync.
+    /// moves to what the notice announced AND a live ship of its term matched (once written with
+    /// `apply_on_write`, decisions/025; after its fsync otherwise, decisions/016).
     fn receive_notice(&self, state: &mut ModelState, to: NodeId, term: Term, commit: Seqno) -> bool {
         let past_matched = self.bugs.notice_past_matched;
         let node = &mut state.nodes[index(to)];
@@ -742,6 +783,9 @@ impl ReplicationModel {
                 }
             }
         }
+        if !pull && self.apply_on_write {
+            self.commit_on_write(state, to, ship.term, matched, commit, ship.commit);
+        }
         let pending = PendingAck { term: ship.term, to: (!pull).then_some(from), matched, commit };
         let node = &mut state.nodes[index(to)];
         if self.bugs.ack_before_fsync {
@@ -787,6 +831,41 @@ impl ReplicationModel {
         true
     }
 
+    /// decisions/025 rule 1: a live ship's batches are written (not yet fsynced), still under the
+    /// term lock. They match the leader's log of `term` up to `matched` (decide_ship verified `prev`
+    /// and each batch), so they count as held for our own commit frontier: the notice `matched` is
+    /// set now, and commit moves to `max(commit, min(ship's commit, matched), min(notified,
+    /// matched))` — `commit` is decide_ship's `max(ours, min(sender's, matched))` — and we apply up
+    /// to it. Everything covered is committed by the leader, whose commit counts only fsynced acks
+    /// and never passes its own durable position. The ack still waits for the fsync ([`Self::fsync`]).
+    ///
+    /// Pulled chunks do not come here: they never set `matched` (decisions/016: a pull source's log
+    /// is not necessarily the leader's) and their commit still moves after the fsync, as before.
+    fn commit_on_write(
+        &self,
+        state: &mut ModelState,
+        me: NodeId,
+        term: Term,
+        matched: TermSeqno,
+        commit: Seqno,
+        sender_commit: Seqno,
+    ) {
+        let past_written = self.bugs.notice_past_written;
+        let node = &mut state.nodes[index(me)];
+        // Under the term lock the node's term is the ship's (decide_ship checked it); only the
+        // planted `accept_lower_term` gets here with another, and like the ack after the fsync
+        // (term re-check) it then takes no commit from the ship.
+        if node.term != term {
+            return;
+        }
+        let Some(notice) = node.notice.in_term(term) else { return };
+        notice.matched = notice.matched.max(matched.seqno);
+        let frontier =
+            if past_written { sender_commit.max(notice.notified) } else { commit.max(notice.frontier()) };
+        node.commit = node.commit.max(frontier);
+        self.apply(node);
+    }
+
     /// The fsync completes; under the term lock again: ack what was accepted (term re-check), advance
     /// commit, apply; a leader records its own matched.
     fn fsync(&self, state: &mut ModelState, me: NodeId) -> bool {
@@ -805,6 +884,7 @@ impl ReplicationModel {
                     matched: pending.matched,
                 });
                 // A live ship of this term, fsynced: its matched is the leader's log, durable here.
+                // With `apply_on_write` it was set when the batches were written (a repeat here).
                 if let Some(notice) = node.notice.in_term(pending.term) {
                     notice.matched = notice.matched.max(pending.matched.seqno);
                 }
@@ -983,11 +1063,22 @@ fn add_pending(node: &mut NodeState, pending: PendingAck) {
 
 /// Crash and restart: the WAL keeps what was fsynced, memory restarts from the persisted state; a
 /// node openraft elected is a new writer process from now on.
-fn restart(node: &mut NodeState) -> bool {
+///
+/// The engine's persisted state never passes the durable WAL (its flusher waits for the WAL fsync
+/// before it writes a frozen overlay, decisions/025 rule 3), so `applied` restarts at most at
+/// `durable`: a follower that applied committed batches before its fsync loses that part of its
+/// applied state with the unsynced WAL, and gets the batches again from the leader (they are
+/// committed: fsynced on a majority). With `persist_past_durable` (planted bug) the applied frontier
+/// survives above the WAL. Before decisions/025 `applied <= durable` held on every node and the cap
+/// never bound.
+fn restart(node: &mut NodeState, persist_past_durable: bool) -> bool {
     if node.elected.is_some() {
         node.incarnation = node.incarnation.saturating_add(1);
     }
     node.wal.truncate(usize::try_from(node.durable.get()).unwrap_or(0));
+    if !persist_past_durable {
+        node.applied = node.applied.min(node.durable);
+    }
     node.unsynced.clear();
     node.notice = NoticeState::default();
     node.role = Role::Follower;

@@ -14,16 +14,19 @@ use crate::model::{Mode, ReplicationModel};
 use crate::state::{id, Broken, ModelState, Role};
 
 /// Names of the safety properties (a discovery of one of these is a violation).
-pub const SAFETY: [&str; 10] = [
+pub const SAFETY: [&str; 13] = [
     NO_ACKED_WRITE_LOST,
     NO_COMMITTED_BATCH_LOST,
     LEADER_COMPLETENESS,
     COMMITTED_ON_ELECTORATE,
     LOG_MATCHING,
     COMMIT_MONOTONE,
-    COMMIT_DURABLE,
+    LEADER_COMMIT_DURABLE,
+    COMMIT_WRITTEN,
     ONE_ACKER_PER_TERM,
     APPLIED_COMMITTED,
+    APPLIED_WRITTEN,
+    APPLIED_IS_COMMITTED,
     QUARANTINE_UNCOMMITTED,
 ];
 
@@ -46,12 +49,36 @@ pub const COMMITTED_ON_ELECTORATE: &str = "every commit is durable on a majority
 pub const LOG_MATCHING: &str = "log matching";
 /// A node's commit frontier never decreases while it runs.
 pub const COMMIT_MONOTONE: &str = "commit never decreases";
-/// `commit <= durable` on every node.
-pub const COMMIT_DURABLE: &str = "commit never exceeds durable";
+/// `commit <= durable` on every opened leader (`Role::Leader`).
+///
+/// Until decisions/025 this was `commit <= durable` on EVERY node ("commit never exceeds
+/// durable"). A follower now counts a live ship's batches as held once written, before its fsync,
+/// so its commit (and applied) frontier may pass its durable position; that is the rule, not a bug
+/// (`SOMETIMES_FOLLOWER_APPLIED_PAST_DURABLE` shows the model reaches it). What still holds: a
+/// leader's commit never passes its own durable position (the cap of decisions/023, and commit
+/// counts only fsynced acks), checked here, and every node's commit stays within its written log
+/// ([`COMMIT_WRITTEN`]). A node elected but still probing may carry a follower's commit above its
+/// durable position; it fsyncs before it plans its office (the model's probe waits for it), so an
+/// opened leader starts with `commit <= durable`.
+pub const LEADER_COMMIT_DURABLE: &str = "a leader's commit never exceeds its durable position";
+/// `commit <= len` (last written seqno) on every node: a follower's commit, moved at write time,
+/// is capped at what it has written and matched (decisions/025); nothing else lowers the log below
+/// commit (quarantine halts at or below commit; a restart sets commit to applied, see
+/// [`APPLIED_WRITTEN`]).
+pub const COMMIT_WRITTEN: &str = "commit never exceeds the written log";
 /// In any term, at most one node acknowledges client writes.
 pub const ONE_ACKER_PER_TERM: &str = "at most one node acknowledges in a term";
 /// `applied <= commit` on every node.
 pub const APPLIED_COMMITTED: &str = "nothing applied above commit";
+/// `applied <= len` on every node. While a node runs it follows from `applied <= commit <= len`;
+/// after a restart it is the persisted-state rule of decisions/025: the engine never persists state
+/// past the durable WAL, so a restarted node's applied frontier is within what its WAL kept.
+pub const APPLIED_WRITTEN: &str = "applied never exceeds the written log";
+/// Quorum mode: every batch a node holds at or below its applied frontier is one (position and
+/// writer) that some leader counted as committed. With [`NO_COMMITTED_BATCH_LOST`] this is "nothing
+/// a node applied is lost cluster-wide", the premise of applying before the follower's own fsync
+/// (decisions/025).
+pub const APPLIED_IS_COMMITTED: &str = "a node applies only batches a leader counted as committed (quorum)";
 /// Quorum mode: quarantine never moves a committed position, and no receiver halts for it.
 pub const QUARANTINE_UNCOMMITTED: &str = "quarantine never touches a committed seqno (quorum)";
 
@@ -61,6 +88,10 @@ pub const SOMETIMES_ACKED: &str = "sometimes: a write is acknowledged";
 pub const SOMETIMES_LEADER_CHANGE: &str = "sometimes: a leader changes";
 /// Reached: a divergent suffix is quarantined.
 pub const SOMETIMES_QUARANTINE: &str = "sometimes: a divergent suffix is quarantined";
+/// Reached with followers applying on write (decisions/025): a follower has applied past its own
+/// durable position (what `COMMIT_DURABLE` forbade before).
+pub const SOMETIMES_FOLLOWER_APPLIED_PAST_DURABLE: &str =
+    "sometimes: a follower applies past its durable position";
 /// Reached in leader mode only (PROTOCOL.md "leader mode loses an acknowledged tail").
 pub const SOMETIMES_LEADER_MODE_LOSS: &str = "sometimes: leader mode loses an acknowledged write";
 
@@ -83,10 +114,17 @@ pub fn all() -> Vec<Property<ReplicationModel>> {
         Property::always(COMMIT_MONOTONE, |_, s: &ModelState| {
             !s.history.broken.iter().any(|b| matches!(b, Broken::CommitDecreased(_)))
         }),
-        Property::always(COMMIT_DURABLE, |_, s: &ModelState| s.nodes.iter().all(|n| n.commit <= n.durable)),
+        Property::always(LEADER_COMMIT_DURABLE, |_, s: &ModelState| {
+            s.nodes.iter().all(|n| !matches!(n.role, Role::Leader { .. }) || n.commit <= n.durable)
+        }),
+        Property::always(COMMIT_WRITTEN, |_, s: &ModelState| s.nodes.iter().all(|n| n.commit <= n.len())),
         Property::always(ONE_ACKER_PER_TERM, |_, s: &ModelState| one_acker_per_term(s)),
         Property::always(APPLIED_COMMITTED, |_, s: &ModelState| {
             s.nodes.iter().all(|n| n.applied <= n.commit)
+        }),
+        Property::always(APPLIED_WRITTEN, |_, s: &ModelState| s.nodes.iter().all(|n| n.applied <= n.len())),
+        Property::always(APPLIED_IS_COMMITTED, |m: &ReplicationModel, s: &ModelState| {
+            m.mode != Mode::Quorum || applied_committed_by_a_leader(s)
         }),
         Property::always(QUARANTINE_UNCOMMITTED, |m: &ReplicationModel, s: &ModelState| {
             m.mode != Mode::Quorum
@@ -99,6 +137,9 @@ pub fn all() -> Vec<Property<ReplicationModel>> {
         Property::sometimes(SOMETIMES_ACKED, |_, s: &ModelState| !s.history.acked.is_empty()),
         Property::sometimes(SOMETIMES_LEADER_CHANGE, |_, s: &ModelState| s.history.served_by.len() >= 2),
         Property::sometimes(SOMETIMES_QUARANTINE, |_, s: &ModelState| s.history.quarantined),
+        Property::sometimes(SOMETIMES_FOLLOWER_APPLIED_PAST_DURABLE, |_, s: &ModelState| {
+            s.nodes.iter().any(|n| n.role == Role::Follower && n.applied > n.durable)
+        }),
         Property::sometimes(SOMETIMES_LEADER_MODE_LOSS, |m: &ReplicationModel, s: &ModelState| {
             m.mode == Mode::Leader && !acked_writes_held(s)
         }),
@@ -148,6 +189,16 @@ fn committed_on_electorate(model: &ReplicationModel, state: &ModelState) -> bool
             .map(id)
             .collect();
         electorate.is_majority(&holders)
+    })
+}
+
+fn applied_committed_by_a_leader(state: &ModelState) -> bool {
+    state.nodes.iter().all(|node| {
+        (1..=node.applied.min(node.len()).get()).all(|seqno| {
+            let seqno = tidal_types::Seqno(seqno);
+            let (position, writer) = (node.position(seqno), node.batch_at(seqno).map_or(0, |b| b.writer));
+            state.history.committed.iter().any(|c| c.position == position && c.writer == writer)
+        })
     })
 }
 

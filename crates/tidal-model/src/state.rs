@@ -50,14 +50,16 @@ pub struct NodeState {
     pub durable: Seqno,
     /// Commit frontier (in memory).
     pub commit: Seqno,
-    /// Applied seqno (persisted with the engine state; the model persists it at once).
+    /// Applied seqno (persisted with the engine state; the model persists it at once, up to the
+    /// durable WAL: a follower may apply past its durable position, decisions/025, and a restart
+    /// keeps `min(applied, durable)`).
     pub applied: Seqno,
     /// What the node is doing.
     pub role: Role,
     /// Accepted messages waiting for the fsync before their ack (PROTOCOL.md shipping step 4).
     pub unsynced: BTreeSet<PendingAck>,
     /// Follower (in memory): the leader's commit notices and how far a live ship of that term
-    /// matched after its fsync (decisions/016).
+    /// matched: once written (decisions/025), or after its fsync (decisions/016, the rule before).
     pub notice: NoticeState,
 }
 
@@ -85,7 +87,8 @@ pub struct NoticeState {
     pub term: Term,
     /// The highest commit a notice of `term` announced.
     pub notified: Seqno,
-    /// The last position of a live ship of `term` accepted and fsynced.
+    /// The last position of a live ship of `term` accepted and written (decisions/025; before it,
+    /// accepted and fsynced).
     pub matched: Seqno,
 }
 

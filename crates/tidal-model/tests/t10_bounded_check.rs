@@ -3,7 +3,9 @@
 #![allow(clippy::unwrap_used)]
 
 use tidal_model::check::{bounded, check, Search};
-use tidal_model::properties::{SOMETIMES_ACKED, SOMETIMES_LEADER_CHANGE, SOMETIMES_QUARANTINE};
+use tidal_model::properties::{
+    SOMETIMES_ACKED, SOMETIMES_FOLLOWER_APPLIED_PAST_DURABLE, SOMETIMES_LEADER_CHANGE, SOMETIMES_QUARANTINE,
+};
 
 #[test]
 fn bounded_models_have_no_violation_and_reach_the_interesting_states() {
@@ -21,7 +23,12 @@ fn bounded_models_have_no_violation_and_reach_the_interesting_states() {
         reached.extend(report.reached);
     }
     println!("bounded check: {states} states");
-    for expected in [SOMETIMES_ACKED, SOMETIMES_LEADER_CHANGE, SOMETIMES_QUARANTINE] {
+    for expected in [
+        SOMETIMES_ACKED,
+        SOMETIMES_LEADER_CHANGE,
+        SOMETIMES_QUARANTINE,
+        SOMETIMES_FOLLOWER_APPLIED_PAST_DURABLE,
+    ] {
         assert!(reached.iter().any(|r| r == expected), "never reached \"{expected}\"");
     }
 }
