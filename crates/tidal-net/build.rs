@@ -5,6 +5,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let proto = proto_dir.join("tidal.proto");
     println!("cargo:rerun-if-changed={}", proto.display());
     let descriptors = protox::compile([&proto], [&proto_dir])?;
-    tonic_prost_build::configure().build_client(true).build_server(true).compile_fds(descriptors)?;
+    // A pulled chunk's batches are `Bytes`: the server moves its read buffer in and the client's
+    // decode slices the received buffer instead of copying it.
+    tonic_prost_build::configure()
+        .build_client(true)
+        .build_server(true)
+        .bytes(".tidal.v1.Batches.batches")
+        .compile_fds(descriptors)?;
     Ok(())
 }

@@ -73,7 +73,8 @@ pub fn split_batches(bytes: &[u8]) -> Result<Vec<Batch>, WireError> {
         if rest.len() < len {
             return Err(bad(DecodeError::Truncated { needed: len, available: rest.len() }));
         }
-        batches.push(Batch::from_encoded(rest[..len].to_vec()).map_err(bad)?);
+        // One copy, straight into the batch's own allocation.
+        batches.push(Batch::from_encoded(std::sync::Arc::<[u8]>::from(&rest[..len])).map_err(bad)?);
         offset += len;
     }
     Ok(batches)
@@ -283,21 +284,35 @@ pub enum ChunkOutcome {
         /// Verified batches.
         batches: Vec<Batch>,
     },
+    /// What a server sends instead of [`ChunkOutcome::Batches`]: whole batches following `prev`,
+    /// as its WAL holds them, concatenated, their seals not checked by the sender. Never received:
+    /// the conversion from the wire splits and verifies them into [`ChunkOutcome::Batches`].
+    Encoded {
+        /// Position before the first batch.
+        prev: TermSeqno,
+        /// The concatenated encoded batches.
+        bytes: Vec<u8>,
+    },
     /// The server does not hold `from` with that term; its term history.
     Diverged(Vec<TermSeqno>),
     /// `from` is below the server's purge point.
     Purged(TermSeqno),
 }
 
-impl From<&Chunk> for pb::PullChunk {
-    fn from(chunk: &Chunk) -> pb::PullChunk {
+impl From<Chunk> for pb::PullChunk {
+    fn from(chunk: Chunk) -> pb::PullChunk {
         use pb::pull_chunk::Outcome;
-        let outcome = match &chunk.outcome {
-            ChunkOutcome::Batches { prev, batches } => {
-                Outcome::Batches(pb::Batches { prev: Some((*prev).into()), batches: join_batches(batches) })
+        let outcome = match chunk.outcome {
+            ChunkOutcome::Batches { prev, batches } => Outcome::Batches(pb::Batches {
+                prev: Some(prev.into()),
+                batches: join_batches(&batches).into(),
+            }),
+            // Moved, not copied.
+            ChunkOutcome::Encoded { prev, bytes } => {
+                Outcome::Batches(pb::Batches { prev: Some(prev.into()), batches: bytes.into() })
             }
-            ChunkOutcome::Diverged(history) => Outcome::Diverged(history_to_pb(history)),
-            ChunkOutcome::Purged(p) => Outcome::Purged((*p).into()),
+            ChunkOutcome::Diverged(history) => Outcome::Diverged(history_to_pb(&history)),
+            ChunkOutcome::Purged(p) => Outcome::Purged(p.into()),
         };
         pb::PullChunk {
             term: chunk.term.0,
@@ -391,6 +406,51 @@ mod tests {
             let mut flipped = bytes.clone();
             flipped[bit / 8] ^= 1 << (bit % 8);
             assert!(split_batches(&flipped).is_err(), "flip of bit {bit} accepted");
+        }
+    }
+
+    fn encoded_chunk(bytes: Vec<u8>) -> pb::PullChunk {
+        pb::PullChunk::from(Chunk {
+            term: Term(2),
+            leader: NodeId(1),
+            baseline: TermSeqno::default(),
+            commit: Seqno(3),
+            outcome: ChunkOutcome::Encoded { prev: TermSeqno { term: Term(1), seqno: Seqno(4) }, bytes },
+        })
+    }
+
+    #[test]
+    fn an_encoded_chunk_arrives_as_verified_batches_or_not_at_all() {
+        let batches = vec![batch(5, 1), batch(6, 3)];
+        let bytes = join_batches(&batches);
+        {
+            tracing::info!("phase: the sender's raw bytes arrive as the same batches");
+            let chunk = Chunk::try_from(encoded_chunk(bytes.clone())).unwrap();
+            let prev = TermSeqno { term: Term(1), seqno: Seqno(4) };
+            assert_eq!(chunk.outcome, ChunkOutcome::Batches { prev, batches: batches.clone() });
+        }
+        {
+            tracing::info!("phase: a cut, a flipped bit or garbage is refused as a whole");
+            for len in 1..bytes.len() {
+                let whole_prefix = len == batch(5, 1).encoded().len();
+                let result = Chunk::try_from(encoded_chunk(bytes[..len].to_vec()));
+                assert_eq!(result.is_ok(), whole_prefix, "truncation at {len}");
+            }
+            for bit in (0..bytes.len() * 8).step_by(7) {
+                let mut flipped = bytes.clone();
+                flipped[bit / 8] ^= 1 << (bit % 8);
+                assert!(Chunk::try_from(encoded_chunk(flipped)).is_err(), "flip of bit {bit} accepted");
+            }
+            let garbage = vec![0xA5u8; 200];
+            assert!(matches!(
+                Chunk::try_from(encoded_chunk(garbage)),
+                Err(WireError::BadBatch { offset: 0, .. })
+            ));
+        }
+        {
+            tracing::info!("phase: over the message bound is refused before any batch is looked at");
+            let oversize = vec![0u8; MESSAGE_BATCH_BYTES_MAX + 1];
+            assert!(matches!(Chunk::try_from(encoded_chunk(oversize)), Err(WireError::TooLarge { .. })));
         }
     }
 

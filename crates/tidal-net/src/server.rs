@@ -144,7 +144,7 @@ impl<H: Handler> Replication for Service<H> {
         self.check_cluster(&request.cluster_id)?;
         let pull = Pull::try_from(request).map_err(|e| self.malformed("pull", e))?;
         let chunks = self.handler.pull(pull).await?;
-        let encoded = chunks.map(|chunk| chunk.map(|chunk| pb::PullChunk::from(&chunk)));
+        let encoded = chunks.map(|chunk| chunk.map(pb::PullChunk::from));
         Ok(Response::new(Box::pin(encoded)))
     }
 

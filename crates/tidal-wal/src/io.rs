@@ -28,6 +28,14 @@ pub trait FileIo: Send + Sync + 'static {
         bytes.truncate(usize::try_from(len).unwrap_or(usize::MAX));
         Ok(bytes)
     }
+    /// Reads `len` bytes of a file from `offset` (fewer if the file ends sooner).
+    fn read_range(&self, path: &Path, offset: u64, len: u64) -> io::Result<Vec<u8>> {
+        let end = offset.saturating_add(len);
+        let mut bytes = self.read_prefix(path, end)?;
+        let start = usize::try_from(offset).unwrap_or(usize::MAX).min(bytes.len());
+        bytes.drain(..start);
+        Ok(bytes)
+    }
     /// Whether the first `len` bytes of a file (fewer if it is shorter) are all zeros.
     fn is_zero_prefix(&self, path: &Path, len: u64) -> io::Result<bool> {
         Ok(crate::segment::is_zero(&self.read_prefix(path, len)?))
@@ -104,6 +112,24 @@ impl FileIo for StdIo {
         let capacity = usize::try_from(len.min(file.metadata()?.len())).unwrap_or(0);
         let mut bytes = Vec::with_capacity(capacity);
         file.take(len).read_to_end(&mut bytes)?;
+        Ok(bytes)
+    }
+
+    /// One positioned read into one allocation: a pull reads segments a chunk at a time.
+    fn read_range(&self, path: &Path, offset: u64, len: u64) -> io::Result<Vec<u8>> {
+        let file = File::open(path)?;
+        let available = file.metadata()?.len().saturating_sub(offset).min(len);
+        let mut bytes = vec![0u8; usize::try_from(available).unwrap_or(0)];
+        let mut filled = 0;
+        while filled < bytes.len() {
+            match file.read_at(&mut bytes[filled..], offset + filled as u64) {
+                Ok(0) => break,
+                Ok(read) => filled += read,
+                Err(error) if error.kind() == io::ErrorKind::Interrupted => {}
+                Err(error) => return Err(error),
+            }
+        }
+        bytes.truncate(filled);
         Ok(bytes)
     }
 
@@ -199,5 +225,22 @@ mod tests {
         assert!(!StdIo.is_zero_prefix(&path, u64::MAX).unwrap());
         assert!(StdIo.is_zero_prefix(&path, at as u64).unwrap(), "the byte after the prefix is not read");
         assert!(!StdIo.is_zero_prefix(&path, at as u64 + 1).unwrap());
+    }
+
+    #[test]
+    fn a_range_read_is_the_slice_of_the_file_and_stops_at_its_end() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("segment");
+        let bytes: Vec<u8> = (0..10_000u32).map(|i| (i % 251) as u8).collect();
+        fs::write(&path, &bytes).unwrap();
+        for (offset, len) in [(0u64, 0u64), (0, 10_000), (1, 9_999), (4_096, 100), (9_990, 100), (20_000, 5)]
+        {
+            let start = (offset as usize).min(bytes.len());
+            let end = (offset + len).min(bytes.len() as u64) as usize;
+            assert_eq!(StdIo.read_range(&path, offset, len).unwrap(), &bytes[start..end], "{offset}+{len}");
+            let sim = crate::SimIo::new();
+            sim.write_file(&path, &bytes);
+            assert_eq!(sim.read_range(&path, offset, len).unwrap(), &bytes[start..end], "sim {offset}+{len}");
+        }
     }
 }

@@ -47,7 +47,7 @@ pub use config::WalConfig;
 pub use error::{Error, ReplicatedSubmitError, SubmitError};
 pub use io::{FileIo, StdIo, WalFile};
 pub use quarantine::{quarantine_summary, QuarantineReport, QuarantineSummary};
-pub use reader::WalReader;
+pub use reader::{RawReader, RawRun, WalReader};
 pub use recovery::{Recovery, TornTail};
 pub use segment::SegmentInfo;
 pub use sim_io::{CrashMode, SimIo};

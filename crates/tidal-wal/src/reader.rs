@@ -1,4 +1,5 @@
-//! [`WalReader`]: a read-only scan of durable batches from a seqno, for catch-up and replay.
+//! [`WalReader`]: a read-only scan of durable batches from a seqno, for catch-up and replay;
+//! [`RawReader`]: the same durable batches as runs of segment bytes, for serving a pull.
 //!
 //! Delicate: the reader takes a snapshot of the segment list and the durable frontier when it is
 //! created and never reads past it, so it never sees bytes that are written but not yet fsynced. It
@@ -12,9 +13,9 @@ use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use tidal_types::Seqno;
+use tidal_types::{Seqno, TermSeqno};
 
-use crate::batch::{decode_batch, Batch};
+use crate::batch::{decode_batch, decode_header, Batch, DecodeError, HEADER_LEN};
 use crate::error::Error;
 use crate::segment::SegmentInfo;
 use crate::shared::Shared;
@@ -144,4 +145,217 @@ impl Iterator for WalReader {
         }
         next
     }
+}
+
+/// A run of whole durable batches, byte for byte as a segment holds them.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RawRun {
+    /// Position of the run's last batch.
+    pub last: TermSeqno,
+    /// How many batches the run holds.
+    pub batches: usize,
+    /// The encoded batches, concatenated.
+    pub bytes: Vec<u8>,
+}
+
+/// Durable batches from a seqno as [`RawRun`]s of at most a given size, read a range of a segment at
+/// a time, for serving a pull.
+///
+/// Delicate: it checks each batch's header (framing, kind, lengths) and the seqno chain, never its
+/// BLAKE3 seal: the receiver verifies every batch before its WAL takes it, and hashing here too would
+/// double the CPU a catch-up costs the node that serves it. A batch that rotted on this disk is
+/// therefore refused by the receiver, not here. Like [`WalReader`] it reads only what was durable
+/// when it was created, and reports a purge or truncation since then as an error; memory is one run
+/// (at most the requested size, or one batch if that is larger).
+pub struct RawReader {
+    shared: Arc<Shared>,
+    segments: VecDeque<SegmentInfo>,
+    from: Seqno,
+    durable: Seqno,
+    current: Option<RawSegment>,
+    done: bool,
+    truncations: u64,
+}
+
+struct RawSegment {
+    path: PathBuf,
+    /// Durable length.
+    len: u64,
+    /// File offset of the next batch.
+    offset: u64,
+    /// Its first seqno.
+    next_seqno: Seqno,
+}
+
+/// Where a walk over a range of a segment ended.
+enum Walk {
+    /// `consumed` bytes walked (batches below `from` included); `start..consumed` is the run.
+    Run {
+        consumed: usize,
+        start: usize,
+        last: Option<TermSeqno>,
+        batches: usize,
+        next: Seqno,
+        /// The walk stopped at a batch past the durable frontier.
+        past_durable: bool,
+    },
+    /// The run's first batch is longer than the range: read again from `skip` with `len` bytes.
+    Longer { skip: usize, len: usize, next: Seqno },
+}
+
+impl RawReader {
+    pub(crate) fn new(
+        shared: Arc<Shared>,
+        segments: Vec<SegmentInfo>,
+        from: Seqno,
+        durable: Seqno,
+        truncations: u64,
+    ) -> RawReader {
+        RawReader {
+            shared,
+            segments: segments.into(),
+            from,
+            durable,
+            current: None,
+            done: false,
+            truncations,
+        }
+    }
+
+    /// The durable frontier this reader stops at.
+    pub fn durable(&self) -> Seqno {
+        self.durable
+    }
+
+    /// The next run of at most `bytes_max` bytes (or one batch, if that batch alone is longer);
+    /// `None` once every durable batch from the start seqno on was returned.
+    pub fn next_run(&mut self, bytes_max: usize) -> Result<Option<RawRun>, Error> {
+        let bytes_max = bytes_max.max(HEADER_LEN);
+        let mut want = bytes_max as u64;
+        while !self.done {
+            let segment = match &mut self.current {
+                Some(segment) if segment.offset < segment.len => segment,
+                _ => {
+                    let Some(next) = self.segments.pop_front() else {
+                        self.done = true;
+                        break;
+                    };
+                    self.current = Some(RawSegment {
+                        path: next.path,
+                        len: next.bytes,
+                        offset: 0,
+                        next_seqno: next.first_seqno,
+                    });
+                    continue;
+                }
+            };
+            let len = want.min(segment.len - segment.offset);
+            let read = self.shared.io.read_range(&segment.path, segment.offset, len);
+            if self.shared.truncations.load(Ordering::SeqCst) != self.truncations {
+                return Err(Error::TruncatedWhileReading { requested: self.from });
+            }
+            let mut bytes = match read {
+                Ok(bytes) => bytes,
+                Err(err) if err.kind() == std::io::ErrorKind::NotFound => {
+                    let first_retained = self
+                        .shared
+                        .lock_log()
+                        .segments
+                        .first()
+                        .map_or(segment.next_seqno, |first| first.first_seqno);
+                    return Err(Error::Purged { requested: self.from, first_retained });
+                }
+                Err(err) => return Err(Error::io("read segment", &segment.path, err)),
+            };
+            if (bytes.len() as u64) < len {
+                let reason = format!(
+                    "segment is {} bytes but {} were fsynced",
+                    segment.offset + bytes.len() as u64,
+                    segment.len
+                );
+                return Err(Error::corrupt(&segment.path, segment.offset + bytes.len() as u64, reason));
+            }
+            let at_end = segment.offset + len == segment.len;
+            let walk = walk(&bytes, at_end, segment.next_seqno, self.from, self.durable)
+                .map_err(|(at, reason)| Error::corrupt(&segment.path, segment.offset + at as u64, reason))?;
+            match walk {
+                Walk::Longer { skip, len, next } => {
+                    segment.offset += skip as u64;
+                    segment.next_seqno = next;
+                    want = len as u64;
+                }
+                Walk::Run { consumed, start, last, batches, next, past_durable } => {
+                    segment.offset += consumed as u64;
+                    segment.next_seqno = next;
+                    want = bytes_max as u64;
+                    // A batch past the durable frontier ends the read.
+                    self.done = past_durable;
+                    if let Some(last) = last {
+                        bytes.truncate(consumed);
+                        if start > 0 {
+                            bytes.drain(..start);
+                        }
+                        return Ok(Some(RawRun { last, batches, bytes }));
+                    }
+                }
+            }
+        }
+        Ok(None)
+    }
+}
+
+/// Walks the batch headers of `bytes` (a range of a segment starting at a batch that should begin at
+/// `next`): skips batches below `from`, stops before a batch past `durable` or one that does not fit.
+/// A batch cut by the range's end is corruption only if the range ends the segment's durable part.
+fn walk(
+    bytes: &[u8],
+    at_end: bool,
+    mut next: Seqno,
+    from: Seqno,
+    durable: Seqno,
+) -> Result<Walk, (usize, String)> {
+    let mut at = 0;
+    let mut start = None;
+    let mut last = None;
+    let mut batches = 0;
+    let mut past_durable = false;
+    while at < bytes.len() {
+        let rest = &bytes[at..];
+        let header = match decode_header(rest) {
+            Ok(header) => header,
+            Err(DecodeError::Truncated { .. }) if !at_end => {
+                if start.is_none() && at == 0 {
+                    // Not even a header fits: read at least one.
+                    return Ok(Walk::Longer { skip: 0, len: HEADER_LEN, next });
+                }
+                break;
+            }
+            Err(error) => return Err((at, error.to_string())),
+        };
+        if header.first_seqno != next {
+            return Err((at, format!("batch starts at seqno {}, expected {next}", header.first_seqno)));
+        }
+        if header.first_seqno > durable {
+            past_durable = true;
+            break;
+        }
+        let len = header.encoded_len();
+        if rest.len() < len {
+            if at_end {
+                return Err((at, DecodeError::Truncated { needed: len, available: rest.len() }.to_string()));
+            }
+            if start.is_none() {
+                return Ok(Walk::Longer { skip: at, len, next });
+            }
+            break;
+        }
+        next = header.last_seqno().next();
+        if header.last_seqno() >= from {
+            start.get_or_insert(at);
+            last = Some(TermSeqno { term: header.term, seqno: header.last_seqno() });
+            batches += 1;
+        }
+        at += len;
+    }
+    Ok(Walk::Run { consumed: at, start: start.unwrap_or(at), last, batches, next, past_durable })
 }

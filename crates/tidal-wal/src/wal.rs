@@ -48,7 +48,7 @@ use crate::config::WalConfig;
 use crate::error::{Error, ReplicatedSubmitError, SubmitError};
 use crate::io::FileIo;
 use crate::quarantine::QuarantineReport;
-use crate::reader::WalReader;
+use crate::reader::{RawReader, WalReader};
 use crate::recovery::{recover, Recovery};
 use crate::segment::SegmentInfo;
 use crate::shared::{Done, LogState, Queue, Queued, Shared, TruncateOp, Work};
@@ -417,6 +417,20 @@ impl Wal {
     /// Reads durable batches, starting with the one that contains `from` (seqno 0 reads as 1).
     /// [`Error::Purged`] if `from` is below the retained segments.
     pub fn read_from(&self, from: Seqno) -> Result<WalReader, Error> {
+        let (segments, from, durable, truncations) = self.read_plan(from)?;
+        Ok(WalReader::new(self.inner.shared.clone(), segments, from, durable, truncations))
+    }
+
+    /// [`Wal::read_from`] as runs of segment bytes whose seals are not checked ([`RawReader`]): for
+    /// serving a pull, whose receiver verifies every batch.
+    pub fn read_raw_from(&self, from: Seqno) -> Result<RawReader, Error> {
+        let (segments, from, durable, truncations) = self.read_plan(from)?;
+        Ok(RawReader::new(self.inner.shared.clone(), segments, from, durable, truncations))
+    }
+
+    /// The segments to read from `from` on, `from` itself (at least 1), the durable frontier and
+    /// the truncation count, taken together.
+    fn read_plan(&self, from: Seqno) -> Result<(Vec<SegmentInfo>, Seqno, Seqno, u64), Error> {
         let from = from.max(Seqno(1));
         let (segments, durable, truncations) = {
             let log = self.shared().lock_log();
@@ -434,7 +448,7 @@ impl Wal {
             .into_iter()
             .filter(|segment| segment.last_seqno.is_some_and(|last| last >= from))
             .collect();
-        Ok(WalReader::new(self.inner.shared.clone(), segments, from, durable, truncations))
+        Ok((segments, from, durable, truncations))
     }
 
     /// Deletes whole segments whose every seqno is below `horizon`, never the active one, after
