@@ -307,7 +307,8 @@ fn drain_dead(input: &Receiver<ApplierInput>) {
 #[derive(Default)]
 pub struct DurableFrontier {
     wal: OnceLock<DurableView>,
-    flushes: Mutex<u64>,
+    /// Held by a waiter from its look at the frontier until it waits, and by `notify`.
+    lock: Mutex<()>,
     flushed: Condvar,
 }
 
@@ -325,7 +326,7 @@ impl DurableFrontier {
 
     /// The WAL made a drain durable (its hook, on the writer thread).
     pub fn notify(&self) {
-        *self.flushes.lock().unwrap_or_else(std::sync::PoisonError::into_inner) += 1;
+        drop(self.lock.lock().unwrap_or_else(std::sync::PoisonError::into_inner));
         self.flushed.notify_all();
     }
 }
@@ -338,13 +339,13 @@ impl DurableGate for DurableFrontier {
             Some(wal) if wal.is_poisoned() => GateWait::Never("the WAL is poisoned".into()),
             Some(_) => GateWait::NotYet,
         };
-        let flushes = self.flushes.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let guard = self.lock.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         // Looked at under the lock a flush notifies through: no wake-up is lost in between.
         match look() {
             GateWait::NotYet => {}
             seen => return seen,
         }
-        let _ = self.flushed.wait_timeout(flushes, timeout);
+        let _ = self.flushed.wait_timeout(guard, timeout);
         look()
     }
 }

@@ -272,31 +272,24 @@ enum Seen {
     Done(Result<Seqno, String>),
 }
 
-fn submit_watched(wal: &Wal, batches: Vec<Batch>, seen: &Arc<std::sync::Mutex<Vec<Seen>>>) {
-    let (on_written, done) = (seen.clone(), seen.clone());
+/// Submits `batches` and returns what the callbacks saw, in order, once the completion ran.
+fn submit_watched(wal: &Wal, batches: Vec<Batch>) -> Vec<Seen> {
+    let (seen, calls) = std::sync::mpsc::channel();
+    let (on_written, done) = (seen.clone(), seen);
     let probe = wal.clone();
     wal.submit_replicated_with(
         batches,
-        Some(Box::new(move || {
-            on_written.lock().unwrap().push(Seen::Written { durable: probe.durable_seqno() })
-        })),
+        Some(Box::new(move || on_written.send(Seen::Written { durable: probe.durable_seqno() }).unwrap())),
         Box::new(move |result| {
-            done.lock().unwrap().push(Seen::Done(result.map(|a| a.last.seqno).map_err(|e| e.to_string())))
+            done.send(Seen::Done(result.map(|a| a.last.seqno).map_err(|e| e.to_string()))).unwrap()
         }),
     )
     .unwrap();
-}
-
-fn wait_done(seen: &Arc<std::sync::Mutex<Vec<Seen>>>) -> Vec<Seen> {
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    loop {
-        let now = seen.lock().unwrap().clone();
-        if now.iter().any(|s| matches!(s, Seen::Done(_))) {
-            return now;
-        }
-        assert!(std::time::Instant::now() < deadline, "no completion: {now:?}");
-        std::thread::yield_now();
+    let mut now = Vec::new();
+    while !now.iter().any(|s| matches!(s, Seen::Done(_))) {
+        now.push(calls.recv_timeout(std::time::Duration::from_secs(10)).expect("a callback"));
     }
+    now
 }
 
 #[test]
@@ -306,27 +299,21 @@ fn on_written_runs_before_the_fsync_and_never_for_a_refused_request() {
     let (wal, _, _) = open(&io, small_config(SEGMENT_BYTES_MAX), &clock);
     {
         tracing::info!("accepted: written first (not durable yet), then completed once durable");
-        let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
-        submit_watched(&wal, vec![batch(1, 1, 2, 10), batch(1, 3, 1, 11)], &seen);
         assert_eq!(
-            wait_done(&seen),
+            submit_watched(&wal, vec![batch(1, 1, 2, 10), batch(1, 3, 1, 11)]),
             vec![Seen::Written { durable: Seqno::ZERO }, Seen::Done(Ok(Seqno(3)))],
             "on_written runs after the write and before the fsync publishes seqno 3"
         );
     }
     {
         tracing::info!("refused (a gap): no on_written, the completion says why");
-        let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
-        submit_watched(&wal, vec![batch(1, 9, 1, 12)], &seen);
-        let now = wait_done(&seen);
+        let now = submit_watched(&wal, vec![batch(1, 9, 1, 12)]);
         assert!(matches!(now.as_slice(), [Seen::Done(Err(_))]), "{now:?}");
     }
     {
         tracing::info!("a failed fsync: written (on_written ran), then the completion fails");
-        let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
         io.fail_next_sync();
-        submit_watched(&wal, vec![batch(1, 4, 1, 13)], &seen);
-        let now = wait_done(&seen);
+        let now = submit_watched(&wal, vec![batch(1, 4, 1, 13)]);
         assert!(
             matches!(now.as_slice(), [Seen::Written { durable: Seqno(3) }, Seen::Done(Err(_))]),
             "{now:?}"
