@@ -70,22 +70,14 @@ impl WalReader {
         };
         // Only the durable, logical part: the active segment's file goes on with preallocated zeros.
         let read = self.shared.io.read_prefix(&segment.path, segment.bytes);
-        if self.shared.truncations.load(Ordering::SeqCst) != self.truncations {
-            return Err(Error::TruncatedWhileReading { requested: self.from });
-        }
-        let bytes = match read {
-            Ok(bytes) => bytes,
-            Err(err) if err.kind() == std::io::ErrorKind::NotFound => {
-                let first_retained = self
-                    .shared
-                    .lock_log()
-                    .segments
-                    .first()
-                    .map_or(segment.first_seqno, |first| first.first_seqno);
-                return Err(Error::Purged { requested: self.from, first_retained });
-            }
-            Err(err) => return Err(Error::io("read segment", &segment.path, err)),
-        };
+        let bytes = checked_read(
+            &self.shared,
+            self.truncations,
+            self.from,
+            &segment.path,
+            segment.first_seqno,
+            read,
+        )?;
         let durable_len = usize::try_from(segment.bytes).unwrap_or(usize::MAX);
         if bytes.len() < durable_len {
             let reason = format!("segment is {} bytes but {durable_len} were fsynced", bytes.len());
@@ -251,22 +243,14 @@ impl RawReader {
             };
             let len = want.min(segment.len - segment.offset);
             let read = self.shared.io.read_range(&segment.path, segment.offset, len);
-            if self.shared.truncations.load(Ordering::SeqCst) != self.truncations {
-                return Err(Error::TruncatedWhileReading { requested: self.from });
-            }
-            let mut bytes = match read {
-                Ok(bytes) => bytes,
-                Err(err) if err.kind() == std::io::ErrorKind::NotFound => {
-                    let first_retained = self
-                        .shared
-                        .lock_log()
-                        .segments
-                        .first()
-                        .map_or(segment.next_seqno, |first| first.first_seqno);
-                    return Err(Error::Purged { requested: self.from, first_retained });
-                }
-                Err(err) => return Err(Error::io("read segment", &segment.path, err)),
-            };
+            let mut bytes = checked_read(
+                &self.shared,
+                self.truncations,
+                self.from,
+                &segment.path,
+                segment.next_seqno,
+                read,
+            )?;
             if (bytes.len() as u64) < len {
                 let reason = format!(
                     "segment is {} bytes but {} were fsynced",
@@ -358,4 +342,29 @@ fn walk(
         at += len;
     }
     Ok(Walk::Run { consumed: at, start: start.unwrap_or(at), last, batches, next, past_durable })
+}
+
+/// A segment read, checked against what happened meanwhile: a truncation (the reader was opened
+/// when `truncations` were done) or a purge of the file (`NotFound`: the first retained seqno, or
+/// `segment_first` if none is left, says where the log starts now).
+fn checked_read(
+    shared: &Shared,
+    truncations: u64,
+    from: Seqno,
+    path: &std::path::Path,
+    segment_first: Seqno,
+    read: std::io::Result<Vec<u8>>,
+) -> Result<Vec<u8>, Error> {
+    if shared.truncations.load(Ordering::SeqCst) != truncations {
+        return Err(Error::TruncatedWhileReading { requested: from });
+    }
+    match read {
+        Ok(bytes) => Ok(bytes),
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => {
+            let first_retained =
+                shared.lock_log().segments.first().map_or(segment_first, |first| first.first_seqno);
+            Err(Error::Purged { requested: from, first_retained })
+        }
+        Err(err) => Err(Error::io("read segment", path, err)),
+    }
 }
