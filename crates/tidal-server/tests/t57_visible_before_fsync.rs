@@ -22,8 +22,17 @@ static HELD: Mutex<Option<PathBuf>> = Mutex::new(None);
 static RELEASED: Condvar = Condvar::new();
 
 fn hold(dir: Option<PathBuf>) {
-    *HELD.lock().unwrap() = dir;
+    *HELD.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = dir;
     RELEASED.notify_all();
+}
+
+/// Ends the hold when dropped, also when an assertion fails (the cluster can then stop).
+struct Release;
+
+impl Drop for Release {
+    fn drop(&mut self) {
+        hold(None);
+    }
 }
 
 /// Real files; `sync_data` of a file under the held data dir waits until the hold ends.
@@ -106,6 +115,7 @@ async fn a_follower_shows_a_committed_write_before_its_own_fsync() {
     let held = cluster.followers_of(leader)[0];
     // Canonical: the WAL opens its files under the data dir as given.
     hold(Some(cluster.dirs[held].clone()));
+    let release = Release;
 
     // Committed by the leader and the other follower; the held follower has it written only.
     let reply = cluster.client(leader).put_item(2, json!({"while": "held"}), None).await.unwrap();
@@ -123,7 +133,7 @@ async fn a_follower_shows_a_committed_write_before_its_own_fsync() {
     );
 
     // The hold ends: its fsync completes and every node holds the same state.
-    hold(None);
+    drop(release);
     let last = cluster.put_acked(3, json!({"after": true})).await.seqno;
     let deadline = tokio::time::Instant::now() + DEADLINE;
     loop {
