@@ -8,6 +8,7 @@ use crate::message::{Chunk, Pull, Ship, ShipAnswer, WireError, MESSAGE_BATCH_BYT
 use crate::pb;
 use crate::pb::replication_client::ReplicationClient;
 use crate::snapshot_message::{SnapshotChunk, SnapshotRequest};
+use crate::stream_path::{Exchanged, StreamPath};
 use std::time::Duration;
 use tidal_types::{NodeId, Seqno, Term};
 use tokio_stream::{Stream, StreamExt};
@@ -42,12 +43,23 @@ pub enum NetError {
 
 type Client = ReplicationClient<InterceptedService<Channel, SecretAttach>>;
 
+/// Whether ships and commit notices go on streams (the default) or one call each
+/// (`TIDAL_SHIP_STREAM=0`: for comparison, or to rule the streams out when chasing a problem).
+fn streams_enabled() -> bool {
+    static ENABLED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ENABLED.get_or_init(|| std::env::var("TIDAL_SHIP_STREAM").map_or(true, |v| v != "0"))
+}
+
 /// A lazily connected peer.
 #[derive(Clone)]
 pub struct Peer {
     client: Client,
     cluster_id: String,
     address: String,
+    /// Ships, on one stream shared by clones (decisions/026).
+    ships: std::sync::Arc<StreamPath<pb::ShipRequest, pb::ShipReply>>,
+    /// Commit notices, on another.
+    notices: std::sync::Arc<StreamPath<pb::CommitRequest, pb::CommitReply>>,
     /// The connector's ship tap (simulation only; `None` in production).
     ship_tap: Option<std::sync::Arc<dyn ShipTap>>,
     /// The connector's control tap (simulation only; `None` in production).
@@ -89,6 +101,8 @@ impl Peer {
             client,
             cluster_id: cluster_id.to_string(),
             address: address.to_string(),
+            ships: std::sync::Arc::new(StreamPath::new(streams_enabled())),
+            notices: std::sync::Arc::new(StreamPath::new(streams_enabled())),
             ship_tap: connector.ship_tap(),
             control_tap: connector.control_tap(),
         })
@@ -110,7 +124,19 @@ impl Peer {
     }
 
     async fn ship_once(&self, ship: &Ship) -> Result<ShipAnswer, NetError> {
-        let mut request = tonic::Request::new(pb::ShipRequest::from(ship));
+        if self.ships.unary() {
+            return self.ship_unary(pb::ShipRequest::from(ship)).await;
+        }
+        let client = self.client.clone();
+        let open = move |requests| async move { client.clone().ship_stream(requests).await };
+        match self.ships.exchange(pb::ShipRequest::from(ship), SHIP_TIMEOUT, open).await? {
+            Exchanged::Reply(reply) => Ok(ShipAnswer::try_from(reply)?),
+            Exchanged::Unary => self.ship_unary(pb::ShipRequest::from(ship)).await,
+        }
+    }
+
+    async fn ship_unary(&self, request: pb::ShipRequest) -> Result<ShipAnswer, NetError> {
+        let mut request = tonic::Request::new(request);
         request.set_timeout(SHIP_TIMEOUT);
         let reply = self.client.clone().ship_segment(request).await?.into_inner();
         Ok(ShipAnswer::try_from(reply)?)
@@ -125,14 +151,23 @@ impl Peer {
         commit: Seqno,
         timeout: Duration,
     ) -> Result<Term, NetError> {
-        let mut request = tonic::Request::new(pb::CommitRequest {
+        let notice = pb::CommitRequest {
             cluster_id: self.cluster_id.clone(),
             term: term.0,
             leader_id: leader.0,
             commit_seqno: commit.0,
-        });
-        request.set_timeout(timeout);
-        Ok(Term(self.client.clone().commit(request).await?.into_inner().term))
+        };
+        let client = self.client.clone();
+        let open = move |requests| async move { client.clone().commit_stream(requests).await };
+        let reply = match self.notices.exchange(notice.clone(), timeout, open).await? {
+            Exchanged::Reply(reply) => reply,
+            Exchanged::Unary => {
+                let mut request = tonic::Request::new(notice);
+                request.set_timeout(timeout);
+                self.client.clone().commit(request).await?.into_inner()
+            }
+        };
+        Ok(Term(reply.term))
     }
 
     /// Starts a pull; the stream ends when the server has sent what it holds, or fails. With a

@@ -13,6 +13,7 @@ pub mod control;
 pub mod message;
 pub mod server;
 pub mod snapshot_message;
+mod stream_path;
 
 pub use client::{NetError, Peer};
 pub use connector::{Accepted, Connector, ControlTap, ShipTap};

@@ -77,6 +77,9 @@ pub trait Handler: Send + Sync + 'static {
 /// Adapts a [`Handler`] to the generated service.
 pub struct Service<H> {
     handler: Arc<H>,
+    /// Turns true when the server starts shutting down: the long-lived streams end then, since a
+    /// graceful shutdown waits for every open call and the leader never ends its streams itself.
+    closing: tokio::sync::watch::Receiver<bool>,
 }
 
 fn invalid(error: impl std::fmt::Display) -> Status {
@@ -101,6 +104,24 @@ impl<H: Handler> Service<H> {
         }
     }
 
+    /// One ship, from either RPC.
+    async fn ship_one(&self, request: pb::ShipRequest) -> Result<pb::ShipReply, Status> {
+        self.check_cluster(&request.cluster_id)?;
+        let ship = Ship::try_from(request).map_err(|e| self.malformed("ship", e))?;
+        let answer = self.handler.ship(ship).await?;
+        Ok(pb::ShipReply::from(&answer))
+    }
+
+    /// One commit notice, from either RPC.
+    async fn commit_one(&self, request: pb::CommitRequest) -> Result<pb::CommitReply, Status> {
+        self.check_cluster(&request.cluster_id)?;
+        let term = self
+            .handler
+            .commit(Term(request.term), NodeId(request.leader_id), Seqno(request.commit_seqno))
+            .await?;
+        Ok(pb::CommitReply { term: term.0 })
+    }
+
     /// A request that did not decode (corrupt batch, bad field, oversize): logged and counted.
     fn malformed(&self, call: &str, error: impl std::fmt::Display) -> Status {
         tracing::warn!("refused a malformed {call} RPC: {error}");
@@ -117,21 +138,44 @@ impl<H: Handler> Replication for Service<H> {
         &self,
         request: Request<pb::ShipRequest>,
     ) -> Result<Response<pb::ShipReply>, Status> {
-        let request = request.into_inner();
-        self.check_cluster(&request.cluster_id)?;
-        let ship = Ship::try_from(request).map_err(|e| self.malformed("ship", e))?;
-        let answer = self.handler.ship(ship).await?;
-        Ok(Response::new(pb::ShipReply::from(&answer)))
+        Ok(Response::new(self.ship_one(request.into_inner()).await?))
+    }
+
+    type ShipStreamStream = Outgoing<pb::ShipReply>;
+
+    /// Each request is decided as a [`Replication::ship_segment`] call would be, one at a time and
+    /// in order: the next request is read only once this one's reply is out. The first error ends
+    /// the stream with its status (the leader opens another).
+    async fn ship_stream(
+        &self,
+        request: Request<tonic::Streaming<pb::ShipRequest>>,
+    ) -> Result<Response<Self::ShipStreamStream>, Status> {
+        let service = Arc::new(Service { handler: self.handler.clone(), closing: self.closing.clone() });
+        let replies = request.into_inner().then(move |request| {
+            let service = service.clone();
+            async move { service.ship_one(request?).await }
+        });
+        Ok(Response::new(Box::pin(UntilClosing::new(Box::pin(replies), self.closing.clone()))))
     }
 
     async fn commit(&self, request: Request<pb::CommitRequest>) -> Result<Response<pb::CommitReply>, Status> {
-        let request = request.into_inner();
-        self.check_cluster(&request.cluster_id)?;
-        let term = self
-            .handler
-            .commit(Term(request.term), NodeId(request.leader_id), Seqno(request.commit_seqno))
-            .await?;
-        Ok(Response::new(pb::CommitReply { term: term.0 }))
+        Ok(Response::new(self.commit_one(request.into_inner()).await?))
+    }
+
+    type CommitStreamStream = Outgoing<pb::CommitReply>;
+
+    /// Commit notices on one stream, each handled as a [`Replication::commit`] call would be, one
+    /// at a time and in order.
+    async fn commit_stream(
+        &self,
+        request: Request<tonic::Streaming<pb::CommitRequest>>,
+    ) -> Result<Response<Self::CommitStreamStream>, Status> {
+        let service = Arc::new(Service { handler: self.handler.clone(), closing: self.closing.clone() });
+        let replies = request.into_inner().then(move |request| {
+            let service = service.clone();
+            async move { service.commit_one(request?).await }
+        });
+        Ok(Response::new(Box::pin(UntilClosing::new(Box::pin(replies), self.closing.clone()))))
     }
 
     type StreamSegmentsStream = Outgoing<pb::PullChunk>;
@@ -209,6 +253,37 @@ impl<H: Handler> Replication for Service<H> {
     }
 }
 
+/// A long-lived stream of replies that ends once its server starts shutting down (an exchange in
+/// progress is dropped, as when its client goes away: the leader sends it again).
+struct UntilClosing<S> {
+    replies: S,
+    closed: Pin<Box<dyn std::future::Future<Output = ()> + Send>>,
+}
+
+impl<S> UntilClosing<S> {
+    fn new(replies: S, mut closing: tokio::sync::watch::Receiver<bool>) -> UntilClosing<S> {
+        let closed = Box::pin(async move {
+            // A dropped sender means the server is gone: closed too.
+            let _ = closing.wait_for(|closing| *closing).await;
+        });
+        UntilClosing { replies, closed }
+    }
+}
+
+impl<S: Stream + Unpin> Stream for UntilClosing<S> {
+    type Item = S::Item;
+
+    fn poll_next(
+        mut self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<S::Item>> {
+        if self.closed.as_mut().poll(cx).is_ready() {
+            return std::task::Poll::Ready(None);
+        }
+        Pin::new(&mut self.replies).poll_next(cx)
+    }
+}
+
 /// Serves `handler` on `incoming` until `shutdown` resolves.
 pub async fn serve<H, I, IO, IE>(
     handler: Arc<H>,
@@ -229,7 +304,15 @@ where
 {
     let check = SecretCheck::new(secret);
     let refusals = handler.clone();
-    let service = ReplicationServer::new(Service { handler })
+    // Tonic polls its shutdown signal only while it accepts: when `incoming` ends first (ours end
+    // at the same shutdown), the signal is never polled again. So the signal that ends the streams
+    // is driven here, beside the server, not by tonic.
+    let (close, closing) = tokio::sync::watch::channel(false);
+    let mut closed = closing.clone();
+    let signal = async move {
+        let _ = closed.wait_for(|closing| *closing).await;
+    };
+    let service = ReplicationServer::new(Service { handler, closing })
         .max_decoding_message_size(MESSAGE_BATCH_BYTES_MAX + 1024 * 1024)
         .max_encoding_message_size(MESSAGE_BATCH_BYTES_MAX + 1024 * 1024);
     let intercepted = tonic::service::interceptor::InterceptedService::new(service, move |request| {
@@ -238,12 +321,19 @@ where
             refusals.refused("wrong_secret");
         })
     });
-    tonic::transport::Server::builder()
+    let serving = tonic::transport::Server::builder()
         .tcp_nodelay(true)
         // Calls a client gave up on (a late heartbeat under load) must not make h2's rapid-reset
         // guard close the connection every other RPC shares; the default allows 20.
         .http2_max_pending_accept_reset_streams(Some(1024))
         .add_service(intercepted)
-        .serve_with_incoming_shutdown(incoming, shutdown)
-        .await
+        .serve_with_incoming_shutdown(incoming, signal);
+    tokio::pin!(serving);
+    tokio::select! {
+        served = &mut serving => return served,
+        () = shutdown => {
+            let _ = close.send(true);
+        }
+    }
+    serving.await
 }
