@@ -151,7 +151,7 @@ impl Peer {
         commit: Seqno,
         timeout: Duration,
     ) -> Result<Term, NetError> {
-        let notice = pb::CommitRequest {
+        let notice = || pb::CommitRequest {
             cluster_id: self.cluster_id.clone(),
             term: term.0,
             leader_id: leader.0,
@@ -159,10 +159,10 @@ impl Peer {
         };
         let client = self.client.clone();
         let open = move |requests| async move { client.clone().commit_stream(requests).await };
-        let reply = match self.notices.exchange(notice.clone(), timeout, open).await? {
+        let reply = match self.notices.exchange(notice(), timeout, open).await? {
             Exchanged::Reply(reply) => reply,
             Exchanged::Unary => {
-                let mut request = tonic::Request::new(notice);
+                let mut request = tonic::Request::new(notice());
                 request.set_timeout(timeout);
                 self.client.clone().commit(request).await?.into_inner()
             }

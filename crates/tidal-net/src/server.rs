@@ -104,6 +104,27 @@ impl<H: Handler> Service<H> {
         }
     }
 
+    /// Answers `requests` one at a time, in order, with `answer`; the stream ends at the first
+    /// error or when the server starts closing.
+    fn in_order<Req, Rep, Answer, Answering>(
+        &self,
+        requests: tonic::Streaming<Req>,
+        answer: Answer,
+    ) -> Outgoing<Rep>
+    where
+        Req: Send + 'static,
+        Rep: Send + 'static,
+        Answer: Fn(Arc<Service<H>>, Req) -> Answering + Send + 'static,
+        Answering: std::future::Future<Output = Result<Rep, Status>> + Send + 'static,
+    {
+        let service = Arc::new(Service { handler: self.handler.clone(), closing: self.closing.clone() });
+        let replies = requests.then(move |request| {
+            let answering = request.map(|request| answer(service.clone(), request));
+            async move { answering?.await }
+        });
+        Box::pin(UntilClosing::new(Box::pin(replies), self.closing.clone()))
+    }
+
     /// One ship, from either RPC.
     async fn ship_one(&self, request: pb::ShipRequest) -> Result<pb::ShipReply, Status> {
         self.check_cluster(&request.cluster_id)?;
@@ -150,12 +171,9 @@ impl<H: Handler> Replication for Service<H> {
         &self,
         request: Request<tonic::Streaming<pb::ShipRequest>>,
     ) -> Result<Response<Self::ShipStreamStream>, Status> {
-        let service = Arc::new(Service { handler: self.handler.clone(), closing: self.closing.clone() });
-        let replies = request.into_inner().then(move |request| {
-            let service = service.clone();
-            async move { service.ship_one(request?).await }
-        });
-        Ok(Response::new(Box::pin(UntilClosing::new(Box::pin(replies), self.closing.clone()))))
+        Ok(Response::new(self.in_order(request.into_inner(), |service, request| async move {
+            service.ship_one(request).await
+        })))
     }
 
     async fn commit(&self, request: Request<pb::CommitRequest>) -> Result<Response<pb::CommitReply>, Status> {
@@ -170,12 +188,9 @@ impl<H: Handler> Replication for Service<H> {
         &self,
         request: Request<tonic::Streaming<pb::CommitRequest>>,
     ) -> Result<Response<Self::CommitStreamStream>, Status> {
-        let service = Arc::new(Service { handler: self.handler.clone(), closing: self.closing.clone() });
-        let replies = request.into_inner().then(move |request| {
-            let service = service.clone();
-            async move { service.commit_one(request?).await }
-        });
-        Ok(Response::new(Box::pin(UntilClosing::new(Box::pin(replies), self.closing.clone()))))
+        Ok(Response::new(self.in_order(request.into_inner(), |service, request| async move {
+            service.commit_one(request).await
+        })))
     }
 
     type StreamSegmentsStream = Outgoing<pb::PullChunk>;
