@@ -80,12 +80,13 @@ fn commit_notices_enabled() -> bool {
 }
 
 /// Whether the leader feeds its ship tail when a drain is written, before its fsync, instead of after
-/// it: `TIDAL_SHIP_ON_WRITE=1`. Off by default: on this machine it cost throughput (decisions/023).
+/// it, so followers fsync while the leader does (decisions/023). On by default since the ship
+/// streams (decisions/027); `TIDAL_SHIP_ON_WRITE=0` ships after the fsync instead (A/B, triage).
 /// The commit cap and the restart rule that make it safe hold either way (a node may restart with
 /// the other setting).
 fn ship_on_write() -> bool {
     static ENABLED: OnceLock<bool> = OnceLock::new();
-    *ENABLED.get_or_init(|| std::env::var("TIDAL_SHIP_ON_WRITE").is_ok_and(|v| v == "1"))
+    *ENABLED.get_or_init(|| std::env::var("TIDAL_SHIP_ON_WRITE").map_or(true, |v| v != "0"))
 }
 const BACKOFF_MIN: Duration = Duration::from_millis(20);
 const BACKOFF_MAX: Duration = Duration::from_secs(1);
@@ -154,7 +155,7 @@ impl FlushedHook for ReplicaHook {
                 self.deferred.extend_from_slice(batches);
             }
         }
-        // With TIDAL_SHIP_ON_WRITE=1, shipped while our own fsync runs (decisions/023). Safe
+        // Shipped while our own fsync runs (decisions/023, 027; TIDAL_SHIP_ON_WRITE=0: after it). Safe
         // because our commit never passes our own durable position (CommitState) and a restart never
         // resumes a term this node led before it (office.rs), so what a crash loses here was never
         // committed and is never written again with other contents under the same term.

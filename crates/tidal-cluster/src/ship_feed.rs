@@ -1,11 +1,11 @@
 //! The ship feed: a bounded in-memory tail of the leader's flushed batches.
 //!
-//! The WAL writer pushes every fsynced drain here (through its flushed hook; with
-//! `TIDAL_SHIP_ON_WRITE=1`, once it is written, just before its fsync, decisions/023); one ShipQueue
+//! The WAL writer pushes every drain here once it is written, just before its fsync (through its
+//! hook, decisions/023 and 027; with `TIDAL_SHIP_ON_WRITE=0`, once it is fsynced); one ShipQueue
 //! per follower reads from it. The tail is bounded by bytes and by batches (the oldest batches fall off):
 //! a follower that needs what the tail no longer holds is told `Rotated` and pulls from the leader's
 //! segments instead — the queue never reads disk. Delicate: the tail holds batches in seqno order,
-//! contiguous (`push` asserts it); with `TIDAL_SHIP_ON_WRITE=1` the last ones may not be durable yet.
+//! contiguous (`push` asserts it); unless `TIDAL_SHIP_ON_WRITE=0` the last ones may not be durable yet.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
@@ -66,8 +66,8 @@ impl ShipFeed {
         self.tail.lock().expect("ship feed lock is never held across a panic")
     }
 
-    /// Appends batches (in seqno order, contiguous with what the tail holds): fsynced ones, or with
-    /// `TIDAL_SHIP_ON_WRITE=1` written ones.
+    /// Appends batches (in seqno order, contiguous with what the tail holds): written ones, or
+    /// fsynced ones with `TIDAL_SHIP_ON_WRITE=0`.
     pub fn push(&self, batches: &[Batch]) {
         let mut tail = self.lock();
         for batch in batches {
