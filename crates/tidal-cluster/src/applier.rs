@@ -16,9 +16,12 @@
 //!   every waiter is woken with an error, and a restart replays the WAL.
 //! - [`ApplyProbe`] is a test seam (harness/sim's `apply` crash points); production has none.
 
+mod inbox;
+
+use inbox::{InboxReceiver, InboxSender, SendError};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::mpsc::{Receiver, SyncSender, TrySendError};
+use std::sync::mpsc::SyncSender;
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::Duration;
 use tidal_core::{DurableGate, GateWait, TidalDb};
@@ -64,9 +67,13 @@ pub enum ApplierInput {
 /// the cut that drops the pending batches of an old log at the same seqnos (the first version of this
 /// did, and the simulation's register scenario saw two digests at one applied seqno). A notice the
 /// full channel refused is also re-sent by [`ApplierSender::resend_commit`] after the next fsync.
+///
+/// Batches are queued without waking the applier unless the commit frontier told so far already
+/// covers them (`inbox.rs`, decisions/027): they cannot be applied before a commit message, which
+/// wakes it. Every other message wakes it.
 #[derive(Clone)]
 pub struct ApplierSender {
-    tx: SyncSender<ApplierInput>,
+    tx: InboxSender<ApplierInput>,
     /// Cuts sent so far.
     cuts: Arc<AtomicU64>,
     /// The highest commit frontier told, with the number of cuts sent when it was told.
@@ -78,22 +85,34 @@ pub struct ApplierSender {
 impl ApplierSender {
     /// Queues logged batches (see [`ApplierInput::Flushed`]), waiting for space.
     pub fn flushed(&self, batches: Vec<Batch>) {
-        let _ = self.tx.send(ApplierInput::Flushed(batches));
+        let _ = self.tx.send(ApplierInput::Flushed(batches), |message| self.applicable(message));
     }
 
     /// Queues logged batches if there is space now; hands them back if the input is full.
     pub fn try_flushed(&self, batches: Vec<Batch>) -> Result<(), Vec<Batch>> {
-        match self.tx.try_send(ApplierInput::Flushed(batches)) {
-            Err(TrySendError::Full(ApplierInput::Flushed(batches))) => Err(batches),
+        match self.tx.try_send(ApplierInput::Flushed(batches), |message| self.applicable(message)) {
+            Err(SendError::Full(ApplierInput::Flushed(batches))) => Err(batches),
             // Disconnected: the applier stopped; the node is failing anyway.
             _ => Ok(()),
+        }
+    }
+
+    /// Whether the applier may apply something of `message` at once: batches whose first one the
+    /// commit frontier told so far covers. Asked under the input's lock (see `inbox.rs`): a commit
+    /// told after this answer is queued after the batches, and wakes the applier itself.
+    fn applicable(&self, message: &ApplierInput) -> bool {
+        match message {
+            ApplierInput::Flushed(batches) => batches.first().is_some_and(|first| {
+                first.last_seqno() <= self.told.lock().unwrap_or_else(std::sync::PoisonError::into_inner).0
+            }),
+            _ => true,
         }
     }
 
     /// Drops pending batches from `from` on (the log was truncated there).
     pub fn truncated(&self, from: Seqno) {
         self.cuts.fetch_add(1, Ordering::SeqCst);
-        let _ = self.tx.send(ApplierInput::Truncated(from));
+        let _ = self.tx.send(ApplierInput::Truncated(from), |_| true);
     }
 
     /// Advances the commit frontier. Never blocks (see the type's doc).
@@ -104,7 +123,7 @@ impl ApplierSender {
                 *told = (commit, self.cuts.load(Ordering::SeqCst));
             }
         }
-        if let Err(TrySendError::Full(_)) = self.tx.try_send(ApplierInput::Commit(commit)) {
+        if let Err(SendError::Full(_)) = self.tx.try_send(ApplierInput::Commit(commit), |_| true) {
             self.commit_dropped.store(true, Ordering::SeqCst);
         }
     }
@@ -114,7 +133,7 @@ impl ApplierSender {
     pub fn resend_commit(&self) {
         if self.commit_dropped.swap(false, Ordering::SeqCst) {
             let told = self.told.lock().unwrap_or_else(std::sync::PoisonError::into_inner).0;
-            let _ = self.tx.send(ApplierInput::Commit(told));
+            let _ = self.tx.send(ApplierInput::Commit(told), |_| true);
         }
     }
 
@@ -123,7 +142,7 @@ impl ApplierSender {
     pub fn snapshot_installed(&self, seqno: Seqno) -> bool {
         let (done, dropped) = std::sync::mpsc::sync_channel(1);
         self.cuts.fetch_add(1, Ordering::SeqCst);
-        self.tx.send(ApplierInput::SnapshotInstalled { seqno, done }).is_ok() && dropped.recv().is_ok()
+        self.tx.send(ApplierInput::SnapshotInstalled { seqno, done }, |_| true).is_ok() && dropped.recv().is_ok()
     }
 }
 
@@ -168,7 +187,7 @@ impl Applier {
         db: Arc<TidalDb>,
         probe: Option<Arc<dyn ApplyProbe>>,
     ) -> std::io::Result<(Applier, ApplierSender)> {
-        let (tx, rx) = std::sync::mpsc::sync_channel(APPLIER_INPUT_MAX);
+        let (tx, rx) = inbox::inbox(APPLIER_INPUT_MAX);
         let (applied_tx, applied_rx) = watch::channel(db.applied_seqno());
         let fatal = Arc::new(Mutex::new(None));
         let thread_fatal = fatal.clone();
@@ -199,7 +218,7 @@ impl Applier {
     /// Stops the applier after everything queued before this call (shut the WAL down first, so its
     /// last drains are queued) and waits for the thread. Later sends are dropped.
     pub fn join(&self, own_sender: ApplierSender) {
-        let _ = own_sender.tx.send(ApplierInput::Stop);
+        let _ = own_sender.tx.send(ApplierInput::Stop, |_| true);
         drop(own_sender);
         let thread = self.thread.lock().expect("applier lock is never held across a panic").take();
         if let Some(thread) = thread {
@@ -212,7 +231,7 @@ impl Applier {
 
 fn run(
     db: Arc<TidalDb>,
-    input: Receiver<ApplierInput>,
+    input: InboxReceiver<ApplierInput>,
     told: &Mutex<(Seqno, u64)>,
     applied: watch::Sender<Seqno>,
     fatal: Arc<Mutex<Option<String>>>,
@@ -226,7 +245,7 @@ fn run(
     let mut stop = false;
     // Cuts taken so far (they come in the order `ApplierSender` counts them).
     let mut cuts = 0u64;
-    for message in input.iter() {
+    for message in &input {
         match message {
             ApplierInput::Flushed(batches) => pending.extend(batches),
             ApplierInput::Commit(seqno) => commit = commit.max(seqno),
@@ -287,7 +306,7 @@ fn run(
 /// (so its senders never block) until the node's senders are gone or it is told to stop, and the
 /// watch of the applied frontier stays open meanwhile (its waiters wait, as a dead process's
 /// clients do).
-fn drain_dead(input: &Receiver<ApplierInput>) {
+fn drain_dead(input: &InboxReceiver<ApplierInput>) {
     tracing::warn!("apply probe: the node died in its applier");
     for message in input {
         match message {
@@ -437,7 +456,7 @@ mod tests {
         // while it holds the OLD batch: it must wait for the cut.
         let dir = tempfile::tempdir().unwrap();
         let db = Arc::new(TidalDb::open(dir.path(), EngineConfig::with_dimension(4)).unwrap());
-        let (tx, rx) = std::sync::mpsc::sync_channel(APPLIER_INPUT_MAX);
+        let (tx, rx) = inbox::inbox(APPLIER_INPUT_MAX);
         let told = Arc::new(Mutex::new((Seqno::ZERO, 0)));
         let sender = ApplierSender {
             tx,
