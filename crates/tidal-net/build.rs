@@ -1,7 +1,10 @@
 //! Compiles proto/tidal.proto with protox (pure Rust), so no system protoc is needed.
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let proto_dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../proto");
+    // Read when the script runs, not baked in when it is compiled: checkouts of the same workspace
+    // that share a target directory share this script's binary.
+    let manifest_dir = std::env::var("CARGO_MANIFEST_DIR")?;
+    let proto_dir = std::path::Path::new(&manifest_dir).join("../../proto");
     let proto = proto_dir.join("tidal.proto");
     println!("cargo:rerun-if-changed={}", proto.display());
     let descriptors = protox::compile([&proto], [&proto_dir])?;

@@ -142,7 +142,8 @@ impl ApplierSender {
     pub fn snapshot_installed(&self, seqno: Seqno) -> bool {
         let (done, dropped) = std::sync::mpsc::sync_channel(1);
         self.cuts.fetch_add(1, Ordering::SeqCst);
-        self.tx.send(ApplierInput::SnapshotInstalled { seqno, done }, |_| true).is_ok() && dropped.recv().is_ok()
+        self.tx.send(ApplierInput::SnapshotInstalled { seqno, done }, |_| true).is_ok()
+            && dropped.recv().is_ok()
     }
 }
 

@@ -332,9 +332,10 @@ pub struct Replica {
 /// Commit notices (decisions/016), for metrics.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct NoticeStats {
-    /// Leader: notices sent and answered.
+    /// Leader: notices sent (quiet ones queued on their stream; older peers' answered).
     pub sent: u64,
-    /// Leader: notices that failed (no answer within the deadline, transport error).
+    /// Leader: notices that failed (a full quiet stream; for older peers no answer within the
+    /// deadline, transport error).
     pub failed: u64,
     /// Follower: notices received in our term.
     pub received: u64,
@@ -754,8 +755,21 @@ impl Replica {
                     Vec::new()
                 }
             };
-            let due =
-                !batches.is_empty() || commit != sent_commit || last_sent.elapsed() >= HEARTBEAT_INTERVAL;
+            let heartbeat_due = last_sent.elapsed() >= HEARTBEAT_INTERVAL;
+            if batches.is_empty() && !heartbeat_due && commit != sent_commit && commit_notices_enabled() {
+                // Only the commit frontier moved: a quiet notice carries it, with no ship to answer
+                // (decisions/027). Lost with a broken stream, it rides the next ship or heartbeat.
+                match peer.commit_quiet(term, self.me, commit) {
+                    Ok(()) => {
+                        self.count_notice(NOTICE_SENT);
+                        sent_commit = commit;
+                        continue;
+                    }
+                    Err(tidal_net::QuietNotSent::Full) => self.count_notice(NOTICE_FAILED),
+                    Err(tidal_net::QuietNotSent::Unavailable) => {}
+                }
+            }
+            let due = !batches.is_empty() || commit != sent_commit || heartbeat_due;
             if !due {
                 tokio::select! {
                     _ = fed.changed() => {}
@@ -778,7 +792,10 @@ impl Replica {
             match self.ship_with_notices(&peer, &ship, &mut commits, &notices).await {
                 Ok(answer) => {
                     backoff = BACKOFF_MIN;
-                    sent_commit = commit;
+                    // A commit handed to the notifier while the ship was out reaches the follower
+                    // from there: no second notice for it.
+                    sent_commit =
+                        if commit_notices_enabled() { commit.max(*notices.borrow()) } else { commit };
                     after = self.on_answer(follower, &ship, answer, after);
                 }
                 Err(error) => {
@@ -841,7 +858,15 @@ impl Replica {
                 Some(replica) if replica.gate.term() == term => replica.me,
                 _ => return,
             };
-            let outcome = peer.commit(term, me, commit, NOTICE_TIMEOUT).await;
+            // Quiet: queued on the notice stream, never waited for (decisions/027); an older peer
+            // gets the notice as a call it answers.
+            let outcome = match peer.commit_quiet(term, me, commit) {
+                Ok(()) => Ok(()),
+                Err(tidal_net::QuietNotSent::Full) => Err("the notice stream is full".to_string()),
+                Err(tidal_net::QuietNotSent::Unavailable) => {
+                    peer.commit(term, me, commit, NOTICE_TIMEOUT).await.map(drop).map_err(|e| e.to_string())
+                }
+            };
             let Some(replica) = replica.upgrade() else { return };
             match outcome {
                 Ok(_) => replica.count_notice(NOTICE_SENT),

@@ -8,7 +8,7 @@ use crate::message::{Chunk, Pull, Ship, ShipAnswer, WireError, MESSAGE_BATCH_BYT
 use crate::pb;
 use crate::pb::replication_client::ReplicationClient;
 use crate::snapshot_message::{SnapshotChunk, SnapshotRequest};
-use crate::stream_path::{Exchanged, StreamPath};
+use crate::stream_path::{Exchanged, NotSent, OneWayPath, StreamPath};
 use std::time::Duration;
 use tidal_types::{NodeId, Seqno, Term};
 use tokio_stream::{Stream, StreamExt};
@@ -50,6 +50,15 @@ fn streams_enabled() -> bool {
     *ENABLED.get_or_init(|| std::env::var("TIDAL_SHIP_STREAM").map_or(true, |v| v != "0"))
 }
 
+/// Why [`Peer::commit_quiet`] sent nothing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum QuietNotSent {
+    /// The peer takes no quiet notices (an older version, or streams are off).
+    Unavailable,
+    /// Its stream holds as many as it may (the peer is not keeping up): this one was dropped.
+    Full,
+}
+
 /// A lazily connected peer.
 #[derive(Clone)]
 pub struct Peer {
@@ -60,6 +69,8 @@ pub struct Peer {
     ships: std::sync::Arc<StreamPath<pb::ShipRequest, pb::ShipReply>>,
     /// Commit notices, on another.
     notices: std::sync::Arc<StreamPath<pb::CommitRequest, pb::CommitReply>>,
+    /// Quiet commit notices (no reply), on a third (decisions/027).
+    quiet_notices: std::sync::Arc<OneWayPath<pb::CommitRequest>>,
     /// The connector's ship tap (simulation only; `None` in production).
     ship_tap: Option<std::sync::Arc<dyn ShipTap>>,
     /// The connector's control tap (simulation only; `None` in production).
@@ -103,6 +114,7 @@ impl Peer {
             address: address.to_string(),
             ships: std::sync::Arc::new(StreamPath::new(streams_enabled())),
             notices: std::sync::Arc::new(StreamPath::new(streams_enabled())),
+            quiet_notices: std::sync::Arc::new(OneWayPath::new(streams_enabled())),
             ship_tap: connector.ship_tap(),
             control_tap: connector.control_tap(),
         })
@@ -156,6 +168,7 @@ impl Peer {
             term: term.0,
             leader_id: leader.0,
             commit_seqno: commit.0,
+            quiet: false,
         };
         let client = self.client.clone();
         let open = move |requests| async move { client.clone().commit_stream(requests).await };
@@ -168,6 +181,25 @@ impl Peer {
             }
         };
         Ok(Term(reply.term))
+    }
+
+    /// Sends a quiet commit notice: queued on a stream whose replies nobody reads, never waited
+    /// for, best effort (decisions/027). `Err(Unavailable)`: the peer takes no quiet notices (an
+    /// older version, or streams are off): send the commit some other way.
+    pub fn commit_quiet(&self, term: Term, leader: NodeId, commit: Seqno) -> Result<(), QuietNotSent> {
+        let notice = pb::CommitRequest {
+            cluster_id: self.cluster_id.clone(),
+            term: term.0,
+            leader_id: leader.0,
+            commit_seqno: commit.0,
+            quiet: true,
+        };
+        let client = self.client.clone();
+        let open = move |requests| async move { client.clone().commit_stream(requests).await };
+        self.quiet_notices.send(notice, open).map_err(|not_sent| match not_sent {
+            NotSent::Unavailable => QuietNotSent::Unavailable,
+            NotSent::Full => QuietNotSent::Full,
+        })
     }
 
     /// Starts a pull; the stream ends when the server has sent what it holds, or fails. With a

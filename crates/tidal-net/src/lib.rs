@@ -15,7 +15,7 @@ pub mod server;
 pub mod snapshot_message;
 mod stream_path;
 
-pub use client::{NetError, Peer};
+pub use client::{NetError, Peer, QuietNotSent};
 pub use connector::{Accepted, Connector, ControlTap, ShipTap};
 pub use control::{Probe, ProbeOutcome, ProbeReply, RaftCall, RAFT_PAYLOAD_BYTES_MAX};
 pub use message::{

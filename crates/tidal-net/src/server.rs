@@ -183,14 +183,21 @@ impl<H: Handler> Replication for Service<H> {
     type CommitStreamStream = Outgoing<pb::CommitReply>;
 
     /// Commit notices on one stream, each handled as a [`Replication::commit`] call would be, one
-    /// at a time and in order.
+    /// at a time and in order; a quiet one is answered with nothing (its error still ends the
+    /// stream).
     async fn commit_stream(
         &self,
         request: Request<tonic::Streaming<pb::CommitRequest>>,
     ) -> Result<Response<Self::CommitStreamStream>, Status> {
-        Ok(Response::new(self.in_order(request.into_inner(), |service, request| async move {
-            service.commit_one(request).await
-        })))
+        // A quiet notice's sender reads no reply (decisions/027): it gets none.
+        let replies = self.in_order(request.into_inner(), |service, request| async move {
+            let quiet = request.quiet;
+            let reply = service.commit_one(request).await?;
+            Ok((!quiet).then_some(reply))
+        });
+        Ok(Response::new(Box::pin(
+            replies.filter_map(|reply: Result<Option<pb::CommitReply>, Status>| reply.transpose()),
+        )))
     }
 
     type StreamSegmentsStream = Outgoing<pb::PullChunk>;

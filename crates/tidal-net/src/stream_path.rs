@@ -115,3 +115,91 @@ impl<Req: Send + 'static, Rep> StreamPath<Req, Rep> {
         }
     }
 }
+
+/// Requests sent on a long-lived stream whose replies nobody waits for (quiet commit notices,
+/// decisions/027): each costs the sender one DATA frame and the receiver no answer to write, and the
+/// sender never waits. Best effort: a request the stream cannot take at once (its queue is full) is
+/// dropped, and one that goes into a stream that then fails is lost; what it carried must reach
+/// the peer some other way too (the commit frontier rides every ship).
+pub(crate) struct OneWayPath<Req> {
+    link: std::sync::Mutex<Option<mpsc::Sender<Req>>>,
+    /// The peer has no stream RPC for these (an older version): nothing is sent one way any more.
+    unavailable: std::sync::Arc<AtomicBool>,
+}
+
+/// Requests a one-way stream holds for its peer before it drops new ones.
+const ONE_WAY_QUEUE: usize = 64;
+
+/// Why a one-way request was not sent.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum NotSent {
+    /// The peer has no stream for them (or streams are off): send them some other way.
+    Unavailable,
+    /// The stream's queue is full (the peer is not keeping up): dropped.
+    Full,
+}
+
+impl<Req: Send + 'static> OneWayPath<Req> {
+    /// A path that sends on a stream (`streams`), or refuses everything as `Unavailable`.
+    pub(crate) fn new(streams: bool) -> OneWayPath<Req> {
+        OneWayPath {
+            link: std::sync::Mutex::new(None),
+            unavailable: std::sync::Arc::new(AtomicBool::new(!streams)),
+        }
+    }
+
+    /// Queues `request` on the open stream, or on one `open` starts now in a task of its own that
+    /// reads (and drops) whatever the peer answers until the stream ends. Never waits.
+    pub(crate) fn send<Rep, Open, Opening>(&self, request: Req, open: Open) -> Result<(), NotSent>
+    where
+        Rep: Send + 'static,
+        Open: FnOnce(ReceiverStream<Req>) -> Opening + Send + 'static,
+        Opening:
+            Future<Output = Result<tonic::Response<tonic::Streaming<Rep>>, tonic::Status>> + Send + 'static,
+    {
+        if self.unavailable.load(Ordering::Relaxed) {
+            return Err(NotSent::Unavailable);
+        }
+        let mut slot = self.link.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let request = match slot.as_ref() {
+            None => request,
+            Some(link) => match link.try_send(request) {
+                Ok(()) => return Ok(()),
+                Err(mpsc::error::TrySendError::Full(_)) => return Err(NotSent::Full),
+                // The stream ended (its task is gone): open another.
+                Err(mpsc::error::TrySendError::Closed(request)) => request,
+            },
+        };
+        let (link, outgoing) = mpsc::channel(ONE_WAY_QUEUE);
+        if link.try_send(request).is_err() {
+            return Err(NotSent::Full);
+        }
+        *slot = Some(link);
+        let unavailable = self.unavailable.clone();
+        tokio::spawn(async move {
+            let ended = match open(ReceiverStream::new(outgoing)).await {
+                Ok(response) => {
+                    let mut replies = response.into_inner();
+                    // An older peer answers every request; the answers are dropped.
+                    loop {
+                        match replies.message().await {
+                            Ok(Some(_)) => continue,
+                            Ok(None) => break None,
+                            Err(status) => break Some(status),
+                        }
+                    }
+                }
+                Err(status) => Some(status),
+            };
+            if let Some(status) = ended {
+                if status.code() == tonic::Code::Unimplemented {
+                    tracing::info!("a peer has no stream for one-way requests (an older version)");
+                    unavailable.store(true, Ordering::Relaxed);
+                } else {
+                    tracing::debug!("a one-way stream ended: {status}");
+                }
+            }
+        });
+        Ok(())
+    }
+}
