@@ -793,9 +793,8 @@ impl Replica {
                 Ok(answer) => {
                     backoff = BACKOFF_MIN;
                     // A commit handed to the notifier while the ship was out reaches the follower
-                    // from there: no second notice for it.
-                    sent_commit =
-                        if commit_notices_enabled() { commit.max(*notices.borrow()) } else { commit };
+                    // from there: no second notice for it (zero while notices are off).
+                    sent_commit = commit.max(*notices.borrow());
                     after = self.on_answer(follower, &ship, answer, after);
                 }
                 Err(error) => {

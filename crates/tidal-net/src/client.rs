@@ -163,13 +163,7 @@ impl Peer {
         commit: Seqno,
         timeout: Duration,
     ) -> Result<Term, NetError> {
-        let notice = || pb::CommitRequest {
-            cluster_id: self.cluster_id.clone(),
-            term: term.0,
-            leader_id: leader.0,
-            commit_seqno: commit.0,
-            quiet: false,
-        };
+        let notice = || self.notice(term, leader, commit, false);
         let client = self.client.clone();
         let open = move |requests| async move { client.clone().commit_stream(requests).await };
         let reply = match self.notices.exchange(notice(), timeout, open).await? {
@@ -187,19 +181,24 @@ impl Peer {
     /// for, best effort (decisions/027). `Err(Unavailable)`: the peer takes no quiet notices (an
     /// older version, or streams are off): send the commit some other way.
     pub fn commit_quiet(&self, term: Term, leader: NodeId, commit: Seqno) -> Result<(), QuietNotSent> {
-        let notice = pb::CommitRequest {
+        let client = self.client.clone();
+        let open = move |requests| async move { client.clone().commit_stream(requests).await };
+        self.quiet_notices.send(self.notice(term, leader, commit, true), open).map_err(|not_sent| {
+            match not_sent {
+                NotSent::Unavailable => QuietNotSent::Unavailable,
+                NotSent::Full => QuietNotSent::Full,
+            }
+        })
+    }
+
+    fn notice(&self, term: Term, leader: NodeId, commit: Seqno, quiet: bool) -> pb::CommitRequest {
+        pb::CommitRequest {
             cluster_id: self.cluster_id.clone(),
             term: term.0,
             leader_id: leader.0,
             commit_seqno: commit.0,
-            quiet: true,
-        };
-        let client = self.client.clone();
-        let open = move |requests| async move { client.clone().commit_stream(requests).await };
-        self.quiet_notices.send(notice, open).map_err(|not_sent| match not_sent {
-            NotSent::Unavailable => QuietNotSent::Unavailable,
-            NotSent::Full => QuietNotSent::Full,
-        })
+            quiet,
+        }
     }
 
     /// Starts a pull; the stream ends when the server has sent what it holds, or fails. With a

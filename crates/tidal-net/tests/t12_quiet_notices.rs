@@ -42,9 +42,10 @@ impl Handler for Recorder {
     }
 }
 
-async fn start() -> (String, mpsc::UnboundedReceiver<u64>, tokio::sync::oneshot::Sender<()>) {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let address = listener.local_addr().unwrap().to_string();
+type Serving = (mpsc::UnboundedReceiver<u64>, tokio::sync::oneshot::Sender<()>);
+
+/// Serves a [`Recorder`] on `listener` until the returned sender is dropped.
+fn serve_on(listener: tokio::net::TcpListener) -> Serving {
     let (commits, seen) = mpsc::unbounded_channel();
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     tokio::spawn(async move {
@@ -55,6 +56,13 @@ async fn start() -> (String, mpsc::UnboundedReceiver<u64>, tokio::sync::oneshot:
         .await
         .unwrap();
     });
+    (seen, stop)
+}
+
+async fn start() -> (String, mpsc::UnboundedReceiver<u64>, tokio::sync::oneshot::Sender<()>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap().to_string();
+    let (seen, stop) = serve_on(listener);
     (address, seen, stop)
 }
 
@@ -112,23 +120,18 @@ async fn quiet_notices_from_a_peer_arrive_in_order_and_survive_a_server_restart(
     // The server goes away: its stream ends. A notice sent into the dying stream may be lost (best
     // effort); once the stream is seen closed, the next notice opens another to the new server.
     drop(stop);
-    let listener = loop {
-        // The old server releases its port once it has stopped.
-        match tokio::net::TcpListener::bind(&address).await {
-            Ok(listener) => break listener,
-            Err(_) => tokio::task::yield_now().await,
+    let listener = tokio::time::timeout(Duration::from_secs(20), async {
+        loop {
+            // The old server releases its port once it has stopped: poll for it.
+            match tokio::net::TcpListener::bind(&address).await {
+                Ok(listener) => break listener,
+                Err(_) => tokio::time::sleep(Duration::from_millis(10)).await,
+            }
         }
-    };
-    let (commits, mut seen_again) = mpsc::unbounded_channel();
-    let (_stop_again, stopped) = tokio::sync::oneshot::channel::<()>();
-    tokio::spawn(async move {
-        let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
-        tidal_net::serve(Arc::new(Recorder { commits }), "secret-secret", incoming, async {
-            let _ = stopped.await;
-        })
-        .await
-        .unwrap();
-    });
+    })
+    .await
+    .expect("the old server releases its port");
+    let (mut seen_again, _stop_again) = serve_on(listener);
     let mut commit = 100;
     let got = tokio::time::timeout(Duration::from_secs(20), async {
         loop {
