@@ -765,8 +765,8 @@ impl Replica {
                         sent_commit = commit;
                         continue;
                     }
-                    Err(tidal_net::QuietNotSent::Full) => self.count_notice(NOTICE_FAILED),
-                    Err(tidal_net::QuietNotSent::Unavailable) => {}
+                    Err(tidal_net::NotSent::Full) => self.count_notice(NOTICE_FAILED),
+                    Err(tidal_net::NotSent::Unavailable) => {}
                 }
             }
             let due = !batches.is_empty() || commit != sent_commit || heartbeat_due;
@@ -861,8 +861,8 @@ impl Replica {
             // gets the notice as a call it answers.
             let outcome = match peer.commit_quiet(term, me, commit) {
                 Ok(()) => Ok(()),
-                Err(tidal_net::QuietNotSent::Full) => Err("the notice stream is full".to_string()),
-                Err(tidal_net::QuietNotSent::Unavailable) => {
+                Err(tidal_net::NotSent::Full) => Err("the notice stream is full".to_string()),
+                Err(tidal_net::NotSent::Unavailable) => {
                     peer.commit(term, me, commit, NOTICE_TIMEOUT).await.map(drop).map_err(|e| e.to_string())
                 }
             };

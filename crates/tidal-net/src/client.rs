@@ -50,15 +50,6 @@ fn streams_enabled() -> bool {
     *ENABLED.get_or_init(|| std::env::var("TIDAL_SHIP_STREAM").map_or(true, |v| v != "0"))
 }
 
-/// Why [`Peer::commit_quiet`] sent nothing.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum QuietNotSent {
-    /// The peer takes no quiet notices (an older version, or streams are off).
-    Unavailable,
-    /// Its stream holds as many as it may (the peer is not keeping up): this one was dropped.
-    Full,
-}
-
 /// A lazily connected peer.
 #[derive(Clone)]
 pub struct Peer {
@@ -180,15 +171,10 @@ impl Peer {
     /// Sends a quiet commit notice: queued on a stream whose replies nobody reads, never waited
     /// for, best effort (decisions/027). `Err(Unavailable)`: the peer takes no quiet notices (an
     /// older version, or streams are off): send the commit some other way.
-    pub fn commit_quiet(&self, term: Term, leader: NodeId, commit: Seqno) -> Result<(), QuietNotSent> {
+    pub fn commit_quiet(&self, term: Term, leader: NodeId, commit: Seqno) -> Result<(), NotSent> {
         let client = self.client.clone();
         let open = move |requests| async move { client.clone().commit_stream(requests).await };
-        self.quiet_notices.send(self.notice(term, leader, commit, true), open).map_err(|not_sent| {
-            match not_sent {
-                NotSent::Unavailable => QuietNotSent::Unavailable,
-                NotSent::Full => QuietNotSent::Full,
-            }
-        })
+        self.quiet_notices.send(self.notice(term, leader, commit, true), open)
     }
 
     fn notice(&self, term: Term, leader: NodeId, commit: Seqno, quiet: bool) -> pb::CommitRequest {

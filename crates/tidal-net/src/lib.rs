@@ -15,7 +15,7 @@ pub mod server;
 pub mod snapshot_message;
 mod stream_path;
 
-pub use client::{NetError, Peer, QuietNotSent};
+pub use client::{NetError, Peer};
 pub use connector::{Accepted, Connector, ControlTap, ShipTap};
 pub use control::{Probe, ProbeOutcome, ProbeReply, RaftCall, RAFT_PAYLOAD_BYTES_MAX};
 pub use message::{
@@ -26,6 +26,7 @@ pub use server::{serve, ChunkStream, Handler, NegativesPage, SnapshotStream, NEG
 pub use snapshot_message::{
     SnapshotChunk, SnapshotRequest, SNAPSHOT_BYTES_MAX, SNAPSHOT_CHUNK_BYTES, SNAPSHOT_CHUNK_BYTES_MAX,
 };
+pub use stream_path::NotSent;
 
 /// Generated messages and services (`tidal.v1`).
 #[allow(missing_docs, clippy::all, clippy::unwrap_used)]

@@ -130,10 +130,11 @@ pub(crate) struct OneWayPath<Req> {
 /// Requests a one-way stream holds for its peer before it drops new ones.
 const ONE_WAY_QUEUE: usize = 64;
 
-/// Why a one-way request was not sent.
-#[derive(Debug, PartialEq, Eq)]
-pub(crate) enum NotSent {
-    /// The peer has no stream for them (or streams are off): send them some other way.
+/// Why a one-way request ([`crate::Peer::commit_quiet`]) was not sent.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NotSent {
+    /// The peer has no stream for them (an older version, or streams are off): send them some
+    /// other way.
     Unavailable,
     /// The stream's queue is full (the peer is not keeping up): dropped.
     Full,
