@@ -238,12 +238,47 @@ async fn json_body<T: DeserializeOwned>(state: &AppState, body: axum::body::Body
     parse_json(&read_body(state, body).await?)
 }
 
+/// Reads a request body of at most `body_bytes_max` bytes.
+///
+/// A body over the limit is still read to its end (and dropped) as long as it stays within
+/// [`BODY_DRAIN_MAX`] past the limit, before the 413 goes out: a server that answers and closes with
+/// unread bytes in its socket makes the kernel send a reset, which can discard the answer the client
+/// has not read yet (the client sees a broken connection instead of `payload_too_large`). A body
+/// declared (or found) larger than that is refused without reading it all.
 async fn read_body(state: &AppState, body: axum::body::Body) -> AppResult<axum::body::Bytes> {
+    use tokio_stream::StreamExt as _;
     let limit = state.node.config().body_bytes_max;
-    axum::body::to_bytes(body, limit)
-        .await
-        .map_err(|_| ApiError::too_large(format!("request body over {limit} bytes")))
+    let too_large = || ApiError::too_large(format!("request body over {limit} bytes"));
+    let drain_max = limit.saturating_add(BODY_DRAIN_MAX);
+    if axum::body::HttpBody::size_hint(&body).lower() > drain_max as u64 {
+        return Err(too_large());
+    }
+    let mut stream = body.into_data_stream();
+    let mut chunks: Vec<axum::body::Bytes> = Vec::new();
+    let mut total = 0usize;
+    while let Some(chunk) = stream.next().await {
+        let chunk = chunk.map_err(|e| ApiError::invalid(format!("could not read the request body: {e}")))?;
+        total = total.saturating_add(chunk.len());
+        if total <= limit {
+            chunks.push(chunk);
+        } else if total > drain_max {
+            break;
+        } else {
+            chunks.clear();
+        }
+    }
+    if total > limit {
+        return Err(too_large());
+    }
+    Ok(match chunks.len() {
+        1 => chunks.pop().unwrap_or_default(),
+        _ => chunks.concat().into(),
+    })
 }
+
+/// How far past `body_bytes_max` an oversize body is still read (and dropped) so that its 413
+/// reaches the client; see [`read_body`].
+const BODY_DRAIN_MAX: usize = 16 * 1024 * 1024;
 
 fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> AppResult<T> {
     serde_json::from_slice(bytes).map_err(json_error)

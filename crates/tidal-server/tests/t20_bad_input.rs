@@ -130,3 +130,52 @@ async fn bad_requests_are_refused_with_codes_and_write_nothing() {
     assert_eq!(before, after, "a refused request changed the state");
     node.stop().await;
 }
+
+/// Every oversize body gets its 413, never a broken connection: the node reads (and drops) the rest
+/// of a body past its limit before answering, so closing the connection does not reset it under the
+/// client. Raw TCP: the client streams the body in pieces while it reads the answer, and must be able
+/// to send all of it (without the drain the node resets the connection and the write fails with a
+/// broken pipe, which is how clients such as reqwest lose the 413).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn oversize_bodies_always_get_their_answer() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = config(dir.path(), 3);
+    config.body_bytes_max = 64 * 1024;
+    config.write_inflight_bytes_max = 1024 * 1024;
+    let node = TestNode::start(config).await;
+    let addr = node.url.trim_start_matches("http://").to_string();
+    for i in 0..40usize {
+        let size = 67 * 1024 + (i % 20) * 48 * 1024;
+        let body = format!(r#"{{"metadata":{{"blob":"{}"}}}}"#, "x".repeat(size));
+        let stream = tokio::net::TcpStream::connect(&addr).await.unwrap();
+        let (mut read, mut write) = stream.into_split();
+        let head = format!(
+            "PUT /v1/items/1 HTTP/1.1\r\nhost: {addr}\r\ncontent-type: application/json\r\n\
+             connection: close\r\ncontent-length: {}\r\n\r\n",
+            body.len()
+        );
+        let writer = tokio::spawn(async move {
+            write.write_all(head.as_bytes()).await?;
+            // Past the limit at once, then the rest in pieces, as a client streaming a body does.
+            let (first, rest) = body.as_bytes().split_at(66 * 1024);
+            write.write_all(first).await?;
+            for piece in rest.chunks(4096) {
+                tokio::task::yield_now().await;
+                write.write_all(piece).await?;
+            }
+            Ok::<_, std::io::Error>(write)
+        });
+        let mut answer = Vec::new();
+        let got = read.read_to_end(&mut answer).await;
+        let text = String::from_utf8_lossy(&answer);
+        assert!(
+            got.is_ok() && text.starts_with("HTTP/1.1 413") && text.contains("payload_too_large"),
+            "body of {size} bytes: {got:?} {text}"
+        );
+        drop(writer.await.unwrap().expect("the node reset the connection under a body it refused"));
+    }
+    let (status, _) = node.request(Method::GET, "/v1/items/1", None, &[]).await;
+    assert_eq!(status, 404, "an oversize body was written");
+    node.stop().await;
+}
