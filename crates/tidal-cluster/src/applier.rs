@@ -17,6 +17,7 @@
 //! - [`ApplyProbe`] is a test seam (harness/sim's `apply` crash points); production has none.
 
 mod inbox;
+mod waiters;
 
 use inbox::{InboxReceiver, InboxSender, SendError};
 use std::collections::VecDeque;
@@ -28,6 +29,8 @@ use tidal_core::{DurableGate, GateWait, TidalDb};
 use tidal_types::Seqno;
 use tidal_wal::{Batch, DurableView, FlushedHook};
 use tokio::sync::watch;
+use waiters::Publisher;
+pub use waiters::{AppliedWaiter, AppliedWaiters};
 
 /// Messages queued to the applier. Each `Flushed` is one WAL drain, itself bounded in bytes.
 const APPLIER_INPUT_MAX: usize = 256;
@@ -172,6 +175,7 @@ pub trait ApplyProbe: Send + Sync + 'static {
 /// The running applier. It holds no sender itself: the thread ends when the last sender is gone.
 pub struct Applier {
     applied: watch::Receiver<Seqno>,
+    waiters: Arc<AppliedWaiters>,
     fatal: Arc<Mutex<Option<String>>>,
     thread: Mutex<Option<std::thread::JoinHandle<()>>>,
 }
@@ -190,25 +194,33 @@ impl Applier {
     ) -> std::io::Result<(Applier, ApplierSender)> {
         let (tx, rx) = inbox::inbox(APPLIER_INPUT_MAX);
         let (applied_tx, applied_rx) = watch::channel(db.applied_seqno());
+        let waiters = AppliedWaiters::new(db.applied_seqno());
+        let publisher = Publisher { watch: applied_tx, waiters: waiters.clone() };
         let fatal = Arc::new(Mutex::new(None));
         let thread_fatal = fatal.clone();
         let told = Arc::new(Mutex::new((Seqno::ZERO, 0)));
         let thread_told = told.clone();
         let thread = std::thread::Builder::new()
             .name("tidal-applier".into())
-            .spawn(move || run(db, rx, &thread_told, applied_tx, thread_fatal, probe))?;
+            .spawn(move || run(db, rx, &thread_told, publisher, thread_fatal, probe))?;
         let sender = ApplierSender {
             tx,
             cuts: Arc::new(AtomicU64::new(0)),
             told,
             commit_dropped: Arc::new(AtomicBool::new(false)),
         };
-        Ok((Applier { applied: applied_rx, fatal, thread: Mutex::new(Some(thread)) }, sender))
+        Ok((Applier { applied: applied_rx, waiters, fatal, thread: Mutex::new(Some(thread)) }, sender))
     }
 
     /// The applied frontier; closed (errors on wait) once the applier has stopped.
     pub fn applied(&self) -> watch::Receiver<Seqno> {
         self.applied.clone()
+    }
+
+    /// The applied frontier's keyed waiters (each called once, when the frontier reaches its seqno;
+    /// with `None` once the applier has stopped).
+    pub fn waiters(&self) -> Arc<AppliedWaiters> {
+        self.waiters.clone()
     }
 
     /// The error that stopped the applier, if any.
@@ -234,7 +246,7 @@ fn run(
     db: Arc<TidalDb>,
     input: InboxReceiver<ApplierInput>,
     told: &Mutex<(Seqno, u64)>,
-    applied: watch::Sender<Seqno>,
+    applied: Publisher,
     fatal: Arc<Mutex<Option<String>>>,
     probe: Option<Arc<dyn ApplyProbe>>,
 ) {
@@ -295,8 +307,7 @@ fn run(
         }
         // Compared with the engine, not with what this thread applied: startup replay applies before
         // the first message, and its frontier must show too.
-        let now = db.applied_seqno();
-        applied.send_if_modified(|published| std::mem::replace(published, now) != now);
+        applied.publish(db.applied_seqno());
         if stop {
             return;
         }
@@ -470,7 +481,8 @@ mod tests {
         sender.flushed(vec![item_batch_in(2, 1, br#"{"log":"new"}"#)]);
         sender.commit(Seqno(1));
         drop(sender);
-        let (applied, _) = watch::channel(Seqno::ZERO);
+        let (watch, _) = watch::channel(Seqno::ZERO);
+        let applied = Publisher { watch, waiters: AppliedWaiters::new(Seqno::ZERO) };
         run(db.clone(), rx, &told, applied, Arc::new(Mutex::new(None)), None);
         assert_eq!(db.applied_seqno(), Seqno(1));
         let item = db.get_item(7).unwrap().expect("item 7 applied");

@@ -19,7 +19,8 @@ pub mod snapshot;
 pub mod spec;
 
 pub use applier::{
-    Applier, ApplierInput, ApplierSender, ApplyPoint, ApplyProbe, CommitOnFlush, DurableFrontier,
+    AppliedWaiter, AppliedWaiters, Applier, ApplierInput, ApplierSender, ApplyPoint, ApplyProbe,
+    CommitOnFlush, DurableFrontier,
 };
 pub use commit_state::CommitState;
 pub use control::{ControlPlane, ControlTiming, TermGate};

@@ -320,7 +320,7 @@ pub struct Replica {
     /// The node leadership is being handed to, while this leader refuses new writes (0: none).
     handing_to: AtomicU64,
     /// Client writes between their admission and their WAL append (see `admit_write`).
-    writes_in_flight: std::sync::atomic::AtomicUsize,
+    writes_in_flight: Arc<std::sync::atomic::AtomicUsize>,
     /// Refused replication input by class (metrics): see [`Replica::refusals`].
     refusals: Mutex<BTreeMap<&'static str, u64>>,
     /// Follower: the leader's commit notices and how far our log is known to match its log.
@@ -466,7 +466,7 @@ impl Replica {
             installs: Mutex::new(InstallStats::default()),
             promoting: AtomicBool::new(false),
             handing_to: AtomicU64::new(0),
-            writes_in_flight: std::sync::atomic::AtomicUsize::new(0),
+            writes_in_flight: Arc::new(std::sync::atomic::AtomicUsize::new(0)),
             refusals: Mutex::new(BTreeMap::new()),
             leader_commit: Mutex::new(LeaderCommit::default()),
             notice_stats: Default::default(),

@@ -29,8 +29,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tidal_cluster::control::LogStore;
 use tidal_cluster::{
-    Applier, ApplierSender, CommitOnFlush, CommitState, DurableFrontier, Replica, ReplicaHook, ReplicaParts,
-    ShipFeed, SnapshotPins, SnapshotSource, TermGate,
+    AppliedWaiter, Applier, ApplierSender, CommitOnFlush, CommitState, DurableFrontier, Replica, ReplicaHook,
+    ReplicaParts, ShipFeed, SnapshotPins, SnapshotSource, TermGate,
 };
 use tidal_core::{DecodedBatch, EngineConfig, Envelope, Records, TidalDb};
 use tidal_types::{ErrorCode, Seqno, Term, TermSeqno};
@@ -48,6 +48,33 @@ type WriteOutcome = Result<u64, ApiError>;
 struct InFlight {
     fingerprint: [u8; 32],
     done: watch::Receiver<Option<WriteOutcome>>,
+}
+
+/// How a write's one wake-up ends.
+enum Written {
+    /// Durable (committed, in a cluster) and applied through this, its last seqno.
+    Applied(Seqno),
+    /// The WAL append failed (the writer is poisoned; the node stops taking writes).
+    AppendFailed(String),
+    /// The applier stopped before the write was applied: its outcome is unknown.
+    ApplierStopped,
+}
+
+/// A write registered with the applied frontier's waiters once its append completed.
+struct WriteWaiter {
+    tx: tokio::sync::oneshot::Sender<Written>,
+    last: Seqno,
+}
+
+impl AppliedWaiter for WriteWaiter {
+    fn reached(self: Box<Self>, applied: Option<Seqno>) {
+        let written = if applied.is_some() { Written::Applied(self.last) } else { Written::ApplierStopped };
+        let _ = self.tx.send(written);
+    }
+
+    fn abandoned(&self) -> bool {
+        self.tx.is_closed()
+    }
 }
 
 /// A running node.
@@ -387,8 +414,22 @@ impl Node {
                 (Some(office), Some(ticket))
             }
         };
+        // One wake-up per write (decisions/028): the WAL completion (on the writer thread) ends the
+        // admission and registers the write with the applied frontier's waiters, which wake this
+        // task once the write is applied; an append error wakes it from the completion.
         let (tx, rx) = tokio::sync::oneshot::channel();
-        match self.wal.submit(request, Box::new(move |result| drop(tx.send(result)))) {
+        let waiters = self.applier.waiters();
+        let done: tidal_wal::Completion = Box::new(move |result| {
+            // Appended: a leadership transfer waiting for admitted writes may go on.
+            drop(ticket);
+            match result {
+                Ok(appended) => {
+                    waiters.on_applied(appended.last, Box::new(WriteWaiter { tx, last: appended.last }))
+                }
+                Err(error) => drop(tx.send(Written::AppendFailed(format!("{error:#}")))),
+            }
+        });
+        match self.wal.submit(request, done) {
             Ok(()) => {}
             Err(SubmitError::QueueFull(_)) => {
                 return Err(ApiError::unavailable(ErrorCode::Overloaded, "WAL queue is full; retry later"))
@@ -400,39 +441,37 @@ impl Node {
                 return Err(ApiError::unavailable(ErrorCode::NotReady, format!("WAL refused: {error:?}")))
             }
         }
-        let appended = match rx.await {
-            Ok(Ok(appended)) => appended,
-            Ok(Err(error)) => {
-                tracing::error!("failed to append: {error:#}");
-                return Err(ApiError::unavailable(
-                    ErrorCode::NotReady,
-                    format!("WAL append failed: {error}"),
-                ));
-            }
-            Err(_) => return Err(ApiError::internal("WAL writer stopped; the outcome is unknown")),
-        };
-        // Appended: a leadership transfer waiting for admitted writes may go on.
-        drop(ticket);
-        match &mut office {
-            None => self.wait_applied(appended.last.get(), None).await?,
+        let written = match &mut office {
+            None => rx.await,
             Some(office) => {
                 let lost = office.wait_for(|term| term.is_none());
+                let mut rx = rx;
                 tokio::select! {
-                    applied = self.wait_applied(appended.last.get(), None) => applied?,
-                    _ = lost => {
+                    biased;
+                    written = &mut rx => written,
+                    _ = lost => match rx.try_recv() {
+                        Ok(written) => Ok(written),
                         // Lost office before this write was committed and applied here.
-                        if self.applied_seqno() < appended.last.get() {
-                            return Err(ApiError::unavailable(
-                                ErrorCode::NotReady,
-                                "this node lost leadership before the write committed; the outcome is unknown, retry with the same Idempotency-Key",
-                            ));
-                        }
-                        appended.last.get()
-                    }
+                        Err(_) => return Err(ApiError::unavailable(
+                            ErrorCode::NotReady,
+                            "this node lost leadership before the write committed; the outcome is unknown, retry with the same Idempotency-Key",
+                        )),
+                    },
                 }
             }
         };
-        Ok(appended.last.get())
+        match written {
+            Ok(Written::Applied(last)) => Ok(last.get()),
+            Ok(Written::AppendFailed(error)) => {
+                tracing::error!("failed to append: {error}");
+                Err(ApiError::unavailable(ErrorCode::NotReady, format!("WAL append failed: {error}")))
+            }
+            Ok(Written::ApplierStopped) => Err(ApiError::unavailable(
+                ErrorCode::NotReady,
+                self.fatal().unwrap_or_else(|| "applier stopped".into()),
+            )),
+            Err(_) => Err(ApiError::internal("WAL writer stopped; the outcome is unknown")),
+        }
     }
 
     /// Waits until the applied frontier reaches `seqno`; `timeout` None waits as long as it takes

@@ -81,10 +81,11 @@ impl Drop for HeartbeatsOff<'_> {
     }
 }
 
-/// An admitted client write (see [`Replica::admit_write`]); dropping it ends the admission.
-pub struct WriteTicket<'a>(&'a std::sync::atomic::AtomicUsize);
+/// An admitted client write (see [`Replica::admit_write`]); dropping it ends the admission. Owned,
+/// so the WAL completion of the write can drop it (on the writer thread).
+pub struct WriteTicket(Arc<std::sync::atomic::AtomicUsize>);
 
-impl Drop for WriteTicket<'_> {
+impl Drop for WriteTicket {
     fn drop(&mut self) {
         self.0.fetch_sub(1, Ordering::SeqCst);
     }
@@ -248,10 +249,10 @@ impl Replica {
     /// write, so the target it hands to holds all of them. (Counting before checking, and the
     /// transfer setting its flag before reading the count, both SeqCst: a write either sees the
     /// flag or is waited for.)
-    pub fn admit_write(&self) -> Result<WriteTicket<'_>, NodeId> {
+    pub fn admit_write(&self) -> Result<WriteTicket, NodeId> {
         self.writes_in_flight.fetch_add(1, Ordering::SeqCst);
         match self.handing_to() {
-            None => Ok(WriteTicket(&self.writes_in_flight)),
+            None => Ok(WriteTicket(self.writes_in_flight.clone())),
             Some(target) => {
                 self.writes_in_flight.fetch_sub(1, Ordering::SeqCst);
                 Err(target)
