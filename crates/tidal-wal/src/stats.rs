@@ -7,9 +7,29 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 /// Upper bounds (inclusive, microseconds) of the fsync latency buckets; the last is a catch-all.
-/// They span a fast NVMe fdatasync (tens of µs) up to a stalled disk (a second and more).
-pub const FSYNC_LATENCY_BUCKETS_US: [u64; 14] =
-    [50, 100, 250, 500, 1_000, 2_500, 5_000, 10_000, 25_000, 50_000, 100_000, 250_000, 1_000_000, u64::MAX];
+/// They span a fast NVMe fdatasync (tens of µs) up to a stalled disk (a second and more), finer
+/// between 0.1 and 1 ms, where most disks' fdatasync lies: ack latency is judged against its p99.
+pub const FSYNC_LATENCY_BUCKETS_US: [u64; 19] = [
+    50,
+    100,
+    150,
+    200,
+    250,
+    300,
+    400,
+    500,
+    750,
+    1_000,
+    2_500,
+    5_000,
+    10_000,
+    25_000,
+    50_000,
+    100_000,
+    250_000,
+    1_000_000,
+    u64::MAX,
+];
 
 /// Upper bounds (inclusive) of the buckets of requests per drain (per group commit's fsync); the
 /// last is a catch-all. Read with the writer's concurrency: at 64 writers in flight, a drain that
@@ -140,11 +160,14 @@ mod tests {
         let counters = StatsCounters::default();
         counters.record_fsync(Duration::from_micros(50));
         counters.record_fsync(Duration::from_micros(51));
+        counters.record_fsync(Duration::from_micros(301));
         counters.record_fsync(Duration::from_secs(10));
         let stats = counters.snapshot();
-        assert_eq!(stats.fsyncs, 3);
+        assert_eq!(stats.fsyncs, 4);
         assert_eq!(stats.fsync_latency_us_buckets[0], 1);
         assert_eq!(stats.fsync_latency_us_buckets[1], 1);
+        let at_400 = FSYNC_LATENCY_BUCKETS_US.iter().position(|bound| *bound == 400).expect("a 400 µs bound");
+        assert_eq!(stats.fsync_latency_us_buckets[at_400], 1, "301 µs lands in (300, 400]");
         assert_eq!(stats.fsync_latency_us_buckets[FSYNC_LATENCY_BUCKETS_US.len() - 1], 1);
     }
 
