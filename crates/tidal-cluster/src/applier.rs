@@ -30,7 +30,7 @@ use tidal_types::Seqno;
 use tidal_wal::{Batch, DurableView, FlushedHook};
 use tokio::sync::watch;
 use waiters::Publisher;
-pub use waiters::{AppliedWaiter, AppliedWaiters};
+pub use waiters::{AppliedWaiter, AppliedWaiters, Reached};
 
 /// Messages queued to the applier. Each `Flushed` is one WAL drain, itself bounded in bytes.
 const APPLIER_INPUT_MAX: usize = 256;
@@ -264,6 +264,9 @@ fn run(
             ApplierInput::Commit(seqno) => commit = commit.max(seqno),
             ApplierInput::Truncated(from) => {
                 cuts += 1;
+                // Writes waiting at or above the cut will never be applied; the batches that take
+                // their seqnos are not theirs.
+                applied.waiters.cut(from);
                 let before = pending.len();
                 pending.retain(|batch| batch.first_seqno() < from);
                 if pending.len() != before {
@@ -277,6 +280,8 @@ fn run(
                     tracing::warn!(batches = pending.len(), %seqno, "dropped batches of the quarantined log");
                 }
                 pending.clear();
+                // Every write still waiting was in the quarantined log.
+                applied.waiters.cut(Seqno::ZERO);
                 commit = commit.max(seqno);
                 let _ = done.send(());
             }
@@ -439,8 +444,11 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let db = Arc::new(TidalDb::open(dir.path(), EngineConfig::with_dimension(4)).unwrap());
         let (applier, sender) = Applier::spawn(db.clone()).unwrap();
+        let (told, hear) = std::sync::mpsc::channel();
+        applier.waiters().on_applied(Seqno(2), Box::new(Told(told, "write at 2")));
         sender.flushed(vec![item_batch(1), item_batch(2)]);
         assert!(sender.snapshot_installed(Seqno::ZERO));
+        assert_eq!(hear.try_recv(), Ok(("write at 2", Reached::Cut)), "a write of the replaced log");
         sender.commit(Seqno(2));
         // Messages are handled in order: once this one is acknowledged the commit was handled too.
         assert!(sender.snapshot_installed(Seqno::ZERO));
@@ -449,6 +457,40 @@ mod tests {
         sender.commit(Seqno(1));
         assert!(sender.snapshot_installed(Seqno::ZERO));
         assert_eq!(db.applied_seqno(), Seqno(1), "batches after the install apply");
+        applier.join(sender);
+    }
+
+    /// A waiter that reports what it is told on a channel.
+    struct Told(std::sync::mpsc::Sender<(&'static str, Reached)>, &'static str);
+
+    impl AppliedWaiter for Told {
+        fn reached(self: Box<Self>, reached: Reached) {
+            let _ = self.0.send((self.1, reached));
+        }
+
+        fn abandoned(&self) -> bool {
+            false
+        }
+    }
+
+    #[test]
+    fn a_write_whose_batch_is_cut_hears_so_though_another_batch_takes_its_seqno() {
+        // A deposed leader's write at seqno 1 waits; its batch is cut (a divergent suffix) and the
+        // new leader's batch at seqno 1 is applied. The frontier passing 1 says nothing about the
+        // old write: it must hear `Cut` (outcome unknown), never `Applied`.
+        let dir = tempfile::tempdir().unwrap();
+        let db = Arc::new(TidalDb::open(dir.path(), EngineConfig::with_dimension(4)).unwrap());
+        let (applier, sender) = Applier::spawn(db.clone()).unwrap();
+        let (told, hear) = std::sync::mpsc::channel();
+        let within = Duration::from_secs(10);
+        applier.waiters().on_applied(Seqno(1), Box::new(Told(told.clone(), "old write")));
+        sender.flushed(vec![item_batch_in(1, 1, br#"{"log":"old"}"#)]);
+        sender.truncated(Seqno(1));
+        assert_eq!(hear.recv_timeout(within), Ok(("old write", Reached::Cut)));
+        sender.flushed(vec![item_batch_in(2, 1, br#"{"log":"new"}"#)]);
+        sender.commit(Seqno(1));
+        applier.waiters().on_applied(Seqno(1), Box::new(Told(told, "new write")));
+        assert_eq!(hear.recv_timeout(within), Ok(("new write", Reached::Applied(Seqno(1)))));
         applier.join(sender);
     }
 

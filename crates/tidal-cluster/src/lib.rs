@@ -20,7 +20,7 @@ pub mod spec;
 
 pub use applier::{
     AppliedWaiter, AppliedWaiters, Applier, ApplierInput, ApplierSender, ApplyPoint, ApplyProbe,
-    CommitOnFlush, DurableFrontier,
+    CommitOnFlush, DurableFrontier, Reached,
 };
 pub use commit_state::CommitState;
 pub use control::{ControlPlane, ControlTiming, TermGate};

@@ -29,8 +29,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tidal_cluster::control::LogStore;
 use tidal_cluster::{
-    AppliedWaiter, Applier, ApplierSender, CommitOnFlush, CommitState, DurableFrontier, Replica, ReplicaHook,
-    ReplicaParts, ShipFeed, SnapshotPins, SnapshotSource, TermGate,
+    AppliedWaiter, Applier, ApplierSender, CommitOnFlush, CommitState, DurableFrontier, Reached, Replica,
+    ReplicaHook, ReplicaParts, ShipFeed, SnapshotPins, SnapshotSource, TermGate,
 };
 use tidal_core::{DecodedBatch, EngineConfig, Envelope, Records, TidalDb};
 use tidal_types::{ErrorCode, Seqno, Term, TermSeqno};
@@ -58,6 +58,8 @@ enum Written {
     AppendFailed(String),
     /// The applier stopped before the write was applied: its outcome is unknown.
     ApplierStopped,
+    /// The log was cut below the write (it lost office and its suffix was replaced): unknown.
+    Cut,
 }
 
 /// A write registered with the applied frontier's waiters once its append completed.
@@ -67,9 +69,12 @@ struct WriteWaiter {
 }
 
 impl AppliedWaiter for WriteWaiter {
-    fn reached(self: Box<Self>, applied: Option<Seqno>) {
-        let written = if applied.is_some() { Written::Applied(self.last) } else { Written::ApplierStopped };
-        let _ = self.tx.send(written);
+    fn reached(self: Box<Self>, reached: Reached) {
+        let _ = self.tx.send(match reached {
+            Reached::Applied(_) => Written::Applied(self.last),
+            Reached::Cut => Written::Cut,
+            Reached::Stopped => Written::ApplierStopped,
+        });
     }
 
     fn abandoned(&self) -> bool {
@@ -469,6 +474,10 @@ impl Node {
             Ok(Written::ApplierStopped) => Err(ApiError::unavailable(
                 ErrorCode::NotReady,
                 self.fatal().unwrap_or_else(|| "applier stopped".into()),
+            )),
+            Ok(Written::Cut) => Err(ApiError::unavailable(
+                ErrorCode::NotReady,
+                "this node's log was cut below the write (it lost leadership); the outcome is unknown, retry with the same Idempotency-Key",
             )),
             Err(_) => Err(ApiError::internal("WAL writer stopped; the outcome is unknown")),
         }

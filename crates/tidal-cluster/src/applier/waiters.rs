@@ -11,8 +11,11 @@
 //! - The frontier is checked and the callback registered under one lock, so a publish between a
 //!   check and a registration cannot be missed (then the callback is called at once, by `on_applied`).
 //! - Callbacks run outside the lock (they wake tasks; they may register more).
-//! - Once the applier has stopped, every waiter, waiting or registered later, gets `None` (the write's
-//!   outcome is unknown: the node stops acknowledging). A waiter that has gone is still told, at its
+//! - Once the applier has stopped, every waiter, waiting or registered later, is told
+//!   [`Reached::Stopped`] (the write's outcome is unknown: the node stops acknowledging).
+//! - A cut of the log (a divergent suffix quarantined, a snapshot installed) tells every waiter at or
+//!   above it [`Reached::Cut`]: its batch will never be applied, and other batches will take its
+//!   seqnos, so the frontier passing them later says nothing about this write. A waiter that has gone is still told, at its
 //!   seqno or at the stop; [`AppliedWaiters::on_applied`] prunes the [`AppliedWaiter::abandoned`] ones
 //!   when many wait, so a frontier that stops moving does not collect them without bound.
 
@@ -20,10 +23,21 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use tidal_types::Seqno;
 
+/// What a waiter is told, once.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Reached {
+    /// The frontier reached the waited seqno; it is now this.
+    Applied(Seqno),
+    /// The log was cut at or below the waited seqno: the batch waited for is gone.
+    Cut,
+    /// The applier stopped first.
+    Stopped,
+}
+
 /// One waiter on the applied frontier.
 pub trait AppliedWaiter: Send {
-    /// Told once: the frontier that reached the waited seqno, or `None` if the applier stopped first.
-    fn reached(self: Box<Self>, applied: Option<Seqno>);
+    /// Told once.
+    fn reached(self: Box<Self>, reached: Reached);
 
     /// Whether nobody waits here any more (then it may be dropped untold).
     fn abandoned(&self) -> bool;
@@ -53,14 +67,15 @@ impl AppliedWaiters {
     }
 
     /// Tells `waiter` once the applied frontier reaches `seqno`: now (on this thread) if it has, else
-    /// from the applier's publish; `None` if the applier has stopped.
+    /// from the applier's publish; [`Reached::Stopped`] if the applier has stopped, [`Reached::Cut`]
+    /// if the log is cut at or below `seqno` first.
     pub fn on_applied(&self, seqno: Seqno, waiter: Box<dyn AppliedWaiter>) {
         let now = {
             let mut state = self.lock();
             if state.stopped {
-                None
+                Reached::Stopped
             } else if state.applied >= seqno {
-                Some(state.applied)
+                Reached::Applied(state.applied)
             } else {
                 if state.count >= PRUNE_AT {
                     state.prune();
@@ -87,11 +102,25 @@ impl AppliedWaiters {
             reached
         };
         for waiter in reached.into_values().flatten() {
-            waiter.reached(Some(applied));
+            waiter.reached(Reached::Applied(applied));
         }
     }
 
-    /// The applier stopped: every waiter, waiting or later, gets `None`.
+    /// The log was cut from `from` on (nothing at or above it will be applied from the log the
+    /// waiters wrote to): tells every waiter at or above it [`Reached::Cut`].
+    pub fn cut(&self, from: Seqno) {
+        let cut = {
+            let mut state = self.lock();
+            let cut = state.waiting.split_off(&from);
+            state.count -= cut.values().map(Vec::len).sum::<usize>();
+            cut
+        };
+        for waiter in cut.into_values().flatten() {
+            waiter.reached(Reached::Cut);
+        }
+    }
+
+    /// The applier stopped: every waiter, waiting or later, is told [`Reached::Stopped`].
     pub fn stop(&self) {
         let waiting = {
             let mut state = self.lock();
@@ -100,7 +129,7 @@ impl AppliedWaiters {
             std::mem::take(&mut state.waiting)
         };
         for waiter in waiting.into_values().flatten() {
-            waiter.reached(None);
+            waiter.reached(Reached::Stopped);
         }
     }
 
@@ -142,12 +171,12 @@ impl Drop for Publisher {
 
 #[cfg(test)]
 mod tests {
-    use super::{AppliedWaiter, AppliedWaiters};
+    use super::{AppliedWaiter, AppliedWaiters, Reached};
     use std::sync::atomic::{AtomicBool, Ordering};
     use std::sync::{Arc, Mutex};
     use tidal_types::Seqno;
 
-    type Calls = Arc<Mutex<Vec<(u64, Option<u64>)>>>;
+    type Calls = Arc<Mutex<Vec<(u64, Reached)>>>;
 
     struct Recorded {
         calls: Calls,
@@ -156,8 +185,8 @@ mod tests {
     }
 
     impl AppliedWaiter for Recorded {
-        fn reached(self: Box<Self>, applied: Option<Seqno>) {
-            self.calls.lock().expect("test lock").push((self.tag, applied.map(Seqno::get)));
+        fn reached(self: Box<Self>, reached: Reached) {
+            self.calls.lock().expect("test lock").push((self.tag, reached));
         }
 
         fn abandoned(&self) -> bool {
@@ -169,7 +198,7 @@ mod tests {
         Box::new(Recorded { calls: calls.clone(), tag, gone: Arc::default() })
     }
 
-    fn calls(calls: &Calls) -> Vec<(u64, Option<u64>)> {
+    fn calls(calls: &Calls) -> Vec<(u64, Reached)> {
         calls.lock().expect("test lock").clone()
     }
 
@@ -178,19 +207,19 @@ mod tests {
         let waiters = AppliedWaiters::new(Seqno(5));
         let told = Calls::default();
         waiters.on_applied(Seqno(3), record(&told, 3));
-        assert_eq!(calls(&told), vec![(3, Some(5))], "already applied: told at once");
+        assert_eq!(calls(&told), vec![(3, Reached::Applied(Seqno(5)))], "already applied: told at once");
         waiters.on_applied(Seqno(7), record(&told, 7));
         waiters.on_applied(Seqno(9), record(&told, 9));
         waiters.on_applied(Seqno(7), record(&told, 70));
         waiters.publish(Seqno(6));
         assert_eq!(calls(&told).len(), 1, "nothing covered at 6");
         waiters.publish(Seqno(8));
-        assert_eq!(calls(&told)[1..], [(7, Some(8)), (70, Some(8))]);
+        assert_eq!(calls(&told)[1..], [(7, Reached::Applied(Seqno(8))), (70, Reached::Applied(Seqno(8)))]);
         waiters.publish(Seqno(8));
         waiters.publish(Seqno(4));
         assert_eq!(calls(&told).len(), 3, "a publish that does not advance tells nobody");
         waiters.publish(Seqno(20));
-        assert_eq!(calls(&told)[3..], [(9, Some(20))]);
+        assert_eq!(calls(&told)[3..], [(9, Reached::Applied(Seqno(20)))]);
         assert_eq!(waiters.lock().count, 0);
     }
 
@@ -203,7 +232,22 @@ mod tests {
         waiters.stop();
         waiters.on_applied(Seqno(3), record(&told, 3));
         waiters.publish(Seqno(10));
-        assert_eq!(calls(&told), vec![(1, None), (2, None), (3, None)]);
+        assert_eq!(calls(&told), vec![(1, Reached::Stopped), (2, Reached::Stopped), (3, Reached::Stopped)]);
+    }
+
+    #[test]
+    fn a_cut_tells_the_waiters_at_and_above_it_and_keeps_the_rest() {
+        let waiters = AppliedWaiters::new(Seqno(0));
+        let told = Calls::default();
+        for seqno in [2, 4, 5, 9] {
+            waiters.on_applied(Seqno(seqno), record(&told, seqno));
+        }
+        waiters.cut(Seqno(4));
+        assert_eq!(calls(&told), vec![(4, Reached::Cut), (5, Reached::Cut), (9, Reached::Cut)]);
+        // The new log's batches at those seqnos are applied: only the waiter below the cut hears it.
+        waiters.publish(Seqno(9));
+        assert_eq!(calls(&told)[3..], [(2, Reached::Applied(Seqno(9)))]);
+        assert_eq!(waiters.lock().count, 0);
     }
 
     #[test]
@@ -221,7 +265,7 @@ mod tests {
         waiters.on_applied(Seqno(1), record(&told, 99_999));
         assert_eq!(waiters.lock().count, 1, "the abandoned ones were dropped");
         waiters.publish(Seqno(1));
-        assert_eq!(calls(&told), vec![(99_999, Some(1))]);
+        assert_eq!(calls(&told), vec![(99_999, Reached::Applied(Seqno(1)))]);
     }
 
     #[test]
@@ -243,7 +287,10 @@ mod tests {
             publisher.join().expect("publisher thread");
             let told = calls(&told);
             assert_eq!(told.len(), 50, "round {round}: every waiter told");
-            assert!(told.iter().all(|(tag, reached)| reached.is_some_and(|r| r >= *tag)), "round {round}");
+            assert!(
+                told.iter().all(|(tag, reached)| matches!(reached, Reached::Applied(r) if r.get() >= *tag)),
+                "round {round}"
+            );
         }
     }
 }
