@@ -422,7 +422,7 @@ impl Node {
         // One wake-up per write (decisions/028): the WAL completion (on the writer thread) ends the
         // admission and registers the write with the applied frontier's waiters, which wake this
         // task once the write is applied; an append error wakes it from the completion.
-        let (tx, rx) = tokio::sync::oneshot::channel();
+        let (tx, mut rx) = tokio::sync::oneshot::channel();
         let waiters = self.applier.waiters();
         let done: tidal_wal::Completion = Box::new(move |result| {
             // Appended: a leadership transfer waiting for admitted writes may go on.
@@ -447,10 +447,9 @@ impl Node {
             }
         }
         let written = match &mut office {
-            None => rx.await,
+            None => (&mut rx).await,
             Some(office) => {
                 let lost = office.wait_for(|term| term.is_none());
-                let mut rx = rx;
                 tokio::select! {
                     biased;
                     written = &mut rx => written,
