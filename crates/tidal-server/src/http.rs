@@ -1148,6 +1148,13 @@ async fn metrics(State(state): State<Arc<AppState>>) -> Response {
         }
     }
     render_single(&mut out, "tidal_applied_seqno", "gauge", "Applied frontier.", node.applied_seqno() as f64);
+    render_single(
+        &mut out,
+        "tidal_writes_waiting",
+        "gauge",
+        "Writes appended to the WAL and waiting for their commit and apply.",
+        node.writes_waiting() as f64,
+    );
     let engine = node.db().stats();
     let flush = &engine.flush;
     let flush_bounds_ms = &tidal_core::FLUSH_DURATION_BUCKETS_MS;

@@ -289,6 +289,11 @@ impl Node {
         &self.wal
     }
 
+    /// Writes appended and waiting to be committed (in a cluster) and applied.
+    pub fn writes_waiting(&self) -> usize {
+        self.applier.waiters().waiting()
+    }
+
     /// Applied frontier.
     pub fn applied_seqno(&self) -> u64 {
         self.applied.borrow().get()

@@ -157,6 +157,7 @@ async fn health_readiness_metrics_status() {
     for name in [
         "tidal_wal_fsync_seconds_bucket",
         "tidal_applied_seqno",
+        "tidal_writes_waiting",
         "tidal_http_requests_total",
         "tidal_wal_batches_total",
         "tidal_wal_drain_requests_bucket",

@@ -101,8 +101,12 @@ async fn writes_on_leader_and_follower_converge_and_a_restarted_follower_catches
             assert!(early.is_err(), "a write was acknowledged without a majority: {early:?}");
             cluster.start(f1).await;
         } else {
+            // Appended on the leader and waiting for a majority: the gauge counts it.
+            let metrics = format!("{}/metrics", cluster.client(l).base());
+            metric_line_appears(&metrics, "tidal_writes_waiting 1").await;
             cluster.start(f1).await;
             let _ = tokio::time::timeout(Duration::from_secs(20), pending).await.unwrap().unwrap();
+            metric_line_appears(&metrics, "tidal_writes_waiting 0").await;
         }
         let leader = cluster.client(l).clone();
         let reply = retrying(|| leader.put_item(7, json!({"late": true}), None)).await;
@@ -155,6 +159,19 @@ async fn failover_keeps_acknowledged_writes_and_the_old_leader_rejoins() {
     assert_eq!(digests.len(), 3);
     assert!(same(&digests), "replicas differ after failover: {digests:?}");
     cluster.stop_all().await;
+}
+
+/// Polls `url` (a node's `/metrics`) until it has exactly `line`; fails after 10 s.
+async fn metric_line_appears(url: &str, line: &str) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let text = reqwest::get(url).await.unwrap().text().await.unwrap();
+        if text.lines().any(|l| l == line) {
+            return;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "no {line:?} in the metrics:\n{text}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 async fn futures_feeds(cluster: &Cluster, user: &str) -> Vec<Vec<(u64, String)>> {

@@ -88,6 +88,11 @@ impl AppliedWaiters {
         waiter.reached(now);
     }
 
+    /// How many waiters wait (writes appended but not yet applied; abandoned ones until pruned).
+    pub fn waiting(&self) -> usize {
+        self.lock().count
+    }
+
     /// The frontier is now `applied` (the engine already shows it): tells every waiter it covers.
     pub fn publish(&self, applied: Seqno) {
         let reached = {
@@ -218,9 +223,10 @@ mod tests {
         waiters.publish(Seqno(8));
         waiters.publish(Seqno(4));
         assert_eq!(calls(&told).len(), 3, "a publish that does not advance tells nobody");
+        assert_eq!(waiters.waiting(), 1);
         waiters.publish(Seqno(20));
         assert_eq!(calls(&told)[3..], [(9, Reached::Applied(Seqno(20)))]);
-        assert_eq!(waiters.lock().count, 0);
+        assert_eq!(waiters.waiting(), 0);
     }
 
     #[test]
