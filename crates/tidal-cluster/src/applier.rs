@@ -217,8 +217,8 @@ impl Applier {
         self.applied.clone()
     }
 
-    /// The applied frontier's keyed waiters (each called once, when the frontier reaches its seqno;
-    /// with `None` once the applier has stopped).
+    /// The applied frontier's keyed waiters (each told once: when the frontier reaches its seqno,
+    /// when the log is cut below it, or when the applier stops).
     pub fn waiters(&self) -> Arc<AppliedWaiters> {
         self.waiters.clone()
     }

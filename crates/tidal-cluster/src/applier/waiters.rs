@@ -1,23 +1,24 @@
-//! Waiters keyed by seqno on the applied frontier: each is called once, when the frontier reaches
-//! its seqno, and no other time (decisions/028).
+//! Waiters keyed by seqno on the applied frontier: each is told once, when the frontier reaches its
+//! seqno, and no other time (decisions/028).
 //!
 //! A `watch` of the frontier wakes every task that waits on it at every step: with 50 writes in
 //! flight, each apply woke all 50 to find most still short. A write also woke twice: once when its
-//! WAL append completed, once when it was applied. Here the WAL completion registers the write's
-//! callback directly (on the writer thread, no task wake), and the applier calls only the callbacks
-//! its new frontier covers, after the engine shows the state.
+//! WAL append completed, once when it was applied. Here the WAL completion registers the write
+//! directly (on the writer thread, no task wake), and the applier tells only the waiters its new
+//! frontier covers, after the engine shows the state.
 //!
 //! Delicate:
-//! - The frontier is checked and the callback registered under one lock, so a publish between a
-//!   check and a registration cannot be missed (then the callback is called at once, by `on_applied`).
-//! - Callbacks run outside the lock (they wake tasks; they may register more).
+//! - The frontier is checked and the waiter registered under one lock, so a publish between a check
+//!   and a registration cannot be missed (then `on_applied` tells the waiter at once).
+//! - Waiters are told outside the lock (they wake tasks; they may register more).
 //! - Once the applier has stopped, every waiter, waiting or registered later, is told
 //!   [`Reached::Stopped`] (the write's outcome is unknown: the node stops acknowledging).
 //! - A cut of the log (a divergent suffix quarantined, a snapshot installed) tells every waiter at or
 //!   above it [`Reached::Cut`]: its batch will never be applied, and other batches will take its
-//!   seqnos, so the frontier passing them later says nothing about this write. A waiter that has gone is still told, at its
-//!   seqno or at the stop; [`AppliedWaiters::on_applied`] prunes the [`AppliedWaiter::abandoned`] ones
-//!   when many wait, so a frontier that stops moving does not collect them without bound.
+//!   seqnos, so the frontier passing them later says nothing about this write.
+//! - A waiter whose write has gone is still told, at its seqno, a cut or the stop;
+//!   [`AppliedWaiters::on_applied`] prunes the [`AppliedWaiter::abandoned`] ones when many wait, so a
+//!   frontier that stops moving does not collect them without bound.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -43,11 +44,10 @@ pub trait AppliedWaiter: Send {
     fn abandoned(&self) -> bool;
 }
 
-/// Pruning runs when this many callbacks wait (the write path keeps far fewer in flight).
+/// Pruning runs when this many waiters wait (the write path keeps far fewer in flight).
 const PRUNE_AT: usize = 4096;
 
 /// The applied frontier's keyed waiters. The applier publishes; writes register.
-#[derive(Default)]
 pub struct AppliedWaiters {
     state: Mutex<State>,
 }
