@@ -70,7 +70,6 @@ pub const PULL_CHUNK_BYTES_MAX: usize = 4 * 1024 * 1024;
 const PULL_CHUNKS_AHEAD: usize = 4;
 /// Heartbeat (empty ship) interval when nothing else is sent.
 pub const HEARTBEAT_INTERVAL: Duration = Duration::from_millis(100);
-/// Retry backoff bounds for a ShipQueue whose follower does not answer.
 /// How long a commit notice may take: it is only worth anything while its ship is in flight.
 const NOTICE_TIMEOUT: Duration = Duration::from_millis(500);
 /// `TIDAL_COMMIT_NOTICES=0` turns the commit notices off (for A/B measurements; decisions/016).
@@ -88,6 +87,7 @@ fn ship_on_write() -> bool {
     static ENABLED: OnceLock<bool> = OnceLock::new();
     *ENABLED.get_or_init(|| std::env::var("TIDAL_SHIP_ON_WRITE").map_or(true, |v| v != "0"))
 }
+/// Retry backoff bounds for a ShipQueue whose follower does not answer.
 const BACKOFF_MIN: Duration = Duration::from_millis(20);
 const BACKOFF_MAX: Duration = Duration::from_secs(1);
 /// A pull that receives nothing for this long is abandoned (and retried later).

@@ -338,21 +338,82 @@ fn start_node_with(dir: &Path, id: u64, join: bool) -> anyhow::Result<u32> {
 }
 
 /// Polls `GET /readyz` of node `id` (HTTP address `http`) until it answers 200 or `timeout` passes.
+///
+/// Fails at once when the node's process (by its pid file in `dir`) has exited. Either failure says
+/// the node's last answer (why it was not ready) and quotes the end of its log, so an operator (or
+/// a CI log) sees the cause without another step.
 pub async fn wait_ready(dir: &Path, id: u64, http: &str, timeout: Duration) -> anyhow::Result<()> {
     let client = reqwest::Client::builder().timeout(Duration::from_secs(2)).build()?;
     let deadline = Instant::now() + timeout;
+    let pid_path = dir.join(format!("n{id}.pid"));
+    let log = dir.join(format!("n{id}.log"));
     loop {
-        let ready = client.get(format!("http://{http}/readyz")).send().await;
-        if ready.is_ok_and(|reply| reply.status().is_success()) {
-            return Ok(());
+        let last_answer = match client.get(format!("http://{http}/readyz")).send().await {
+            Ok(reply) if reply.status().is_success() => return Ok(()),
+            Ok(reply) => {
+                let status = reply.status();
+                let body = reply.text().await.unwrap_or_default();
+                format!("{status}: {}", body.trim())
+            }
+            Err(error) => {
+                let mut why = format!("no answer: {error}");
+                let mut source = std::error::Error::source(&error);
+                while let Some(cause) = source {
+                    why.push_str(&format!(": {cause}"));
+                    source = cause.source();
+                }
+                why
+            }
+        };
+        if pid_path.exists() && running_pid(&pid_path).is_none() {
+            anyhow::bail!(
+                "node {id} exited before it was ready (last answer: {last_answer}); the end of {}:\n{}",
+                log.display(),
+                log_tail(&log, LOG_TAIL_LINES)
+            );
         }
-        anyhow::ensure!(
-            Instant::now() < deadline,
-            "node {id} did not become ready within {timeout:?}; see {}",
-            dir.join(format!("n{id}.log")).display()
-        );
+        if Instant::now() >= deadline {
+            anyhow::bail!(
+                "node {id} did not become ready within {timeout:?} (last answer: {last_answer}); the end of {}:\n{}",
+                log.display(),
+                log_tail(&log, LOG_TAIL_LINES)
+            );
+        }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+/// How many lines of a node's log a failed start quotes.
+const LOG_TAIL_LINES: usize = 40;
+
+/// The last `lines` lines of the log at `path` (read from its last 64 KiB), without backtrace
+/// frames (an error's own lines say more), or why it cannot be read.
+fn log_tail(path: &Path, lines: usize) -> String {
+    use std::io::{Read, Seek, SeekFrom};
+    const MAX_BYTES: u64 = 64 * 1024;
+    let read = || -> std::io::Result<String> {
+        let mut file = std::fs::File::open(path)?;
+        let len = file.metadata()?.len();
+        file.seek(SeekFrom::Start(len.saturating_sub(MAX_BYTES)))?;
+        let mut bytes = Vec::new();
+        file.read_to_end(&mut bytes)?;
+        Ok(String::from_utf8_lossy(&bytes).into_owned())
+    };
+    match read() {
+        Ok(text) => {
+            let kept: Vec<&str> = text.lines().filter(|line| !is_backtrace_line(line)).collect();
+            kept[kept.len().saturating_sub(lines)..].join("\n")
+        }
+        Err(error) => format!("(cannot read the log: {error})"),
+    }
+}
+
+/// A line of a Rust backtrace: its heading, a numbered frame, or a frame's source location.
+fn is_backtrace_line(line: &str) -> bool {
+    let trimmed = line.trim_start();
+    let indented = trimmed.len() < line.len();
+    let frame = trimmed.split_once(": ").is_some_and(|(n, _)| n.bytes().all(|b| b.is_ascii_digit()));
+    trimmed == "Stack backtrace:" || (indented && (frame || trimmed.starts_with("at ")))
 }
 
 /// SIGKILLs node `id` of the local cluster in `dir` and waits until the process is gone; returns

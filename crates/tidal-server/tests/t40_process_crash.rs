@@ -92,7 +92,7 @@ impl Drop for Down<'_> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_up_starts_a_healthy_local_cluster_and_down_stops_it() {
     let dir = tidal_procs::TestDir::new().unwrap();
-    let port_base = 21070u16;
+    let port_base = tidal_server::cluster_cmd::free_port_base(21070, 3).unwrap();
     let up = Command::new(env!("CARGO_BIN_EXE_tidal"))
         .args(["cluster", "up", "--nodes", "3", "--port-base", &port_base.to_string(), "--dir"])
         .arg(dir.path())
@@ -121,6 +121,28 @@ async fn cluster_up_starts_a_healthy_local_cluster_and_down_stops_it() {
         .unwrap();
     assert!(down.status.success());
     assert!(String::from_utf8_lossy(&down.stdout).contains("3 node(s) stopped"));
+}
+
+/// A node that cannot start (its HTTP port is taken) fails `cluster up` at once, not after the ready
+/// timeout, and the error quotes the node's own words from its log.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_up_fails_at_once_when_a_node_exits_and_quotes_its_log() {
+    let dir = tidal_procs::TestDir::new().unwrap();
+    let port_base = tidal_server::cluster_cmd::free_port_base(22070, 3).unwrap();
+    // Node 3's HTTP port, held by this test for as long as `cluster up` runs.
+    let taken = std::net::TcpListener::bind(("127.0.0.1", port_base + 2)).unwrap();
+    let up = Command::new(env!("CARGO_BIN_EXE_tidal"))
+        .args(["cluster", "up", "--nodes", "3", "--port-base", &port_base.to_string(), "--dir"])
+        .arg(dir.path())
+        .env("RUST_LOG", "warn")
+        .output()
+        .unwrap();
+    let _down = Down(dir.path());
+    drop(taken);
+    let stderr = String::from_utf8_lossy(&up.stderr);
+    assert!(!up.status.success(), "cluster up succeeded with node 3's port taken");
+    assert!(stderr.contains("node 3 exited before it was ready"), "{stderr}");
+    assert!(stderr.contains("bind HTTP address"), "the error does not quote node 3's log: {stderr}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
