@@ -30,6 +30,11 @@ pub enum ClusterCommand {
         /// HTTP port of node 1 (node i gets base + i - 1; RPC ports are 100 higher).
         #[arg(long, default_value_t = 7070)]
         port_base: u16,
+        /// When a write is acknowledged: `quorum` (once a majority fsynced it; no acknowledged write
+        /// is lost when a minority fails) or `leader` (once the leader fsynced it; a failover may
+        /// lose the last writes). Written to a new cluster file; an existing one must agree.
+        #[arg(long, default_value = "quorum", value_parser = ["quorum", "leader"])]
+        durability: String,
     },
     /// Stop the local cluster started from `--dir`.
     Down {
@@ -85,7 +90,9 @@ pub enum ClusterCommand {
 /// Runs a `tidal cluster` subcommand.
 pub async fn run(command: ClusterCommand) -> anyhow::Result<()> {
     match command {
-        ClusterCommand::Up { nodes, dir, port_base } => up(nodes, &dir, port_base).await,
+        ClusterCommand::Up { nodes, dir, port_base, durability } => {
+            up(nodes, &dir, port_base, &durability).await
+        }
         ClusterCommand::Down { dir } => down(&dir),
         ClusterCommand::AddNode { dir, dry_run } => add_node(&dir, dry_run).await,
         ClusterCommand::RemoveNode { dir, node, dry_run } => remove_node(&dir, node, dry_run).await,
@@ -94,11 +101,22 @@ pub async fn run(command: ClusterCommand) -> anyhow::Result<()> {
     }
 }
 
-fn write_cluster_file(nodes: u64, dir: &Path, port_base: u16) -> anyhow::Result<PathBuf> {
+/// Writes `dir/cluster.toml` for a new local cluster, or checks that an existing one has the asked
+/// `durability` (its nodes and ports stay as they are: the data dirs were made with them).
+fn write_cluster_file(nodes: u64, dir: &Path, port_base: u16, durability: &str) -> anyhow::Result<PathBuf> {
     let path = dir.join("cluster.toml");
     if path.exists() {
+        let existing = crate::config::load_cluster(&path, 1)?;
+        let asked = crate::config::parse_durability(durability)?;
+        anyhow::ensure!(
+            existing.spec.durability == asked,
+            "{} says durability {}, not {durability}: edit it (every node reads it at start) or use a new --dir",
+            path.display(),
+            durability_name(existing.spec.durability)
+        );
         return Ok(path);
     }
+    crate::config::parse_durability(durability)?;
     anyhow::ensure!((1..=9).contains(&nodes), "a local cluster has 1..=9 nodes");
     let secret_path = dir.join("secret");
     let mut random = [0u8; 24];
@@ -109,8 +127,9 @@ fn write_cluster_file(nodes: u64, dir: &Path, port_base: u16) -> anyhow::Result<
     std::fs::write(&secret_path, format!("{secret}\n")).context("write cluster secret")?;
     let mut text = String::from(
         "# Local Tidal cluster (tidal cluster up). Every node reads this same file.\n\
-         cluster_id = \"local\"\nsecret_file = \"secret\"\ndurability = \"quorum\"\n",
+         cluster_id = \"local\"\nsecret_file = \"secret\"\n",
     );
+    text.push_str(&format!("durability = \"{durability}\"\n"));
     for i in 0..nodes {
         let id = i + 1;
         let offset = u16::try_from(i).expect("at most 9 nodes");
@@ -124,8 +143,16 @@ fn write_cluster_file(nodes: u64, dir: &Path, port_base: u16) -> anyhow::Result<
     Ok(path)
 }
 
-async fn up(nodes: u64, dir: &Path, port_base: u16) -> anyhow::Result<()> {
-    let (membership, started) = start(nodes, dir, port_base).await?;
+/// The cluster file's word for `durability`.
+fn durability_name(durability: tidal_cluster::Durability) -> &'static str {
+    match durability {
+        tidal_cluster::Durability::Quorum => "quorum",
+        tidal_cluster::Durability::Leader => "leader",
+    }
+}
+
+async fn up(nodes: u64, dir: &Path, port_base: u16, durability: &str) -> anyhow::Result<()> {
+    let (membership, started) = start_with(nodes, dir, port_base, durability).await?;
     for (name, pid) in started {
         match pid {
             Some(pid) => {
@@ -143,9 +170,10 @@ async fn up(nodes: u64, dir: &Path, port_base: u16) -> anyhow::Result<()> {
         };
     let leader = status.and_then(|status| status.leader_id).map(tidal_types::NodeId);
     println!(
-        "\nTidal cluster {:?} is up ({} nodes, quorum durability):",
+        "\nTidal cluster {:?} is up ({} nodes, {} durability):",
         membership.spec.cluster_id,
-        membership.spec.nodes.len()
+        membership.spec.nodes.len(),
+        durability_name(membership.spec.durability)
     );
     for node in &membership.spec.nodes {
         let role = if Some(node.id) == leader { "leader" } else { "follower" };
@@ -169,9 +197,19 @@ pub async fn start(
     dir: &Path,
     port_base: u16,
 ) -> anyhow::Result<(crate::config::ClusterMembership, Vec<(String, Option<u32>)>)> {
+    start_with(nodes, dir, port_base, "quorum").await
+}
+
+/// [`start`] with the given durability (`quorum` or `leader`).
+async fn start_with(
+    nodes: u64,
+    dir: &Path,
+    port_base: u16,
+    durability: &str,
+) -> anyhow::Result<(crate::config::ClusterMembership, Vec<(String, Option<u32>)>)> {
     anyhow::ensure!((1024..=65_000).contains(&port_base), "port base must be 1024..=65000");
     std::fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))?;
-    let cluster_file = write_cluster_file(nodes, dir, port_base)?;
+    let cluster_file = write_cluster_file(nodes, dir, port_base, durability)?;
     let membership = crate::config::load_cluster(&cluster_file, 1)?;
     let mut started = Vec::new();
     for node in &membership.spec.nodes {
@@ -495,5 +533,60 @@ mod tests {
             assert_ne!(base, port, "port {port} is bound, yet it was chosen");
             assert_eq!((base - port) % 1000, 0, "bases step by 1000: {port} -> {base}");
         }
+    }
+
+    /// A scratch dir under the system temp dir, removed when dropped.
+    struct Scratch(PathBuf);
+
+    impl Scratch {
+        fn new(name: &str) -> Scratch {
+            let path = std::env::temp_dir().join(format!("tidal-{name}-{}", std::process::id()));
+            std::fs::create_dir_all(&path).unwrap();
+            Scratch(path)
+        }
+    }
+
+    impl Drop for Scratch {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
+    #[test]
+    fn a_new_cluster_file_takes_the_asked_durability_and_an_existing_one_must_agree() {
+        let dir = Scratch::new("cluster-file");
+        let path = write_cluster_file(3, &dir.0, 7070, "leader").unwrap();
+        let membership = crate::config::load_cluster(&path, 1).unwrap();
+        assert_eq!(membership.spec.durability, tidal_cluster::Durability::Leader);
+        assert_eq!(membership.spec.nodes.len(), 3);
+        assert!(write_cluster_file(3, &dir.0, 7070, "leader").is_ok());
+        let refused = write_cluster_file(3, &dir.0, 7070, "quorum").unwrap_err().to_string();
+        assert!(refused.contains("says durability leader, not quorum"), "{refused}");
+        let other = dir.0.join("other");
+        std::fs::create_dir_all(&other).unwrap();
+        assert!(write_cluster_file(3, &other, 7070, "eventual").is_err());
+        assert!(!other.join("cluster.toml").exists(), "a refused durability writes no file");
+    }
+
+    #[test]
+    fn a_log_tail_keeps_the_error_and_drops_backtrace_frames() {
+        let dir = Scratch::new("log-tail");
+        let log = dir.0.join("n3.log");
+        let mut text = String::from(
+            "INFO starting\nError: bind HTTP address 127.0.0.1:1\n\nCaused by:\n    \
+             Address already in use (os error 98)\n\nStack backtrace:\n",
+        );
+        for frame in 0..60 {
+            text.push_str(&format!(
+                "  {frame}: tidal::serve::{{{{closure}}}}\n             at ./src/main.rs:153:10\n"
+            ));
+        }
+        std::fs::write(&log, text).unwrap();
+        let tail = log_tail(&log, 40);
+        assert!(tail.contains("Error: bind HTTP address"), "{tail}");
+        assert!(tail.contains("Address already in use"), "{tail}");
+        assert!(!tail.contains("main.rs") && !tail.contains("Stack backtrace"), "{tail}");
+        assert!(!log_tail(&log, 3).contains("INFO starting"), "at most the last lines");
+        assert!(log_tail(&dir.0.join("missing.log"), 5).starts_with("(cannot read the log"));
     }
 }

@@ -121,7 +121,7 @@ pub struct ClusterMembership {
     pub join: bool,
 }
 
-fn parse_durability(mode: &str) -> anyhow::Result<tidal_cluster::Durability> {
+pub(crate) fn parse_durability(mode: &str) -> anyhow::Result<tidal_cluster::Durability> {
     match mode {
         "quorum" => Ok(tidal_cluster::Durability::Quorum),
         "leader" => Ok(tidal_cluster::Durability::Leader),
