@@ -114,12 +114,18 @@ bench-peers: build
 	done
 	$(TIDAL) bench --url http://127.0.0.1:27070 --workload signals --batch 100 --concurrency 16 --seconds $(BENCH_SECONDS) | tee -a $(REPORT_DIR)/tidal-bench.md
 	$(TIDAL) cluster down --dir $(REPORT_DIR)/cluster
+	# The same writes acknowledged after the leader's fsync alone: Redis's promise, set against it.
+	$(TIDAL) cluster down --dir $(REPORT_DIR)/cluster-leader 2>/dev/null || true
+	rm -rf $(REPORT_DIR)/cluster-leader
+	$(TIDAL) cluster up --dir $(REPORT_DIR)/cluster-leader --port-base 27070 --durability leader
+	$(TIDAL) bench --url http://127.0.0.1:27070 --workload items --concurrency 50 --seconds $(BENCH_SECONDS) | tee $(REPORT_DIR)/tidal-bench-leader.md
+	$(TIDAL) cluster down --dir $(REPORT_DIR)/cluster-leader
 	-GATES=replication-lag,heal-100k GATE_DOWN_SECONDS=0 $(TIDAL) gates --anchors $(ANCHORS) --anchors-work $(ANCHORS_WORK) --results $(REPORT_DIR)/tidal-gates.txt
 	bash $(ANCHORS_WORK)/anchors/setup.sh
 	# setup.sh's `import redis` check passes inside the anchors folder (its redis/ script folder); check from /.
 	cd / && $(abspath $(ANCHORS_WORK))/anchors/.venv/bin/python -c 'import redis.client' || $(abspath $(ANCHORS_WORK))/anchors/.venv/bin/pip install -q 'redis>=5,<9'
 	bash $(ANCHORS_WORK)/anchors/run-all.sh redis postgres nats etcd
-	python3 bench/peer_report.py --tidal-bench $(REPORT_DIR)/tidal-bench.md --tidal-gates $(REPORT_DIR)/tidal-gates.txt --anchors $(ANCHORS_WORK)/anchors/results --out $(REPORT_DIR)
+	python3 bench/peer_report.py --tidal-bench $(REPORT_DIR)/tidal-bench.md --tidal-leader-bench $(REPORT_DIR)/tidal-bench-leader.md --tidal-gates $(REPORT_DIR)/tidal-gates.txt --anchors $(ANCHORS_WORK)/anchors/results --out $(REPORT_DIR)
 
 bench-wal:
 	$(CARGO) run --release -p tidal-wal --example wal_bench -- --seconds 3

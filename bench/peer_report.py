@@ -4,6 +4,9 @@
 Inputs (all from the same `make bench-peers` run):
   --tidal-bench FILE   rows printed by `tidal bench` (markdown table rows)
   --tidal-gates FILE   `tidal gates --results FILE` key=value lines (replication-lag, heal-100k)
+  --tidal-leader-bench FILE  (optional) `tidal bench` rows against a `--durability leader` cluster:
+                       acknowledged after the leader's fsync, the promise Redis `appendfsync always`
+                       with async replicas makes, so that row is set against Redis
   --anchors DIR        the anchors' results folder; the newest run-*/ holding each peer is used
   --out DIR            where REPORT.md and ratios.svg go
 
@@ -50,7 +53,22 @@ def newest(anchors, peer):
     return "", None
 
 
-def tidal_figures(bench_file, gates_file):
+LEADER = " (leader durability)"
+
+
+def tidal_figures(bench_file, gates_file, leader_bench_file=None):
+    figures = bench_figures(bench_file, "")
+    if leader_bench_file:
+        figures.update(bench_figures(leader_bench_file, LEADER))
+    gates = {}
+    for line in pathlib.Path(gates_file).read_text().splitlines():
+        name, *pairs = line.split()
+        gates[name] = dict(pair.split("=", 1) for pair in pairs if "=" in pair)
+    return figures, gates
+
+
+def bench_figures(bench_file, suffix):
+    """{(workload + suffix, clients): figures} from the rows `tidal bench` printed."""
     figures = {}
     for line in pathlib.Path(bench_file).read_text().splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
@@ -60,12 +78,8 @@ def tidal_figures(bench_file, gates_file):
         errors = int(cells[4])
         entry = {"rps": float(cells[6]), "eps": float(cells[7]), "p50": float(cells[8]),
                  "p99": float(cells[9]), "errors": errors, "batch": batch}
-        figures[(workload, concurrency)] = entry
-    gates = {}
-    for line in pathlib.Path(gates_file).read_text().splitlines():
-        name, *pairs = line.split()
-        gates[name] = dict(pair.split("=", 1) for pair in pairs if "=" in pair)
-    return figures, gates
+        figures[(workload + suffix, concurrency)] = entry
+    return figures
 
 
 def peer_figures(anchors):
@@ -148,6 +162,12 @@ def build_rows(figures, gates, peers):
             "nats": get(nats, (clients, 1), "ops"),
             "etcd": get(etcd, clients, "ops"),
         }, "Redis: SET 100 B, 50 clients only; PostgreSQL: sync standby"))
+    leader = get(figures, ("Items" + LEADER, 50), "rps")
+    if leader is not None:
+        rows.append(("durable writes/s, 50 clients, leader-fsync ack", True, leader, {
+            "redis": get(redis, ("set", 1), "ops"),
+        }, "Tidal `--durability leader` (acked after the leader's fsync, replicas behind) against Redis "
+           "`appendfsync always` with async replicas: the same promise"))
     for q in ("p50", "p99"):
         rows.append((f"ack latency {q} ms, 50 clients", False, items(50, q), {
             "redis": get(redis, ("set", 1), q),
@@ -195,7 +215,8 @@ def markdown(rows, sources, figures, gates):
         if note and note not in noted:
             noted.add(note)
             out.append(f"- {metric.split(',')[0]}: {note}.")
-    out += ["- Tidal acks a write once a majority (2 of 3) fsynced it and the leader applied it (quorum durability).",
+    out += ["- Tidal acks a write once a majority (2 of 3) fsynced it and the leader applied it (quorum durability),",
+            "  except in the leader-fsync row.",
             "- NATS 2.9 acks after a quorum stored the message WITHOUT fsync (see the anchors' RESULTS.md).", "",
             "Sources:", ""]
     for peer, path in sources.items():
@@ -246,10 +267,11 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tidal-bench", required=True)
     parser.add_argument("--tidal-gates", required=True)
+    parser.add_argument("--tidal-leader-bench")
     parser.add_argument("--anchors", required=True)
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
-    figures, gates = tidal_figures(args.tidal_bench, args.tidal_gates)
+    figures, gates = tidal_figures(args.tidal_bench, args.tidal_gates, args.tidal_leader_bench)
     peers, sources = peer_figures(args.anchors)
     rows = build_rows(figures, gates, peers)
     out = pathlib.Path(args.out)
