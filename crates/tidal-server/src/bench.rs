@@ -141,6 +141,68 @@ pub struct Summary {
     pub first_p50_ms: f64,
     /// See `first_p50_ms`.
     pub first_p99_ms: f64,
+    /// The written node's WAL fsync latency over the run (from its `/metrics` before and after),
+    /// when it answered both times: what the ack latency is set against.
+    pub fsync: Option<FsyncWindow>,
+}
+
+/// The WAL fsyncs of one node between two reads of its `tidal_wal_fsync_seconds` histogram.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct FsyncWindow {
+    /// fsyncs in the window.
+    pub count: u64,
+    /// The histogram bucket holding the median: (lower, upper] in ms.
+    pub p50_ms: (f64, f64),
+    /// The bucket holding the 99th percentile: (lower, upper] in ms.
+    pub p99_ms: (f64, f64),
+}
+
+/// Cumulative `tidal_wal_fsync_seconds` buckets from a `/metrics` text: (upper bound in s, count),
+/// `+Inf` as infinity, in the text's (ascending) order.
+fn fsync_buckets(metrics: &str) -> Vec<(f64, u64)> {
+    metrics
+        .lines()
+        .filter_map(|line| {
+            let rest = line.strip_prefix("tidal_wal_fsync_seconds_bucket{le=\"")?;
+            let (bound, rest) = rest.split_once("\"}")?;
+            let bound = if bound == "+Inf" { f64::INFINITY } else { bound.parse().ok()? };
+            Some((bound, rest.trim().parse().ok()?))
+        })
+        .collect()
+}
+
+/// The fsyncs between two histogram reads (`before`, `after`: [`fsync_buckets`]); None when the
+/// buckets differ or nothing was fsynced.
+fn fsync_window(before: &[(f64, u64)], after: &[(f64, u64)]) -> Option<FsyncWindow> {
+    if before.len() != after.len() || before.iter().zip(after).any(|(b, a)| b.0 != a.0 || a.1 < b.1) {
+        return None;
+    }
+    let cumulative: Vec<(f64, u64)> = before.iter().zip(after).map(|(b, a)| (a.0, a.1 - b.1)).collect();
+    let count = cumulative.last()?.1;
+    if count == 0 {
+        return None;
+    }
+    let bucket_of = |q: f64| {
+        let rank = (q * count as f64).ceil().max(1.0) as u64;
+        let at = cumulative.iter().position(|(_, n)| *n >= rank)?;
+        let lower = if at == 0 { 0.0 } else { cumulative[at - 1].0 * 1000.0 };
+        Some((lower, cumulative[at].0 * 1000.0))
+    };
+    Some(FsyncWindow { count, p50_ms: bucket_of(0.50)?, p99_ms: bucket_of(0.99)? })
+}
+
+/// The node's `/metrics` text, or None (not a Tidal node, no scope, unreachable).
+async fn metrics_text(client: &Client) -> Option<String> {
+    let http = reqwest::Client::builder().timeout(Duration::from_secs(5)).build().ok()?;
+    let mut request = http.get(format!("{}/metrics", client.base()));
+    if let Some(token) = client.token() {
+        request = request.bearer_auth(token);
+    }
+    let reply = request.send().await.ok()?;
+    if !reply.status().is_success() {
+        return None;
+    }
+    reply.text().await.ok()
 }
 
 impl Summary {
@@ -201,11 +263,15 @@ pub async fn measure(args: &BenchArgs) -> anyhow::Result<Summary> {
             args.workload, args.concurrency, args.seconds, args.requests_max
         );
     }
+    let before = metrics_text(&client).await.map(|text| fsync_buckets(&text));
     let report = drive(&client, args).await;
+    let after = metrics_text(&client).await.map(|text| fsync_buckets(&text));
     if let Some(handle) = spawned {
         handle.stop().await?;
     }
-    Ok(report?.summary())
+    let mut summary = report?.summary();
+    summary.fsync = before.zip(after).and_then(|(before, after)| fsync_window(&before, &after));
+    Ok(summary)
 }
 
 /// Where a write workload sends its writes: `url`, or the leader it names when it is a cluster
@@ -622,6 +688,7 @@ impl Report {
             p50_ms: percentile(&self.latencies_us, 0.50),
             p99_ms: percentile(&self.latencies_us, 0.99),
             max_ms: percentile(&self.latencies_us, 1.0),
+            fsync: None,
         }
     }
 }
@@ -644,6 +711,22 @@ impl Summary {
             self.p99_ms,
             self.max_ms,
         );
+        if let Some(fsync) = self.fsync {
+            let (p50, p99) = (fsync.p50_ms, fsync.p99_ms);
+            let ratio =
+                |bound: f64| if bound > 0.0 { format!("{:.1}", self.p99_ms / bound) } else { "-".into() };
+            println!(
+                "\nWAL fsync on the written node during the run: {} fsyncs, p50 in ({:.3}, {:.3}] ms, \
+                 p99 in ({:.3}, {:.3}] ms; ack p99 / fsync p99: {}x to {}x",
+                fsync.count,
+                p50.0,
+                p50.1,
+                p99.0,
+                p99.1,
+                ratio(p99.1),
+                ratio(p99.0)
+            );
+        }
         if matches!(args.workload, Workload::Lag | Workload::ReadAnywhere) {
             println!(
                 "\nuntil the FIRST reader answered (the table waits for every reader): p50 {:.2} ms, p99 {:.2} ms",
@@ -655,7 +738,41 @@ impl Summary {
 
 #[cfg(test)]
 mod tests {
-    use super::leader_address;
+    use super::{fsync_buckets, fsync_window, leader_address, FsyncWindow};
+
+    fn histogram(counts: &[u64]) -> String {
+        let bounds = ["0.0001", "0.0002", "0.0004", "+Inf"];
+        let mut text = String::from("# TYPE tidal_wal_fsync_seconds histogram\n");
+        for (bound, count) in bounds.iter().zip(counts) {
+            text.push_str(&format!("tidal_wal_fsync_seconds_bucket{{le=\"{bound}\"}} {count}\n"));
+        }
+        text + "tidal_wal_fsync_seconds_sum 0.1\ntidal_wal_fsync_seconds_count 9\nother_metric 3\n"
+    }
+
+    #[test]
+    fn the_fsync_window_is_the_difference_of_two_histograms() {
+        let before = fsync_buckets(&histogram(&[5, 8, 9, 9]));
+        assert_eq!(before.len(), 4);
+        assert_eq!(before[3], (f64::INFINITY, 9));
+        // 100 fsyncs in the window: 40 up to 0.1 ms, 59 in (0.1, 0.2], 1 in (0.2, 0.4].
+        let after = fsync_buckets(&histogram(&[45, 107, 109, 109]));
+        let close = |(a, b): (f64, f64), (c, d): (f64, f64)| (a - c).abs() < 1e-9 && (b - d).abs() < 1e-9;
+        let FsyncWindow { count, p50_ms, p99_ms } = fsync_window(&before, &after).unwrap();
+        assert_eq!(count, 100);
+        assert!(close(p50_ms, (0.1, 0.2)) && close(p99_ms, (0.1, 0.2)), "{p50_ms:?} {p99_ms:?}");
+        let after = fsync_buckets(&histogram(&[45, 106, 109, 109]));
+        let p99_ms = fsync_window(&before, &after).unwrap().p99_ms;
+        assert!(close(p99_ms, (0.2, 0.4)), "{p99_ms:?}");
+        let after = fsync_buckets(&histogram(&[100, 107, 109, 109]));
+        let p50_ms = fsync_window(&before, &after).unwrap().p50_ms;
+        assert!(close(p50_ms, (0.0, 0.1)), "the first bucket starts at 0: {p50_ms:?}");
+        // Nothing fsynced, a counter that went back (a restart), other buckets, no histogram: none.
+        assert_eq!(fsync_window(&before, &before), None);
+        assert_eq!(fsync_window(&after, &before), None);
+        assert_eq!(fsync_window(&before, &before[..3]), None);
+        assert!(fsync_buckets("garbage\ntidal_wal_fsync_seconds_bucket{le=\"x\"} 1\n").is_empty());
+    }
+
     use tidal_types::{ClusterStatus, NodeStatus};
 
     fn node(id: u64, http: &str) -> NodeStatus {

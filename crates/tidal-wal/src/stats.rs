@@ -8,8 +8,9 @@ use std::time::Duration;
 
 /// Upper bounds (inclusive, microseconds) of the fsync latency buckets; the last is a catch-all.
 /// They span a fast NVMe fdatasync (tens of µs) up to a stalled disk (a second and more), finer
-/// between 0.1 and 1 ms, where most disks' fdatasync lies: ack latency is judged against its p99.
-pub const FSYNC_LATENCY_BUCKETS_US: [u64; 19] = [
+/// between 0.1 and 2 ms, where most disks' fdatasync lies (and its p99 under a cluster's load):
+/// ack latency is judged against its p99.
+pub const FSYNC_LATENCY_BUCKETS_US: [u64; 20] = [
     50,
     100,
     150,
@@ -20,6 +21,7 @@ pub const FSYNC_LATENCY_BUCKETS_US: [u64; 19] = [
     500,
     750,
     1_000,
+    1_500,
     2_500,
     5_000,
     10_000,
