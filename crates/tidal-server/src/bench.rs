@@ -191,18 +191,16 @@ fn fsync_window(before: &[(f64, u64)], after: &[(f64, u64)]) -> Option<FsyncWind
     Some(FsyncWindow { count, p50_ms: bucket_of(0.50)?, p99_ms: bucket_of(0.99)? })
 }
 
-/// The node's `/metrics` text, or None (not a Tidal node, no scope, unreachable).
-async fn metrics_text(client: &Client) -> Option<String> {
-    let http = reqwest::Client::builder().timeout(Duration::from_secs(5)).build().ok()?;
-    let mut request = http.get(format!("{}/metrics", client.base()));
-    if let Some(token) = client.token() {
+/// `GET {url}/metrics` as text, with `token` as the bearer credential when given.
+pub(crate) async fn fetch_metrics(url: &str, token: Option<&str>) -> anyhow::Result<String> {
+    let http = reqwest::Client::builder().timeout(Duration::from_secs(5)).build()?;
+    let mut request = http.get(format!("{url}/metrics"));
+    if let Some(token) = token {
         request = request.bearer_auth(token);
     }
-    let reply = request.send().await.ok()?;
-    if !reply.status().is_success() {
-        return None;
-    }
-    reply.text().await.ok()
+    let reply = request.send().await.with_context(|| format!("GET {url}/metrics"))?;
+    anyhow::ensure!(reply.status().is_success(), "GET {url}/metrics: {}", reply.status());
+    reply.text().await.context("read /metrics")
 }
 
 impl Summary {
@@ -263,9 +261,12 @@ pub async fn measure(args: &BenchArgs) -> anyhow::Result<Summary> {
             args.workload, args.concurrency, args.seconds, args.requests_max
         );
     }
-    let before = metrics_text(&client).await.map(|text| fsync_buckets(&text));
+    // Not a Tidal node, a token without the scope, unreachable: no fsync line, the bench still runs.
+    let fsync_histogram =
+        || async { fetch_metrics(client.base(), client.token()).await.ok().map(|text| fsync_buckets(&text)) };
+    let before = fsync_histogram().await;
     let report = drive(&client, args).await;
-    let after = metrics_text(&client).await.map(|text| fsync_buckets(&text));
+    let after = fsync_histogram().await;
     if let Some(handle) = spawned {
         handle.stop().await?;
     }

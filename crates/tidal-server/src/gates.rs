@@ -556,7 +556,7 @@ async fn heal(args: &GatesArgs, dir: &Path, nodes: &[(u64, String)], goal: &str)
         tokio::time::sleep(POLL_INTERVAL).await;
     };
     let (digests_equal, at) = digests_agree(&leader, &follower_client, Duration::from_secs(60)).await?;
-    let metrics = fetch_metrics(&follower_url).await?;
+    let metrics = crate::bench::fetch_metrics(&follower_url, None).await?;
     let installs = metric(&metrics, "tidal_snapshot_installs_total").unwrap_or(f64::NAN);
     let install_failures = metric(&metrics, "tidal_snapshot_install_failures_total").unwrap_or(f64::NAN);
     let wal_batches = metric(&metrics, "tidal_wal_batches_total").unwrap_or(0.0);
@@ -666,12 +666,6 @@ async fn leader_url(nodes: &[(u64, String)], timeout: Duration) -> anyhow::Resul
     }
 }
 
-async fn fetch_metrics(url: &str) -> anyhow::Result<String> {
-    let reply = reqwest::get(format!("{url}/metrics")).await.with_context(|| format!("GET {url}/metrics"))?;
-    anyhow::ensure!(reply.status().is_success(), "GET {url}/metrics: {}", reply.status());
-    reply.text().await.context("read /metrics")
-}
-
 /// The value of an unlabelled sample in Prometheus text.
 fn metric(text: &str, name: &str) -> Option<f64> {
     text.lines().find_map(|line| {
@@ -682,7 +676,7 @@ fn metric(text: &str, name: &str) -> Option<f64> {
 
 /// `POST /cluster/heal` requests a node has answered (any status), from its HTTP counters.
 async fn heal_calls(url: &str) -> anyhow::Result<f64> {
-    let text = fetch_metrics(url).await?;
+    let text = crate::bench::fetch_metrics(url, None).await?;
     Ok(text
         .lines()
         .filter(|line| {

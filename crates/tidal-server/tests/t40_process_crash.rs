@@ -89,21 +89,26 @@ impl Drop for Down<'_> {
     }
 }
 
+/// Runs `tidal cluster up` for 3 nodes from `port_base` in `dir` and returns what it said.
+fn cluster_up(dir: &std::path::Path, port_base: u16) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_tidal"))
+        .args(["cluster", "up", "--nodes", "3", "--port-base", &port_base.to_string(), "--dir"])
+        .arg(dir)
+        .env("RUST_LOG", "warn")
+        .output()
+        .unwrap()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_up_starts_a_healthy_local_cluster_and_down_stops_it() {
     let dir = tidal_procs::TestDir::new().unwrap();
     let port_base = tidal_server::cluster_cmd::free_port_base(21070, 3).unwrap();
-    let up = Command::new(env!("CARGO_BIN_EXE_tidal"))
-        .args(["cluster", "up", "--nodes", "3", "--port-base", &port_base.to_string(), "--dir"])
-        .arg(dir.path())
-        .env("RUST_LOG", "warn")
-        .output()
-        .unwrap();
+    let up = cluster_up(dir.path(), port_base);
     // Whatever happens below, the processes this test started are stopped (by their pid files).
     let _down = Down(dir.path());
     let stdout = String::from_utf8_lossy(&up.stdout);
     assert!(up.status.success(), "cluster up failed: {stdout}\n{}", String::from_utf8_lossy(&up.stderr));
-    assert!(stdout.contains("is up (3 nodes"), "{stdout}");
+    assert!(stdout.contains("is up (3 nodes, quorum durability)"), "{stdout}");
     let follower = Client::new(format!("http://127.0.0.1:{}", port_base + 2), None);
     // A write through any node reaches the leader (forwarded when this node follows).
     let reply = follower.put_item(5, serde_json::json!({"via": "follower"}), None).await.unwrap();
@@ -131,12 +136,7 @@ async fn cluster_up_fails_at_once_when_a_node_exits_and_quotes_its_log() {
     let port_base = tidal_server::cluster_cmd::free_port_base(22070, 3).unwrap();
     // Node 3's HTTP port, held by this test for as long as `cluster up` runs.
     let taken = std::net::TcpListener::bind(("127.0.0.1", port_base + 2)).unwrap();
-    let up = Command::new(env!("CARGO_BIN_EXE_tidal"))
-        .args(["cluster", "up", "--nodes", "3", "--port-base", &port_base.to_string(), "--dir"])
-        .arg(dir.path())
-        .env("RUST_LOG", "warn")
-        .output()
-        .unwrap();
+    let up = cluster_up(dir.path(), port_base);
     let _down = Down(dir.path());
     drop(taken);
     let stderr = String::from_utf8_lossy(&up.stderr);
