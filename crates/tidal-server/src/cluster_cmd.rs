@@ -439,19 +439,34 @@ fn log_tail(path: &Path, lines: usize) -> String {
     };
     match read() {
         Ok(text) => {
-            let kept: Vec<&str> = text.lines().filter(|line| !is_backtrace_line(line)).collect();
+            let kept = without_backtraces(&text);
             kept[kept.len().saturating_sub(lines)..].join("\n")
         }
         Err(error) => format!("(cannot read the log: {error})"),
     }
 }
 
-/// A line of a Rust backtrace: its heading, a numbered frame, or a frame's source location.
-fn is_backtrace_line(line: &str) -> bool {
-    let trimmed = line.trim_start();
-    let indented = trimmed.len() < line.len();
-    let frame = trimmed.split_once(": ").is_some_and(|(n, _)| n.bytes().all(|b| b.is_ascii_digit()));
-    trimmed == "Stack backtrace:" || (indented && (frame || trimmed.starts_with("at ")))
+/// The lines of `text` without Rust backtraces: a heading (anyhow's `Stack backtrace:`, a panic's
+/// `stack backtrace:`) and the numbered frames and `at` locations after it. An error's numbered
+/// `Caused by:` list, which has no heading before it, is kept.
+fn without_backtraces(text: &str) -> Vec<&str> {
+    let mut in_trace = false;
+    let mut kept = Vec::new();
+    for line in text.lines() {
+        let trimmed = line.trim_start();
+        if trimmed.eq_ignore_ascii_case("stack backtrace:") {
+            in_trace = true;
+            continue;
+        }
+        let indented = trimmed.len() < line.len();
+        let numbered = trimmed.split_once(": ").is_some_and(|(n, _)| n.bytes().all(|b| b.is_ascii_digit()));
+        if in_trace && indented && (numbered || trimmed.starts_with("at ")) {
+            continue;
+        }
+        in_trace = false;
+        kept.push(line);
+    }
+    kept
 }
 
 /// SIGKILLs node `id` of the local cluster in `dir` and waits until the process is gone; returns
@@ -573,8 +588,8 @@ mod tests {
         let dir = Scratch::new("log-tail");
         let log = dir.0.join("n3.log");
         let mut text = String::from(
-            "INFO starting\nError: bind HTTP address 127.0.0.1:1\n\nCaused by:\n    \
-             Address already in use (os error 98)\n\nStack backtrace:\n",
+            "INFO starting\nError: bind HTTP address 127.0.0.1:1\n\nCaused by:\n    0: \
+             the socket\n    1: Address already in use (os error 98)\n\nStack backtrace:\n",
         );
         for frame in 0..60 {
             text.push_str(&format!(
@@ -584,9 +599,20 @@ mod tests {
         std::fs::write(&log, text).unwrap();
         let tail = log_tail(&log, 40);
         assert!(tail.contains("Error: bind HTTP address"), "{tail}");
-        assert!(tail.contains("Address already in use"), "{tail}");
+        assert!(tail.contains("0: the socket") && tail.contains("1: Address already in use"), "{tail}");
         assert!(!tail.contains("main.rs") && !tail.contains("Stack backtrace"), "{tail}");
         assert!(!log_tail(&log, 3).contains("INFO starting"), "at most the last lines");
+        let panicked = dir.0.join("panic.log");
+        let mut text = String::from("thread 'main' panicked at src/x.rs:1:1:\nboom\nstack backtrace:\n");
+        for frame in 0..60 {
+            text.push_str(&format!("   {frame}: std::panicking::begin_panic\n             at /rustc/x/library/std/src/panicking.rs:1:1\n"));
+        }
+        std::fs::write(&panicked, text).unwrap();
+        let tail = log_tail(&panicked, 40);
+        assert!(
+            tail.contains("panicked at") && tail.contains("boom") && !tail.contains("begin_panic"),
+            "{tail}"
+        );
         assert!(log_tail(&dir.0.join("missing.log"), 5).starts_with("(cannot read the log"));
     }
 }
