@@ -5,6 +5,8 @@
 //! connection pool and is cheap to clone.
 #![deny(missing_docs)]
 
+pub mod node_log;
+
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use std::time::Duration;

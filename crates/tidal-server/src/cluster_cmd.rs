@@ -407,14 +407,14 @@ pub async fn wait_ready(dir: &Path, id: u64, http: &str, timeout: Duration) -> a
             anyhow::bail!(
                 "node {id} exited before it was ready (last answer: {last_answer}); the end of {}:\n{}",
                 log.display(),
-                log_tail(&log, LOG_TAIL_LINES)
+                tidal_client::node_log::tail(&log, LOG_TAIL_LINES)
             );
         }
         if Instant::now() >= deadline {
             anyhow::bail!(
                 "node {id} did not become ready within {timeout:?} (last answer: {last_answer}); the end of {}:\n{}",
                 log.display(),
-                log_tail(&log, LOG_TAIL_LINES)
+                tidal_client::node_log::tail(&log, LOG_TAIL_LINES)
             );
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -423,51 +423,6 @@ pub async fn wait_ready(dir: &Path, id: u64, http: &str, timeout: Duration) -> a
 
 /// How many lines of a node's log a failed start quotes.
 const LOG_TAIL_LINES: usize = 40;
-
-/// The last `lines` lines of the log at `path` (read from its last 64 KiB), without backtrace
-/// frames (an error's own lines say more), or why it cannot be read.
-fn log_tail(path: &Path, lines: usize) -> String {
-    use std::io::{Read, Seek, SeekFrom};
-    const MAX_BYTES: u64 = 64 * 1024;
-    let read = || -> std::io::Result<String> {
-        let mut file = std::fs::File::open(path)?;
-        let len = file.metadata()?.len();
-        file.seek(SeekFrom::Start(len.saturating_sub(MAX_BYTES)))?;
-        let mut bytes = Vec::new();
-        file.read_to_end(&mut bytes)?;
-        Ok(String::from_utf8_lossy(&bytes).into_owned())
-    };
-    match read() {
-        Ok(text) => {
-            let kept = without_backtraces(&text);
-            kept[kept.len().saturating_sub(lines)..].join("\n")
-        }
-        Err(error) => format!("(cannot read the log: {error})"),
-    }
-}
-
-/// The lines of `text` without Rust backtraces: a heading (anyhow's `Stack backtrace:`, a panic's
-/// `stack backtrace:`) and the numbered frames and `at` locations after it. An error's numbered
-/// `Caused by:` list, which has no heading before it, is kept.
-fn without_backtraces(text: &str) -> Vec<&str> {
-    let mut in_trace = false;
-    let mut kept = Vec::new();
-    for line in text.lines() {
-        let trimmed = line.trim_start();
-        if trimmed.eq_ignore_ascii_case("stack backtrace:") {
-            in_trace = true;
-            continue;
-        }
-        let indented = trimmed.len() < line.len();
-        let numbered = trimmed.split_once(": ").is_some_and(|(n, _)| n.bytes().all(|b| b.is_ascii_digit()));
-        if in_trace && indented && (numbered || trimmed.starts_with("at ")) {
-            continue;
-        }
-        in_trace = false;
-        kept.push(line);
-    }
-    kept
-}
 
 /// SIGKILLs node `id` of the local cluster in `dir` and waits until the process is gone; returns
 /// its pid.
@@ -581,38 +536,5 @@ mod tests {
         std::fs::create_dir_all(&other).unwrap();
         assert!(write_cluster_file(3, &other, 7070, "eventual").is_err());
         assert!(!other.join("cluster.toml").exists(), "a refused durability writes no file");
-    }
-
-    #[test]
-    fn a_log_tail_keeps_the_error_and_drops_backtrace_frames() {
-        let dir = Scratch::new("log-tail");
-        let log = dir.0.join("n3.log");
-        let mut text = String::from(
-            "INFO starting\nError: bind HTTP address 127.0.0.1:1\n\nCaused by:\n    0: \
-             the socket\n    1: Address already in use (os error 98)\n\nStack backtrace:\n",
-        );
-        for frame in 0..60 {
-            text.push_str(&format!(
-                "  {frame}: tidal::serve::{{{{closure}}}}\n             at ./src/main.rs:153:10\n"
-            ));
-        }
-        std::fs::write(&log, text).unwrap();
-        let tail = log_tail(&log, 40);
-        assert!(tail.contains("Error: bind HTTP address"), "{tail}");
-        assert!(tail.contains("0: the socket") && tail.contains("1: Address already in use"), "{tail}");
-        assert!(!tail.contains("main.rs") && !tail.contains("Stack backtrace"), "{tail}");
-        assert!(!log_tail(&log, 3).contains("INFO starting"), "at most the last lines");
-        let panicked = dir.0.join("panic.log");
-        let mut text = String::from("thread 'main' panicked at src/x.rs:1:1:\nboom\nstack backtrace:\n");
-        for frame in 0..60 {
-            text.push_str(&format!("   {frame}: std::panicking::begin_panic\n             at /rustc/x/library/std/src/panicking.rs:1:1\n"));
-        }
-        std::fs::write(&panicked, text).unwrap();
-        let tail = log_tail(&panicked, 40);
-        assert!(
-            tail.contains("panicked at") && tail.contains("boom") && !tail.contains("begin_panic"),
-            "{tail}"
-        );
-        assert!(log_tail(&dir.0.join("missing.log"), 5).starts_with("(cannot read the log"));
     }
 }

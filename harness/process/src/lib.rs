@@ -53,64 +53,8 @@ pub fn free_port() -> anyhow::Result<u16> {
     Ok(listener.local_addr()?.port())
 }
 
-/// The last `lines` lines of a log file (for error messages), without backtrace frames: under
-/// `RUST_BACKTRACE=1` (as in CI) a node's exit error or panic is followed by dozens of frames that
-/// would push the message itself out of the tail. The same rule as `tidal cluster up`'s quote.
+/// The last `lines` lines of a log file without backtrace frames (for error messages; the same
+/// quote `tidal cluster up` gives).
 pub fn log_tail(path: &std::path::Path, lines: usize) -> String {
-    let text = std::fs::read_to_string(path).unwrap_or_else(|error| format!("<cannot read: {error}>"));
-    let kept = without_backtraces(&text);
-    kept[kept.len().saturating_sub(lines)..].join("\n")
-}
-
-/// The lines of `text` without Rust backtraces: a heading (anyhow's `Stack backtrace:`, a panic's
-/// `stack backtrace:`) and the numbered frames and `at` locations after it. An error's numbered
-/// `Caused by:` list, which has no heading before it, is kept.
-fn without_backtraces(text: &str) -> Vec<&str> {
-    let mut in_trace = false;
-    let mut kept = Vec::new();
-    for line in text.lines() {
-        let trimmed = line.trim_start();
-        if trimmed.eq_ignore_ascii_case("stack backtrace:") {
-            in_trace = true;
-            continue;
-        }
-        let indented = trimmed.len() < line.len();
-        let numbered = trimmed.split_once(": ").is_some_and(|(n, _)| n.bytes().all(|b| b.is_ascii_digit()));
-        if in_trace && indented && (numbered || trimmed.starts_with("at ")) {
-            continue;
-        }
-        in_trace = false;
-        kept.push(line);
-    }
-    kept
-}
-
-#[cfg(test)]
-mod tests {
-    use super::log_tail;
-
-    #[test]
-    fn a_log_tail_drops_backtrace_frames_and_keeps_the_causes() {
-        let dir = tempfile::tempdir().unwrap();
-        let log = dir.path().join("n1.log");
-        let mut text =
-            String::from("Error: top\n\nCaused by:\n    0: middle\n    1: root\n\nStack backtrace:\n");
-        for frame in 0..50 {
-            text.push_str(&format!("  {frame}: tidal::serve\n             at ./src/main.rs:1:1\n"));
-        }
-        text.push_str(
-            "thread 'main' panicked at src/x.rs:1:1:\nboom\nstack backtrace:\n   0: std::begin_panic\n",
-        );
-        std::fs::write(&log, text).unwrap();
-        let tail = log_tail(&log, 40);
-        assert!(
-            tail.contains("Error: top") && tail.contains("0: middle") && tail.contains("1: root"),
-            "{tail}"
-        );
-        assert!(tail.ends_with("boom"), "{tail}");
-        assert!(
-            !tail.contains("main.rs") && !tail.contains("begin_panic") && !tail.contains("acktrace"),
-            "{tail}"
-        );
-    }
+    tidal_client::node_log::tail(path, lines)
 }
