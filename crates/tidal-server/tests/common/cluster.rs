@@ -28,6 +28,16 @@ pub struct Cluster {
     tweak: fn(&mut ServeConfig),
 }
 
+/// A cluster id and secret no other test cluster (in this or another process) shares.
+fn unique_identity() -> (String, String) {
+    static CLUSTERS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = CLUSTERS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let nanos =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
+    let tag = format!("{}-{n}-{nanos}", std::process::id());
+    (format!("test-{tag}"), format!("cluster-secret-{tag}"))
+}
+
 fn reserve() -> (std::net::TcpListener, String) {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let address = listener.local_addr().unwrap().to_string();
@@ -77,13 +87,13 @@ impl Cluster {
             let (_rpc, rpc) = reserve();
             nodes.push(NodeSpec { id: NodeId(id), http, rpc });
         }
-        let spec = ClusterSpec {
-            cluster_id: "test".into(),
-            secret: "cluster-secret-0123456789".into(),
-            durability,
-            nodes,
-            dial: Default::default(),
-        };
+        // Each cluster its own id and secret: tests run side by side (nextest runs each in its own
+        // process), and a port one cluster released (a spare never started, a node stopped) may be
+        // taken by another test's node. With a shared secret that node answered this cluster's
+        // RPCs: a never-started learner "caught up", and openraft on the other node tripped over a
+        // foreign leader's entries (CI, 2026-12-01). Now such a node refuses them.
+        let (cluster_id, secret) = unique_identity();
+        let spec = ClusterSpec { cluster_id, secret, durability, nodes, dial: Default::default() };
         let dirs = (1..=size).map(|id| root.join(format!("n{id}"))).collect();
         Cluster { spec, dirs, members: (0..size).map(|_| None).collect(), founders: size as usize, tweak }
     }
