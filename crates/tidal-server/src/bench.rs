@@ -714,8 +714,13 @@ impl Summary {
         );
         if let Some(fsync) = self.fsync {
             let (p50, p99) = (fsync.p50_ms, fsync.p99_ms);
-            let ratio =
-                |bound: f64| if bound > 0.0 { format!("{:.1}", self.p99_ms / bound) } else { "-".into() };
+            let ratio = |bound: f64| {
+                if bound > 0.0 && bound.is_finite() {
+                    format!("{:.1}", self.p99_ms / bound)
+                } else {
+                    "-".into()
+                }
+            };
             println!(
                 "\nWAL fsync on the written node during the run: {} fsyncs, p50 in ({:.3}, {:.3}] ms, \
                  p99 in ({:.3}, {:.3}] ms; ack p99 / fsync p99: {}x to {}x",

@@ -505,34 +505,17 @@ mod tests {
         }
     }
 
-    /// A scratch dir under the system temp dir, removed when dropped.
-    struct Scratch(PathBuf);
-
-    impl Scratch {
-        fn new(name: &str) -> Scratch {
-            let path = std::env::temp_dir().join(format!("tidal-{name}-{}", std::process::id()));
-            std::fs::create_dir_all(&path).unwrap();
-            Scratch(path)
-        }
-    }
-
-    impl Drop for Scratch {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_dir_all(&self.0);
-        }
-    }
-
     #[test]
     fn a_new_cluster_file_takes_the_asked_durability_and_an_existing_one_must_agree() {
-        let dir = Scratch::new("cluster-file");
-        let path = write_cluster_file(3, &dir.0, 7070, "leader").unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let path = write_cluster_file(3, dir.path(), 7070, "leader").unwrap();
         let membership = crate::config::load_cluster(&path, 1).unwrap();
         assert_eq!(membership.spec.durability, tidal_cluster::Durability::Leader);
         assert_eq!(membership.spec.nodes.len(), 3);
-        assert!(write_cluster_file(3, &dir.0, 7070, "leader").is_ok());
-        let refused = write_cluster_file(3, &dir.0, 7070, "quorum").unwrap_err().to_string();
+        assert!(write_cluster_file(3, dir.path(), 7070, "leader").is_ok());
+        let refused = write_cluster_file(3, dir.path(), 7070, "quorum").unwrap_err().to_string();
         assert!(refused.contains("says durability leader, not quorum"), "{refused}");
-        let other = dir.0.join("other");
+        let other = dir.path().join("other");
         std::fs::create_dir_all(&other).unwrap();
         assert!(write_cluster_file(3, &other, 7070, "eventual").is_err());
         assert!(!other.join("cluster.toml").exists(), "a refused durability writes no file");
