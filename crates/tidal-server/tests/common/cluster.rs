@@ -81,12 +81,17 @@ pub fn same(digests: &[(u64, String)]) -> bool {
 impl Cluster {
     /// A cluster of `size` nodes under `root`; `tweak` adjusts every node's configuration.
     pub fn new(root: &Path, size: u64, durability: Durability, tweak: fn(&mut ServeConfig)) -> Cluster {
+        // Every reserved port is held until all are chosen: one released at once may be handed out
+        // again by the next bind to port 0, and two nodes got the same address (CI, 2026-12-01).
         let mut nodes = Vec::new();
+        let mut held = Vec::new();
         for id in 1..=size {
-            let (_http, http) = reserve();
-            let (_rpc, rpc) = reserve();
+            let (http_listener, http) = reserve();
+            let (rpc_listener, rpc) = reserve();
             nodes.push(NodeSpec { id: NodeId(id), http, rpc });
+            held.extend([http_listener, rpc_listener]);
         }
+        drop(held);
         // Each cluster its own id and secret: tests run side by side (nextest runs each in its own
         // process), and a port one cluster released (a spare never started, a node stopped) may be
         // taken by another test's node. With a shared secret that node answered this cluster's
