@@ -65,6 +65,12 @@ fn main() {
             report.batches,
             report.bytes as f64 / 1e6,
         );
+        println!(
+            "run {run}: open = engine {:.2}s + WAL recovery {:.2}s ({:.0} MB/s) + replay {replay:.2}s + the rest",
+            report.engine_open.as_secs_f64(),
+            report.wal_recovery.as_secs_f64(),
+            report.bytes as f64 / 1e6 / report.wal_recovery.as_secs_f64(),
+        );
         // Where the fold waited for the flusher: the split of the two cores between them.
         let flush = node.db().stats().flush;
         println!(

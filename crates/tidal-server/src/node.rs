@@ -107,8 +107,12 @@ pub struct ReplayReport {
     pub batches: u64,
     /// Encoded bytes applied.
     pub bytes: u64,
-    /// Wall time.
+    /// Wall time of the replay.
     pub elapsed: Duration,
+    /// Wall time of opening the engine (fjall), before the WAL.
+    pub engine_open: Duration,
+    /// Wall time of the WAL's recovery (reading and verifying every retained segment).
+    pub wal_recovery: Duration,
 }
 
 impl Node {
@@ -123,7 +127,9 @@ impl Node {
             config.cluster.as_ref().map_or(1, |membership| membership.me.0),
             incarnation(&config.data_dir).context("read or create the CRDT incarnation")?,
         );
+        let started = std::time::Instant::now();
         let db = TidalDb::open(&config.data_dir.join("state"), engine).context("open engine")?;
+        let engine_open = started.elapsed();
         let db = Arc::new(db);
         let (applier, sender) =
             Applier::spawn_probed(db.clone(), config.io.apply_probe.clone()).context("start applier")?;
@@ -166,9 +172,11 @@ impl Node {
                 durable_gate.clone(),
             )),
         };
+        let started = std::time::Instant::now();
         let (wal, recovery) =
             Wal::open(wal_config, config.io.wal_files.clone(), config.io.wal_clock.clone(), hook)
                 .context("open WAL")?;
+        let wal_recovery = started.elapsed();
         if cluster.is_some() {
             durable_gate.attach(wal.durable_view());
             db.set_durable_gate(durable_gate);
@@ -178,7 +186,8 @@ impl Node {
         }
         tracing::info!(
             durable = %recovery.durable, segments = recovery.segments, batches = recovery.batches,
-            "WAL recovered"
+            mb = recovery.bytes as f64 / 1e6, seconds = wal_recovery.as_secs_f64(),
+            engine_open_seconds = engine_open.as_secs_f64(), "WAL recovered"
         );
         // Before anything reads the engine's frontier: finish an interrupted snapshot install (WAL
         // reset + state replacement), or remove what a transfer that never reached its marker left.
@@ -213,7 +222,8 @@ impl Node {
             None => durable,
             Some(_) => std::cmp::min(durable, tidal_cluster::commit_hint(&raft_store)),
         };
-        let replay = replay(&wal, &db, replay_to)?;
+        let mut replay = replay(&wal, &db, replay_to)?;
+        (replay.engine_open, replay.wal_recovery) = (engine_open, wal_recovery);
         if replay_to < durable {
             // The durable tail past the commit hint waits in the applier until the leader's commit
             // frontier covers it (or a new leader's log quarantines it).
@@ -701,7 +711,13 @@ const REPLAY_CHUNK_BATCHES: usize = 1024;
 /// the two is bounded by [`REPLAY_READ_AHEAD_BYTES`].
 fn replay(wal: &Wal, db: &TidalDb, durable: Seqno) -> anyhow::Result<ReplayReport> {
     let started = Instant::now();
-    let mut report = ReplayReport { batches: 0, bytes: 0, elapsed: Duration::ZERO };
+    let mut report = ReplayReport {
+        batches: 0,
+        bytes: 0,
+        elapsed: Duration::ZERO,
+        engine_open: Duration::ZERO,
+        wal_recovery: Duration::ZERO,
+    };
     let from = db.applied_seqno().next();
     if from > durable {
         return Ok(report);

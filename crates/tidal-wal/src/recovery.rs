@@ -30,7 +30,8 @@ use crate::error::Error;
 use crate::io::{FileIo, WalFile};
 use crate::quarantine::{finish_truncation, remove_incomplete_quarantine_files};
 use crate::segment::{
-    parse_segment_file_name, scan_segment, segment_file_name, ScanEnd, SegmentInfo, PREP_FILE_NAME,
+    parse_segment_file_name, scan_segment, segment_file_name, ScanEnd, SegmentInfo, SegmentScan,
+    PREP_FILE_NAME,
 };
 use crate::wal_meta::{WalMeta, META_FILE_NAME, META_TMP_FILE_NAME};
 
@@ -125,7 +126,7 @@ pub(crate) fn recover(config: &WalConfig, io: &dyn FileIo) -> Result<Recovered, 
     remove_purged_leftovers(io, config, &mut segment_paths, meta.purged.seqno)?;
     check_start(config, &segment_paths, &meta, stored_meta.is_some())?;
 
-    let totals = scan_segments(io, &segment_paths, &meta)?;
+    let totals = scan_segments(io, &segment_paths, &meta, scan_threads())?;
     for (path, len) in &totals.unsealed {
         tracing::warn!(segment = %path.display(), len, "cutting the zeros off a sealed segment");
         let mut file = io.open_append(path).map_err(|err| Error::io("open segment", path, err))?;
@@ -250,6 +251,7 @@ fn scan_segments(
     io: &dyn FileIo,
     segment_paths: &[(Seqno, PathBuf)],
     meta: &WalMeta,
+    threads: usize,
 ) -> Result<ScanTotals, Error> {
     let mut totals = ScanTotals {
         segments: Vec::with_capacity(segment_paths.len()),
@@ -262,6 +264,7 @@ fn scan_segments(
         index: BatchIndex::new(meta.purged.seqno.next()),
         unsealed: Vec::new(),
     };
+    let mut prescans = prescan(io, segment_paths, threads);
     for (index, (first, path)) in segment_paths.iter().enumerate() {
         if *first != totals.next_seqno {
             let reason =
@@ -270,19 +273,17 @@ fn scan_segments(
         }
         let is_last = index + 1 == segment_paths.len();
         let read_error = |err| Error::io("read segment", path, err);
-        // The last segment's preallocated zeros are counted, not read into memory; a scan that does
-        // not end cleanly on the trimmed bytes (a batch may run into the zeros) reads it all again.
-        let (mut bytes, mut zeros) = if is_last {
-            io.read_zero_trimmed(path).map_err(read_error)?
-        } else {
-            (io.read_all(path).map_err(read_error)?, 0)
+        let prescan = match prescans.get_mut(index).and_then(Option::take) {
+            Some(Ok(prescan)) => prescan.continuing(*first, totals.last_term),
+            Some(Err(err)) => return Err(read_error(err)),
+            None => None,
         };
-        let mut scan = scan_segment(&bytes, totals.next_seqno, totals.last_term, is_last);
-        if zeros > 0 && !matches!(scan.end, ScanEnd::Clean) {
-            (bytes, zeros) = (io.read_all(path).map_err(read_error)?, 0);
-            scan = scan_segment(&bytes, totals.next_seqno, totals.last_term, is_last);
-        }
-        let file_len = bytes.len() as u64 + zeros;
+        let SegmentRead { scan, file_len, bytes_len } = match prescan {
+            Some(read) => read,
+            None => {
+                read_and_scan(io, path, totals.next_seqno, totals.last_term, is_last).map_err(read_error)?
+            }
+        };
         match scan.end {
             ScanEnd::Clean => {}
             ScanEnd::Torn { offset } => {
@@ -293,7 +294,7 @@ fn scan_segments(
         if !is_last && scan.batches == 0 {
             return Err(Error::corrupt(path, 0, "empty segment before the last one"));
         }
-        if !is_last && scan.valid_len < bytes.len() as u64 {
+        if !is_last && scan.valid_len < bytes_len {
             // Zeros after the batches of a sealed segment: its cut at rotation did not reach the disk.
             // Finished once every segment verified (the next one must continue the seqnos).
             totals.unsealed.push((path.clone(), scan.valid_len));
@@ -316,6 +317,95 @@ fn scan_segments(
         totals.term_starts.extend(scan.term_starts);
     }
     Ok(totals)
+}
+
+/// At most this many threads verify segments at open (each holds one segment in memory).
+const MAX_SCAN_THREADS: usize = 4;
+
+/// A segment read and scanned.
+struct SegmentRead {
+    scan: SegmentScan,
+    /// The file's length.
+    file_len: u64,
+    /// The bytes read (the file's length without the preallocated zeros only counted).
+    bytes_len: u64,
+}
+
+impl SegmentRead {
+    /// This scan, made from the seqno the file's name gives and term 0 (before the segments ahead
+    /// were scanned), as the scan in order from (`first`, `term`) would have ended; None when that
+    /// cannot be told from it (no batch verified, or the first batch's term is below `term`:
+    /// corruption, which the scan in order then reports).
+    fn continuing(mut self, first: Seqno, term: Term) -> Option<SegmentRead> {
+        // From term 0, the scan recorded the first batch's term (terms start at 1). The scan in
+        // order records it only if it is above `term`; the batches after it scan the same.
+        let start = self.scan.term_starts.first()?;
+        if start.seqno != first || start.term < term {
+            return None;
+        }
+        if start.term == term {
+            self.scan.term_starts.remove(0);
+        }
+        Some(self)
+    }
+}
+
+/// Reads and scans one segment whose first batch must start at `first` and whose terms may not go
+/// below `term`. The last segment's preallocated zeros are counted, not read into memory; a scan
+/// that does not end cleanly on the trimmed bytes (a batch may run into the zeros) reads it all
+/// again.
+fn read_and_scan(
+    io: &dyn FileIo,
+    path: &std::path::Path,
+    first: Seqno,
+    term: Term,
+    is_last: bool,
+) -> std::io::Result<SegmentRead> {
+    let (mut bytes, mut zeros) = if is_last { io.read_zero_trimmed(path)? } else { (io.read_all(path)?, 0) };
+    let mut scan = scan_segment(&bytes, first, term, is_last);
+    if zeros > 0 && !matches!(scan.end, ScanEnd::Clean) {
+        (bytes, zeros) = (io.read_all(path)?, 0);
+        scan = scan_segment(&bytes, first, term, is_last);
+    }
+    Ok(SegmentRead { scan, file_len: bytes.len() as u64 + zeros, bytes_len: bytes.len() as u64 })
+}
+
+/// Threads that verify segments at open: one per core, at most [`MAX_SCAN_THREADS`].
+fn scan_threads() -> usize {
+    std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get).min(MAX_SCAN_THREADS)
+}
+
+/// Reads and scans every segment on up to `threads` threads, each from the seqno its name gives and
+/// term 0 (the term it may not go below is only known once the segments ahead are scanned):
+/// verifying the checksums of a large WAL is most of what recovery costs. One result per segment,
+/// in order; None for all when one thread would do it (the scan in order reads them itself).
+fn prescan(
+    io: &dyn FileIo,
+    segments: &[(Seqno, PathBuf)],
+    threads: usize,
+) -> Vec<Option<std::io::Result<SegmentRead>>> {
+    let threads = threads.min(segments.len());
+    if threads <= 1 {
+        return segments.iter().map(|_| None).collect();
+    }
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let results: Vec<std::sync::Mutex<Option<std::io::Result<SegmentRead>>>> =
+        segments.iter().map(|_| std::sync::Mutex::new(None)).collect();
+    std::thread::scope(|scope| {
+        for _ in 0..threads {
+            scope.spawn(|| loop {
+                let index = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let Some((first, path)) = segments.get(index) else { break };
+                let is_last = index + 1 == segments.len();
+                let read = read_and_scan(io, path, *first, Term(0), is_last);
+                *results[index].lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(read);
+            });
+        }
+    });
+    results
+        .into_iter()
+        .map(|slot| slot.into_inner().unwrap_or_else(std::sync::PoisonError::into_inner))
+        .collect()
 }
 
 /// Opens the last segment for writing (cutting a torn tail), or creates the first; fills it with
@@ -371,4 +461,143 @@ pub(crate) fn fill_zeros(
         at += len as u64;
     }
     Ok(at.max(from))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::batch::encode_batch;
+    use crate::sim_io::SimIo;
+    use tidal_types::RecordKind;
+
+    const DIR: &str = "/data/wal";
+
+    /// Writes segments of (term, batch count) runs; each batch holds 2 events. Returns their
+    /// (first seqno, path), in order.
+    fn write_segments(io: &SimIo, segments: &[&[(u64, usize)]]) -> Vec<(Seqno, PathBuf)> {
+        let mut next = Seqno(1);
+        let mut paths = Vec::new();
+        for runs in segments {
+            let path = PathBuf::from(DIR).join(segment_file_name(next));
+            paths.push((next, path.clone()));
+            let mut bytes = Vec::new();
+            for &(term, count) in *runs {
+                for _ in 0..count {
+                    let payload = next.get().to_le_bytes().repeat(4);
+                    bytes.extend(encode_batch(RecordKind::Signal, Term(term), next, 2, &payload));
+                    next = Seqno(next.get() + 2);
+                }
+            }
+            io.write_file(&path, &bytes);
+        }
+        paths
+    }
+
+    /// The scan's findings, comparable.
+    fn findings(totals: &ScanTotals) -> impl PartialEq + std::fmt::Debug {
+        (
+            totals.segments.clone(),
+            totals.next_seqno,
+            totals.last_term,
+            totals.batches,
+            totals.term_starts.clone(),
+            totals.index.clone(),
+            totals.unsealed.clone(),
+            totals.torn.clone(),
+        )
+    }
+
+    fn both(
+        io: &SimIo,
+        paths: &[(Seqno, PathBuf)],
+    ) -> (Result<ScanTotals, Error>, Result<ScanTotals, Error>) {
+        let meta = WalMeta::default();
+        (scan_segments(io, paths, &meta, 1), scan_segments(io, paths, &meta, 3))
+    }
+
+    #[test]
+    fn the_parallel_scan_finds_what_the_scan_in_order_finds() {
+        let io = SimIo::new();
+        // A term that goes on over a boundary, one that changes inside a segment, one that changes
+        // exactly at a boundary (and inside the last segment).
+        let paths =
+            write_segments(&io, &[&[(1, 3)], &[(1, 1), (2, 2)], &[(4, 2)], &[(4, 3)], &[(4, 1), (5, 1)]]);
+        let (in_order, parallel) = both(&io, &paths);
+        let (in_order, parallel) = (in_order.unwrap(), parallel.unwrap());
+        assert_eq!(findings(&in_order), findings(&parallel));
+        assert_eq!(
+            parallel.term_starts,
+            [(1, 1), (2, 9), (4, 13), (5, 25)]
+                .map(|(term, seqno)| TermSeqno { term: Term(term), seqno: Seqno(seqno) })
+        );
+        assert_eq!(parallel.batches, 13);
+        assert_eq!(parallel.next_seqno, Seqno(27));
+    }
+
+    #[test]
+    fn a_term_that_falls_at_a_segment_boundary_is_corruption_of_the_later_segment() {
+        let io = SimIo::new();
+        let paths = write_segments(&io, &[&[(1, 2)], &[(3, 2)], &[(2, 2)], &[(3, 1)]]);
+        let (in_order, parallel) = both(&io, &paths);
+        let (in_order, parallel) = (in_order.err().unwrap(), parallel.err().unwrap());
+        assert_eq!(in_order.to_string(), parallel.to_string());
+        let text = parallel.to_string();
+        assert!(text.contains(&segment_file_name(Seqno(9))), "{text}");
+        assert!(text.contains("below the previous term"), "{text}");
+    }
+
+    #[test]
+    fn the_first_corrupt_segment_is_the_one_named() {
+        let io = SimIo::new();
+        let paths = write_segments(&io, &[&[(1, 2)], &[(1, 2)], &[(1, 2)], &[(1, 2)], &[(1, 1)]]);
+        // Flip a payload bit in the second segment's second batch and one in the fourth segment.
+        let batch_len = crate::batch::HEADER_LEN + 32;
+        io.flip_bit(&paths[1].1, (batch_len as u64 + 70) * 8).unwrap();
+        io.flip_bit(&paths[3].1, 70 * 8).unwrap();
+        let (in_order, parallel) = both(&io, &paths);
+        let (in_order, parallel) = (in_order.err().unwrap(), parallel.err().unwrap());
+        assert_eq!(in_order.to_string(), parallel.to_string());
+        let text = parallel.to_string();
+        assert!(text.contains(&segment_file_name(Seqno(5))), "{text}");
+        assert!(text.contains(&format!("offset {batch_len}")), "{text}");
+    }
+
+    #[test]
+    fn a_torn_tail_and_an_empty_last_segment_are_found_by_both() {
+        let io = SimIo::new();
+        let paths = write_segments(&io, &[&[(1, 2)], &[(2, 3)]]);
+        let mut bytes = io.file_bytes(&paths[1].1).unwrap();
+        let whole = bytes.len();
+        bytes.truncate(whole - 10);
+        io.write_file(&paths[1].1, &bytes);
+        let (in_order, parallel) = both(&io, &paths);
+        let (in_order, parallel) = (in_order.unwrap(), parallel.unwrap());
+        assert_eq!(findings(&in_order), findings(&parallel));
+        let batch_len = (crate::batch::HEADER_LEN + 32) as u64;
+        assert_eq!(
+            parallel.torn,
+            Some(TornTail { path: paths[1].1.clone(), offset: 2 * batch_len, bytes_dropped: batch_len - 10 })
+        );
+        // A last segment without a batch yet (a rotation just made it).
+        let io = SimIo::new();
+        let paths = write_segments(&io, &[&[(1, 2)], &[(1, 1)], &[]]);
+        let (in_order, parallel) = both(&io, &paths);
+        let (in_order, parallel) = (in_order.unwrap(), parallel.unwrap());
+        assert_eq!(findings(&in_order), findings(&parallel));
+        assert_eq!(parallel.next_seqno, Seqno(7));
+    }
+
+    #[test]
+    fn zeros_after_a_sealed_segment_are_found_by_both() {
+        let io = SimIo::new();
+        let paths = write_segments(&io, &[&[(1, 2)], &[(1, 2)], &[(1, 1)]]);
+        let mut bytes = io.file_bytes(&paths[1].1).unwrap();
+        let logical = bytes.len() as u64;
+        bytes.extend(vec![0u8; 4096]);
+        io.write_file(&paths[1].1, &bytes);
+        let (in_order, parallel) = both(&io, &paths);
+        let (in_order, parallel) = (in_order.unwrap(), parallel.unwrap());
+        assert_eq!(findings(&in_order), findings(&parallel));
+        assert_eq!(parallel.unsealed, [(paths[1].1.clone(), logical)]);
+    }
 }

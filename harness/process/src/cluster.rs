@@ -8,6 +8,7 @@
 
 use crate::process::NodeProcess;
 use crate::relay::Relay;
+use crate::PortLease;
 use crate::{log_tail, DEADLINE, POLL};
 use anyhow::Context;
 use std::collections::BTreeMap;
@@ -33,6 +34,9 @@ pub struct ProcessCluster {
     /// (from, to) → the relay node `from` dials to reach `to`.
     relays: BTreeMap<(u64, u64), Relay>,
     probe: reqwest::Client,
+    /// Every node's HTTP and RPC port, held while the cluster lives (a killed node restarts on
+    /// them).
+    _ports: PortLease,
 }
 
 struct Member {
@@ -67,21 +71,19 @@ impl ProcessCluster {
     ) -> anyhow::Result<ProcessCluster> {
         anyhow::ensure!((1..=9).contains(&size), "a process cluster has 1..=9 nodes");
         std::fs::create_dir_all(root).with_context(|| format!("create {}", root.display()))?;
-        // Hold the nodes' ports until the relays have theirs, so no relay lands on a node's port.
-        let mut reserved = Vec::new();
-        let mut addresses = Vec::new();
-        for id in 1..=size {
-            let (http, rpc) = (reserve()?, reserve()?);
-            addresses.push((id, http.local_addr()?, rpc.local_addr()?));
-            reserved.extend([http, rpc]);
-        }
+        let ports = PortLease::take(2 * size as usize)?;
+        let addresses: Vec<(u64, SocketAddr, SocketAddr)> = (1..=size)
+            .map(|id| {
+                let at = 2 * (id as usize - 1);
+                (id, ports.address(at), ports.address(at + 1))
+            })
+            .collect();
         let mut relays = BTreeMap::new();
         for (from, _, _) in &addresses {
             for (to, _, rpc) in addresses.iter().filter(|(to, _, _)| to != from) {
                 relays.insert((*from, *to), Relay::start(*rpc).await?);
             }
         }
-        drop(reserved);
         let cluster_file = write_cluster_file(root, durability, &addresses)?;
         let members = addresses
             .iter()
@@ -95,7 +97,14 @@ impl ProcessCluster {
             })
             .collect();
         let probe = reqwest::Client::builder().timeout(PROBE_TIMEOUT).build()?;
-        let cluster = ProcessCluster { binary: binary.to_path_buf(), cluster_file, members, relays, probe };
+        let cluster = ProcessCluster {
+            binary: binary.to_path_buf(),
+            cluster_file,
+            members,
+            relays,
+            probe,
+            _ports: ports,
+        };
         for id in cluster.ids() {
             cluster.restart(id)?;
         }
@@ -400,10 +409,6 @@ impl ProcessCluster {
     fn index(&self, id: u64) -> usize {
         self.members.iter().position(|member| member.id == id).unwrap_or_else(|| panic!("no node {id}"))
     }
-}
-
-fn reserve() -> anyhow::Result<std::net::TcpListener> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?)
 }
 
 fn lock(process: &Mutex<Option<NodeProcess>>) -> std::sync::MutexGuard<'_, Option<NodeProcess>> {

@@ -18,20 +18,24 @@
 //! - Every wait polls observable state (HTTP status, `/readyz`, digests) until [`DEADLINE`]; nothing
 //!   sleeps to let something happen. A wait that times out returns the last unmet condition and the
 //!   tail of the node logs, so a failure explains itself.
-//! - Ports are picked by binding port 0 and releasing it; another process may take one in between.
-//!   Relays keep their listeners, so only the nodes' own HTTP and RPC ports have that window.
+//! - Nodes' ports are leased ([`PortLease`], `ports.rs`): from below the kernel's ephemeral range,
+//!   locked against every other test process, held until the cluster is dropped, so nothing takes
+//!   a port between its choice and the node's bind, or between a node's kill and its restart.
+//!   Relays bind port 0 and keep their listeners.
 //! - A process is only ever signalled by the pid of a child this harness spawned; dropping the
 //!   harness SIGKILLs its children, so a failed test leaves no process behind.
 //!
 //! Not a load generator and not a checker of its own: tests decide what "correct" means.
 
 mod cluster;
+mod ports;
 mod process;
 mod relay;
 mod single;
 mod test_dir;
 
 pub use cluster::{Converged, ProcessCluster};
+pub use ports::PortLease;
 pub use process::NodeProcess;
 pub use relay::Relay;
 pub use single::SingleNode;
@@ -46,12 +50,6 @@ pub const DEADLINE: Duration = Duration::from_secs(90);
 /// Polling step of those waits (each wait re-checks state until [`DEADLINE`]; this is not a
 /// synchronization).
 pub const POLL: Duration = Duration::from_millis(50);
-
-/// A loopback port free at the time of the call.
-pub fn free_port() -> anyhow::Result<u16> {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
-    Ok(listener.local_addr()?.port())
-}
 
 /// The last `lines` lines of a log file without backtrace frames (for error messages; the same
 /// quote `tidal cluster up` gives).

@@ -11,6 +11,8 @@ use tidal_client::Client;
 /// A `tidal serve --data-dir DIR --http 127.0.0.1:PORT ARGS...` process that answers `/readyz`.
 pub struct SingleNode {
     process: NodeProcess,
+    /// Its HTTP port, held for its life (restarts bind it again).
+    _port: crate::PortLease,
     url: String,
     client: Client,
 }
@@ -24,7 +26,8 @@ impl SingleNode {
         log: &Path,
         args: &[&str],
     ) -> anyhow::Result<SingleNode> {
-        let port = crate::free_port()?;
+        let lease = crate::PortLease::take(1)?;
+        let port = lease.port(0);
         let mut argv: Vec<OsString> = vec!["serve".into(), "--data-dir".into(), data_dir.into()];
         argv.extend(["--http".into(), format!("127.0.0.1:{port}").into()]);
         argv.extend(args.iter().map(OsString::from));
@@ -48,7 +51,7 @@ impl SingleNode {
             );
             tokio::time::sleep(crate::POLL).await;
         }
-        Ok(SingleNode { process, client: Client::new(url.clone(), None), url })
+        Ok(SingleNode { process, _port: lease, client: Client::new(url.clone(), None), url })
     }
 
     /// Its base URL.

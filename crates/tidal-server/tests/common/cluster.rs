@@ -26,6 +26,8 @@ pub struct Cluster {
     /// and become members through `members add`.
     pub founders: usize,
     tweak: fn(&mut ServeConfig),
+    /// Every node's HTTP and RPC port, held while the cluster lives (see `tidal_procs::PortLease`).
+    _ports: tidal_procs::PortLease,
 }
 
 /// A cluster id and secret no other test cluster (in this or another process) shares.
@@ -36,12 +38,6 @@ fn unique_identity() -> (String, String) {
         std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
     let tag = format!("{}-{n}-{nanos}", std::process::id());
     (format!("test-{tag}"), format!("cluster-secret-{tag}"))
-}
-
-fn reserve() -> (std::net::TcpListener, String) {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let address = listener.local_addr().unwrap().to_string();
-    (listener, address)
 }
 
 /// Runs a write until it is answered, retrying a retryable 503 `not_ready` (an election under way,
@@ -81,17 +77,20 @@ pub fn same(digests: &[(u64, String)]) -> bool {
 impl Cluster {
     /// A cluster of `size` nodes under `root`; `tweak` adjusts every node's configuration.
     pub fn new(root: &Path, size: u64, durability: Durability, tweak: fn(&mut ServeConfig)) -> Cluster {
-        // Every reserved port is held until all are chosen: one released at once may be handed out
-        // again by the next bind to port 0, and two nodes got the same address (CI, 2026-12-01).
-        let mut nodes = Vec::new();
-        let mut held = Vec::new();
-        for id in 1..=size {
-            let (http_listener, http) = reserve();
-            let (rpc_listener, rpc) = reserve();
-            nodes.push(NodeSpec { id: NodeId(id), http, rpc });
-            held.extend([http_listener, rpc_listener]);
-        }
-        drop(held);
+        // Leased ports, held while the cluster lives: ports found by binding port 0 and released
+        // were handed out again (two nodes got the same address, CI 2026-12-01), and a stopped
+        // node's port could be taken before its restart.
+        let ports = tidal_procs::PortLease::take(2 * size as usize).unwrap();
+        let nodes: Vec<NodeSpec> = (1..=size)
+            .map(|id| {
+                let at = 2 * (id as usize - 1);
+                NodeSpec {
+                    id: NodeId(id),
+                    http: ports.address(at).to_string(),
+                    rpc: ports.address(at + 1).to_string(),
+                }
+            })
+            .collect();
         // Each cluster its own id and secret: tests run side by side (nextest runs each in its own
         // process), and a port one cluster released (a spare never started, a node stopped) may be
         // taken by another test's node. With a shared secret that node answered this cluster's
@@ -100,7 +99,14 @@ impl Cluster {
         let (cluster_id, secret) = unique_identity();
         let spec = ClusterSpec { cluster_id, secret, durability, nodes, dial: Default::default() };
         let dirs = (1..=size).map(|id| root.join(format!("n{id}"))).collect();
-        Cluster { spec, dirs, members: (0..size).map(|_| None).collect(), founders: size as usize, tweak }
+        Cluster {
+            spec,
+            dirs,
+            members: (0..size).map(|_| None).collect(),
+            founders: size as usize,
+            tweak,
+            _ports: ports,
+        }
     }
 
     /// A cluster of `founders` nodes plus `spares` more that start with `--join` (their cluster file
