@@ -337,13 +337,15 @@ impl SegmentRead {
     /// cannot be told from it (no batch verified, or the first batch's term is below `term`:
     /// corruption, which the scan in order then reports).
     fn continuing(mut self, first: Seqno, term: Term) -> Option<SegmentRead> {
-        // From term 0, the scan recorded the first batch's term (terms start at 1). The scan in
-        // order records it only if it is above `term`; the batches after it scan the same.
-        let start = self.scan.term_starts.first()?;
-        if start.seqno != first || start.term < term {
+        // From term 0, the scan recorded the first batch's term as a term start if it is above 0;
+        // the scan in order records it only if it is above `term`. The batches after it scan the
+        // same either way.
+        let first_term = self.scan.first_term?;
+        if first_term < term {
             return None;
         }
-        if start.term == term {
+        if first_term > Term(0) && first_term == term {
+            debug_assert_eq!(self.scan.term_starts.first(), Some(&TermSeqno { term, seqno: first }));
             self.scan.term_starts.remove(0);
         }
         Some(self)
@@ -518,20 +520,28 @@ mod tests {
     #[test]
     fn the_parallel_scan_finds_what_the_scan_in_order_finds() {
         let io = SimIo::new();
-        // A term that goes on over a boundary, one that changes inside a segment, one that changes
-        // exactly at a boundary (and inside the last segment).
-        let paths =
-            write_segments(&io, &[&[(1, 3)], &[(1, 1), (2, 2)], &[(4, 2)], &[(4, 3)], &[(4, 1), (5, 1)]]);
+        // Term 0 (a WAL no term was ever set on), a term that goes on over a boundary, one that
+        // changes inside a segment, one that changes exactly at a boundary (and inside the last).
+        let paths = write_segments(
+            &io,
+            &[&[(0, 1)], &[(0, 1), (1, 1)], &[(1, 1), (2, 2)], &[(4, 2)], &[(4, 3)], &[(4, 1), (5, 1)]],
+        );
         let (in_order, parallel) = both(&io, &paths);
         let (in_order, parallel) = (in_order.unwrap(), parallel.unwrap());
         assert_eq!(findings(&in_order), findings(&parallel));
         assert_eq!(
             parallel.term_starts,
-            [(1, 1), (2, 9), (4, 13), (5, 25)]
+            [(1, 5), (2, 9), (4, 13), (5, 25)]
                 .map(|(term, seqno)| TermSeqno { term: Term(term), seqno: Seqno(seqno) })
         );
         assert_eq!(parallel.batches, 13);
         assert_eq!(parallel.next_seqno, Seqno(27));
+        // Every segment's parallel scan stood (none was done again in order).
+        let mut term = Term(0);
+        for ((first, path), read) in paths.iter().zip(prescan(&io, &paths, 3)) {
+            let read = read.unwrap().unwrap().continuing(*first, term);
+            term = read.unwrap_or_else(|| panic!("{} was scanned again", path.display())).scan.last_term;
+        }
     }
 
     #[test]

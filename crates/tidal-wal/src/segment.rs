@@ -93,6 +93,8 @@ pub struct SegmentScan {
     pub next_seqno: Seqno,
     /// Term of the last verified batch (the `term` passed in if none).
     pub last_term: Term,
+    /// Term of the first verified batch, if any.
+    pub first_term: Option<Term>,
     /// Logged time of the last verified batch, if any.
     pub last_time_ms: Option<u64>,
     /// First position of every term met that is above the `term` passed in, in order.
@@ -112,6 +114,7 @@ pub fn scan_segment(bytes: &[u8], next_seqno: Seqno, term: Term, is_last: bool) 
         valid_len: 0,
         next_seqno,
         last_term: term,
+        first_term: None,
         last_time_ms: None,
         term_starts: Vec::new(),
         batch_firsts: Vec::new(),
@@ -155,6 +158,7 @@ pub fn scan_segment(bytes: &[u8], next_seqno: Seqno, term: Term, is_last: bool) 
             scan.term_starts.push(TermSeqno { term: header.term, seqno: header.first_seqno });
         }
         scan.last_term = header.term;
+        scan.first_term.get_or_insert(header.term);
         scan.batch_firsts.push(header.first_seqno);
         scan.last_time_ms = logged_time_ms(batch.payload).or(scan.last_time_ms);
         scan.next_seqno = header.last_seqno().next();
