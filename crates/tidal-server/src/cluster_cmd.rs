@@ -12,7 +12,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 /// RPC ports sit this far above HTTP ports: node i gets `port_base + i` and `port_base + 100 + i`.
-const RPC_PORT_OFFSET: u16 = 100;
+pub const RPC_PORT_OFFSET: u16 = 100;
 /// How long `up` waits for every node to become ready.
 const READY_TIMEOUT: Duration = Duration::from_secs(60);
 

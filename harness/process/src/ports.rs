@@ -64,6 +64,36 @@ impl PortLease {
         Ok(lease)
     }
 
+    /// Leases two blocks of `count` consecutive ports, `base..base+count` and
+    /// `base+offset..base+offset+count` (the HTTP and RPC ports `tidal cluster up --port-base base`
+    /// gives its nodes, with `offset` its RPC offset). [`PortLease::port`]`(0)` is `base`.
+    pub fn take_block(count: u16, offset: u16) -> anyhow::Result<PortLease> {
+        let (lowest, end) = leasable_range()?;
+        anyhow::ensure!(count > 0 && offset >= count, "blocks of {count} ports {offset} apart overlap");
+        let last_base = end.checked_sub(offset + count).filter(|last| *last >= lowest);
+        let Some(last_base) = last_base else {
+            anyhow::bail!("no room for two blocks of {count} ports {offset} apart in {lowest}..{end}");
+        };
+        let dir = lock_dir();
+        std::fs::create_dir_all(&dir).with_context(|| format!("create {}", dir.display()))?;
+        let span = u32::from(last_base - lowest) + 1;
+        let start = start_offset(span);
+        'bases: for step in 0..span {
+            let base = lowest + ((start + step) % span) as u16;
+            let mut lease = PortLease { ports: Vec::new(), _locks: Vec::new() };
+            for port in (base..base + count).chain(base + offset..base + offset + count) {
+                let Some(lock) = try_lock(&dir, port)? else { continue 'bases };
+                if std::net::TcpListener::bind(("127.0.0.1", port)).is_err() {
+                    continue 'bases;
+                }
+                lease.ports.push(port);
+                lease._locks.push(lock);
+            }
+            return Ok(lease);
+        }
+        anyhow::bail!("no two free, unleased blocks of {count} ports {offset} apart in {lowest}..{end}")
+    }
+
     /// The leased ports, in the order they were leased.
     pub fn ports(&self) -> &[u16] {
         &self.ports
@@ -144,6 +174,18 @@ mod tests {
         let port = first.port(0);
         drop(first);
         assert!(try_lock(&lock_dir(), port).unwrap().is_some(), "a dropped lease still holds {port}");
+    }
+
+    #[test]
+    fn a_block_lease_holds_both_blocks() {
+        let block = PortLease::take_block(3, 100).unwrap();
+        let base = block.port(0);
+        assert_eq!(block.ports(), [base, base + 1, base + 2, base + 100, base + 101, base + 102]);
+        for port in block.ports() {
+            assert!(try_lock(&lock_dir(), *port).unwrap().is_none(), "{port} is not held");
+        }
+        let other = PortLease::take(6).unwrap();
+        assert!(other.ports().iter().all(|port| !block.ports().contains(port)));
     }
 
     #[test]
