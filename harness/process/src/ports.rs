@@ -49,11 +49,9 @@ impl PortLease {
                 break;
             }
             let port = lowest + ((start + step) % span) as u16;
-            if let Some(lock) = try_lock(&dir, port)? {
-                if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
-                    lease.ports.push(port);
-                    lease._locks.push(lock);
-                }
+            if let Some(lock) = claim(&dir, port)? {
+                lease.ports.push(port);
+                lease._locks.push(lock);
             }
         }
         anyhow::ensure!(
@@ -82,10 +80,7 @@ impl PortLease {
             let base = lowest + ((start + step) % span) as u16;
             let mut lease = PortLease { ports: Vec::new(), _locks: Vec::new() };
             for port in (base..base + count).chain(base + offset..base + offset + count) {
-                let Some(lock) = try_lock(&dir, port)? else { continue 'bases };
-                if std::net::TcpListener::bind(("127.0.0.1", port)).is_err() {
-                    continue 'bases;
-                }
+                let Some(lock) = claim(&dir, port)? else { continue 'bases };
                 lease.ports.push(port);
                 lease._locks.push(lock);
             }
@@ -135,6 +130,12 @@ fn start_offset(span: u32) -> u32 {
         std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.subsec_nanos());
     let mixed = u64::from(std::process::id()).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ u64::from(nanos);
     (mixed % u64::from(span)) as u32
+}
+
+/// The locked lock file of `port` if no other lease holds it and nothing listens on it.
+fn claim(dir: &std::path::Path, port: u16) -> anyhow::Result<Option<File>> {
+    let lock = try_lock(dir, port)?;
+    Ok(lock.filter(|_| std::net::TcpListener::bind(("127.0.0.1", port)).is_ok()))
 }
 
 /// The locked lock file of `port`, or None if another lease holds it.
