@@ -666,7 +666,8 @@ fn lock_data_dir(dir: &std::path::Path) -> anyhow::Result<File> {
     Ok(file)
 }
 
-/// Hands the durable batches in `(applied, durable]` to the applier as pending (not yet committed).
+/// Hands the durable batches in `(applied, durable]` to the applier as pending (not yet committed), at
+/// open (recovery checked their seals moments ago).
 fn hand_tail_to_applier(
     wal: &Wal,
     sender: &ApplierSender,
@@ -677,7 +678,7 @@ fn hand_tail_to_applier(
     let mut chunk = Vec::new();
     let mut bytes = 0usize;
     let mut batches = 0u64;
-    for batch in wal.read_from(applied.next()).context("read the WAL tail")? {
+    for batch in wal.read_recovered_from(applied.next()).context("read the WAL tail")? {
         let batch = batch.context("read a WAL batch of the tail")?;
         if batch.first_seqno() > durable {
             break;
@@ -705,8 +706,9 @@ const REPLAY_CHUNK_BYTES: usize = 1024 * 1024;
 /// Batches the replay reader hands over at once.
 const REPLAY_CHUNK_BATCHES: usize = 1024;
 
-/// Startup replay, as a pipeline: a reader thread reads the segments, verifies every batch (BLAKE3)
-/// and decodes its payload, while this thread folds the batches in order through the one apply
+/// Startup replay, as a pipeline: a reader thread reads the segments, checks every batch's header
+/// and the seqno chain (recovery verified their seals moments ago, on every core:
+/// [`tidal_wal::Wal::read_recovered_from`]) and decodes its payload, while this thread folds the batches in order through the one apply
 /// path ([`TidalDb::apply_decoded`]) and the engine's flusher writes fjall. The read-ahead between
 /// the two is bounded by [`REPLAY_READ_AHEAD_BYTES`].
 fn replay(wal: &Wal, db: &TidalDb, durable: Seqno) -> anyhow::Result<ReplayReport> {
@@ -723,7 +725,7 @@ fn replay(wal: &Wal, db: &TidalDb, durable: Seqno) -> anyhow::Result<ReplayRepor
         return Ok(report);
     }
     tracing::info!(%from, %durable, "replaying WAL into the engine");
-    let reader = wal.read_from(from).context("read WAL for replay")?;
+    let reader = wal.read_recovered_from(from).context("read WAL for replay")?;
     let budget = ReadAhead::new(REPLAY_READ_AHEAD_BYTES);
     let (sender, receiver) = std::sync::mpsc::channel::<Result<Vec<DecodedBatch>, tidal_wal::Error>>();
     let mut last_progress = Instant::now();

@@ -222,18 +222,30 @@ pub struct BatchRef<'a> {
 
 /// Decodes and verifies the batch at the start of `buf`. Returns it and its encoded length.
 pub fn decode_batch(buf: &[u8]) -> Result<BatchRef<'_>, DecodeError> {
+    let batch = decode_batch_unsealed(buf)?;
+    check_seal(&batch)?;
+    Ok(batch)
+}
+
+/// Checks a batch's BLAKE3 seal over its header fields and payload.
+pub(crate) fn check_seal(batch: &BatchRef<'_>) -> Result<(), DecodeError> {
+    let mut head = [0u8; 32];
+    head.copy_from_slice(&batch.encoded[0..32]);
+    if seal(&head, batch.payload) != batch.header.hash {
+        return Err(DecodeError::ChecksumMismatch);
+    }
+    Ok(())
+}
+
+/// [`decode_batch`] without the seal: the header fields and the length are checked, the BLAKE3 hash
+/// is not. Only for bytes whose seal this process has already checked (recovery's scan at open).
+pub(crate) fn decode_batch_unsealed(buf: &[u8]) -> Result<BatchRef<'_>, DecodeError> {
     let header = decode_header(buf)?;
     let len = header.encoded_len();
     if buf.len() < len {
         return Err(DecodeError::Truncated { needed: len, available: buf.len() });
     }
-    let mut head = [0u8; 32];
-    head.copy_from_slice(&buf[0..32]);
-    let payload = &buf[HEADER_LEN..len];
-    if seal(&head, payload) != header.hash {
-        return Err(DecodeError::ChecksumMismatch);
-    }
-    Ok(BatchRef { header, payload, encoded: &buf[..len] })
+    Ok(BatchRef { header, payload: &buf[HEADER_LEN..len], encoded: &buf[..len] })
 }
 
 /// An owned, verified batch (header + encoded bytes), cheap to clone and hand across threads.
@@ -258,11 +270,19 @@ impl Batch {
     /// Wraps bytes this crate has just encoded or verified, without hashing them again (the seal is
     /// re-checked in debug builds). Fails only on a malformed header.
     pub(crate) fn from_verified(encoded: std::sync::Arc<[u8]>) -> Result<Batch, DecodeError> {
+        let batch = Batch::from_recovered(encoded)?;
+        debug_assert!(decode_batch(&batch.encoded).is_ok(), "a batch handed out by the WAL fails its seal");
+        Ok(batch)
+    }
+
+    /// A batch whose seal recovery checked when this WAL was opened
+    /// ([`crate::Wal::read_recovered_from`]): the bytes are read again, so unlike
+    /// [`Batch::from_verified`] there is nothing to assert about them.
+    pub(crate) fn from_recovered(encoded: std::sync::Arc<[u8]>) -> Result<Batch, DecodeError> {
         let header = decode_header(&encoded)?;
         if header.encoded_len() != encoded.len() {
             return Err(DecodeError::Truncated { needed: header.encoded_len(), available: encoded.len() });
         }
-        debug_assert!(decode_batch(&encoded).is_ok(), "a batch handed out by the WAL fails its seal");
         Ok(Batch { header, encoded })
     }
 

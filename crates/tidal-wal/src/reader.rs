@@ -3,7 +3,8 @@
 //!
 //! Delicate: the reader takes a snapshot of the segment list and the durable frontier when it is
 //! created and never reads past it, so it never sees bytes that are written but not yet fsynced. It
-//! verifies every batch again (a disk can rot after recovery) and the seqno chain. A segment purged
+//! verifies every batch again (a disk can rot after recovery) and the seqno chain; only startup
+//! replay ([`crate::Wal::read_recovered_from`]) skips the seals recovery checked in the same open. A segment purged
 //! while the reader is on its way is reported as [`Error::Purged`]; a truncation (quarantine, reset)
 //! since the reader was created, as [`Error::TruncatedWhileReading`], checked after each segment read,
 //! so a reader never mixes batches of the old and the new log.
@@ -15,7 +16,7 @@ use std::sync::Arc;
 
 use tidal_types::{Seqno, TermSeqno};
 
-use crate::batch::{decode_batch, decode_header, Batch, DecodeError, HEADER_LEN};
+use crate::batch::{check_seal, decode_batch_unsealed, decode_header, Batch, DecodeError, HEADER_LEN};
 use crate::error::Error;
 use crate::segment::SegmentInfo;
 use crate::shared::Shared;
@@ -31,6 +32,9 @@ pub struct WalReader {
     done: bool,
     /// `Shared::truncations` when the reader was created.
     truncations: u64,
+    /// Batches up to here were verified by this process's recovery: their seals are not checked
+    /// again ([`crate::Wal::read_recovered_from`]; `Seqno::ZERO` checks every seal).
+    trusted_through: Seqno,
 }
 
 struct OpenSegment {
@@ -46,6 +50,7 @@ impl WalReader {
         from: Seqno,
         durable: Seqno,
         truncations: u64,
+        trusted_through: Seqno,
     ) -> WalReader {
         WalReader {
             shared,
@@ -56,6 +61,7 @@ impl WalReader {
             next_seqno: None,
             done: false,
             truncations,
+            trusted_through,
         }
     }
 
@@ -101,7 +107,15 @@ impl WalReader {
                 }
             };
             let offset = current.offset;
-            let batch = decode_batch(&current.bytes[offset..])
+            let batch = decode_batch_unsealed(&current.bytes[offset..])
+                .and_then(|batch| {
+                    // Recovery checked this seal at open (`read_recovered_from`); anything else is
+                    // checked here.
+                    if batch.header.last_seqno() > self.trusted_through {
+                        check_seal(&batch)?;
+                    }
+                    Ok(batch)
+                })
                 .map_err(|err| Error::corrupt(&current.path, offset as u64, err.to_string()))?;
             let header = batch.header;
             if Some(header.first_seqno) != self.next_seqno {
@@ -117,8 +131,13 @@ impl WalReader {
             if header.last_seqno() < self.from {
                 continue;
             }
-            let batch = Batch::from_verified(Arc::from(batch.encoded))
-                .map_err(|err| Error::corrupt(&current.path, offset as u64, err.to_string()))?;
+            let encoded = Arc::from(batch.encoded);
+            let batch = if header.last_seqno() > self.trusted_through {
+                Batch::from_verified(encoded)
+            } else {
+                Batch::from_recovered(encoded)
+            }
+            .map_err(|err| Error::corrupt(&current.path, offset as u64, err.to_string()))?;
             return Ok(Some(batch));
         }
     }

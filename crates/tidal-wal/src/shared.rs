@@ -44,6 +44,10 @@ pub(crate) struct Shared {
     /// Bumped (under `log`) when a quarantine or reset starts and when it ends; a reader that sees it
     /// change under it stops with [`Error::TruncatedWhileReading`] instead of mixing two logs.
     pub(crate) truncations: AtomicU64,
+    /// The durable frontier recovery verified when this WAL was opened: every retained batch up to
+    /// it had its seal checked in this process ([`crate::Wal::read_recovered_from`] relies on it while
+    /// `truncations` is still 0).
+    pub(crate) verified_at_open: Seqno,
     /// Whether the writer still has a next segment to prepare (it does so while idle).
     pub(crate) prep_pending: Mutex<bool>,
     /// Signalled when `prep_pending` changes.

@@ -120,6 +120,7 @@ impl Wal {
             poisoned: AtomicBool::new(false),
             stats: StatsCounters::default(),
             truncations: AtomicU64::new(0),
+            verified_at_open: recovery.durable,
             prep_pending: Mutex::new(config_preallocates),
             prep_changed: Condvar::new(),
         });
@@ -418,7 +419,17 @@ impl Wal {
     /// [`Error::Purged`] if `from` is below the retained segments.
     pub fn read_from(&self, from: Seqno) -> Result<WalReader, Error> {
         let (segments, from, durable, truncations) = self.read_plan(from)?;
-        Ok(WalReader::new(self.inner.shared.clone(), segments, from, durable, truncations))
+        Ok(WalReader::new(self.inner.shared.clone(), segments, from, durable, truncations, Seqno::ZERO))
+    }
+
+    /// [`Wal::read_from`] for startup replay: the batches that recovery verified when this WAL was
+    /// opened (up to [`Recovery::durable`]) are not hashed again. Their headers, lengths and seqno
+    /// chain are still checked, and every batch written since the open is verified as usual. Once a
+    /// quarantine or reset has cut the log, nothing is trusted and this is [`Wal::read_from`].
+    pub fn read_recovered_from(&self, from: Seqno) -> Result<WalReader, Error> {
+        let (segments, from, durable, truncations) = self.read_plan(from)?;
+        let trusted = if truncations == 0 { self.shared().verified_at_open } else { Seqno::ZERO };
+        Ok(WalReader::new(self.inner.shared.clone(), segments, from, durable, truncations, trusted))
     }
 
     /// [`Wal::read_from`] as runs of segment bytes whose seals are not checked ([`RawReader`]): for
