@@ -8,7 +8,7 @@ ANCHORS ?= ../shared/anchors
 ANCHORS_WORK ?= target/anchors-work
 REPORT_DIR ?= target/bench-report
 
-.PHONY: build run down single test model-check sim chaos crash-sweep sim-determinism verify fix lint bench bench-wal bench-feed bench-replay bench-cluster bench-peers gates demo clean
+.PHONY: build run down single test fuzz model-check sim chaos crash-sweep sim-determinism verify fix lint bench bench-wal bench-feed bench-replay bench-cluster bench-peers gates demo clean
 
 build:
 	$(CARGO) build --release --bin tidal
@@ -28,6 +28,15 @@ single: build
 # Every test in the workspace (unit, crate integration, recovery, golden fixture, HTTP end to end).
 test:
 	$(CARGO) nextest run --workspace --no-fail-fast
+
+# The decoders under libFuzzer (fuzz/): WAL segments as recovery scans them (encoded, then damaged),
+# record payloads, replication RPC messages; FUZZ_SECONDS each. Needs a nightly toolchain and
+# `cargo install cargo-fuzz`; not part of `make test`. A crash leaves its input in fuzz/artifacts/.
+FUZZ_SECONDS ?= 60
+fuzz:
+	cd fuzz && for target in wal_segment payload rpc; do \
+	  cargo +nightly fuzz run $$target -- -max_total_time=$(FUZZ_SECONDS) || exit 1; \
+	done
 
 # The replication protocol model-checked with deeper bounds, plus every planted bug (release build;
 # minutes). The last line: `model-check: <states> states, <violations> violations, <found>/<planted> ...`.
