@@ -71,7 +71,9 @@ fuzz_target!(|input: Input| {
     assert_eq!(intact.next_seqno, seqno);
 
     // The batches wholly before `at` (a damaged byte or a cut) may be accepted, no more.
-    let batches_before = |at: usize| starts.iter().zip(starts.iter().skip(1).chain([&data_end])).filter(|(_, end)| **end <= at).count();
+    let batches_before = |at: usize| {
+        starts.iter().zip(starts.iter().skip(1).chain([&data_end])).filter(|(_, end)| **end <= at).count()
+    };
     let (damaged_from, cut) = match &input.damage {
         Damage::None => (None, false),
         Damage::Flip { bit } => {
@@ -105,10 +107,15 @@ fuzz_target!(|input: Input| {
     assert_eq!(scan.batch_firsts.len() as u64, scan.batches);
     if let Some(at) = damaged_from.filter(|at| *at < data_end) {
         let allowed = batches_before(at);
-        assert!(scan.batches as usize <= allowed, "damage at byte {at} inside batch {allowed}, yet {} batches were accepted", scan.batches);
+        assert!(
+            scan.batches as usize <= allowed,
+            "damage at byte {at} inside batch {allowed}, yet {} batches were accepted",
+            scan.batches
+        );
         if cut && input.is_last {
             assert!(
-                matches!(scan.end, ScanEnd::Torn { offset } if offset == scan.valid_len) || scan.end == ScanEnd::Clean,
+                matches!(scan.end, ScanEnd::Torn { offset } if offset == scan.valid_len)
+                    || scan.end == ScanEnd::Clean,
                 "a cut last segment ends torn at a boundary: {scan:?}"
             );
         }
@@ -120,7 +127,10 @@ fuzz_target!(|input: Input| {
     let prefix = &bytes[..scan.valid_len as usize];
     let again = scan_segment(prefix, first, start_term, input.is_last);
     assert_eq!(again.end, ScanEnd::Clean);
-    assert_eq!((again.batches, again.next_seqno, again.last_term), (scan.batches, scan.next_seqno, scan.last_term));
+    assert_eq!(
+        (again.batches, again.next_seqno, again.last_term),
+        (scan.batches, scan.next_seqno, scan.last_term)
+    );
     let mut offset = 0;
     while offset < prefix.len() {
         let batch = decode_batch(&prefix[offset..]).expect("an accepted batch verifies on its own");
