@@ -228,6 +228,7 @@ pub fn decode_batch(buf: &[u8]) -> Result<BatchRef<'_>, DecodeError> {
 }
 
 /// Checks a batch's BLAKE3 seal over its header fields and payload.
+#[inline]
 pub(crate) fn check_seal(batch: &BatchRef<'_>) -> Result<(), DecodeError> {
     let mut head = [0u8; 32];
     head.copy_from_slice(&batch.encoded[0..32]);
@@ -239,6 +240,7 @@ pub(crate) fn check_seal(batch: &BatchRef<'_>) -> Result<(), DecodeError> {
 
 /// [`decode_batch`] without the seal: the header fields and the length are checked, the BLAKE3 hash
 /// is not. Only for bytes whose seal this process has already checked (recovery's scan at open).
+#[inline]
 pub(crate) fn decode_batch_unsealed(buf: &[u8]) -> Result<BatchRef<'_>, DecodeError> {
     let header = decode_header(buf)?;
     let len = header.encoded_len();

@@ -4,10 +4,10 @@
 //! Delicate: the reader takes a snapshot of the segment list and the durable frontier when it is
 //! created and never reads past it, so it never sees bytes that are written but not yet fsynced. It
 //! verifies every batch again (a disk can rot after recovery) and the seqno chain; only startup
-//! replay ([`crate::Wal::read_recovered_from`]) skips the seals recovery checked in the same open. A segment purged
-//! while the reader is on its way is reported as [`Error::Purged`]; a truncation (quarantine, reset)
-//! since the reader was created, as [`Error::TruncatedWhileReading`], checked after each segment read,
-//! so a reader never mixes batches of the old and the new log.
+//! replay ([`crate::Wal::read_recovered_from`]) skips the seals recovery checked in the same open.
+//! A segment purged while the reader is on its way is reported as [`Error::Purged`]; a truncation
+//! (quarantine, reset) since the reader was created, as [`Error::TruncatedWhileReading`], checked
+//! after each segment read, so a reader never mixes batches of the old and the new log.
 
 use std::collections::VecDeque;
 use std::path::PathBuf;
