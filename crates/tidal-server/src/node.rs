@@ -666,8 +666,8 @@ fn lock_data_dir(dir: &std::path::Path) -> anyhow::Result<File> {
     Ok(file)
 }
 
-/// Hands the durable batches in `(applied, durable]` to the applier as pending (not yet committed), at
-/// open (recovery checked their seals moments ago).
+/// Hands the durable batches in `(applied, durable]` to the applier as pending (not yet
+/// committed), at open (recovery checked their seals moments ago).
 fn hand_tail_to_applier(
     wal: &Wal,
     sender: &ApplierSender,
@@ -708,9 +708,9 @@ const REPLAY_CHUNK_BATCHES: usize = 1024;
 
 /// Startup replay, as a pipeline: a reader thread reads the segments, checks every batch's header
 /// and the seqno chain (recovery verified their seals moments ago, on every core:
-/// [`tidal_wal::Wal::read_recovered_from`]) and decodes its payload, while this thread folds the batches in order through the one apply
-/// path ([`TidalDb::apply_decoded`]) and the engine's flusher writes fjall. The read-ahead between
-/// the two is bounded by [`REPLAY_READ_AHEAD_BYTES`].
+/// [`tidal_wal::Wal::read_recovered_from`]) and decodes its payload, while this thread folds the
+/// batches in order through the one apply path ([`TidalDb::apply_decoded`]) and the engine's
+/// flusher writes fjall. The read-ahead between the two is bounded by [`REPLAY_READ_AHEAD_BYTES`].
 fn replay(wal: &Wal, db: &TidalDb, durable: Seqno) -> anyhow::Result<ReplayReport> {
     let started = Instant::now();
     let mut report = ReplayReport {
