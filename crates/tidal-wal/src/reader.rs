@@ -107,17 +107,14 @@ impl WalReader {
                 }
             };
             let offset = current.offset;
-            let batch = decode_batch_unsealed(&current.bytes[offset..])
-                .and_then(|batch| {
-                    // Recovery checked this seal at open (`read_recovered_from`); anything else is
-                    // checked here.
-                    if batch.header.last_seqno() > self.trusted_through {
-                        check_seal(&batch)?;
-                    }
-                    Ok(batch)
-                })
-                .map_err(|err| Error::corrupt(&current.path, offset as u64, err.to_string()))?;
+            let corrupt = |err: DecodeError| Error::corrupt(&current.path, offset as u64, err.to_string());
+            let batch = decode_batch_unsealed(&current.bytes[offset..]).map_err(corrupt)?;
             let header = batch.header;
+            // Recovery checked this seal at open (`read_recovered_from`); anything else is checked here.
+            let trusted = header.last_seqno() <= self.trusted_through;
+            if !trusted {
+                check_seal(&batch).map_err(corrupt)?;
+            }
             if Some(header.first_seqno) != self.next_seqno {
                 let expected = self.next_seqno.map_or_else(String::new, |seqno| seqno.to_string());
                 let reason = format!("batch starts at seqno {}, expected {expected}", header.first_seqno);
@@ -132,13 +129,8 @@ impl WalReader {
                 continue;
             }
             let encoded = Arc::from(batch.encoded);
-            let batch = if header.last_seqno() > self.trusted_through {
-                Batch::from_verified(encoded)
-            } else {
-                Batch::from_recovered(encoded)
-            }
-            .map_err(|err| Error::corrupt(&current.path, offset as u64, err.to_string()))?;
-            return Ok(Some(batch));
+            let batch = if trusted { Batch::from_recovered(encoded) } else { Batch::from_verified(encoded) };
+            return batch.map(Some).map_err(corrupt);
         }
     }
 }
