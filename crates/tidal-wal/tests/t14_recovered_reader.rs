@@ -63,14 +63,20 @@ fn read(reader: Result<tidal_wal::WalReader, Error>) -> Result<Vec<u64>, Error> 
     reader?.map(|batch| batch.map(|batch| batch.first_seqno().get())).collect()
 }
 
-fn assert_corrupt_at(result: Result<Vec<u64>, Error>, path: &PathBuf, offset: u64) {
+/// The read failed as corrupt at the damaged batch's file and offset, for a reason that says `why`.
+fn assert_corrupt_because(result: Result<Vec<u64>, Error>, path: &PathBuf, offset: u64, why: &str) {
     match result {
         Err(Error::Corrupt { path: at, offset: found, reason }) => {
-            assert_eq!((&at, found), (path, offset), "corruption reported at the flipped batch");
-            assert!(reason.contains("checksum"), "reason: {reason}");
+            assert_eq!((&at, found), (path, offset), "corruption reported at the damaged batch");
+            assert!(reason.contains(why), "reason {reason:?} should say {why:?}");
         }
-        other => panic!("expected corruption at {}:{offset}, got {other:?}", path.display()),
+        other => panic!("expected corruption ({why}) at {}:{offset}, got {other:?}", path.display()),
     }
+}
+
+/// A failed seal check at the flipped batch.
+fn assert_corrupt_at(result: Result<Vec<u64>, Error>, path: &PathBuf, offset: u64) {
+    assert_corrupt_because(result, path, offset, "checksum");
 }
 
 #[test]
@@ -126,18 +132,9 @@ fn headers_and_the_seqno_chain_are_still_checked_where_seals_are_trusted() {
     let (path, offset) = locate(&io, &wal, 9);
     // Byte 16 is the low byte of first_seqno: 9 becomes 8, which breaks the chain.
     io.flip_bit(&path, (offset + 16) * 8).unwrap();
-    match read(wal.read_recovered_from(Seqno(1))) {
-        Err(Error::Corrupt { path: at, offset: found, reason }) => {
-            assert_eq!((at, found), (path.clone(), offset));
-            assert!(reason.contains("expected 9"), "reason: {reason}");
-        }
-        other => panic!("expected a broken chain, got {other:?}"),
-    }
+    assert_corrupt_because(read(wal.read_recovered_from(Seqno(1))), &path, offset, "expected 9");
     // The magic number.
     io.flip_bit(&path, (offset + 16) * 8).unwrap();
     io.flip_bit(&path, offset * 8).unwrap();
-    match read(wal.read_recovered_from(Seqno(1))) {
-        Err(Error::Corrupt { path: at, offset: found, .. }) => assert_eq!((at, found), (path, offset)),
-        other => panic!("expected a bad magic number, got {other:?}"),
-    }
+    assert_corrupt_because(read(wal.read_recovered_from(Seqno(1))), &path, offset, "bad magic");
 }
