@@ -79,10 +79,18 @@ pub fn split_seqno_value(value: &[u8]) -> Option<(Seqno, &[u8])> {
 
 /// f32 values, little-endian.
 pub fn f32s_to_bytes(values: &[f32], out: &mut Vec<u8>) {
-    out.reserve(values.len() * 4);
-    for value in values {
-        out.extend_from_slice(&value.to_le_bytes());
+    // Grow once, then fill fixed-size chunks: the loop vectorizes (one `extend_from_slice` per
+    // value checked the capacity each time and stayed scalar; a flush converts every dirty vector).
+    let start = out.len();
+    out.resize(start + values.len() * 4, 0);
+    for (bytes, value) in out[start..].chunks_exact_mut(4).zip(values) {
+        bytes.copy_from_slice(&value.to_le_bytes());
     }
+}
+
+/// Whether every value is finite, without an early exit (so the loop vectorizes).
+pub fn all_finite(values: &[f32]) -> bool {
+    values.iter().fold(true, |all, value| all & value.is_finite())
 }
 
 /// Parses exactly `dimension` little-endian f32 values.
@@ -127,6 +135,26 @@ impl Profile {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn vector_helpers_agree_with_the_scalar_definitions() {
+        let values: Vec<f32> = (0..37).map(|i| i as f32 * -1.25 + 0.5).collect();
+        let mut out = vec![9u8]; // appends after what is there
+        f32s_to_bytes(&values, &mut out);
+        let scalar: Vec<u8> =
+            std::iter::once(9u8).chain(values.iter().flat_map(|v| v.to_le_bytes())).collect();
+        assert_eq!(out, scalar);
+        assert_eq!(f32s_from_bytes(&out[1..], values.len()), Some(values.clone()));
+        assert!(all_finite(&values) && all_finite(&[]));
+        // A non-finite value anywhere (first, middle, last, in and out of a vector lane) is seen.
+        for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+            for at in 0..values.len() {
+                let mut with = values.clone();
+                with[at] = bad;
+                assert!(!all_finite(&with), "{bad} at {at} not seen");
+            }
+        }
+    }
 
     #[test]
     fn keys_sort_numerically_and_prefixes_do_not_collide() {

@@ -173,9 +173,7 @@ pub fn encode_payload(envelope: &Envelope, records: &Records) -> EncodedPayload 
             out.extend_from_slice(&item.to_le_bytes());
             let dim = u32::try_from(vector.len()).expect("dimension checked by the API");
             out.extend_from_slice(&dim.to_le_bytes());
-            for value in vector {
-                out.extend_from_slice(&value.to_le_bytes());
-            }
+            crate::keys::f32s_to_bytes(vector, &mut out);
             1
         }
         Records::ItemDelete { item } => {
@@ -336,13 +334,12 @@ fn decode_other(reader: &mut Reader<'_>, kind: RecordKind) -> Result<Records, Re
             let item = reader.u64("item id")?;
             let dim = reader.u32("embedding dimension")? as usize;
             let bytes = reader.take("embedding values", dim.saturating_mul(4))?;
-            let mut vector = Vec::with_capacity(dim);
-            for chunk in bytes.chunks_exact(4) {
-                let value = f32::from_le_bytes([chunk[0], chunk[1], chunk[2], chunk[3]]);
-                if !value.is_finite() {
-                    return Err(RecordError::NonFinite { field: "embedding value" });
-                }
-                vector.push(value);
+            // Convert, then check: both loops are branch-free and vectorize (an early return per
+            // value kept the conversion scalar; replay decodes every embedding in the log).
+            let vector: Vec<f32> =
+                bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+            if !crate::keys::all_finite(&vector) {
+                return Err(RecordError::NonFinite { field: "embedding value" });
             }
             Records::ItemEmbedding { item, vector }
         }
