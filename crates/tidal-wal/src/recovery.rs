@@ -19,6 +19,12 @@
 //!   is kept when it holds only zeros (it never holds a batch) and preparation goes on from its
 //!   length; otherwise it is removed. Then the active segment is filled with zeros up to the
 //!   preallocated size and fsynced, before the writer starts.
+//! - A clean restart writes no zeros (decisions/033): a clean shutdown cut the active segment to
+//!   its logical length and renamed a completely prepared `segment.prep` to `segment.ready`. If
+//!   the last segment ends clean at its file length, the open takes `segment.ready` as the next
+//!   segment (a rename, as a rotation does) instead of filling the last one again, and trusts its
+//!   zeros without reading them: every byte was written and fsynced before the rename. Otherwise
+//!   `segment.ready` goes back to being `segment.prep`.
 
 use std::path::PathBuf;
 
@@ -31,7 +37,7 @@ use crate::io::{FileIo, WalFile};
 use crate::quarantine::{finish_truncation, remove_incomplete_quarantine_files};
 use crate::segment::{
     parse_segment_file_name, scan_segment, segment_file_name, ScanEnd, SegmentInfo, SegmentScan,
-    PREP_FILE_NAME,
+    PREP_FILE_NAME, READY_FILE_NAME,
 };
 use crate::wal_meta::{WalMeta, META_FILE_NAME, META_TMP_FILE_NAME};
 
@@ -81,6 +87,8 @@ pub(crate) struct Recovered {
     /// The next segment as a crash left it (`segment.prep`, zeros only, not longer than the
     /// preallocated size) and its length: the writer goes on preparing it instead of starting over.
     pub(crate) prep: Option<KeptPrep>,
+    /// The active segment is the `segment.ready` a clean shutdown kept (no zeros written at open).
+    pub(crate) took_ready: bool,
 }
 
 /// What scanning the segments found.
@@ -106,7 +114,10 @@ pub(crate) fn recover(config: &WalConfig, io: &dyn FileIo) -> Result<Recovered, 
         io.remove_file(&tmp).map_err(|err| Error::io("remove leftover meta file", &tmp, err))?;
     }
     let prep = dir.join(PREP_FILE_NAME);
-    let prep_kept = if paths.contains(&prep) { keep_prepared(config, io, &prep)? } else { None };
+    let mut prep_kept = if paths.contains(&prep) { keep_prepared(config, io, &prep)? } else { None };
+    let ready = dir.join(READY_FILE_NAME);
+    let ready_kept =
+        if paths.contains(&ready) { keep_ready(config, io, &ready, prep_kept.is_some())? } else { None };
     let mut segment_paths: Vec<(Seqno, PathBuf)> = paths
         .into_iter()
         .filter_map(|path| parse_segment_file_name(&path).map(|first| (first, path)))
@@ -126,14 +137,27 @@ pub(crate) fn recover(config: &WalConfig, io: &dyn FileIo) -> Result<Recovered, 
     remove_purged_leftovers(io, config, &mut segment_paths, meta.purged.seqno)?;
     check_start(config, &segment_paths, &meta, stored_meta.is_some())?;
 
-    let totals = scan_segments(io, &segment_paths, &meta, scan_threads())?;
+    let mut totals = scan_segments(io, &segment_paths, &meta, scan_threads())?;
     for (path, len) in &totals.unsealed {
         tracing::warn!(segment = %path.display(), len, "cutting the zeros off a sealed segment");
         let mut file = io.open_append(path).map_err(|err| Error::io("open segment", path, err))?;
         file.truncate(*len).map_err(|err| Error::fatal("seal segment", path, err))?;
         file.sync_data().map_err(|err| Error::fatal("fsync segment", path, err))?;
     }
-    let (active, active_len) = open_active(io, config, &totals)?;
+    let mut took_ready = false;
+    let (active, active_len) = match ready_kept {
+        Some((file, len)) if len >= config.preallocate_len() && ends_at_file_length(io, &totals)? => {
+            took_ready = true;
+            take_ready(io, config, &mut totals, file, len)?
+        }
+        Some(kept) => {
+            // Not taken now: it is the next segment, prepared (a rotation renames it).
+            io.rename(&ready, &prep).map_err(|err| Error::io("rename prepared segment", &ready, err))?;
+            prep_kept = Some(kept);
+            open_active(io, config, &totals)?
+        }
+        None => open_active(io, config, &totals)?,
+    };
 
     let retained_first = totals.segments.first().map_or(totals.next_seqno, |segment| segment.first_seqno);
     let mut term_history: Vec<TermSeqno> =
@@ -166,7 +190,74 @@ pub(crate) fn recover(config: &WalConfig, io: &dyn FileIo) -> Result<Recovered, 
         next_seqno: totals.next_seqno,
         index: totals.index,
         prep: prep_kept,
+        took_ready,
     })
+}
+
+/// A `segment.ready` found at open: kept, without reading it, if preallocation is on, no
+/// `segment.prep` was kept beside it (only one next segment is ever prepared) and it is not longer
+/// than the preallocated size; else removed.
+fn keep_ready(
+    config: &WalConfig,
+    io: &dyn FileIo,
+    path: &std::path::Path,
+    prep_kept: bool,
+) -> Result<Option<KeptPrep>, Error> {
+    let target = config.preallocate_len();
+    if target > 0 && !prep_kept {
+        let file = io.open_append(path).map_err(|err| Error::io("open prepared segment", path, err))?;
+        let len = file.len().map_err(|err| Error::io("read prepared segment length", path, err))?;
+        if len <= target {
+            return Ok(Some((file, len)));
+        }
+    }
+    tracing::info!(path = %path.display(), "removing a kept prepared segment that is not used");
+    io.remove_file(path).map_err(|err| Error::io("remove prepared segment", path, err))?;
+    Ok(None)
+}
+
+/// Whether the last segment ended clean exactly at its file's length (a clean shutdown cut it
+/// there): no torn tail, no zeros after its last batch.
+fn ends_at_file_length(io: &dyn FileIo, totals: &ScanTotals) -> Result<bool, Error> {
+    let Some(last) = totals.segments.last() else { return Ok(false) };
+    if totals.torn.is_some() {
+        return Ok(false);
+    }
+    let file = io.open_append(&last.path).map_err(|err| Error::io("open segment", &last.path, err))?;
+    let len = file.len().map_err(|err| Error::io("stat segment", &last.path, err))?;
+    Ok(len == last.bytes)
+}
+
+/// Makes the kept `segment.ready` the active segment, as a rotation would: renamed to the next
+/// segment's name (or over the last segment if that one holds no batch), then the directory
+/// fsynced. Its zeros were fsynced before it got its name, so nothing else is written.
+fn take_ready(
+    io: &dyn FileIo,
+    config: &WalConfig,
+    totals: &mut ScanTotals,
+    file: Box<dyn WalFile>,
+    len: u64,
+) -> Result<(Box<dyn WalFile>, u64), Error> {
+    let ready = config.dir.join(READY_FILE_NAME);
+    let empty_last =
+        totals.segments.last().filter(|last| last.last_seqno.is_none()).map(|last| last.path.clone());
+    let path = match empty_last {
+        Some(path) => path,
+        None => {
+            let path = config.dir.join(segment_file_name(totals.next_seqno));
+            totals.segments.push(SegmentInfo {
+                path: path.clone(),
+                first_seqno: totals.next_seqno,
+                last_seqno: None,
+                bytes: 0,
+            });
+            path
+        }
+    };
+    io.rename(&ready, &path).map_err(|err| Error::fatal("rename prepared segment", &path, err))?;
+    io.sync_dir(&config.dir).map_err(|err| Error::fatal("fsync WAL directory", &config.dir, err))?;
+    tracing::info!(segment = %path.display(), len, "took the prepared segment a clean shutdown kept");
+    Ok((file, len))
 }
 
 /// A `segment.prep` found at open: kept (and fsynced once more) if preallocation is on, it holds

@@ -32,6 +32,10 @@ pub const SEGMENT_SUFFIX: &str = ".seg";
 /// The next segment while it is prepared (zeros written and fsynced); a rotation renames it to the
 /// segment's name. Recovery removes it.
 pub const PREP_FILE_NAME: &str = "segment.prep";
+/// A prepared next segment a clean shutdown kept: every byte of it written with zeros and fsynced
+/// before the rename that gave it this name, so an open trusts it without reading it, and a
+/// restart takes it as its active segment instead of writing zeros (decisions/033).
+pub const READY_FILE_NAME: &str = "segment.ready";
 /// Digits of the zero-padded first seqno in a segment file name (u64::MAX has 20).
 const SEGMENT_NAME_DIGITS: usize = 20;
 

@@ -96,6 +96,7 @@ impl Wal {
         hook: Box<dyn FlushedHook>,
     ) -> Result<(Wal, Recovery), Error> {
         let recovered = recover(&config, io.as_ref())?;
+        let took_ready = recovered.took_ready;
         let recovery = recovered.recovery.clone();
         let history_term = recovered.meta.term_history.last().map_or(Term(0), |entry| entry.term);
         let active_info = recovered.segments.last().cloned().unwrap_or_else(|| SegmentInfo {
@@ -142,7 +143,9 @@ impl Wal {
         // spend its first seconds interleaving zero-fill steps with client drains (decisions/017).
         // A segment.prep a crash left behind is finished in idle steps instead: a restarted node
         // (a follower that must catch up) serves at once (decisions/022).
-        if matches!(writer.prep, Prep::Wanted) {
+        // After a clean restart that took the kept `segment.ready` (decisions/033) the next one is
+        // prepared in idle steps too: the restart writes no zeros before it serves.
+        if matches!(writer.prep, Prep::Wanted) && !took_ready {
             writer.prepare_next_segment();
         }
         shared.set_prep_pending(writer.prep.is_pending());

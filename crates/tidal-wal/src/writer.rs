@@ -55,7 +55,7 @@ use crate::batch::{encode_batch_into, Batch};
 use crate::error::Error;
 use crate::io::WalFile;
 use crate::recovery::ZERO_CHUNK_LEN;
-use crate::segment::{logged_time_ms, segment_file_name, SegmentInfo, PREP_FILE_NAME};
+use crate::segment::{logged_time_ms, segment_file_name, SegmentInfo, PREP_FILE_NAME, READY_FILE_NAME};
 use crate::shared::{Outcome, Queued, Shared, Work};
 
 /// Bytes at the start of every payload that hold the envelope's logged time (u64 LE unix ms).
@@ -298,8 +298,10 @@ impl Writer {
         }
     }
 
-    /// A clean shutdown leaves the WAL as without preallocation: the active segment cut to its
-    /// logical length (durable already; the cut is fsynced), no `segment.prep`.
+    /// A clean shutdown leaves the segments as without preallocation: the active segment cut to its
+    /// logical length (durable already; the cut is fsynced). A completely prepared next segment is
+    /// kept as `segment.ready` (renamed, the directory fsynced) for the next open to take without
+    /// writing zeros (decisions/033); a half-prepared one is removed.
     fn trim_at_shutdown(&mut self) -> Result<(), Error> {
         let path = &self.active_info.path;
         if self.active_len > self.active_info.bytes {
@@ -309,13 +311,24 @@ impl Writer {
             self.active.sync_data().map_err(|err| Error::fatal("fsync segment", path, err))?;
             self.active_len = self.active_info.bytes;
         }
-        if matches!(self.prep, Prep::Filling { .. } | Prep::Ready { .. }) {
-            self.prep = Prep::Wanted;
-            let prep = self.shared.config.dir.join(PREP_FILE_NAME);
-            self.shared
-                .io
-                .remove_file(&prep)
-                .map_err(|err| Error::io("remove prepared segment", &prep, err))?;
+        let dir = self.shared.config.dir.clone();
+        let prep = dir.join(PREP_FILE_NAME);
+        match std::mem::replace(&mut self.prep, Prep::Wanted) {
+            Prep::Ready { .. } => {
+                let ready = dir.join(READY_FILE_NAME);
+                self.shared
+                    .io
+                    .rename(&prep, &ready)
+                    .map_err(|err| Error::io("keep prepared segment", &prep, err))?;
+                self.shared.io.sync_dir(&dir).map_err(|err| Error::io("fsync WAL directory", &dir, err))?;
+            }
+            Prep::Filling { .. } => {
+                self.shared
+                    .io
+                    .remove_file(&prep)
+                    .map_err(|err| Error::io("remove prepared segment", &prep, err))?;
+            }
+            other => self.prep = other,
         }
         Ok(())
     }

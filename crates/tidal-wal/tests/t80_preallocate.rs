@@ -25,6 +25,14 @@ fn prep_path() -> PathBuf {
     dir().join("segment.prep")
 }
 
+fn ready_path() -> PathBuf {
+    dir().join("segment.ready")
+}
+
+fn segment_path(first: Seqno) -> PathBuf {
+    dir().join(format!("{:020}.seg", first.get()))
+}
+
 fn batch(first: u64, index: usize) -> Batch {
     let mut payload = (1_000 + index as u64).to_le_bytes().to_vec();
     payload.extend(std::iter::repeat_n(b'a' + (index % 26) as u8, 150 + index % 7));
@@ -79,7 +87,8 @@ fn the_active_segment_is_preallocated_and_sealed_segments_hold_no_zeros() {
     assert_eq!(read_all(&wal, 1), recorded.batches());
     wal.shutdown();
     assert_eq!(io.file_bytes(&active.path).unwrap().len() as u64, active.bytes, "shutdown cuts the zeros");
-    assert!(io.file_bytes(&prep_path()).is_err(), "shutdown removes the prepared segment");
+    assert!(io.file_bytes(&prep_path()).is_err(), "shutdown keeps the prepared segment under another name");
+    assert_eq!(io.synced_bytes(&ready_path()).unwrap(), vec![0u8; SEGMENT_BYTES_MAX as usize]);
     let (wal, recovery, _) = open(&io, small_config(SEGMENT_BYTES_MAX), &clock);
     assert_eq!(recovery.truncated, None);
     assert_eq!(read_all(&wal, 1), recorded.batches());
@@ -248,14 +257,101 @@ fn real_files_are_preallocated_rotated_and_cut() {
     drop(wal);
     assert_eq!(std::fs::metadata(&active.path).unwrap().len(), active.bytes);
     assert!(!temp.path().join("segment.prep").exists());
+    assert_eq!(std::fs::metadata(temp.path().join("segment.ready")).unwrap().len(), config.segment_bytes_max);
     config.preallocate_bytes = 0;
     let wal = open(&config);
     check(&wal);
+    assert!(!temp.path().join("segment.ready").exists(), "not kept without preallocation");
     wal.append_blocking(request(RecordKind::Signal, 1, b"unpreallocated")).unwrap();
     assert_eq!(
         std::fs::metadata(&active.path).unwrap().len(),
         wal.list_segments().unwrap().last().unwrap().bytes
     );
+}
+
+#[test]
+fn a_clean_restart_takes_the_kept_segment_and_writes_no_zeros() {
+    let io = SimIo::new();
+    let clock = Arc::new(ManualClock::new(1_000));
+    let (wal, _, _) = open(&io, small_config(SEGMENT_BYTES_MAX), &clock);
+    wal.append_replicated_blocking(batches(1, 2)).unwrap();
+    assert!(wal.wait_segment_prepared(PREPARED_WAIT));
+    let expected = read_all(&wal, 1);
+    let next = expected.last().unwrap().last_seqno().next();
+    drop(wal); // a clean shutdown
+    assert!(io.file_bytes(&prep_path()).is_err());
+    assert_eq!(io.synced_bytes(&ready_path()).unwrap(), vec![0u8; SEGMENT_BYTES_MAX as usize]);
+    assert!(io.is_entry_durable(&ready_path()), "renamed, and the directory fsynced");
+
+    let data_syncs = io.data_sync_count();
+    let (wal, recovery, _) = open(&io, small_config(SEGMENT_BYTES_MAX), &clock);
+    assert_eq!(io.data_sync_count(), data_syncs, "the open wrote and fsynced no zeros");
+    assert_eq!(recovery.truncated, None);
+    assert!(io.file_bytes(&ready_path()).is_err(), "taken");
+    assert!(io.is_entry_durable(&segment_path(next)), "as the next segment, durably");
+    let segments = wal.list_segments().unwrap();
+    let active = segments.last().unwrap();
+    assert_eq!((&active.path, active.first_seqno, active.bytes), (&segment_path(next), next, 0));
+    assert_eq!(io.file_bytes(&active.path).unwrap(), vec![0u8; SEGMENT_BYTES_MAX as usize]);
+    assert_eq!(read_all(&wal, 1), expected);
+    assert_eq!(wal.stats().segments_prepared, 0, "the next one is not prepared at open");
+
+    // Writes go into it; the next one is prepared in idle steps; a crash then loses nothing.
+    let appended = wal.append_blocking(request(RecordKind::Control, 1, b"after a clean restart")).unwrap();
+    assert_eq!(appended.first, next);
+    assert!(wal.wait_segment_prepared(PREPARED_WAIT));
+    assert_eq!(wal.stats().segments_prepared, 1);
+    let all = read_all(&wal, 1);
+    assert_eq!(all.len(), expected.len() + 1);
+    crash(&io, wal);
+    let (wal, recovery, _) = open(&io, small_config(SEGMENT_BYTES_MAX), &clock);
+    assert_eq!(recovery.truncated, None);
+    assert_eq!(read_all(&wal, 1), all);
+}
+
+#[test]
+fn a_kept_segment_replaces_an_empty_last_one_and_is_not_taken_after_zeros() {
+    let io = SimIo::new();
+    let clock = Arc::new(ManualClock::new(1_000));
+    // A WAL that never took a batch: the kept segment replaces its empty first segment.
+    drop(open(&io, small_config(SEGMENT_BYTES_MAX), &clock).0);
+    let (wal, _, _) = open(&io, small_config(SEGMENT_BYTES_MAX), &clock);
+    let segments = wal.list_segments().unwrap();
+    assert_eq!(segments.len(), 1, "{segments:?}");
+    assert_eq!((&segments[0].path, segments[0].bytes), (&segment_path(Seqno(1)), 0));
+    assert!(io.file_bytes(&ready_path()).is_err());
+    wal.append_replicated_blocking(batches(1, 2)).unwrap();
+    assert!(wal.wait_segment_prepared(PREPARED_WAIT));
+    let expected = read_all(&wal, 1);
+    drop(wal);
+
+    // The last segment does not end at its file's length (zeros after its batches, as a crash
+    // would leave them): the kept segment is not taken now but stays the prepared next one.
+    let last = segment_path(Seqno(1));
+    let mut bytes = io.file_bytes(&last).unwrap();
+    bytes.resize(SEGMENT_BYTES_MAX as usize, 0);
+    io.write_file(&last, &bytes);
+    let (wal, recovery, _) = open(&io, small_config(SEGMENT_BYTES_MAX), &clock);
+    assert_eq!(recovery.truncated, None);
+    assert_eq!(wal.list_segments().unwrap().len(), 1);
+    assert!(io.file_bytes(&ready_path()).is_err());
+    assert_eq!(io.file_bytes(&prep_path()).unwrap(), vec![0u8; SEGMENT_BYTES_MAX as usize]);
+    assert_eq!(wal.stats().segments_prepared, 0, "it is the next segment, ready");
+    assert_eq!(read_all(&wal, 1), expected);
+    drop(wal);
+
+    // Longer than the preallocated size, or beside a `segment.prep`: removed, never a segment.
+    for (ready, with_prep) in [(vec![0u8; SEGMENT_BYTES_MAX as usize + 1], false), (vec![0u8; 10], true)] {
+        io.write_file(&ready_path(), &ready);
+        if with_prep {
+            io.write_file(&prep_path(), &[0u8; 100]);
+        }
+        let (wal, recovery, _) = open(&io, small_config(SEGMENT_BYTES_MAX), &clock);
+        assert_eq!(recovery.truncated, None);
+        assert!(io.file_bytes(&ready_path()).is_err());
+        assert_eq!(read_all(&wal, 1), expected);
+        crash(&io, wal);
+    }
 }
 
 #[test]
