@@ -19,12 +19,12 @@
 //!   is kept when it holds only zeros (it never holds a batch) and preparation goes on from its
 //!   length; otherwise it is removed. Then the active segment is filled with zeros up to the
 //!   preallocated size and fsynced, before the writer starts.
-//! - A clean restart writes no zeros (decisions/033): a clean shutdown cut the active segment to
-//!   its logical length and renamed a completely prepared `segment.prep` to `segment.ready`. If
-//!   the last segment ends clean at its file length, the open takes `segment.ready` as the next
-//!   segment (a rename, as a rotation does) instead of filling the last one again, and trusts its
-//!   zeros without reading them: every byte was written and fsynced before the rename. Otherwise
-//!   `segment.ready` goes back to being `segment.prep`.
+//! - `segment.ready` is a completely prepared next segment (decisions/033): renamed from
+//!   `segment.prep` only after every zero in it was written and fsynced, so an open trusts it
+//!   without reading it. If the last segment ends clean at its file length (a clean shutdown cut
+//!   it there), the open takes `segment.ready` as the next segment (a rename, as a rotation does)
+//!   instead of filling the last one with zeros again: a clean restart writes no zeros. Otherwise
+//!   it stays the prepared next segment.
 
 use std::path::PathBuf;
 
@@ -74,6 +74,14 @@ pub struct TornTail {
 /// A `segment.prep` kept at open, and its length (zeros up to it).
 pub(crate) type KeptPrep = (Box<dyn WalFile>, u64);
 
+/// The next segment an open kept: complete (`segment.ready`) or half prepared (`segment.prep`).
+pub(crate) enum KeptNext {
+    /// `segment.ready`: every zero fsynced; its length.
+    Ready(Box<dyn WalFile>, u64),
+    /// `segment.prep`: zeros up to its length, checked at open.
+    Prep(Box<dyn WalFile>, u64),
+}
+
 /// Everything the writer and the handles start from.
 pub(crate) struct Recovered {
     pub(crate) recovery: Recovery,
@@ -84,10 +92,11 @@ pub(crate) struct Recovered {
     pub(crate) active_len: u64,
     pub(crate) next_seqno: Seqno,
     pub(crate) index: BatchIndex,
-    /// The next segment as a crash left it (`segment.prep`, zeros only, not longer than the
-    /// preallocated size) and its length: the writer goes on preparing it instead of starting over.
-    pub(crate) prep: Option<KeptPrep>,
-    /// The active segment is the `segment.ready` a clean shutdown kept (no zeros written at open).
+    /// The next segment as the last run left it: `segment.ready` (complete), or `segment.prep`
+    /// (zeros only, not longer than the preallocated size), which the writer goes on preparing
+    /// instead of starting over.
+    pub(crate) next: Option<KeptNext>,
+    /// The active segment is the `segment.ready` the last run left (no zeros written at open).
     pub(crate) took_ready: bool,
 }
 
@@ -113,11 +122,19 @@ pub(crate) fn recover(config: &WalConfig, io: &dyn FileIo) -> Result<Recovered, 
     if paths.contains(&tmp) {
         io.remove_file(&tmp).map_err(|err| Error::io("remove leftover meta file", &tmp, err))?;
     }
-    let prep = dir.join(PREP_FILE_NAME);
-    let mut prep_kept = if paths.contains(&prep) { keep_prepared(config, io, &prep)? } else { None };
     let ready = dir.join(READY_FILE_NAME);
-    let ready_kept =
-        if paths.contains(&ready) { keep_ready(config, io, &ready, prep_kept.is_some())? } else { None };
+    let ready_kept = if paths.contains(&ready) { keep_ready(config, io, &ready)? } else { None };
+    let prep = dir.join(PREP_FILE_NAME);
+    let prep_kept = match (paths.contains(&prep), ready_kept.is_some()) {
+        (false, _) => None,
+        (true, false) => keep_prepared(config, io, &prep)?,
+        (true, true) => {
+            // Only one next segment is ever prepared; the complete one is kept.
+            tracing::warn!(path = %prep.display(), "removing a prepared segment beside a ready one");
+            io.remove_file(&prep).map_err(|err| Error::io("remove prepared segment", &prep, err))?;
+            None
+        }
+    };
     let mut segment_paths: Vec<(Seqno, PathBuf)> = paths
         .into_iter()
         .filter_map(|path| parse_segment_file_name(&path).map(|first| (first, path)))
@@ -145,18 +162,21 @@ pub(crate) fn recover(config: &WalConfig, io: &dyn FileIo) -> Result<Recovered, 
         file.sync_data().map_err(|err| Error::fatal("fsync segment", path, err))?;
     }
     let mut took_ready = false;
-    let (active, active_len) = match ready_kept {
+    let (active, active_len, next) = match ready_kept {
         Some((file, len)) if len >= config.preallocate_len() && ends_at_file_length(io, &totals)? => {
             took_ready = true;
-            take_ready(io, config, &mut totals, file, len)?
+            let (active, active_len) = take_ready(io, config, &mut totals, file, len)?;
+            (active, active_len, None)
         }
-        Some(kept) => {
-            // Not taken now: it is the next segment, prepared (a rotation renames it).
-            io.rename(&ready, &prep).map_err(|err| Error::io("rename prepared segment", &ready, err))?;
-            prep_kept = Some(kept);
-            open_active(io, config, &totals)?
+        // Not taken now: it stays the next segment (a rotation takes it).
+        Some((file, len)) => {
+            let (active, active_len) = open_active(io, config, &totals)?;
+            (active, active_len, Some(KeptNext::Ready(file, len)))
         }
-        None => open_active(io, config, &totals)?,
+        None => {
+            let (active, active_len) = open_active(io, config, &totals)?;
+            (active, active_len, prep_kept.map(|(file, len)| KeptNext::Prep(file, len)))
+        }
     };
 
     let retained_first = totals.segments.first().map_or(totals.next_seqno, |segment| segment.first_seqno);
@@ -189,22 +209,20 @@ pub(crate) fn recover(config: &WalConfig, io: &dyn FileIo) -> Result<Recovered, 
         active_len,
         next_seqno: totals.next_seqno,
         index: totals.index,
-        prep: prep_kept,
+        next,
         took_ready,
     })
 }
 
-/// A `segment.ready` found at open: kept, without reading it, if preallocation is on, no
-/// `segment.prep` was kept beside it (only one next segment is ever prepared) and it is not longer
-/// than the preallocated size; else removed.
+/// A `segment.ready` found at open: kept, without reading it, if preallocation is on and it is not
+/// longer than the preallocated size (the configuration may have changed); else removed.
 fn keep_ready(
     config: &WalConfig,
     io: &dyn FileIo,
     path: &std::path::Path,
-    prep_kept: bool,
 ) -> Result<Option<KeptPrep>, Error> {
     let target = config.preallocate_len();
-    if target > 0 && !prep_kept {
+    if target > 0 {
         let file = io.open_append(path).map_err(|err| Error::io("open prepared segment", path, err))?;
         let len = file.len().map_err(|err| Error::io("read prepared segment length", path, err))?;
         if len <= target {

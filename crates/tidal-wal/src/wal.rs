@@ -131,7 +131,7 @@ impl Wal {
             active: recovered.active,
             active_info,
             active_len: recovered.active_len,
-            prep: Prep::resume(shared.config.preallocate_len(), recovered.prep),
+            prep: Prep::resume(shared.config.preallocate_len(), recovered.next),
             next_seqno: recovered.next_seqno,
             last_time_ms: recovery.last_time_ms,
             history_term,

@@ -33,15 +33,17 @@
 //! flushes data blocks only, with no file-size change to commit through the journal. The NEXT
 //! segment is prepared as `segment.prep`: completely at open, before the writer takes requests;
 //! after each rotation while the queue is empty, one chunk of zeros (and its fdatasync) at a time,
-//! checking the queue between chunks, so a drain waits for one chunk at most. A rotation:
+//! checking the queue between chunks, so a drain waits for one chunk at most. Once every zero is
+//! written and fsynced it is renamed `segment.ready` (and the directory fsynced): the name says it
+//! is complete, and an open trusts it without reading it (decisions/033). A rotation:
 //! 1. writes the pending bytes, cuts the old segment to its logical length (a sealed segment holds
 //!    no zeros, exactly as without preallocation) and fsyncs it: one fsync for both;
-//! 2. renames `segment.prep` to the new segment's name (or, if it is not ready, creates an empty
+//! 2. renames `segment.ready` to the new segment's name (or, if none is ready, creates an empty
 //!    file, written by appending: the fallback, counted in the stats), and fsyncs the directory.
 //!
-//! A crash between 1 and 2 leaves the old segment last and sealed, and a `segment.prep` that
-//! recovery removes. A batch larger than the zeros left grows the file past them. A clean shutdown
-//! cuts the active segment to its logical length and removes `segment.prep`.
+//! A crash between 1 and 2 leaves the old segment last and sealed, and a `segment.ready` the next
+//! open takes. A batch larger than the zeros left grows the file past them. A clean shutdown cuts
+//! the active segment to its logical length, keeps `segment.ready` and removes a `segment.prep`.
 
 use std::fmt;
 use std::path::PathBuf;
@@ -194,12 +196,16 @@ impl Prep {
         }
     }
 
-    /// The starting state at open: [`Prep::new`], or the `segment.prep` recovery kept (zeros up
-    /// to its length) to go on from.
-    pub(crate) fn resume(preallocate_len: u64, kept: Option<crate::recovery::KeptPrep>) -> Prep {
+    /// The starting state at open: [`Prep::new`], or the next segment recovery kept: a
+    /// `segment.ready` (complete) or a `segment.prep` (zeros up to its length) to go on from. A
+    /// `segment.prep` that is already long enough is only renamed by its next step.
+    pub(crate) fn resume(preallocate_len: u64, kept: Option<crate::recovery::KeptNext>) -> Prep {
+        use crate::recovery::KeptNext;
         match kept {
-            Some((file, len)) if preallocate_len > 0 && len >= preallocate_len => Prep::Ready { file, len },
-            Some((file, len)) if preallocate_len > 0 => Prep::Filling { file, len, target: preallocate_len },
+            Some(KeptNext::Ready(file, len)) if preallocate_len > 0 => Prep::Ready { file, len },
+            Some(KeptNext::Prep(file, len)) if preallocate_len > 0 => {
+                Prep::Filling { file, len, target: preallocate_len }
+            }
             _ => Prep::new(preallocate_len),
         }
     }
@@ -299,9 +305,9 @@ impl Writer {
     }
 
     /// A clean shutdown leaves the segments as without preallocation: the active segment cut to its
-    /// logical length (durable already; the cut is fsynced). A completely prepared next segment is
-    /// kept as `segment.ready` (renamed, the directory fsynced) for the next open to take without
-    /// writing zeros (decisions/033); a half-prepared one is removed.
+    /// logical length (durable already; the cut is fsynced). A completely prepared next segment
+    /// (`segment.ready`) stays for the next open to take without writing zeros (decisions/033); a
+    /// half-prepared one (`segment.prep`) is removed.
     fn trim_at_shutdown(&mut self) -> Result<(), Error> {
         let path = &self.active_info.path;
         if self.active_len > self.active_info.bytes {
@@ -311,24 +317,13 @@ impl Writer {
             self.active.sync_data().map_err(|err| Error::fatal("fsync segment", path, err))?;
             self.active_len = self.active_info.bytes;
         }
-        let dir = self.shared.config.dir.clone();
-        let prep = dir.join(PREP_FILE_NAME);
-        match std::mem::replace(&mut self.prep, Prep::Wanted) {
-            Prep::Ready { .. } => {
-                let ready = dir.join(READY_FILE_NAME);
-                self.shared
-                    .io
-                    .rename(&prep, &ready)
-                    .map_err(|err| Error::io("keep prepared segment", &prep, err))?;
-                self.shared.io.sync_dir(&dir).map_err(|err| Error::io("fsync WAL directory", &dir, err))?;
-            }
-            Prep::Filling { .. } => {
-                self.shared
-                    .io
-                    .remove_file(&prep)
-                    .map_err(|err| Error::io("remove prepared segment", &prep, err))?;
-            }
-            other => self.prep = other,
+        if matches!(self.prep, Prep::Filling { .. }) {
+            self.prep = Prep::Wanted;
+            let prep = self.shared.config.dir.join(PREP_FILE_NAME);
+            self.shared
+                .io
+                .remove_file(&prep)
+                .map_err(|err| Error::io("remove prepared segment", &prep, err))?;
         }
         Ok(())
     }
@@ -354,16 +349,23 @@ impl Writer {
                 Ok(Prep::Filling { file, len: 0, target })
             }),
             Prep::Filling { mut file, len, target } => {
-                let chunk = (target - len).min(step_len as u64);
+                let chunk = target.saturating_sub(len).min(step_len as u64);
                 let zeros = vec![0u8; usize::try_from(chunk).unwrap_or(step_len)];
-                file.write_all_at(len, &zeros).and_then(|()| file.sync_data()).map(|()| {
+                let written = if chunk > 0 {
+                    file.write_all_at(len, &zeros).and_then(|()| file.sync_data())
+                } else {
+                    Ok(())
+                };
+                written.and_then(|()| {
                     let len = len + chunk;
-                    if len >= target {
-                        self.shared.stats.segments_prepared.fetch_add(1, Ordering::Relaxed);
-                        Prep::Ready { file, len }
-                    } else {
-                        Prep::Filling { file, len, target }
+                    if len < target {
+                        return Ok(Prep::Filling { file, len, target });
                     }
+                    // Complete: every zero is fsynced. The new name says so (decisions/033).
+                    io.rename(&path, &dir.join(READY_FILE_NAME))?;
+                    io.sync_dir(&dir)?;
+                    self.shared.stats.segments_prepared.fetch_add(1, Ordering::Relaxed);
+                    Ok(Prep::Ready { file, len })
                 })
             }
             other => Ok(other),
@@ -653,10 +655,10 @@ impl Writer {
         let path: PathBuf = dir.join(segment_file_name(self.next_seqno));
         let (file, len) = match std::mem::replace(&mut self.prep, Prep::Off) {
             Prep::Ready { file, len } => {
-                let prep = dir.join(PREP_FILE_NAME);
+                let ready = dir.join(READY_FILE_NAME);
                 self.shared
                     .io
-                    .rename(&prep, &path)
+                    .rename(&ready, &path)
                     .map_err(|err| Error::fatal("rename prepared segment", &path, err))?;
                 self.prep = Prep::Wanted;
                 (file, len)

@@ -48,12 +48,12 @@ fn files(io: &SimIo) -> Vec<(String, Vec<u8>)> {
 }
 
 /// The files as the log holds them: each segment cut to its logical length and no `segment.prep`
-/// (preallocated zeros depend on when each writer was idle, decisions/017).
+/// or `segment.ready` (preallocated zeros depend on when each writer was idle, decisions/017, 033).
 fn log_files(io: &SimIo, wal: &Wal) -> Vec<(String, Vec<u8>)> {
     let segments = wal.list_segments().unwrap();
     files(io)
         .into_iter()
-        .filter(|(name, _)| name != "segment.prep")
+        .filter(|(name, _)| name != "segment.prep" && name != "segment.ready")
         .map(|(name, mut bytes)| {
             if let Some(segment) = segments.iter().find(|segment| file_name(&segment.path) == name) {
                 bytes.truncate(segment.bytes as usize);

@@ -58,7 +58,9 @@ fn the_active_segment_is_preallocated_and_sealed_segments_hold_no_zeros() {
     assert_eq!(io.synced_bytes(&first).unwrap().len() as u64, SEGMENT_BYTES_MAX, "and fsynced");
     for index in 0..20u8 {
         assert!(wal.wait_segment_prepared(PREPARED_WAIT));
-        assert_eq!(io.synced_bytes(&prep_path()).unwrap(), vec![0u8; SEGMENT_BYTES_MAX as usize]);
+        assert_eq!(io.synced_bytes(&ready_path()).unwrap(), vec![0u8; SEGMENT_BYTES_MAX as usize]);
+        assert!(io.is_entry_durable(&ready_path()), "named ready only once complete, durably");
+        assert!(io.file_bytes(&prep_path()).is_err());
         wal.append_blocking(request(RecordKind::Signal, 1, &[index; 200])).unwrap();
     }
     assert!(wal.wait_segment_prepared(PREPARED_WAIT));
@@ -87,8 +89,11 @@ fn the_active_segment_is_preallocated_and_sealed_segments_hold_no_zeros() {
     assert_eq!(read_all(&wal, 1), recorded.batches());
     wal.shutdown();
     assert_eq!(io.file_bytes(&active.path).unwrap().len() as u64, active.bytes, "shutdown cuts the zeros");
-    assert!(io.file_bytes(&prep_path()).is_err(), "shutdown keeps the prepared segment under another name");
-    assert_eq!(io.synced_bytes(&ready_path()).unwrap(), vec![0u8; SEGMENT_BYTES_MAX as usize]);
+    assert_eq!(
+        io.synced_bytes(&ready_path()).unwrap(),
+        vec![0u8; SEGMENT_BYTES_MAX as usize],
+        "shutdown keeps it"
+    );
     let (wal, recovery, _) = open(&io, small_config(SEGMENT_BYTES_MAX), &clock);
     assert_eq!(recovery.truncated, None);
     assert_eq!(read_all(&wal, 1), recorded.batches());
@@ -205,16 +210,17 @@ fn leftovers_of_a_preparation_and_an_unused_segment_are_not_corruption() {
         read_all(&open(&io, small_config(SEGMENT_BYTES_MAX), &clock).0, 1)
     };
     // What a crash right after a rotation leaves: the renamed, still all-zero next segment; and a
-    // half-prepared `segment.prep`.
+    // half-prepared `segment.prep` (no `segment.ready`: the rotation took it).
     let next = expected.last().unwrap().last_seqno().next();
     let unused = dir().join(format!("{:020}.seg", next.get()));
     io.write_file(&unused, &vec![0u8; SEGMENT_BYTES_MAX as usize]);
+    io.remove_file_for_test(&ready_path());
     io.write_file(&prep_path(), &[0u8; 100]);
     let (wal, recovery, _) = open(&io, small_config(SEGMENT_BYTES_MAX), &clock);
     assert_eq!(recovery.truncated, None);
     assert_eq!(read_all(&wal, 1), expected);
     assert!(wal.wait_segment_prepared(PREPARED_WAIT));
-    assert_eq!(io.file_bytes(&prep_path()).unwrap(), vec![0u8; SEGMENT_BYTES_MAX as usize]);
+    assert_eq!(io.file_bytes(&ready_path()).unwrap(), vec![0u8; SEGMENT_BYTES_MAX as usize]);
     let appended = wal.append_blocking(request(RecordKind::Control, 1, b"into the unused one")).unwrap();
     assert_eq!(appended.first, next);
     assert_eq!(wal.list_segments().unwrap().last().unwrap().path, unused);
@@ -283,18 +289,20 @@ fn a_clean_restart_takes_the_kept_segment_and_writes_no_zeros() {
     assert_eq!(io.synced_bytes(&ready_path()).unwrap(), vec![0u8; SEGMENT_BYTES_MAX as usize]);
     assert!(io.is_entry_durable(&ready_path()), "renamed, and the directory fsynced");
 
-    let data_syncs = io.data_sync_count();
     let (wal, recovery, _) = open(&io, small_config(SEGMENT_BYTES_MAX), &clock);
-    assert_eq!(io.data_sync_count(), data_syncs, "the open wrote and fsynced no zeros");
+    // The last segment stays cut at its batches: the open wrote no zeros into it (the writer
+    // thread, which prepares the next segment in idle steps, never touches a sealed segment).
+    let last_len = io.file_bytes(&segment_path(Seqno(1))).unwrap().len();
+    assert_eq!(last_len, encoded(&expected).len(), "no zeros written at open");
     assert_eq!(recovery.truncated, None);
-    assert!(io.file_bytes(&ready_path()).is_err(), "taken");
+    // Taken as the next segment, durably. (A new `segment.ready` may already be there: the idle
+    // writer prepares the one after it at once.)
     assert!(io.is_entry_durable(&segment_path(next)), "as the next segment, durably");
     let segments = wal.list_segments().unwrap();
     let active = segments.last().unwrap();
     assert_eq!((&active.path, active.first_seqno, active.bytes), (&segment_path(next), next, 0));
     assert_eq!(io.file_bytes(&active.path).unwrap(), vec![0u8; SEGMENT_BYTES_MAX as usize]);
     assert_eq!(read_all(&wal, 1), expected);
-    assert_eq!(wal.stats().segments_prepared, 0, "the next one is not prepared at open");
 
     // Writes go into it; the next one is prepared in idle steps; a crash then loses nothing.
     let appended = wal.append_blocking(request(RecordKind::Control, 1, b"after a clean restart")).unwrap();
@@ -319,14 +327,14 @@ fn a_kept_segment_replaces_an_empty_last_one_and_is_not_taken_after_zeros() {
     let segments = wal.list_segments().unwrap();
     assert_eq!(segments.len(), 1, "{segments:?}");
     assert_eq!((&segments[0].path, segments[0].bytes), (&segment_path(Seqno(1)), 0));
-    assert!(io.file_bytes(&ready_path()).is_err());
+    assert_eq!(io.file_bytes(&segments[0].path).unwrap(), vec![0u8; SEGMENT_BYTES_MAX as usize]);
     wal.append_replicated_blocking(batches(1, 2)).unwrap();
     assert!(wal.wait_segment_prepared(PREPARED_WAIT));
     let expected = read_all(&wal, 1);
     drop(wal);
 
     // The last segment does not end at its file's length (zeros after its batches, as a crash
-    // would leave them): the kept segment is not taken now but stays the prepared next one.
+    // leaves them): the ready segment is not taken now but stays the prepared next one.
     let last = segment_path(Seqno(1));
     let mut bytes = io.file_bytes(&last).unwrap();
     bytes.resize(SEGMENT_BYTES_MAX as usize, 0);
@@ -334,24 +342,29 @@ fn a_kept_segment_replaces_an_empty_last_one_and_is_not_taken_after_zeros() {
     let (wal, recovery, _) = open(&io, small_config(SEGMENT_BYTES_MAX), &clock);
     assert_eq!(recovery.truncated, None);
     assert_eq!(wal.list_segments().unwrap().len(), 1);
-    assert!(io.file_bytes(&ready_path()).is_err());
-    assert_eq!(io.file_bytes(&prep_path()).unwrap(), vec![0u8; SEGMENT_BYTES_MAX as usize]);
+    assert_eq!(io.file_bytes(&ready_path()).unwrap(), vec![0u8; SEGMENT_BYTES_MAX as usize]);
     assert_eq!(wal.stats().segments_prepared, 0, "it is the next segment, ready");
     assert_eq!(read_all(&wal, 1), expected);
-    drop(wal);
+    crash(&io, wal);
 
-    // Longer than the preallocated size, or beside a `segment.prep`: removed, never a segment.
-    for (ready, with_prep) in [(vec![0u8; SEGMENT_BYTES_MAX as usize + 1], false), (vec![0u8; 10], true)] {
-        io.write_file(&ready_path(), &ready);
-        if with_prep {
-            io.write_file(&prep_path(), &[0u8; 100]);
-        }
-        let (wal, recovery, _) = open(&io, small_config(SEGMENT_BYTES_MAX), &clock);
-        assert_eq!(recovery.truncated, None);
-        assert!(io.file_bytes(&ready_path()).is_err());
-        assert_eq!(read_all(&wal, 1), expected);
-        crash(&io, wal);
-    }
+    // Longer than the preallocated size: removed, never a segment, and prepared anew.
+    io.write_file(&ready_path(), &vec![0u8; SEGMENT_BYTES_MAX as usize + 1]);
+    let (wal, recovery, _) = open(&io, small_config(SEGMENT_BYTES_MAX), &clock);
+    assert_eq!(recovery.truncated, None);
+    assert_eq!(read_all(&wal, 1), expected);
+    assert!(wal.wait_segment_prepared(PREPARED_WAIT));
+    assert_eq!(wal.stats().segments_prepared, 1);
+    assert_eq!(io.file_bytes(&ready_path()).unwrap(), vec![0u8; SEGMENT_BYTES_MAX as usize]);
+    crash(&io, wal);
+
+    // Beside a `segment.prep` (only one next segment is ever prepared): the complete one is kept.
+    io.write_file(&prep_path(), &[0u8; 100]);
+    let (wal, recovery, _) = open(&io, small_config(SEGMENT_BYTES_MAX), &clock);
+    assert_eq!(recovery.truncated, None);
+    assert!(io.file_bytes(&prep_path()).is_err());
+    assert_eq!(io.file_bytes(&ready_path()).unwrap(), vec![0u8; SEGMENT_BYTES_MAX as usize]);
+    assert_eq!(read_all(&wal, 1), expected);
+    crash(&io, wal);
 }
 
 #[test]
@@ -423,12 +436,12 @@ fn a_prepared_segment_left_by_a_crash_is_kept_and_one_with_bytes_is_replaced() {
         let (wal, _, _) = open(&io, small_config(SEGMENT_BYTES_MAX), &clock);
         wal.append_replicated_blocking(batches(1, 2)).unwrap();
         assert!(wal.wait_segment_prepared(PREPARED_WAIT));
-        crash(&io, wal); // no clean shutdown: segment.prep stays
+        crash(&io, wal); // no clean shutdown: segment.ready stays
     }
     let (wal, _, _) = open(&io, small_config(SEGMENT_BYTES_MAX), &clock);
     assert!(wal.wait_segment_prepared(PREPARED_WAIT));
-    assert_eq!(wal.stats().segments_prepared, 0, "the kept segment.prep is ready: nothing written at open");
-    assert_eq!(io.synced_bytes(&prep_path()).unwrap(), vec![0u8; SEGMENT_BYTES_MAX as usize]);
+    assert_eq!(wal.stats().segments_prepared, 0, "the kept segment.ready: nothing written at open");
+    assert_eq!(io.synced_bytes(&ready_path()).unwrap(), vec![0u8; SEGMENT_BYTES_MAX as usize]);
     // Up to the first rotation only: a second one may come before the next segment.prep is ready.
     for index in 0..8u8 {
         wal.append_blocking(request(RecordKind::Signal, 1, &[index + 1; 200])).unwrap();
@@ -442,25 +455,40 @@ fn a_prepared_segment_left_by_a_crash_is_kept_and_one_with_bytes_is_replaced() {
     let before = read_all(&wal, 1);
     crash(&io, wal);
 
-    // Half prepared: finished in idle steps from where it stopped.
+    // Half prepared (a crash during the preparation after a rotation): finished in idle steps
+    // from where it stopped, then named ready.
+    io.remove_file_for_test(&ready_path());
     io.write_file(&prep_path(), &[0u8; 300]);
     let (wal, _, _) = open(&io, small_config(SEGMENT_BYTES_MAX), &clock);
     assert!(wal.wait_segment_prepared(PREPARED_WAIT));
     assert_eq!(wal.stats().segments_prepared, 1);
-    assert_eq!(io.synced_bytes(&prep_path()).unwrap(), vec![0u8; SEGMENT_BYTES_MAX as usize]);
+    assert_eq!(io.synced_bytes(&ready_path()).unwrap(), vec![0u8; SEGMENT_BYTES_MAX as usize]);
+    assert!(io.file_bytes(&prep_path()).is_err());
     assert_eq!(read_all(&wal, 1), before);
     crash(&io, wal);
 
     // Not zeros, or too long: removed and prepared again, and never read as a segment.
     for bad in [vec![7u8; 300], vec![0u8; SEGMENT_BYTES_MAX as usize + 1]] {
+        io.remove_file_for_test(&ready_path());
         io.write_file(&prep_path(), &bad);
         let (wal, recovery, _) = open(&io, small_config(SEGMENT_BYTES_MAX), &clock);
         assert_eq!(recovery.truncated, None);
         assert_eq!(read_all(&wal, 1), before);
         assert!(wal.wait_segment_prepared(PREPARED_WAIT));
-        assert_eq!(io.synced_bytes(&prep_path()).unwrap(), vec![0u8; SEGMENT_BYTES_MAX as usize]);
+        assert_eq!(io.synced_bytes(&ready_path()).unwrap(), vec![0u8; SEGMENT_BYTES_MAX as usize]);
         crash(&io, wal);
     }
+
+    // Complete but not yet renamed (a crash between the last zeros' fsync and the rename): kept
+    // after its check and named ready by the next step, with nothing written.
+    io.remove_file_for_test(&ready_path());
+    io.write_file(&prep_path(), &vec![0u8; SEGMENT_BYTES_MAX as usize]);
+    let (wal, _, _) = open(&io, small_config(SEGMENT_BYTES_MAX), &clock);
+    assert!(wal.wait_segment_prepared(PREPARED_WAIT));
+    assert_eq!(wal.stats().segments_prepared, 1);
+    assert!(io.file_bytes(&prep_path()).is_err());
+    assert_eq!(io.synced_bytes(&ready_path()).unwrap(), vec![0u8; SEGMENT_BYTES_MAX as usize]);
+    assert_eq!(read_all(&wal, 1), before);
 }
 
 /// The process dies with the machine: its next file operation (the clean shutdown's first) fails,
