@@ -223,8 +223,7 @@ fn keep_ready(
 ) -> Result<Option<KeptPrep>, Error> {
     let target = config.preallocate_len();
     if target > 0 {
-        let file = io.open_append(path).map_err(|err| Error::io("open prepared segment", path, err))?;
-        let len = file.len().map_err(|err| Error::io("read prepared segment length", path, err))?;
+        let (file, len) = open_with_len(io, path)?;
         if len <= target {
             return Ok(Some((file, len)));
         }
@@ -234,6 +233,13 @@ fn keep_ready(
     Ok(None)
 }
 
+/// Opens a WAL file for writing, with its length on disk.
+fn open_with_len(io: &dyn FileIo, path: &std::path::Path) -> Result<(Box<dyn WalFile>, u64), Error> {
+    let file = io.open_append(path).map_err(|err| Error::io("open WAL file", path, err))?;
+    let len = file.len().map_err(|err| Error::io("read WAL file length", path, err))?;
+    Ok((file, len))
+}
+
 /// Whether the last segment ended clean exactly at its file's length (a clean shutdown cut it
 /// there): no torn tail, no zeros after its last batch.
 fn ends_at_file_length(io: &dyn FileIo, totals: &ScanTotals) -> Result<bool, Error> {
@@ -241,9 +247,7 @@ fn ends_at_file_length(io: &dyn FileIo, totals: &ScanTotals) -> Result<bool, Err
     if totals.torn.is_some() {
         return Ok(false);
     }
-    let file = io.open_append(&last.path).map_err(|err| Error::io("open segment", &last.path, err))?;
-    let len = file.len().map_err(|err| Error::io("stat segment", &last.path, err))?;
-    Ok(len == last.bytes)
+    Ok(open_with_len(io, &last.path)?.1 == last.bytes)
 }
 
 /// Makes the kept `segment.ready` the active segment, as a rotation would: renamed to the next
@@ -292,8 +296,7 @@ fn keep_prepared(
     let kept = if target == 0 {
         None
     } else {
-        let mut file = io.open_append(path).map_err(|err| Error::io("open prepared segment", path, err))?;
-        let len = file.len().map_err(|err| Error::io("read prepared segment length", path, err))?;
+        let (mut file, len) = open_with_len(io, path)?;
         let zeros = len <= target
             && io.is_zero_prefix(path, len).map_err(|err| Error::io("read prepared segment", path, err))?;
         if zeros {
