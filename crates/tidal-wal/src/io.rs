@@ -151,8 +151,8 @@ impl FileIo for StdIo {
         Ok((bytes, zeros as u64))
     }
 
-    /// In 1 MiB steps through one buffer: a kept `segment.prep` is a whole segment of zeros, and
-    /// reading it into one allocation cost a restart tens of milliseconds of page faults.
+    /// In 1 MiB steps through one buffer: a kept `segment.prep` may be up to a whole segment of
+    /// zeros, and reading it into one allocation cost a restart tens of milliseconds of page faults.
     fn is_zero_prefix(&self, path: &Path, len: u64) -> io::Result<bool> {
         for_each_chunk(File::open(path)?.take(len), crate::segment::is_zero)
     }

@@ -161,21 +161,20 @@ pub(crate) fn recover(config: &WalConfig, io: &dyn FileIo) -> Result<Recovered, 
         file.truncate(*len).map_err(|err| Error::fatal("seal segment", path, err))?;
         file.sync_data().map_err(|err| Error::fatal("fsync segment", path, err))?;
     }
-    let mut took_ready = false;
-    let (active, active_len, next) = match ready_kept {
+    // The active segment and length, the next segment kept, and whether the ready one was taken.
+    let (active, active_len, next, took_ready) = match ready_kept {
         Some((file, len)) if len >= config.preallocate_len() && ends_at_file_length(io, &totals)? => {
-            took_ready = true;
             let (active, active_len) = take_ready(io, config, &mut totals, file, len)?;
-            (active, active_len, None)
+            (active, active_len, None, true)
         }
         // Not taken now: it stays the next segment (a rotation takes it).
         Some((file, len)) => {
             let (active, active_len) = open_active(io, config, &totals)?;
-            (active, active_len, Some(KeptNext::Ready(file, len)))
+            (active, active_len, Some(KeptNext::Ready(file, len)), false)
         }
         None => {
             let (active, active_len) = open_active(io, config, &totals)?;
-            (active, active_len, prep_kept.map(|(file, len)| KeptNext::Prep(file, len)))
+            (active, active_len, prep_kept.map(|(file, len)| KeptNext::Prep(file, len)), false)
         }
     };
 

@@ -174,7 +174,8 @@ pub(crate) struct Writer {
 /// several ms right after a rotation).
 const PREP_IDLE_STEP_LEN: usize = 128 * 1024;
 
-/// The next segment's preparation (`segment.prep`).
+/// The next segment's preparation: `segment.prep` while it is filled, `segment.ready` once
+/// complete (decisions/033).
 pub(crate) enum Prep {
     /// Preallocation is off, or gave up after an I/O error.
     Off,
@@ -182,7 +183,7 @@ pub(crate) enum Prep {
     Wanted,
     /// Zeros written up to `len` of `target`; the last chunk fsynced.
     Filling { file: Box<dyn WalFile>, len: u64, target: u64 },
-    /// Written with zeros and fsynced; the next rotation takes it.
+    /// Written with zeros and fsynced, and named `segment.ready`; the next rotation takes it.
     Ready { file: Box<dyn WalFile>, len: u64 },
 }
 
