@@ -5,8 +5,10 @@
 //! command measures a fresh node; otherwise it drives `--url`. Latencies are client-observed, from
 //! sending the request to receiving the acknowledgement (after fsync and apply).
 
+use crate::bench_conn::{LeanConn, Target};
 use crate::config::{ServeArgs, ServeConfig};
 use anyhow::Context;
+use hyper::Method;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -306,20 +308,20 @@ fn leader_address(url: &str, status: &tidal_types::ClusterStatus) -> Option<Stri
     Some(format!("{scheme}://{}", node.http))
 }
 
-struct SpawnedNode {
+pub(crate) struct SpawnedNode {
     shutdown: tokio::sync::oneshot::Sender<()>,
     task: tokio::task::JoinHandle<anyhow::Result<()>>,
     _dir: tempfile::TempDir,
 }
 
 impl SpawnedNode {
-    async fn stop(self) -> anyhow::Result<()> {
+    pub(crate) async fn stop(self) -> anyhow::Result<()> {
         let _ = self.shutdown.send(());
         self.task.await.context("spawned node task")?
     }
 }
 
-async fn spawn_node(dim: u32) -> anyhow::Result<(String, SpawnedNode)> {
+pub(crate) async fn spawn_node(dim: u32) -> anyhow::Result<(String, SpawnedNode)> {
     let dir = tempfile::Builder::new().prefix("tidal-bench").tempdir().context("create bench data dir")?;
     let args =
         ServeArgs { data_dir: Some(dir.path().to_path_buf()), dimension: Some(dim), ..Default::default() };
@@ -401,14 +403,15 @@ struct Report {
 }
 
 async fn drive(client: &Client, args: &BenchArgs) -> anyhow::Result<Report> {
-    // The signal bodies are encoded before the clock starts, so the load generator spends its CPU
-    // on sending, not on building 1,000 signals and their JSON per request (with --spawn it shares
-    // the cores with the node it measures).
+    // Signal and embedding bodies are encoded before the clock starts, and writes go out on one lean
+    // connection per worker (`bench_conn`), so the load generator spends its CPU on sending, not on
+    // building JSON and pooling connections (it shares the cores with the nodes it measures).
     let bodies = match args.workload {
         Workload::Signals => Some(Arc::new(signal_bodies(args)?)),
+        Workload::Embeddings => Some(Arc::new(embedding_bodies(args)?)),
         _ => None,
     };
-    let raw = RawPoster::new(client);
+    let target = Target::new(client.base(), client.token())?;
     let issued = Arc::new(AtomicU64::new(0));
     let done = Arc::new(AtomicU64::new(0));
     let events = Arc::new(AtomicU64::new(0));
@@ -427,7 +430,7 @@ async fn drive(client: &Client, args: &BenchArgs) -> anyhow::Result<Report> {
     for worker in 0..args.concurrency {
         let (client, args, followers, everyone) =
             (client.clone(), args.clone(), followers.clone(), everyone.clone());
-        let (bodies, raw) = (bodies.clone(), raw.clone());
+        let (bodies, mut conn) = (bodies.clone(), LeanConn::new(target.clone()));
         let (issued, done, events, errors, stop) =
             (issued.clone(), done.clone(), events.clone(), errors.clone(), stop.clone());
         workers.push(tokio::spawn(async move {
@@ -462,15 +465,14 @@ async fn drive(client: &Client, args: &BenchArgs) -> anyhow::Result<Report> {
                         }
                         (Ok(1), lag)
                     }
-                    Some(Err(error)) => (Err(error), 0),
+                    Some(Err(error)) => (Err(anyhow::Error::new(error)), 0),
                     None => {
-                        let result = match &bodies {
-                            Some(bodies) => {
-                                let body = bodies[(n % bodies.len() as u64) as usize].clone();
-                                raw.post("/v1/signals", body).await.map(|()| args.batch as u64)
-                            }
-                            None => one_request(&client, &args, worker as u64, n).await,
+                        let request = Request {
+                            worker: worker as u64,
+                            n,
+                            bodies: bodies.as_ref().map(|bodies| bodies.as_slice()),
                         };
+                        let result = one_request(&client, &mut conn, &args, request).await;
                         (result, u32::try_from(sent.elapsed().as_micros()).unwrap_or(u32::MAX))
                     }
                 };
@@ -563,68 +565,59 @@ fn signal_bodies(args: &BenchArgs) -> anyhow::Result<Vec<axum::body::Bytes>> {
         .collect()
 }
 
-/// Posts pre-encoded JSON bodies (a clone of `Bytes` is a reference count, not a copy).
-#[derive(Clone)]
-struct RawPoster {
-    http: reqwest::Client,
-    base: String,
-    token: Option<String>,
+/// Distinct pre-encoded embedding bodies; request `n` sends body `n % SIGNAL_BODIES` (the vector
+/// `embedding(n, dim)`), so the bench does not format `dim` floats per request.
+fn embedding_bodies(args: &BenchArgs) -> anyhow::Result<Vec<axum::body::Bytes>> {
+    (0..SIGNAL_BODIES.min(args.requests_max.max(1)))
+        .map(|n| {
+            let body = serde_json::to_vec(&tidal_types::EmbeddingPut { vector: embedding(n, args.dim) })?;
+            Ok(axum::body::Bytes::from(body))
+        })
+        .collect()
 }
 
-impl RawPoster {
-    fn new(client: &Client) -> RawPoster {
-        let http = reqwest::Client::builder()
-            .timeout(Duration::from_secs(30))
-            .pool_max_idle_per_host(256)
-            .build()
-            .expect("a client with only a timeout and pool size always builds");
-        RawPoster { http, base: client.base().to_string(), token: client.token().map(str::to_string) }
-    }
-
-    async fn post(&self, path: &str, body: axum::body::Bytes) -> Result<(), tidal_client::Error> {
-        let mut request = self
-            .http
-            .post(format!("{}{path}", self.base))
-            .header(reqwest::header::CONTENT_TYPE, "application/json")
-            .body(body);
-        if let Some(token) = &self.token {
-            request = request.bearer_auth(token);
-        }
-        let reply = request.send().await?;
-        let status = reply.status();
-        let bytes = reply.bytes().await?;
-        if status.is_success() {
-            return Ok(());
-        }
-        let (code, message) = match serde_json::from_slice::<tidal_types::ErrorBody>(&bytes) {
-            Ok(body) => (body.error.code, body.error.message),
-            Err(_) => ("http".to_string(), String::from_utf8_lossy(&bytes).into_owned()),
-        };
-        Err(tidal_client::Error::Api { status: status.as_u16(), code, message })
-    }
-}
-
-async fn one_request(
-    client: &Client,
-    args: &BenchArgs,
+/// One request of a worker: its index `n` over all workers and the pre-encoded bodies, if any.
+struct Request<'a> {
     worker: u64,
     n: u64,
-) -> Result<u64, tidal_client::Error> {
+    bodies: Option<&'a [axum::body::Bytes]>,
+}
+
+impl Request<'_> {
+    fn body(&self) -> axum::body::Bytes {
+        let bodies = self.bodies.expect("this workload pre-encodes its bodies");
+        bodies[(self.n % bodies.len() as u64) as usize].clone()
+    }
+}
+
+/// Sends one request of a write workload on `conn` (the feed's reads go through `client`); returns
+/// the events it carried.
+async fn one_request(
+    client: &Client,
+    conn: &mut LeanConn,
+    args: &BenchArgs,
+    request: Request<'_>,
+) -> anyhow::Result<u64> {
+    let id = args.id_base + request.n;
     match args.workload {
+        Workload::Signals => {
+            conn.send(Method::POST, "/v1/signals", request.body()).await?;
+            Ok(args.batch as u64)
+        }
         Workload::Items => {
-            let metadata = serde_json::json!({"title": format!("item {n}"), "worker": worker});
-            client.put_item(args.id_base + n, metadata, None).await?;
+            let body =
+                format!(r#"{{"metadata":{{"title":"item {}","worker":{}}}}}"#, request.n, request.worker);
+            conn.send(Method::PUT, &format!("/v1/items/{id}"), body.into()).await?;
             Ok(1)
         }
         Workload::Embeddings => {
-            client.put_embedding(args.id_base + n, embedding(n, args.dim)).await?;
+            conn.send(Method::PUT, &format!("/v1/items/{id}/embedding"), request.body()).await?;
             Ok(1)
         }
         Workload::Feed => {
-            client.feed(&format!("u{}", (n * 7) % args.users.max(1)), 20).await?;
+            client.feed(&format!("u{}", (request.n * 7) % args.users.max(1)), 20).await?;
             Ok(1)
         }
-        Workload::Signals => unreachable!("signal requests are pre-encoded by signal_bodies"),
         Workload::Lag | Workload::ReadAnywhere => unreachable!("lag requests are timed by lag_request"),
     }
 }

@@ -16,6 +16,7 @@
 
 pub mod auth;
 pub mod bench;
+mod bench_conn;
 pub mod cluster_cmd;
 pub mod config;
 pub mod demo;

@@ -114,8 +114,15 @@ fn main() -> anyhow::Result<()> {
         )
         .with_writer(std::io::stderr)
         .init();
-    let runtime =
-        tokio::runtime::Builder::new_multi_thread().enable_all().build().context("start tokio runtime")?;
+    // Against a running node the load generator runs on one thread, as redis-benchmark does: a
+    // reply wakes no second worker (decisions/035). With --spawn the node shares its runtime.
+    let one_thread = matches!(&cli.command, Command::Bench(args) if !args.spawn);
+    let runtime = if one_thread {
+        tokio::runtime::Builder::new_current_thread().enable_all().build()
+    } else {
+        tokio::runtime::Builder::new_multi_thread().enable_all().build()
+    }
+    .context("start tokio runtime")?;
     match cli.command {
         Command::Serve(args) => runtime.block_on(serve(args)),
         Command::Bench(args) => runtime.block_on(bench::run(args)),
