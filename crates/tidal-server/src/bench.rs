@@ -146,6 +146,9 @@ pub struct Summary {
     /// The written node's WAL fsync latency over the run (from its `/metrics` before and after),
     /// when it answered both times: what the ack latency is set against.
     pub fsync: Option<FsyncWindow>,
+    /// CPU this process used per finished request over the run, in µs (Linux; with `--spawn` it
+    /// includes the node): the load generator shares the cores with what it measures.
+    pub client_cpu_us: Option<f64>,
 }
 
 /// The WAL fsyncs of one node between two reads of its `tidal_wal_fsync_seconds` histogram.
@@ -267,14 +270,38 @@ pub async fn measure(args: &BenchArgs) -> anyhow::Result<Summary> {
     let fsync_histogram =
         || async { fetch_metrics(client.base(), client.token()).await.ok().map(|text| fsync_buckets(&text)) };
     let before = fsync_histogram().await;
+    let cpu_before = process_cpu_seconds();
     let report = drive(&client, args).await;
+    let cpu_after = process_cpu_seconds();
     let after = fsync_histogram().await;
     if let Some(handle) = spawned {
         handle.stop().await?;
     }
     let mut summary = report?.summary();
     summary.fsync = before.zip(after).and_then(|(before, after)| fsync_window(&before, &after));
+    summary.client_cpu_us = cpu_before
+        .zip(cpu_after)
+        .filter(|_| summary.requests > 0)
+        .map(|(before, after)| (after - before) * 1e6 / summary.requests as f64);
     Ok(summary)
+}
+
+/// CPU seconds (user + system) this process has used, all its threads included, from
+/// `/proc/self/stat`; `None` where that file does not exist.
+fn process_cpu_seconds() -> Option<f64> {
+    cpu_seconds_of_stat(&std::fs::read_to_string("/proc/self/stat").ok()?)
+}
+
+/// `utime + stime` of a `/proc/PID/stat` line, in seconds. The times are in USER_HZ, 100 per
+/// second in Linux's ABI. The command name (field 2) is in parentheses and may hold spaces and
+/// parentheses itself, so the fields are counted from the last `)`.
+fn cpu_seconds_of_stat(stat: &str) -> Option<f64> {
+    const USER_HZ: f64 = 100.0;
+    let mut fields = stat.get(stat.rfind(')')? + 1..)?.split_ascii_whitespace();
+    // After the name: state (field 3) ... utime (14), stime (15).
+    let utime: u64 = fields.nth(11)?.parse().ok()?;
+    let stime: u64 = fields.next()?.parse().ok()?;
+    Some((utime + stime) as f64 / USER_HZ)
 }
 
 /// Where a write workload sends its writes: `url`, or the leader it names when it is a cluster
@@ -683,6 +710,7 @@ impl Report {
             p99_ms: percentile(&self.latencies_us, 0.99),
             max_ms: percentile(&self.latencies_us, 1.0),
             fsync: None,
+            client_cpu_us: None,
         }
     }
 }
@@ -726,6 +754,11 @@ impl Summary {
                 ratio(p99.0)
             );
         }
+        if let Some(cpu) = self.client_cpu_us {
+            let whose =
+                if args.spawn { "this process, the spawned node included" } else { "the load generator" };
+            println!("\nCPU of {whose}: {cpu:.0} µs per request");
+        }
         if matches!(args.workload, Workload::Lag | Workload::ReadAnywhere) {
             println!(
                 "\nuntil the FIRST reader answered (the table waits for every reader): p50 {:.2} ms, p99 {:.2} ms",
@@ -737,7 +770,19 @@ impl Summary {
 
 #[cfg(test)]
 mod tests {
-    use super::{fsync_buckets, fsync_window, leader_address, FsyncWindow};
+    use super::{cpu_seconds_of_stat, fsync_buckets, fsync_window, leader_address, FsyncWindow};
+
+    #[test]
+    fn cpu_time_is_read_after_the_command_name() {
+        // Fields 14 and 15 (utime, stime) are 250 and 50 ticks; the name holds spaces and a ')'.
+        let stat = "4242 (tidal bench) x)) S 1 4242 4242 0 -1 4194304 900 0 0 0 250 50 0 0 20 0 3 0 77 0 0";
+        assert_eq!(cpu_seconds_of_stat(stat), Some(3.0));
+        assert_eq!(cpu_seconds_of_stat("4242 (tidal) S 1 2 3"), None, "too few fields");
+        assert_eq!(cpu_seconds_of_stat("no name here"), None);
+        assert_eq!(cpu_seconds_of_stat("1 (t) S 1 1 1 0 -1 0 0 0 0 0 x 5 0"), None, "not a number");
+        let own = super::process_cpu_seconds().expect("this test runs on Linux");
+        assert!(own >= 0.0 && own.is_finite(), "{own}");
+    }
 
     fn histogram(counts: &[u64]) -> String {
         let bounds = ["0.0001", "0.0002", "0.0004", "+Inf"];
