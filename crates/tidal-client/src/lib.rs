@@ -34,6 +34,16 @@ pub enum Error {
 }
 
 impl Error {
+    /// What a non-2xx reply with `body` says: the contract's code and message, or the code `http`
+    /// and the body as text when it is not an error body (a proxy's page, say).
+    pub fn from_reply(status: u16, body: &[u8]) -> Error {
+        let (code, message) = match serde_json::from_slice::<ErrorBody>(body) {
+            Ok(body) => (body.error.code, body.error.message),
+            Err(_) => ("http".to_string(), String::from_utf8_lossy(body).into_owned()),
+        };
+        Error::Api { status, code, message }
+    }
+
     /// The contract error code, if the node sent one.
     pub fn code(&self) -> Option<&str> {
         match self {
@@ -93,11 +103,7 @@ impl Client {
             return Ok(reply.json::<T>().await?);
         }
         let bytes = reply.bytes().await?;
-        let (code, message) = match serde_json::from_slice::<ErrorBody>(&bytes) {
-            Ok(body) => (body.error.code, body.error.message),
-            Err(_) => ("http".to_string(), String::from_utf8_lossy(&bytes).into_owned()),
-        };
-        Err(Error::Api { status: status.as_u16(), code, message })
+        Err(Error::from_reply(status.as_u16(), &bytes))
     }
 
     fn with_key(builder: reqwest::RequestBuilder, idempotency_key: Option<&str>) -> reqwest::RequestBuilder {

@@ -17,6 +17,7 @@ use hyper::header::{HeaderValue, AUTHORIZATION, CONTENT_TYPE, HOST};
 use hyper::{Method, Request};
 use hyper_util::rt::TokioIo;
 use std::pin::Pin;
+use std::time::Duration;
 use tokio::net::TcpStream;
 
 type Conn = Connection<TokioIo<TcpStream>, Full<Bytes>>;
@@ -52,24 +53,26 @@ impl Target {
     }
 }
 
-/// A reply that was not a 2xx: the contract's error code and message, as the node sent them.
-#[derive(Debug, thiserror::Error)]
-#[error("{status} {code}: {message}")]
-pub(crate) struct Refused {
-    pub status: u16,
-    pub code: String,
-    pub message: String,
+/// How long one exchange may take before the connection is given up (as the pooled client did):
+/// a node that stops answering cannot hold a bench past its `--seconds` bound for long.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Whether `error` is a node's refusal (a non-2xx reply, [`tidal_client::Error::Api`]) rather than
+/// a failure of the connection.
+fn is_refusal(error: &anyhow::Error) -> bool {
+    matches!(error.downcast_ref::<tidal_client::Error>(), Some(tidal_client::Error::Api { .. }))
 }
 
 /// One worker's connection; it connects on first use and again after any failure.
 pub(crate) struct LeanConn {
     target: Target,
     open: Option<Open>,
+    timeout: Duration,
 }
 
 impl LeanConn {
     pub(crate) fn new(target: Target) -> LeanConn {
-        LeanConn { target, open: None }
+        LeanConn { target, open: None, timeout: REQUEST_TIMEOUT }
     }
 
     async fn connect(&self) -> anyhow::Result<Open> {
@@ -83,11 +86,15 @@ impl LeanConn {
         Ok((sender, Box::pin(conn)))
     }
 
-    /// Sends one request and reads the whole reply; `Ok` only for a 2xx. After any error the
-    /// connection is dropped and the next call opens a new one.
+    /// Sends one request and reads the whole reply; `Ok` only for a 2xx. A refusal keeps the
+    /// connection; after any other error (a timeout included) it is dropped and the next call opens
+    /// a new one.
     pub(crate) async fn send(&mut self, method: Method, path: &str, body: Bytes) -> anyhow::Result<Bytes> {
-        let result = self.exchange(method, path, body).await;
-        if result.as_ref().is_err_and(|error| error.downcast_ref::<Refused>().is_none()) {
+        let result = match tokio::time::timeout(self.timeout, self.exchange(method, path, body)).await {
+            Ok(result) => result,
+            Err(_) => Err(anyhow::anyhow!("no reply within {:?}", self.timeout)),
+        };
+        if result.as_ref().is_err_and(|error| !is_refusal(error)) {
             self.open = None;
         }
         result
@@ -126,11 +133,7 @@ impl LeanConn {
         if status.is_success() {
             return Ok(bytes);
         }
-        let (code, message) = match serde_json::from_slice::<tidal_types::ErrorBody>(&bytes) {
-            Ok(body) => (body.error.code, body.error.message),
-            Err(_) => ("http".to_string(), String::from_utf8_lossy(&bytes).into_owned()),
-        };
-        Err(Refused { status: status.as_u16(), code, message }.into())
+        Err(tidal_client::Error::from_reply(status.as_u16(), &bytes).into())
     }
 }
 
@@ -169,8 +172,12 @@ mod tests {
             .send(Method::PUT, "/v1/items/4/embedding", Bytes::from_static(br#"{"vector":[1.0]}"#))
             .await
             .expect_err("wrong dimension");
-        let refused = refused.downcast_ref::<Refused>().expect("a refusal, not a transport error");
-        assert_eq!((refused.status, refused.code.as_str()), (400, "dimension_mismatch"));
+        assert!(is_refusal(&refused), "a refusal, not a transport error: {refused:#}");
+        let refused = refused.downcast_ref::<tidal_client::Error>().expect("a client error");
+        assert!(
+            matches!(refused, tidal_client::Error::Api { status: 400, code, .. } if code == "dimension_mismatch"),
+            "{refused}"
+        );
         assert!(conn.open.is_some(), "a refusal keeps the connection");
         let item =
             tidal_client::Client::new(url.clone(), None).get_item(3).await.expect("item 3 was written");
@@ -179,5 +186,27 @@ mod tests {
         assert!(conn.send(Method::PUT, "/v1/items/5", Bytes::from_static(b"{}")).await.is_err());
         assert!(conn.open.is_none(), "a failed connection is dropped");
         assert!(conn.send(Method::PUT, "/v1/items/5", Bytes::from_static(b"{}")).await.is_err());
+    }
+
+    /// A peer that accepts the connection and never answers: the exchange fails at the timeout and
+    /// the connection is dropped, so a silent node cannot hold a bench worker.
+    #[tokio::test]
+    async fn a_node_that_never_answers_times_out() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let address = listener.local_addr().expect("address");
+        let silent = tokio::spawn(async move {
+            let (socket, _) = listener.accept().await.expect("accept");
+            // Hold the socket open, read nothing and answer nothing, until the test ends.
+            std::future::pending::<()>().await;
+            drop(socket);
+        });
+        let mut conn = LeanConn::new(Target::new(&format!("http://{address}"), None).expect("target"));
+        conn.timeout = Duration::from_millis(200);
+        let error =
+            conn.send(Method::PUT, "/v1/items/1", Bytes::from_static(b"{}")).await.expect_err("no reply");
+        assert!(error.to_string().contains("no reply within"), "{error:#}");
+        assert!(!is_refusal(&error));
+        assert!(conn.open.is_none(), "a timed-out connection is dropped");
+        silent.abort();
     }
 }
