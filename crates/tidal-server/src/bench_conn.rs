@@ -2,7 +2,7 @@
 //! the worker's own task.
 //!
 //! `tidal bench` shares the machine's cores with the nodes it measures. Through the pooled client
-//! (reqwest) a write cost the bench about 70 µs of CPU here: a pool checkout, the URL parsed again, a
+//! (reqwest) a write cost the bench 40–110 µs of CPU here, by load: a pool checkout, the URL parsed again, a
 //! timer armed, and a connection task woken on every reply. The peers' load generators
 //! (`redis-benchmark`, `pgbench`) are lean C programs, so CPU the bench burns is throughput the
 //! nodes lose, unlike theirs (decisions/035). This connection has none of that: it sends pre-encoded
@@ -101,17 +101,19 @@ impl LeanConn {
     }
 
     async fn exchange(&mut self, method: Method, path: &str, body: Bytes) -> anyhow::Result<Bytes> {
+        // The request first: a path that is not a valid URI fails here, before any connection.
+        let mut request = Request::builder()
+            .method(method)
+            .uri(path)
+            .header(HOST, self.target.host.clone())
+            .header(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        if let Some(authorization) = &self.target.authorization {
+            request = request.header(AUTHORIZATION, authorization.clone());
+        }
+        let request = request.body(Full::new(body)).with_context(|| format!("request for {path}"))?;
         if self.open.is_none() {
             self.open = Some(self.connect().await?);
         }
-        let mut request = Request::builder().method(method).uri(path);
-        let headers = request.headers_mut().expect("a builder with a valid method and path");
-        headers.insert(HOST, self.target.host.clone());
-        headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
-        if let Some(authorization) = &self.target.authorization {
-            headers.insert(AUTHORIZATION, authorization.clone());
-        }
-        let request = request.body(Full::new(body)).with_context(|| format!("request for {path}"))?;
         let (sender, conn) = self.open.as_mut().expect("connected above");
         let exchange = async {
             sender.ready().await.context("connection not ready")?;
