@@ -8,7 +8,7 @@ ANCHORS ?= ../shared/anchors
 ANCHORS_WORK ?= target/anchors-work
 REPORT_DIR ?= target/bench-report
 
-.PHONY: build run down single test fuzz model-check sim chaos crash-sweep sim-determinism verify fix lint bench bench-wal bench-feed bench-replay bench-cluster bench-peers gates demo clean
+.PHONY: build run down single test fuzz model-check sim chaos crash-sweep sim-determinism verify fix lint bench bench-wal bench-feed bench-replay bench-cluster bench-quorum bench-peers gates demo clean
 
 build:
 	$(CARGO) build --release --bin tidal
@@ -86,7 +86,7 @@ fix:
 	$(CARGO) clippy --workspace --all-targets --fix --allow-dirty -- -D warnings
 
 # Benchmarks print numbers; tests never time anything. `make bench` ends with the peer report.
-bench: build bench-wal bench-feed bench-cluster bench-peers
+bench: build bench-wal bench-feed bench-cluster bench-quorum bench-peers
 	$(TIDAL) bench --spawn --workload signals --batch 1000 --concurrency 16 --seconds $(BENCH_SECONDS)
 	$(TIDAL) bench --spawn --workload items --concurrency 64 --seconds $(BENCH_SECONDS)
 	$(TIDAL) bench --spawn --workload embeddings --concurrency 64 --seconds $(BENCH_SECONDS)
@@ -97,6 +97,15 @@ bench-cluster: build
 	$(TIDAL) bench --url http://127.0.0.1:24070 --workload lag --concurrency 4 --seconds $(BENCH_SECONDS)
 	$(TIDAL) bench --url http://127.0.0.1:24070 --workload signals --batch 1000 --concurrency 16 --seconds $(BENCH_SECONDS)
 	$(TIDAL) cluster down --dir ./target/bench-cluster
+
+# Quorum-mode ingest against one node, each node (the single one too) held to the same CPU quota
+# through a cgroup (QUORUM_QUOTA cores; needs root), as on one machine per node: fresh single node
+# and fresh 3-node cluster alternated, QUORUM_ROUNDS rounds, the ratio per round and its median.
+# QUORUM_QUOTA=0 runs uncapped: the three nodes then share this machine's cores.
+QUORUM_ROUNDS ?= 5
+QUORUM_QUOTA ?= 0.5
+bench-quorum: build
+	TIDAL=$(TIDAL) QUOTA=$(QUORUM_QUOTA) SECONDS_PER_RUN=$(BENCH_SECONDS) bash bench/quorum_ingest.sh $(QUORUM_ROUNDS)
 
 # The exit gates on a fresh local 3-node cluster (about 20 min; under 45): one line per gate,
 # `gate <name>: <figure> (goal <goal>) PASS|FAIL`, then a summary; non-zero exit on any FAIL.
