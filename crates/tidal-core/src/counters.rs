@@ -10,15 +10,20 @@
 //!   never leave this file and [`DirtyCounters`] (fjall keys and the digest use the names).
 //! - The dirty set carries each counter's value, so freezing it for the background flusher is a
 //!   move ([`Counters::take_dirty`]), and the applier can keep counting while the flusher encodes.
+//! - The dirty set is a [`DirtySet`]: each counter carries its mark, so an increment costs the
+//!   one lookup of its counter (a second insert into a map keyed like it cost as much again).
 
-use crate::fast_hash::{FastMap, FastState};
-
+use crate::dirty_set::{last_values, DirtySet, Mark};
 use crate::error::Error;
+use crate::fast_hash::FastMap;
 use crate::keys;
 use crate::stores::Stores;
 
 /// Up to this many kinds, a kind's id is found by comparing names rather than hashing.
 const KINDS_SCANNED_MAX: usize = 8;
+
+/// A (item, kind id) counter key.
+type Key = (u64, u32);
 
 /// Per (item, kind) counts plus the keys changed since the last flush.
 #[derive(Debug, Default)]
@@ -27,10 +32,17 @@ pub struct Counters {
     kinds: Vec<Box<str>>,
     /// Kind id of each kind name.
     kind_ids: FastMap<Box<str>, u32>,
-    /// Count of every (item, kind id) that has one (> 0).
-    counts: FastMap<(u64, u32), u64>,
-    /// Value of every key changed since the last freeze; `None` means deleted.
-    dirty: FastMap<(u64, u32), Option<u64>>,
+    /// Every (item, kind id) that has a count (> 0).
+    counts: FastMap<Key, Count>,
+    /// Every key changed since the last freeze with its value (`None`: deleted).
+    dirty: DirtySet<Key, Option<u64>>,
+}
+
+/// One counter and its mark in the dirty set.
+#[derive(Debug, Clone, Copy)]
+struct Count {
+    count: u64,
+    mark: Mark,
 }
 
 /// The counters changed in one flush window, with their values at its end: what a flush writes.
@@ -38,8 +50,8 @@ pub struct Counters {
 pub struct DirtyCounters {
     /// Kind name of each kind id (the ids of `values`).
     kinds: Vec<Box<str>>,
-    /// Value of every changed key; `None` means deleted.
-    values: FastMap<(u64, u32), Option<u64>>,
+    /// Every changed key with its value (`None`: deleted); of two entries of a key the later wins.
+    values: Vec<(Key, Option<u64>)>,
 }
 
 impl Counters {
@@ -52,23 +64,25 @@ impl Counters {
             let kind = std::str::from_utf8(&key[8..]).map_err(|_| corrupt("kind is not UTF-8"))?;
             let count = keys::u64_value(&value).ok_or_else(|| corrupt("not a u64"))?;
             let kind = counters.kind_id(kind);
-            counters.counts.insert((item, kind), count);
+            counters.counts.insert((item, kind), Count { count, mark: Mark::CLEAN });
         }
         Ok(counters)
     }
 
     /// Adds one to `(item, kind)` for a kind id of [`Counters::kind_id`].
     pub fn increment_id(&mut self, item: u64, kind: u32) {
-        let count = self.counts.entry((item, kind)).or_insert(0);
-        *count += 1;
-        self.dirty.insert((item, kind), Some(*count));
+        let key = (item, kind);
+        let entry = self.counts.entry(key).or_insert(Count { count: 0, mark: Mark::CLEAN });
+        entry.count += 1;
+        self.dirty.set(&mut entry.mark, key, Some(entry.count));
     }
 
     /// Deletes every counter of `item`.
     pub fn remove_item(&mut self, item: u64) {
         for kind in 0..self.kinds.len() as u32 {
-            if self.counts.remove(&(item, kind)).is_some() {
-                self.dirty.insert((item, kind), None);
+            let key = (item, kind);
+            if let Some(entry) = self.counts.remove(&key) {
+                self.dirty.set_removed(entry.mark, key, None);
             }
         }
     }
@@ -76,10 +90,13 @@ impl Counters {
     /// Moves the dirty set out (with the kind names it needs), leaving it empty: the counters of
     /// one flush window.
     pub fn take_dirty(&mut self) -> DirtyCounters {
-        // The next window is sized like this one: growing a map of a million keys rehashes them
-        // all, a pause of tens of milliseconds in the middle of an apply.
-        let next = FastMap::with_capacity_and_hasher(self.dirty.len(), FastState::default());
-        DirtyCounters { kinds: self.kinds.clone(), values: std::mem::replace(&mut self.dirty, next) }
+        let (values, wrapped) = self.dirty.take();
+        if wrapped {
+            for entry in self.counts.values_mut() {
+                entry.mark = Mark::CLEAN;
+            }
+        }
+        DirtyCounters { kinds: self.kinds.clone(), values }
     }
 
     /// Counters changed since the last freeze.
@@ -108,11 +125,7 @@ impl Counters {
 impl DirtyCounters {
     /// Puts every changed counter (or its removal) into `writes`, in key order.
     pub fn flush_into(&self, stores: &Stores, writes: &mut fjall::OwnedWriteBatch) {
-        let mut changed: Vec<((u64, u32), Option<u64>)> =
-            self.values.iter().map(|(key, value)| (*key, *value)).collect();
-        // Key order: fjall's memtable inserts are cheaper in order.
-        changed.sort_unstable_by_key(|(key, _)| *key);
-        for ((item, kind), value) in changed {
+        for ((item, kind), value) in last_values(&self.values) {
             let key = keys::counter_key(item, &self.kinds[kind as usize]);
             match value {
                 Some(count) => writes.insert(&stores.counters, key, count.to_le_bytes()),
@@ -124,4 +137,58 @@ impl DirtyCounters {
 
 fn corrupt(reason: &str) -> Error {
     Error::Corrupt { keyspace: "counters", reason: reason.into() }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The changes a flush of the current window would write, by kind name.
+    fn flush(counters: &mut Counters) -> Vec<(u64, String, Option<u64>)> {
+        let dirty = counters.take_dirty();
+        let changes = last_values(&dirty.values);
+        changes
+            .into_iter()
+            .map(|((item, kind), value)| (item, dirty.kinds[kind as usize].to_string(), value))
+            .collect()
+    }
+
+    #[test]
+    fn a_window_lists_each_counter_once_with_its_last_value() {
+        let mut counters = Counters::default();
+        let (view, click) = (counters.kind_id("view"), counters.kind_id("click"));
+        for _ in 0..3 {
+            counters.increment_id(7, view);
+        }
+        counters.increment_id(2, click);
+        counters.increment_id(7, click);
+        assert_eq!(counters.dirty_len(), 3);
+        assert_eq!(
+            flush(&mut counters),
+            vec![(2, "click".into(), Some(1)), (7, "view".into(), Some(3)), (7, "click".into(), Some(1))]
+        );
+        // The next window starts clean and counts on from the totals.
+        assert_eq!(counters.dirty_len(), 0);
+        counters.increment_id(7, view);
+        assert_eq!(flush(&mut counters), vec![(7, "view".into(), Some(4))]);
+        assert_eq!(flush(&mut counters), vec![]);
+    }
+
+    #[test]
+    fn a_removal_then_a_new_count_in_one_window_writes_the_new_count() {
+        let mut counters = Counters::default();
+        let view = counters.kind_id("view");
+        counters.increment_id(1, view);
+        counters.increment_id(1, view);
+        counters.remove_item(1);
+        assert_eq!(counters.dirty_len(), 1, "a removal of a counter dirty in this window reuses its entry");
+        counters.increment_id(1, view);
+        assert_eq!(flush(&mut counters), vec![(1, "view".into(), Some(1))]);
+        // Removed in a later window: the removal is written.
+        counters.remove_item(1);
+        assert_eq!(flush(&mut counters), vec![(1, "view".into(), None)]);
+        counters.increment_id(1, view);
+        counters.remove_item(1);
+        assert_eq!(flush(&mut counters), vec![(1, "view".into(), None)]);
+    }
 }

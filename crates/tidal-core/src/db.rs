@@ -39,6 +39,7 @@ use tidal_wal::Batch;
 
 use crate::config::EngineConfig;
 use crate::counters::Counters;
+use crate::dirty_set::Mark;
 use crate::error::Error;
 use crate::feed_index::FeedIndex;
 use crate::flusher::{self, FlushHold, FlushShared, FlushStage, FlushStats, FlusherContext, FrozenOverlay};
@@ -677,8 +678,8 @@ impl TidalDb {
                 fold::count_signals(&mut writer.counters, events);
                 bytes += fold.trends.len() * 8;
                 for (item, trend) in fold.trends {
-                    state.index.set_trend(item, trend);
-                    writer.dirty.trends.insert(item, Some(trend));
+                    let mark = state.index.set_trend(item, trend);
+                    writer.dirty.trends.set(mark, item, Some(trend));
                 }
                 let State { index, overlay, .. } = state;
                 let (new_users, user_bytes) = fold::profiles(
@@ -709,10 +710,11 @@ impl TidalDb {
                 // Users' seen sets and profiles keep what they already absorbed: they are history
                 // of the users, not state of the item, and rewriting every profile would make a
                 // delete cost O(users).
-                state.index.remove_item(item);
+                let mark = state.index.remove_item(item);
                 bytes += Overlay::set(&mut state.overlay.items, item, None, 0);
                 bytes += Overlay::set(&mut state.overlay.embeddings, item, None, 0);
-                writer.dirty.trends.insert(item, None);
+                // Removed from fjall too (a score the index never held is removed all the same).
+                writer.dirty.trends.set_removed(mark.unwrap_or(Mark::CLEAN), item, None);
                 bytes += 8;
                 writer.counters.remove_item(item);
                 if existed {
@@ -753,9 +755,13 @@ impl TidalDb {
                 "freezing at {applied} while the overlay frozen at {:?} is still read",
                 state.frozen.as_ref().map(|frozen| frozen.applied_seqno)
             );
+            let (frozen_dirty, wrapped) = dirty.take();
+            if wrapped {
+                state.index.clear_trend_marks();
+            }
             let frozen = Arc::new(FrozenOverlay {
                 overlay: std::mem::take(&mut state.overlay),
-                dirty: dirty.take(),
+                dirty: frozen_dirty,
                 counters: counters.take_dirty(),
                 applied_seqno: applied,
                 last_time_ms: self.last_applied_time_ms(),

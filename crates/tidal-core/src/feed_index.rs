@@ -13,8 +13,8 @@
 
 use std::sync::{Arc, Mutex};
 
+use crate::dirty_set::Mark;
 use crate::fast_hash::FastMap;
-
 use crate::trend::Trend;
 
 /// Embeddings and trending scores for ranking.
@@ -31,13 +31,19 @@ pub struct FeedIndex {
     inv_norms: Vec<f64>,
     /// Trending score of each row's item, so the feed loop does no hashing.
     row_trends: Vec<Option<Trend>>,
-    /// Trending score of every item that has one.
-    trending: FastMap<u64, Trend>,
+    /// Trending score of every item that has one, with the applier's dirty mark (`DirtySet`).
+    trending: FastMap<u64, TrendEntry>,
     /// Bumped by every change, so caches can tell they are stale.
     generation: u64,
     /// Row-aligned trending terms at some "now", computed by the first feed after a change and
     /// shared by the feeds that follow until the next apply.
     term_cache: Mutex<Option<TermCache>>,
+}
+
+#[derive(Debug)]
+struct TrendEntry {
+    trend: Trend,
+    mark: Mark,
 }
 
 #[derive(Debug)]
@@ -64,11 +70,11 @@ impl FeedIndex {
         }
     }
 
-    /// Drops everything about an item.
-    pub fn remove_item(&mut self, item: u64) {
+    /// Drops everything about an item; returns the dirty mark of its trending score, if it had one.
+    pub fn remove_item(&mut self, item: u64) -> Option<Mark> {
         self.generation += 1;
         self.remove_embedding(item);
-        self.trending.remove(&item);
+        self.trending.remove(&item).map(|entry| entry.mark)
     }
 
     /// Row-aligned trending terms `sign(s) * ln(1 + |s|)` of the scores decayed to `now_ms` (0 for
@@ -117,17 +123,26 @@ impl FeedIndex {
                 self.ids.push(item);
                 self.matrix.extend_from_slice(vector);
                 self.inv_norms.push(inv_norm);
-                self.row_trends.push(self.trending.get(&item).copied());
+                self.row_trends.push(self.trend(item));
             }
         }
     }
 
-    /// Sets a trending score.
-    pub fn set_trend(&mut self, item: u64, trend: Trend) {
+    /// Sets a trending score; returns its dirty mark, for the applier's `DirtySet`.
+    pub fn set_trend(&mut self, item: u64, trend: Trend) -> &mut Mark {
         self.generation += 1;
-        self.trending.insert(item, trend);
         if let Some(&row) = self.rows.get(&item) {
             self.row_trends[row] = Some(trend);
+        }
+        let entry = self.trending.entry(item).or_insert(TrendEntry { trend, mark: Mark::CLEAN });
+        entry.trend = trend;
+        &mut entry.mark
+    }
+
+    /// Forgets every trending score's dirty mark (after the dirty set's window counter wrapped).
+    pub fn clear_trend_marks(&mut self) {
+        for entry in self.trending.values_mut() {
+            entry.mark = Mark::CLEAN;
         }
     }
 
@@ -138,7 +153,7 @@ impl FeedIndex {
 
     /// The trending score of an item.
     pub fn trend(&self, item: u64) -> Option<Trend> {
-        self.trending.get(&item).copied()
+        self.trending.get(&item).map(|entry| entry.trend)
     }
 
     /// Number of embeddings.
@@ -153,7 +168,7 @@ impl FeedIndex {
 
     /// Every trending score, in no particular order.
     pub fn trends(&self) -> impl Iterator<Item = (u64, Trend)> + '_ {
-        self.trending.iter().map(|(item, trend)| (*item, *trend))
+        self.trending.iter().map(|(item, entry)| (*item, entry.trend))
     }
 
     /// Every row as (item id, raw vector, inverse norm, trend), in row order (not meaningful).

@@ -28,7 +28,7 @@ use tidal_types::Seqno;
 use crate::counters::DirtyCounters;
 use crate::error::Error;
 use crate::keys;
-use crate::overlay::{Overlay, WriterDirty};
+use crate::overlay::{FrozenDirty, Overlay};
 use crate::stores::Stores;
 
 /// Upper bounds (inclusive, milliseconds) of the flush duration buckets; the last is a catch-all.
@@ -84,7 +84,7 @@ pub struct FrozenOverlay {
     /// What reads see while the flush is in flight.
     pub overlay: Overlay,
     /// Trending scores and LeaderStart.
-    pub dirty: WriterDirty,
+    pub dirty: FrozenDirty,
     /// Changed counters.
     pub counters: DirtyCounters,
     /// The applied frontier at the freeze: what fjall's applied seqno becomes.

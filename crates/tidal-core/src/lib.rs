@@ -28,6 +28,7 @@ mod config;
 mod counters;
 mod db;
 mod digest;
+mod dirty_set;
 mod error;
 mod fast_hash;
 mod feed_index;

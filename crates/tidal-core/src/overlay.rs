@@ -16,8 +16,9 @@ use std::collections::BTreeMap;
 
 use tidal_types::Seqno;
 
+use crate::dirty_set::{last_values, DirtySet};
 use crate::error::Error;
-use crate::fast_hash::{FastMap, FastState};
+use crate::fast_hash::FastMap;
 use crate::idempotency;
 use crate::keys::{self, Profile};
 use crate::stores::Stores;
@@ -64,8 +65,9 @@ pub struct OverlayView<'a> {
 /// Applier-side dirty state that no read needs (the digest flushes first).
 #[derive(Debug, Default)]
 pub struct WriterDirty {
-    /// Trending score of every item whose score changed, or `None` if its score was deleted.
-    pub trends: FastMap<u64, Option<Trend>>,
+    /// Trending score of every item whose score changed, or `None` if its score was deleted; the
+    /// marks live in the index's trending entries.
+    pub trends: DirtySet<u64, Option<Trend>>,
     /// The last LeaderStart folded (meta value).
     pub leader_start: Option<Vec<u8>>,
     /// Estimated bytes of the overlay and of the fjall batch that would flush it.
@@ -222,23 +224,30 @@ impl Overlay {
 }
 
 impl WriterDirty {
-    /// Moves this window's state out, leaving an empty one whose trend map is sized like it (see
-    /// `Counters::take_dirty`).
-    pub fn take(&mut self) -> WriterDirty {
-        let next = WriterDirty {
-            trends: FastMap::with_capacity_and_hasher(self.trends.len(), FastState::default()),
-            ..WriterDirty::default()
-        };
-        std::mem::replace(self, next)
+    /// Moves this window's state out and starts the next window. `true` with it if the trend
+    /// set's window counter wrapped: the caller must clear the index's trend marks now.
+    pub fn take(&mut self) -> (FrozenDirty, bool) {
+        let (trends, wrapped) = self.trends.take();
+        let frozen = FrozenDirty { trends, leader_start: self.leader_start.take() };
+        self.bytes = 0;
+        self.batches = 0;
+        (frozen, wrapped)
     }
+}
 
+/// A window's [`WriterDirty`] changes, frozen for the flusher.
+#[derive(Debug, Default)]
+pub struct FrozenDirty {
+    /// Every trending score change (a key may repeat; the later wins).
+    trends: Vec<(u64, Option<Trend>)>,
+    /// The last LeaderStart folded (meta value).
+    leader_start: Option<Vec<u8>>,
+}
+
+impl FrozenDirty {
     /// Puts the dirty trending scores and the LeaderStart into `writes`.
     pub fn flush_into(&self, stores: &Stores, writes: &mut fjall::OwnedWriteBatch) {
-        let mut trends: Vec<(u64, Option<Trend>)> =
-            self.trends.iter().map(|(item, trend)| (*item, *trend)).collect();
-        // Key order: fjall's memtable inserts are cheaper in order.
-        trends.sort_unstable_by_key(|(item, _)| *item);
-        for (item, trend) in trends {
+        for (item, trend) in last_values(&self.trends) {
             match trend {
                 Some(trend) => writes.insert(&stores.trending, keys::item_key(item), trend.encode()),
                 None => writes.remove(&stores.trending, keys::item_key(item)),
