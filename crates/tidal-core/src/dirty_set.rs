@@ -47,7 +47,9 @@ impl<K: Copy + Ord, V: Copy> DirtySet<K, V> {
     /// Records `value` for `key`, whose entry elsewhere carries `mark`.
     pub fn set(&mut self, mark: &mut Mark, key: K, value: V) {
         if mark.window == self.window {
-            self.entries[mark.position as usize].1 = value;
+            let entry = &mut self.entries[mark.position as usize];
+            debug_assert!(entry.0 == key, "a mark of this window points at another key's change");
+            entry.1 = value;
         } else {
             *mark = Mark { window: self.window, position: self.next_position() };
             self.entries.push((key, value));
