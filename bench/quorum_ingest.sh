@@ -17,6 +17,8 @@
 #
 # Needs root for the cgroup (v1 `cpu` controller or v2 with `cpu` enabled); without it, set QUOTA=0.
 set -euo pipefail
+# The runs happen in command substitutions: a failure inside one must end the script too.
+shopt -s inherit_errexit
 
 ROUNDS=${1:-3}
 TIDAL=${TIDAL:-target/release/tidal}
@@ -52,9 +54,16 @@ if [[ $QUOTA != 0 ]]; then
   fi
 fi
 
-SINGLE_PID=""
+# The runs happen in command substitutions (subshells, which do not run this trap), so the single
+# node's PID is kept in a file for the cleanup to find.
 cleanup() {
-  if [[ -n $SINGLE_PID ]]; then kill "$SINGLE_PID" 2>/dev/null && wait "$SINGLE_PID" 2>/dev/null; fi
+  if [[ -f $WORK/single.pid ]]; then
+    local pid
+    pid=$(cat "$WORK/single.pid")
+    kill "$pid" 2>/dev/null || true
+    # Not our child here: wait for it to exit before its cgroup can be removed.
+    for _ in $(seq 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+  fi
   "$TIDAL" cluster down --dir "$WORK/cluster" >/dev/null 2>&1 || true
   if [[ -n $CGROOT ]]; then
     # A group can be removed once empty; the nodes above are gone by now.
@@ -83,8 +92,8 @@ cap() {
 bench() {
   local row
   row=$("$TIDAL" bench --url "$1" --workload signals --batch "$BATCH" --concurrency "$CONCURRENCY" \
-    --seconds "$SECONDS_PER_RUN" 2>/dev/null | grep -E '^\| Signals' | tail -1)
-  [[ -n $row ]] || { echo "quorum_ingest: the bench against $1 printed no result" >&2; exit 1; }
+    --seconds "$SECONDS_PER_RUN" 2>"$WORK/bench.err" | grep -E '^\| Signals' | tail -1) || true
+  [[ -n $row ]] || { echo "quorum_ingest: the bench against $1 printed no result:" >&2; head -3 "$WORK/bench.err" >&2; exit 1; }
   local errors
   errors=$(echo "$row" | awk -F'|' '{print $6+0}')
   [[ $errors == 0 ]] || { echo "quorum_ingest: $errors failed requests against $1" >&2; exit 1; }
@@ -104,14 +113,15 @@ single() {
   local dir=$WORK/single-$1 url=http://127.0.0.1:$((PORT_BASE + 10))
   rm -rf "$dir"
   "$TIDAL" serve --data-dir "$dir" --http "127.0.0.1:$((PORT_BASE + 10))" > "$WORK/single-$1.log" 2>&1 &
-  SINGLE_PID=$!
+  local pid=$!
+  echo "$pid" > "$WORK/single.pid"
   wait_ready "$url"
-  cap single "$SINGLE_PID"
+  cap single "$pid"
   local rate
   rate=$(bench "$url")
-  kill "$SINGLE_PID"
-  wait "$SINGLE_PID" || true
-  SINGLE_PID=""
+  kill "$pid"
+  wait "$pid" || true
+  rm -f "$WORK/single.pid"
   echo "$rate"
 }
 
