@@ -57,8 +57,7 @@ impl<K: Copy + Ord, V: Copy> DirtySet<K, V> {
     }
 
     /// Records `value` for `key` whose entry (with `mark`) was just removed, so no mark remembers it.
-    pub fn set_removed(&mut self, mark: Mark, key: K, value: V) {
-        let mut mark = mark;
+    pub fn set_removed(&mut self, mut mark: Mark, key: K, value: V) {
         self.set(&mut mark, key, value);
     }
 
