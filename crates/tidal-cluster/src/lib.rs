@@ -26,8 +26,8 @@ pub use commit_state::CommitState;
 pub use control::{ControlPlane, ControlTiming, TermGate};
 pub use replica::{
     commit_hint, FollowerProgress, HealReport, InstallStats, MemberChange, MemberError, MemberReport,
-    Members, NoticeStats, PeerReconcile, PromoteError, PromoteReport, Replica, ReplicaHook, ReplicaParts,
-    ReplicaService, Role, REFUSAL_CLASSES,
+    Members, NoticeStats, PeerReconcile, PromoteError, PromoteReport, PullStats, Replica, ReplicaHook,
+    ReplicaParts, ReplicaService, Role, REFUSAL_CLASSES,
 };
 pub use ship_feed::{ShipFeed, TailRead};
 pub use snapshot::{

@@ -237,6 +237,19 @@ pub struct InstallStats {
     pub last_position: Option<TermSeqno>,
 }
 
+/// This node's pulls (follower side: catch-up from another node's log), for metrics.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct PullStats {
+    /// Pulls that ended (the stream ran out, or the source's log diverged or was purged).
+    pub pulls: u64,
+    /// Batches they appended to this node's WAL.
+    pub batches: u64,
+    /// Encoded bytes of those batches.
+    pub bytes: u64,
+    /// Wall time of those pulls, from the request to the last chunk durable here.
+    pub seconds: f64,
+}
+
 /// What a replica needs besides its WAL and commit state.
 pub struct ReplicaParts {
     /// The cluster.
@@ -315,6 +328,7 @@ pub struct Replica {
     /// When the last automatic install started (rate limit).
     last_install: Mutex<Option<Instant>>,
     installs: Mutex<InstallStats>,
+    pulls: Mutex<PullStats>,
     /// Set while a leadership transfer runs on this leader (single flight).
     promoting: AtomicBool,
     /// The node leadership is being handed to, while this leader refuses new writes (0: none).
@@ -464,6 +478,7 @@ impl Replica {
             opened_term: AtomicU64::new(0),
             last_install: Mutex::new(None),
             installs: Mutex::new(InstallStats::default()),
+            pulls: Mutex::new(PullStats::default()),
             promoting: AtomicBool::new(false),
             handing_to: AtomicU64::new(0),
             writes_in_flight: Arc::new(std::sync::atomic::AtomicUsize::new(0)),
@@ -585,6 +600,11 @@ impl Replica {
     /// This node's snapshot installs.
     pub fn install_stats(&self) -> InstallStats {
         self.installs.lock().expect("install stats lock is never held across a panic").clone()
+    }
+
+    /// This node's pulls that ended, for metrics.
+    pub fn pull_stats(&self) -> PullStats {
+        *self.pulls.lock().expect("pull stats lock is never held across a panic")
     }
 
     /// Replication input this node refused, by class: `wrong_secret`, `wrong_cluster`, `malformed`
@@ -1354,6 +1374,7 @@ impl Replica {
             from,
             chunk_bytes_max: PULL_CHUNK_BYTES_MAX as u64,
         };
+        let started = Instant::now();
         let mut stream = peer.pull(&pull, PULL_IDLE_TIMEOUT).await.map_err(|e: NetError| e.to_string())?;
         let mut batches = 0usize;
         // Where a pull's time goes: waiting for the source's next chunk, or taking it (append + fsync).
@@ -1388,12 +1409,28 @@ impl Replica {
                 ChunkOutcome::Encoded { .. } => {
                     return Err("a received chunk was not verified (tidal-net never yields this)".into())
                 }
-                ChunkOutcome::Diverged(history) => return Ok(PullEnd::Diverged(history)),
-                ChunkOutcome::Purged(at) => return Ok(PullEnd::Purged(at)),
+                ChunkOutcome::Diverged(history) => {
+                    self.count_pull(batches, bytes, started);
+                    return Ok(PullEnd::Diverged(history));
+                }
+                ChunkOutcome::Purged(at) => {
+                    self.count_pull(batches, bytes, started);
+                    return Ok(PullEnd::Purged(at));
+                }
             }
         }
+        self.count_pull(batches, bytes, started);
         tracing::info!(batches, bytes, %source, last = %self.wal.last_position(), ?waited, ?took, "pull done");
         Ok(PullEnd::Done)
+    }
+
+    /// Adds an ended pull to [`PullStats`].
+    fn count_pull(&self, batches: usize, bytes: usize, started: Instant) {
+        let mut stats = self.pulls.lock().expect("pull stats lock is never held across a panic");
+        stats.pulls += 1;
+        stats.batches += batches as u64;
+        stats.bytes += bytes as u64;
+        stats.seconds += started.elapsed().as_secs_f64();
     }
 
     /// Serves a pull: batches after `from`, from the WAL, in chunks.

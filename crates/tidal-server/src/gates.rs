@@ -39,6 +39,8 @@ const HEAL_ID_BASE: u64 = 5_000_000_000;
 const HEAL_CONVERGE_TIMEOUT: Duration = Duration::from_secs(900);
 /// How often convergence is polled (the resolution of the heal duration).
 const POLL_INTERVAL: Duration = Duration::from_millis(20);
+/// heal-100k: how long the other nodes may take to apply and flush the writes before the restart.
+const SETTLE_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// `tidal gates` options; every knob also reads a `GATE_*` environment variable.
 #[derive(Clone, Debug, clap::Args)]
@@ -530,6 +532,12 @@ async fn heal(args: &GatesArgs, dir: &Path, nodes: &[(u64, String)], goal: &str)
     anyhow::ensure!(load.errors == 0, "{} of {} item writes failed", load.errors, load.requests);
     let down_for = down_since.elapsed();
     let target = leader.status().await.context("leader status")?.commit_seqno;
+    // On this one machine the other two nodes share the cores the follower catches up on: let them
+    // finish applying and flushing what was just written first (with the follower down for minutes
+    // at a bounded rate, they have long finished; with GATE_DOWN_SECONDS=0 they have not).
+    let others: Vec<String> =
+        nodes.iter().filter(|(id, _)| *id != follower).map(|(_, url)| url.clone()).collect();
+    let settled = settle(&others, target, SETTLE_TIMEOUT).await?;
     cluster_cmd::start_node(dir, follower)?;
     let restarted = Instant::now();
     eprintln!(
@@ -562,6 +570,8 @@ async fn heal(args: &GatesArgs, dir: &Path, nodes: &[(u64, String)], goal: &str)
     let wal_batches = metric(&metrics, "tidal_wal_batches_total").unwrap_or(0.0);
     // The restarted process counts from zero: what its WAL took in is what it caught up on.
     let wal_bytes = metric(&metrics, "tidal_wal_bytes_total").unwrap_or(0.0);
+    let pulled_bytes = metric(&metrics, "tidal_pull_bytes_total").unwrap_or(0.0);
+    let pull_seconds = metric(&metrics, "tidal_pull_seconds_total").unwrap_or(0.0);
     let heal_calls = heal_calls(&leader_url).await? - heal_calls_before;
     let quarantined =
         follower_client.status().await.context("follower status")?.quarantine_files - quarantine_before;
@@ -576,13 +586,16 @@ async fn heal(args: &GatesArgs, dir: &Path, nodes: &[(u64, String)], goal: &str)
     Ok(Verdict {
         name: "heal-100k",
         figure: format!(
-            "{items} {} missed over {:.0} s down; restart -> caught up in {seconds:.2} s ({:.0} items/s, {:.1} MB/s of WAL), \
+            "{items} {} missed over {:.0} s down; restart -> caught up in {seconds:.2} s ({:.0} items/s, {:.1} MB/s of WAL; \
+             of it the pulls {pull_seconds:.2} s, {:.1} MB/s to durable; the other nodes settled {:.2} s before the restart), \
              {wal_batches:.0} batches through the follower's WAL, {installs} snapshot installs, {heal_calls} heal calls, \
              {quarantined} quarantine files, digests {} at seqno {at}, pull {}",
             if args.heal_embeddings { "embeddings" } else { "items" },
             down_for.as_secs_f64(),
             items as f64 / seconds.max(1e-9),
             wal_bytes / 1e6 / seconds.max(1e-9),
+            pulled_bytes / 1e6 / pull_seconds.max(1e-9),
+            settled.as_secs_f64(),
             if digests_equal { "equal" } else { "DIFFERENT" },
             if pull_seen { "seen" } else { "not seen by the poll" }
         ),
@@ -596,12 +609,39 @@ async fn heal(args: &GatesArgs, dir: &Path, nodes: &[(u64, String)], goal: &str)
             value("items_per_s", format!("{:.0}", items as f64 / seconds.max(1e-9))),
             value("catchup_wal_bytes", format!("{wal_bytes:.0}")),
             value("catchup_mb_per_s", format!("{:.1}", wal_bytes / 1e6 / seconds.max(1e-9))),
+            value("pull_seconds", format!("{pull_seconds:.3}")),
+            value("pull_mb_per_s", format!("{:.1}", pulled_bytes / 1e6 / pull_seconds.max(1e-9))),
+            value("settle_seconds", format!("{:.3}", settled.as_secs_f64())),
             value("snapshot_installs", installs),
             value("heal_calls", heal_calls),
             value("wal_batches", wal_batches),
             value("digests_equal", digests_equal),
         ],
     })
+}
+
+/// Polls `urls` until every node has applied `target` and has no engine flush in flight; returns
+/// how long that took.
+async fn settle(urls: &[String], target: u64, timeout: Duration) -> anyhow::Result<Duration> {
+    let started = Instant::now();
+    for url in urls {
+        let client = Client::new(url.clone(), None);
+        loop {
+            let applied = client.status().await.map(|status| status.applied_seqno).unwrap_or(0);
+            if applied >= target {
+                let metrics = crate::bench::fetch_metrics(url, None).await?;
+                if metric(&metrics, "tidal_engine_flush_in_flight") == Some(0.0) {
+                    break;
+                }
+            }
+            anyhow::ensure!(
+                started.elapsed() < timeout,
+                "{url} did not apply seqno {target} and finish its engine flush within {timeout:?}"
+            );
+            tokio::time::sleep(POLL_INTERVAL).await;
+        }
+    }
+    Ok(started.elapsed())
 }
 
 /// Polls both nodes until they report the same applied seqno, then compares their digests.

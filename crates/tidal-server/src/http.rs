@@ -682,7 +682,7 @@ async fn get_status(
                 http,
                 durable_seqno: durable,
                 applied_seqno: applied,
-                lag_ms: 0,
+                lag_ms: Some(0),
                 matched_seqno: durable,
                 pulling: false,
                 snapshot: false,
@@ -709,10 +709,10 @@ async fn get_status(
         .values()
         .map(|spec| {
             let (durable_seqno, applied_seqno, lag_ms, matched_seqno, pulling) = if spec.id == replica.me() {
-                (durable, applied, 0, durable, false)
+                (durable, applied, Some(0), durable, false)
             } else {
                 let p = progress.get(&spec.id).cloned().unwrap_or_default();
-                let lag = p.last_ack.map_or(u64::MAX, |at| at.elapsed().as_millis() as u64);
+                let lag = p.last_ack.map(|at| at.elapsed().as_millis() as u64);
                 (p.durable.get(), p.applied.get(), lag, p.matched.seqno.get(), p.pulling)
             };
             let learner = !members.is_voter(spec.id);
@@ -1084,6 +1084,35 @@ async fn metrics(State(state): State<Arc<AppState>>) -> Response {
             "counter",
             "Snapshot fetches or installs on this node that failed.",
             installs.failed as f64,
+        );
+        let pulls = replica.pull_stats();
+        render_single(
+            &mut out,
+            "tidal_pulls_total",
+            "counter",
+            "Pulls of another node's log this node ran to their end (catch-up).",
+            pulls.pulls as f64,
+        );
+        render_single(
+            &mut out,
+            "tidal_pull_batches_total",
+            "counter",
+            "Batches those pulls appended to this node's WAL.",
+            pulls.batches as f64,
+        );
+        render_single(
+            &mut out,
+            "tidal_pull_bytes_total",
+            "counter",
+            "Encoded bytes of those batches.",
+            pulls.bytes as f64,
+        );
+        render_single(
+            &mut out,
+            "tidal_pull_seconds_total",
+            "counter",
+            "Wall time of those pulls, from the request to the last chunk durable here.",
+            pulls.seconds,
         );
         let refusals = replica.refusals();
         out.push_str(

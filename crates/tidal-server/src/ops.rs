@@ -45,12 +45,10 @@ pub fn status_table(status: &ClusterStatus) -> String {
     ));
     for node in &status.nodes {
         let lag = status.commit_seqno.saturating_sub(node.applied_seqno);
-        let ack = if node.id == status.node_id {
-            "-".to_string()
-        } else if node.lag_ms == u64::MAX {
-            "never".to_string()
-        } else {
-            format!("{} ms", node.lag_ms)
+        let ack = match node.lag_ms {
+            _ if node.id == status.node_id => "-".to_string(),
+            Some(ms) => format!("{ms} ms"),
+            None => "never".to_string(),
         };
         out.push_str(&format!(
             "{:<5} {:<10} {:<22} {:>12} {:>12} {:>12} {:>10} {:>12} {:>8}\n",

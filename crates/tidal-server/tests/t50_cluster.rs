@@ -85,6 +85,31 @@ async fn writes_on_leader_and_follower_converge_and_a_restarted_follower_catches
         cluster.start(f2).await;
         let digests = cluster.digests_at(last).await;
         assert!(same(&digests), "replicas differ after catch-up: {digests:?}");
+        // The restarted follower counts what its pulls brought: at least the 20 batches it missed.
+        let metrics = reqwest::get(format!("{}/metrics", cluster.client(f2).base()))
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        let value = |name: &str| -> f64 {
+            let line = metrics.lines().find(|line| line.starts_with(&format!("{name} ")));
+            line.and_then(|line| line.split(' ').nth(1)?.parse().ok())
+                .unwrap_or_else(|| panic!("no {name} in:\n{metrics}"))
+        };
+        assert!(value("tidal_pulls_total") >= 1.0, "{metrics}");
+        assert!(value("tidal_pull_batches_total") >= 20.0, "{metrics}");
+        assert!(value("tidal_pull_bytes_total") > 0.0, "{metrics}");
+        // Lag is known only where acks are heard: the leader hears f1's; a follower hears nobody's.
+        let (f1_id, f2_id) = (cluster.spec.nodes[f1].id.0, cluster.spec.nodes[f2].id.0);
+        let on_leader = cluster.client(l).status().await.unwrap();
+        let f1_lag = on_leader.nodes.iter().find(|node| node.id == f1_id).unwrap().lag_ms;
+        assert!(f1_lag.is_some(), "the leader has heard f1: {on_leader:?}");
+        let on_f2 = cluster.client(f2).status().await.unwrap();
+        for node in &on_f2.nodes {
+            let expected = if node.id == f2_id { Some(0) } else { None };
+            assert_eq!(node.lag_ms, expected, "{on_f2:?}");
+        }
     }
     {
         tracing::info!("phase 3: without a majority the leader acknowledges nothing; with one it does");

@@ -232,8 +232,11 @@ pub struct NodeStatus {
     pub durable_seqno: u64,
     /// Applied frontier.
     pub applied_seqno: u64,
-    /// Replication lag in ms (0 for the leader itself).
-    pub lag_ms: u64,
+    /// Milliseconds since this member last answered the node that reports (0 for the reporting
+    /// node itself). `null` when unknown: it never answered this node in this process (a follower
+    /// tracks no other member; a leader has not heard this one yet).
+    #[serde(default)]
+    pub lag_ms: Option<u64>,
     /// Last position matched in the current term (leader's view; 0 when unknown).
     #[serde(default)]
     pub matched_seqno: u64,
