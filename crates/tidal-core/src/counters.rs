@@ -1,48 +1,81 @@
-//! Every per (item, signal kind) counter, in memory: [`Counters`].
+//! Every per (item, signal kind) counter, in memory: [`Counters`] and [`ItemCounts`].
 //!
 //! Counters are log-derived (they are in the digest) but no read serves them, so the applier keeps
-//! all of them here, loaded from fjall on open, and flushes the dirty ones with the overlay. That
-//! turns the fjall get each signal used to pay into one hash lookup. Memory is bounded by
-//! items x kinds, like the trending scores the index already holds.
+//! all of them in memory, loaded from fjall on open, and flushes the dirty ones with the overlay.
+//! Memory is bounded by items x kinds, like the trending scores the index already holds.
+//!
+//! Where they live (decisions/038): the counts of the first [`INLINE_KINDS`] kind ids sit in the
+//! item's trending entry of the [`FeedIndex`], which the fold has just looked up (and so brought
+//! into the cache) to update the item's score. A map of their own cost one more random lookup per
+//! signal, a cache miss over hundreds of thousands of counters: about a quarter of the fold.
+//! Kind ids past those (a deployment with many signal kinds) are counted in [`Counters`]' own map.
 //!
 //! Delicate:
 //! - Kind names are interned to small ids in first-seen order, which depends on history; the ids
-//!   never leave this file and [`DirtyCounters`] (fjall keys and the digest use the names).
+//!   never leave this file, [`ItemCounts`] and [`DirtyCounters`] (fjall keys and the digest use the
+//!   names).
+//! - Every item with a count has a trending score (one signal sets both; an item delete removes
+//!   both), so every count has an entry to live in. [`Counters::load`] refuses a state where one
+//!   does not.
 //! - The dirty set carries each counter's value, so freezing it for the background flusher is a
 //!   move ([`Counters::take_dirty`]), and the applier can keep counting while the flusher encodes.
-//! - The dirty set is a [`DirtySet`]: each counter carries its mark, so an increment costs the
-//!   one lookup of its counter (a second insert into a map keyed like it cost as much again).
+//! - The dirty set is a [`DirtySet`]: each counter carries its mark, wherever the counter lives.
 
 use crate::dirty_set::{last_values, DirtySet, Mark};
 use crate::error::Error;
 use crate::fast_hash::FastMap;
+use crate::feed_index::FeedIndex;
 use crate::keys;
 use crate::stores::Stores;
 
 /// Up to this many kinds, a kind's id is found by comparing names rather than hashing.
 const KINDS_SCANNED_MAX: usize = 8;
 
+/// Kind ids below this are counted in the item's trending entry ([`ItemCounts`]).
+pub const INLINE_KINDS: usize = 6;
+
 /// A (item, kind id) counter key.
 type Key = (u64, u32);
 
-/// Per (item, kind) counts plus the keys changed since the last flush.
+/// Kind names, the counters of kind ids past [`INLINE_KINDS`], and the keys changed since the
+/// last flush.
 #[derive(Debug, Default)]
 pub struct Counters {
     /// Kind name of each kind id.
     kinds: Vec<Box<str>>,
     /// Kind id of each kind name.
     kind_ids: FastMap<Box<str>, u32>,
-    /// Every (item, kind id) that has a count (> 0).
-    counts: FastMap<Key, Count>,
+    /// Every (item, kind id >= INLINE_KINDS) that has a count (> 0).
+    more: FastMap<Key, Count>,
     /// Every key changed since the last freeze with its value (`None`: deleted).
     dirty: DirtySet<Key, Option<u64>>,
 }
+
+/// One item's counts of the kind ids below [`INLINE_KINDS`] (0: no counter), kept in its trending
+/// entry.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ItemCounts([Count; INLINE_KINDS]);
 
 /// One counter and its mark in the dirty set.
 #[derive(Debug, Clone, Copy)]
 struct Count {
     count: u64,
     mark: Mark,
+}
+
+impl Default for Count {
+    fn default() -> Self {
+        Count { count: 0, mark: Mark::CLEAN }
+    }
+}
+
+impl ItemCounts {
+    /// Forgets every dirty mark (after the dirty set's window counter wrapped).
+    pub fn clear_marks(&mut self) {
+        for count in &mut self.0 {
+            count.mark = Mark::CLEAN;
+        }
+    }
 }
 
 /// The counters changed in one flush window, with their values at its end: what a flush writes.
@@ -55,8 +88,9 @@ pub struct DirtyCounters {
 }
 
 impl Counters {
-    /// Loads every counter from fjall.
-    pub fn load(stores: &Stores) -> Result<Counters, Error> {
+    /// Loads every counter from fjall, the first kinds' into their items' trending entries of
+    /// `index` (loaded first).
+    pub fn load(stores: &Stores, index: &mut FeedIndex) -> Result<Counters, Error> {
         let mut counters = Counters::default();
         for guard in stores.counters.iter() {
             let (key, value) = guard.into_inner()?;
@@ -64,37 +98,54 @@ impl Counters {
             let kind = std::str::from_utf8(&key[8..]).map_err(|_| corrupt("kind is not UTF-8"))?;
             let count = keys::u64_value(&value).ok_or_else(|| corrupt("not a u64"))?;
             let kind = counters.kind_id(kind);
-            counters.counts.insert((item, kind), Count { count, mark: Mark::CLEAN });
+            let entry = Count { count, mark: Mark::CLEAN };
+            match index.counts_mut(item) {
+                Some(counts) if (kind as usize) < INLINE_KINDS => counts.0[kind as usize] = entry,
+                _ if (kind as usize) >= INLINE_KINDS => {
+                    counters.more.insert((item, kind), entry);
+                }
+                _ => return Err(corrupt(&format!("item {item} has a count but no trending score"))),
+            }
         }
         Ok(counters)
     }
 
-    /// Adds one to `(item, kind)` for a kind id of [`Counters::kind_id`].
-    pub fn increment_id(&mut self, item: u64, kind: u32) {
+    /// Adds one to `(item, kind)` for a kind id of [`Counters::kind_id`]; `counts` are the item's
+    /// (from its trending entry).
+    pub fn increment_id(&mut self, counts: &mut ItemCounts, item: u64, kind: u32) {
         let key = (item, kind);
-        let entry = self.counts.entry(key).or_insert(Count { count: 0, mark: Mark::CLEAN });
+        let entry = match counts.0.get_mut(kind as usize) {
+            Some(entry) => entry,
+            None => self.more.entry(key).or_default(),
+        };
         entry.count += 1;
         self.dirty.set(&mut entry.mark, key, Some(entry.count));
     }
 
-    /// Deletes every counter of `item`.
-    pub fn remove_item(&mut self, item: u64) {
-        for kind in 0..self.kinds.len() as u32 {
+    /// Deletes every counter of `item`; `counts` are the ones its removed trending entry held.
+    pub fn remove_item(&mut self, item: u64, counts: Option<ItemCounts>) {
+        for (kind, entry) in counts.iter().flat_map(|counts| counts.0.iter()).enumerate() {
+            if entry.count > 0 {
+                self.dirty.set_removed(entry.mark, (item, kind as u32), None);
+            }
+        }
+        for kind in INLINE_KINDS as u32..self.kinds.len() as u32 {
             let key = (item, kind);
-            if let Some(entry) = self.counts.remove(&key) {
+            if let Some(entry) = self.more.remove(&key) {
                 self.dirty.set_removed(entry.mark, key, None);
             }
         }
     }
 
     /// Moves the dirty set out (with the kind names it needs), leaving it empty: the counters of
-    /// one flush window.
-    pub fn take_dirty(&mut self) -> DirtyCounters {
+    /// one flush window. Resets the marks (those in `index` too) when the window counter wraps.
+    pub fn take_dirty(&mut self, index: &mut FeedIndex) -> DirtyCounters {
         let (values, wrapped) = self.dirty.take();
         if wrapped {
-            for entry in self.counts.values_mut() {
+            for entry in self.more.values_mut() {
                 entry.mark = Mark::CLEAN;
             }
+            index.clear_count_marks();
         }
         DirtyCounters { kinds: self.kinds.clone(), values }
     }
@@ -142,53 +193,147 @@ fn corrupt(reason: &str) -> Error {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::trend::Trend;
 
-    /// The changes a flush of the current window would write, by kind name.
-    fn flush(counters: &mut Counters) -> Vec<(u64, String, Option<u64>)> {
-        let dirty = counters.take_dirty();
-        let changes = last_values(&dirty.values);
-        changes
-            .into_iter()
-            .map(|((item, kind), value)| (item, dirty.kinds[kind as usize].to_string(), value))
-            .collect()
+    /// Counters with the index their first kinds live in, changed as the fold changes them.
+    struct Both {
+        counters: Counters,
+        index: FeedIndex,
+    }
+
+    impl Both {
+        fn new() -> Both {
+            Both { counters: Counters::default(), index: FeedIndex::new(2) }
+        }
+
+        fn kind(&mut self, name: &str) -> u32 {
+            self.counters.kind_id(name)
+        }
+
+        /// One signal: the fold sets the item's score first, then counts.
+        fn increment(&mut self, item: u64, kind: u32) {
+            let trend = self.index.trend(item).unwrap_or(Trend::first(0, 1.0));
+            self.index.set_trend(item, trend);
+            let counts = self.index.counts_mut(item).unwrap();
+            self.counters.increment_id(counts, item, kind);
+        }
+
+        fn remove(&mut self, item: u64) {
+            let removed = self.index.remove_item(item);
+            self.counters.remove_item(item, removed.map(|(_, counts)| counts));
+        }
+
+        /// The changes a flush of the current window would write, by kind name.
+        fn flush(&mut self) -> Vec<(u64, String, Option<u64>)> {
+            let dirty = self.counters.take_dirty(&mut self.index);
+            let changes = last_values(&dirty.values);
+            changes
+                .into_iter()
+                .map(|((item, kind), value)| (item, dirty.kinds[kind as usize].to_string(), value))
+                .collect()
+        }
     }
 
     #[test]
     fn a_window_lists_each_counter_once_with_its_last_value() {
-        let mut counters = Counters::default();
-        let (view, click) = (counters.kind_id("view"), counters.kind_id("click"));
+        let mut both = Both::new();
+        let (view, click) = (both.kind("view"), both.kind("click"));
         for _ in 0..3 {
-            counters.increment_id(7, view);
+            both.increment(7, view);
         }
-        counters.increment_id(2, click);
-        counters.increment_id(7, click);
-        assert_eq!(counters.dirty_len(), 3);
+        both.increment(2, click);
+        both.increment(7, click);
+        assert_eq!(both.counters.dirty_len(), 3);
         assert_eq!(
-            flush(&mut counters),
+            both.flush(),
             vec![(2, "click".into(), Some(1)), (7, "view".into(), Some(3)), (7, "click".into(), Some(1))]
         );
         // The next window starts clean and counts on from the totals.
-        assert_eq!(counters.dirty_len(), 0);
-        counters.increment_id(7, view);
-        assert_eq!(flush(&mut counters), vec![(7, "view".into(), Some(4))]);
-        assert_eq!(flush(&mut counters), vec![]);
+        assert_eq!(both.counters.dirty_len(), 0);
+        both.increment(7, view);
+        assert_eq!(both.flush(), vec![(7, "view".into(), Some(4))]);
+        assert_eq!(both.flush(), vec![]);
     }
 
     #[test]
     fn a_removal_then_a_new_count_in_one_window_writes_the_new_count() {
-        let mut counters = Counters::default();
-        let view = counters.kind_id("view");
-        counters.increment_id(1, view);
-        counters.increment_id(1, view);
-        counters.remove_item(1);
-        assert_eq!(counters.dirty_len(), 1, "a removal of a counter dirty in this window reuses its entry");
-        counters.increment_id(1, view);
-        assert_eq!(flush(&mut counters), vec![(1, "view".into(), Some(1))]);
+        let mut both = Both::new();
+        let view = both.kind("view");
+        both.increment(1, view);
+        both.increment(1, view);
+        both.remove(1);
+        assert_eq!(
+            both.counters.dirty_len(),
+            1,
+            "a removal of a counter dirty in this window reuses its entry"
+        );
+        both.increment(1, view);
+        assert_eq!(both.flush(), vec![(1, "view".into(), Some(1))]);
         // Removed in a later window: the removal is written.
-        counters.remove_item(1);
-        assert_eq!(flush(&mut counters), vec![(1, "view".into(), None)]);
-        counters.increment_id(1, view);
-        counters.remove_item(1);
-        assert_eq!(flush(&mut counters), vec![(1, "view".into(), None)]);
+        both.remove(1);
+        assert_eq!(both.flush(), vec![(1, "view".into(), None)]);
+        both.increment(1, view);
+        both.remove(1);
+        assert_eq!(both.flush(), vec![(1, "view".into(), None)]);
+    }
+
+    /// Kinds past the ones the trending entry holds are counted in the counters' own map, with the
+    /// same flush, removal and re-count rules.
+    #[test]
+    fn kinds_past_the_inline_ones_count_the_same() {
+        let mut both = Both::new();
+        let kinds: Vec<u32> = (0..INLINE_KINDS + 3).map(|k| both.kind(&format!("k{k}"))).collect();
+        for (n, &kind) in kinds.iter().enumerate() {
+            for _ in 0..=n {
+                both.increment(5, kind);
+            }
+        }
+        let expected: Vec<_> = (0..kinds.len()).map(|n| (5, format!("k{n}"), Some(n as u64 + 1))).collect();
+        assert_eq!(both.flush(), expected);
+        // A removal then a count of one inline and one further kind in one window: the others go.
+        let (inline, further) = (kinds[1], kinds[INLINE_KINDS + 1]);
+        both.remove(5);
+        both.increment(5, inline);
+        both.increment(5, further);
+        let flushed = both.flush();
+        for (n, kind) in kinds.iter().enumerate() {
+            let value = if *kind == inline || *kind == further { Some(1) } else { None };
+            assert!(flushed.contains(&(5, format!("k{n}"), value)), "k{n}: {flushed:?}");
+        }
+        assert_eq!(flushed.len(), kinds.len());
+    }
+
+    /// When the dirty set's window counter wraps, every mark is reset, the ones in the index too:
+    /// a stale mark would overwrite another counter's change.
+    #[test]
+    fn a_wrapped_window_resets_the_marks_in_the_index() {
+        let mut both = Both::new();
+        let view = both.kind("view");
+        both.increment(1, view);
+        both.flush();
+        // Item 1's counter keeps its mark of window 1; the next take wraps back to window 1.
+        both.counters.dirty.jump_to_last_window();
+        both.increment(2, view);
+        assert_eq!(both.flush(), vec![(2, "view".into(), Some(1))]);
+        both.increment(3, view);
+        both.increment(1, view);
+        assert_eq!(both.flush(), vec![(1, "view".into(), Some(2)), (3, "view".into(), Some(1))]);
+    }
+
+    /// A count of an item without a trending score cannot come from the fold: loading one is refused.
+    #[test]
+    fn a_count_without_a_trending_score_is_refused_at_load() {
+        let dir = tempfile::tempdir().unwrap();
+        let stores = Stores::open(dir.path()).unwrap();
+        stores.counters.insert(keys::counter_key(9, "view"), 3u64.to_le_bytes()).unwrap();
+        let mut index = FeedIndex::new(2);
+        let error = Counters::load(&stores, &mut index).unwrap_err();
+        assert!(error.to_string().contains("item 9 has a count but no trending score"), "{error}");
+        index.set_trend(9, Trend::first(0, 1.0));
+        let mut counters = Counters::load(&stores, &mut index).unwrap();
+        let view = counters.kind_id("view");
+        counters.increment_id(index.counts_mut(9).unwrap(), 9, view);
+        let dirty = counters.take_dirty(&mut index);
+        assert_eq!(last_values(&dirty.values), vec![((9, view), Some(4))]);
     }
 }

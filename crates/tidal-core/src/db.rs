@@ -215,8 +215,8 @@ impl TidalDb {
             tracing::error!("a snapshot install was interrupted: applies are refused until it is resumed");
         }
         let last_time_ms = meta_u64(&stores, keys::META_LAST_TIME_MS)?;
-        let index = load_index(&stores, config.dimension as usize)?;
-        let counters = Counters::load(&stores)?;
+        let mut index = load_index(&stores, config.dimension as usize)?;
+        let counters = Counters::load(&stores, &mut index)?;
         let items = stores.items.len()? as u64;
         let users = stores.profiles.len()? as u64;
         tracing::info!(applied_seqno, embeddings = index.embeddings(), items, users, "engine opened");
@@ -675,12 +675,13 @@ impl TidalDb {
         let dimension = self.config.dimension as usize;
         match change {
             Change::Signals { fold, events, envelope_time_ms } => {
-                fold::count_signals(&mut writer.counters, events);
                 bytes += fold.trends.len() * 8;
                 for (item, trend) in fold.trends {
                     let mark = state.index.set_trend(item, trend);
                     writer.dirty.trends.set(mark, item, Some(trend));
                 }
+                // After the scores: the counts live in the scores' entries.
+                fold::count_signals(&mut writer.counters, &mut state.index, events);
                 let State { index, overlay, .. } = state;
                 let (new_users, user_bytes) = fold::profiles(
                     overlay,
@@ -710,13 +711,13 @@ impl TidalDb {
                 // Users' seen sets and profiles keep what they already absorbed: they are history
                 // of the users, not state of the item, and rewriting every profile would make a
                 // delete cost O(users).
-                let mark = state.index.remove_item(item);
+                let removed = state.index.remove_item(item);
                 bytes += Overlay::set(&mut state.overlay.items, item, None, 0);
                 bytes += Overlay::set(&mut state.overlay.embeddings, item, None, 0);
                 // Removed from fjall too (a score the index never held is removed all the same).
-                writer.dirty.trends.set_removed(mark.unwrap_or(Mark::CLEAN), item, None);
+                writer.dirty.trends.set_removed(removed.map_or(Mark::CLEAN, |(mark, _)| mark), item, None);
                 bytes += 8;
-                writer.counters.remove_item(item);
+                writer.counters.remove_item(item, removed.map(|(_, counts)| counts));
                 if existed {
                     add_signed(&self.items, -1);
                 }
@@ -762,7 +763,7 @@ impl TidalDb {
             let frozen = Arc::new(FrozenOverlay {
                 overlay: std::mem::take(&mut state.overlay),
                 dirty: frozen_dirty,
-                counters: counters.take_dirty(),
+                counters: counters.take_dirty(&mut state.index),
                 applied_seqno: applied,
                 last_time_ms: self.last_applied_time_ms(),
             });

@@ -80,6 +80,12 @@ impl<K: Copy + Ord, V: Copy> DirtySet<K, V> {
         (entries, wrapped)
     }
 
+    /// Moves to the last window, so the next [`DirtySet::take`] wraps (tests of the owners' resets).
+    #[cfg(test)]
+    pub fn jump_to_last_window(&mut self) {
+        self.window = u32::MAX;
+    }
+
     fn next_position(&self) -> u32 {
         u32::try_from(self.entries.len()).expect("fewer than 2^32 changes in one flush window")
     }

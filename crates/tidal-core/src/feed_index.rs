@@ -13,6 +13,7 @@
 
 use std::sync::{Arc, Mutex};
 
+use crate::counters::ItemCounts;
 use crate::dirty_set::Mark;
 use crate::fast_hash::FastMap;
 use crate::trend::Trend;
@@ -31,7 +32,9 @@ pub struct FeedIndex {
     inv_norms: Vec<f64>,
     /// Trending score of each row's item, so the feed loop does no hashing.
     row_trends: Vec<Option<Trend>>,
-    /// Trending score of every item that has one, with the applier's dirty mark (`DirtySet`).
+    /// Trending score of every item that has one, with the applier's dirty mark (`DirtySet`) and
+    /// the item's counters of the first signal kinds (`counters.rs`: the fold finds them with the
+    /// lookup it makes for the score).
     trending: FastMap<u64, TrendEntry>,
     /// Bumped by every change, so caches can tell they are stale.
     generation: u64,
@@ -44,6 +47,7 @@ pub struct FeedIndex {
 struct TrendEntry {
     trend: Trend,
     mark: Mark,
+    counts: ItemCounts,
 }
 
 #[derive(Debug)]
@@ -70,11 +74,12 @@ impl FeedIndex {
         }
     }
 
-    /// Drops everything about an item; returns the dirty mark of its trending score, if it had one.
-    pub fn remove_item(&mut self, item: u64) -> Option<Mark> {
+    /// Drops everything about an item; returns the dirty mark of its trending score and its
+    /// counts, if it had a score.
+    pub fn remove_item(&mut self, item: u64) -> Option<(Mark, ItemCounts)> {
         self.generation += 1;
         self.remove_embedding(item);
-        self.trending.remove(&item).map(|entry| entry.mark)
+        self.trending.remove(&item).map(|entry| (entry.mark, entry.counts))
     }
 
     /// Row-aligned trending terms `sign(s) * ln(1 + |s|)` of the scores decayed to `now_ms` (0 for
@@ -134,7 +139,11 @@ impl FeedIndex {
         if let Some(&row) = self.rows.get(&item) {
             self.row_trends[row] = Some(trend);
         }
-        let entry = self.trending.entry(item).or_insert(TrendEntry { trend, mark: Mark::CLEAN });
+        let entry = self.trending.entry(item).or_insert(TrendEntry {
+            trend,
+            mark: Mark::CLEAN,
+            counts: ItemCounts::default(),
+        });
         entry.trend = trend;
         &mut entry.mark
     }
@@ -144,6 +153,18 @@ impl FeedIndex {
         for entry in self.trending.values_mut() {
             entry.mark = Mark::CLEAN;
         }
+    }
+
+    /// Forgets every counter's dirty mark (after the counters' dirty set wrapped).
+    pub fn clear_count_marks(&mut self) {
+        for entry in self.trending.values_mut() {
+            entry.counts.clear_marks();
+        }
+    }
+
+    /// The counters of an item that has a trending score.
+    pub fn counts_mut(&mut self, item: u64) -> Option<&mut ItemCounts> {
+        self.trending.get_mut(&item).map(|entry| &mut entry.counts)
     }
 
     /// The raw embedding of an item.

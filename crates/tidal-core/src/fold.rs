@@ -3,7 +3,8 @@
 //! [`signals`] runs under the state read lock and may fail (fjall reads): it computes the new
 //! trending scores and loads the profiles the overlay lacks, changing nothing. [`profiles`] and
 //! [`count_signals`] run after every fallible step of the apply succeeded, under the state write
-//! lock (profiles, seen items) and the writer lock (counters), and cannot fail.
+//! lock (profiles, seen items, the counts in the index) and the writer lock (the counters' dirty
+//! set), and cannot fail.
 //!
 //! Delicate:
 //! - Determinism: same log ⇒ bit-identical state. Time is only the logged time (the event's `ts` or
@@ -144,12 +145,16 @@ fn fold_event(
     dirty.seen.push(event.item);
 }
 
-/// Counts the events per (item, kind).
-pub fn count_signals(counters: &mut Counters, events: &SignalColumns) {
+/// Counts the events per (item, kind). Every item of the batch has its trending score set already
+/// (its counts live in that entry, decisions/038).
+pub fn count_signals(counters: &mut Counters, index: &mut FeedIndex, events: &SignalColumns) {
     // The batch's kinds to counter kind ids once, then one counter update per event.
     let kinds: Vec<u32> = events.kinds().iter().map(|kind| counters.kind_id(kind)).collect();
     for event in events.iter() {
-        counters.increment_id(event.item, kinds[event.kind as usize]);
+        let counts = index
+            .counts_mut(event.item)
+            .expect("the batch's trending scores are set before its counts: every item has an entry");
+        counters.increment_id(counts, event.item, kinds[event.kind as usize]);
     }
 }
 

@@ -219,7 +219,7 @@ impl TidalDb {
         state.index = load_index(&self.stores, dimension)?;
         state.overlay = Overlay::default();
         state.frozen = None;
-        writer.counters = Counters::load(&self.stores)?;
+        writer.counters = Counters::load(&self.stores, &mut state.index)?;
         writer.dirty = WriterDirty::default();
         writer.idempotency_oldest_ms = None;
         let applied = meta_u64(&self.stores, keys::META_APPLIED_SEQNO)?;
