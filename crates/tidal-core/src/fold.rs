@@ -60,12 +60,16 @@ pub fn signals<'a>(
         FastMap::with_capacity_and_hasher(events.len(), FastState::default());
     let mut loaded: FastMap<&'a str, Option<Profile>> = FastMap::default();
     let mut slots = Vec::with_capacity(events.len());
-    for event in events.iter() {
+    // The index's scores first, in a loop of nothing else: its lookups do not depend on each other,
+    // so the CPU overlaps their cache misses (over a million items nearly every one misses), where
+    // the loop below, with its batch map and user lookups between them, took them one at a time.
+    let known: Vec<Option<Trend>> = events.items().map(|item| index.trend(item)).collect();
+    for (event, known) in events.iter().zip(known) {
         let t = event.ts_ms.unwrap_or(envelope_time);
         match trends.entry(event.item) {
             Entry::Occupied(mut trend) => trend.get_mut().add(t, event.weight, config.half_life_ms),
             Entry::Vacant(slot) => {
-                let trend = match index.trend(event.item) {
+                let trend = match known {
                     Some(mut trend) => {
                         trend.add(t, event.weight, config.half_life_ms);
                         trend

@@ -304,6 +304,11 @@ impl SignalColumns {
         })
     }
 
+    /// The events' item ids in log order.
+    pub fn items(&self) -> impl ExactSizeIterator<Item = u64> + '_ {
+        self.events.iter().map(|event| event.item)
+    }
+
     /// The events as [`SignalEvent`]s (allocates), for tests and tools.
     pub fn to_events(&self) -> Vec<SignalEvent> {
         self.iter()
