@@ -4,11 +4,13 @@
 //! all of them in memory, loaded from fjall on open, and flushes the dirty ones with the overlay.
 //! Memory is bounded by items x kinds, like the trending scores the index already holds.
 //!
-//! Where they live (decisions/038): the counts of the first [`INLINE_KINDS`] kind ids sit in the
-//! item's trending entry of the [`FeedIndex`], which the fold has just looked up (and so brought
-//! into the cache) to update the item's score. A map of their own cost one more random lookup per
-//! signal, a cache miss over hundreds of thousands of counters: about a quarter of the fold.
-//! Kind ids past those (a deployment with many signal kinds) are counted in [`Counters`]' own map.
+//! Where they live (decisions/038): the counts of the first [`INLINE_KINDS`] kind ids (interned in
+//! first-seen order: usually the busiest kinds, such as views and clicks) sit in the item's
+//! trending entry of the [`FeedIndex`], which the fold has just looked up (and so brought into the
+//! cache) to update the item's score. A map of their own cost one more random lookup per signal, a
+//! cache miss over hundreds of thousands of counters: about a quarter of the fold. Two keep the
+//! entry at one cache line and its memory at what a score plus one counter took before; the other
+//! kinds are counted in [`Counters`]' own map, as all were before.
 //!
 //! Delicate:
 //! - Kind names are interned to small ids in first-seen order, which depends on history; the ids
@@ -32,7 +34,7 @@ use crate::stores::Stores;
 const KINDS_SCANNED_MAX: usize = 8;
 
 /// Kind ids below this are counted in the item's trending entry ([`ItemCounts`]).
-pub const INLINE_KINDS: usize = 6;
+pub const INLINE_KINDS: usize = 2;
 
 /// A (item, kind id) counter key.
 type Key = (u64, u32);

@@ -317,6 +317,13 @@ mod tests {
         assert_eq!(mask.iter().filter(|m| **m).count(), 1);
     }
 
+    /// A trending entry with its key fills one cache line: the fold's lookup of an item's score
+    /// brings its counts along (decisions/038).
+    #[test]
+    fn a_trending_slot_is_one_cache_line() {
+        assert_eq!(std::mem::size_of::<(u64, TrendEntry)>(), 64);
+    }
+
     #[test]
     fn dot_matches_the_naive_sum_on_small_integers() {
         let a: Vec<f32> = (0..19).map(|v| v as f32).collect();
