@@ -17,8 +17,8 @@
 //!   never leave this file, [`ItemCounts`] and [`DirtyCounters`] (fjall keys and the digest use the
 //!   names).
 //! - Every item with a count has a trending score (one signal sets both; an item delete removes
-//!   both), so every count has an entry to live in. [`Counters::load`] refuses a state where one
-//!   does not.
+//!   both), so every inline count has an entry to live in. [`Counters::load`] refuses a state
+//!   where one does not.
 //! - The dirty set carries each counter's value, so freezing it for the background flusher is a
 //!   move ([`Counters::take_dirty`]), and the applier can keep counting while the flusher encodes.
 //! - The dirty set is a [`DirtySet`]: each counter carries its mark, wherever the counter lives.
@@ -101,13 +101,15 @@ impl Counters {
             let count = keys::u64_value(&value).ok_or_else(|| corrupt("not a u64"))?;
             let kind = counters.kind_id(kind);
             let entry = Count { count, mark: Mark::CLEAN };
-            match index.counts_mut(item) {
-                Some(counts) if (kind as usize) < INLINE_KINDS => counts.0[kind as usize] = entry,
-                _ if (kind as usize) >= INLINE_KINDS => {
-                    counters.more.insert((item, kind), entry);
-                }
-                _ => return Err(corrupt(&format!("item {item} has a count but no trending score"))),
+            let slot = kind as usize;
+            if slot >= INLINE_KINDS {
+                counters.more.insert((item, kind), entry);
+                continue;
             }
+            let counts = index
+                .counts_mut(item)
+                .ok_or_else(|| corrupt(&format!("item {item} has a count but no trending score")))?;
+            counts.0[slot] = entry;
         }
         Ok(counters)
     }

@@ -57,12 +57,7 @@ async fn writes_on_leader_and_follower_converge_and_a_restarted_follower_catches
         assert!(feeds.windows(2).all(|w| w[0] == w[1]), "feeds differ: {feeds:?}");
         let item = cluster.client(f1).get_item(42).await.unwrap();
         assert_eq!(item.metadata, json!({"via": "follower"}));
-        let metrics = reqwest::get(format!("{}/metrics", cluster.client(l).base()))
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
+        let metrics = metrics_text(&cluster, l).await;
         for line in [
             format!("tidal_commit_seqno {}", via_follower.seqno),
             "tidal_is_leader 1".to_string(),
@@ -86,12 +81,7 @@ async fn writes_on_leader_and_follower_converge_and_a_restarted_follower_catches
         let digests = cluster.digests_at(last).await;
         assert!(same(&digests), "replicas differ after catch-up: {digests:?}");
         // The restarted follower counts what its pulls brought: at least the 20 batches it missed.
-        let metrics = reqwest::get(format!("{}/metrics", cluster.client(f2).base()))
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
+        let metrics = metrics_text(&cluster, f2).await;
         let value = |name: &str| -> f64 {
             let line = metrics.lines().find(|line| line.starts_with(&format!("{name} ")));
             line.and_then(|line| line.split(' ').nth(1)?.parse().ok())
@@ -187,6 +177,12 @@ async fn failover_keeps_acknowledged_writes_and_the_old_leader_rejoins() {
 }
 
 /// Polls `url` (a node's `/metrics`) until it has exactly `line`; fails after 10 s.
+/// Node `i`'s `/metrics` text.
+async fn metrics_text(cluster: &Cluster, i: usize) -> String {
+    let url = format!("{}/metrics", cluster.client(i).base());
+    reqwest::get(url).await.unwrap().text().await.unwrap()
+}
+
 async fn metric_line_appears(url: &str, line: &str) {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     loop {
