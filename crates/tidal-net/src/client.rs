@@ -20,7 +20,17 @@ use tonic::transport::{Channel, Endpoint};
 pub const SHIP_TIMEOUT: Duration = Duration::from_secs(10);
 /// Decoded pull chunks held ahead of the caller (each at most one chunk's bytes, 4 MiB by default).
 pub const PULL_PREFETCH_CHUNKS: usize = 2;
-/// Connect timeout.
+/// HTTP/2 receive windows and the largest DATA frame we accept, on both ends of every peer
+/// connection. The defaults (16 KiB frames; 1-2 MiB stream windows) cut a 4 MiB pull chunk into
+/// 256 frames and stall the sender on window updates twice per chunk. The windows bound what a peer
+/// may send ahead of our reading: the puller reads through [`PULL_PREFETCH_CHUNKS`] chunks, the
+/// receiver of ships through its own bounded queue.
+pub const H2_STREAM_WINDOW: u32 = 8 * 1024 * 1024;
+/// See [`H2_STREAM_WINDOW`].
+pub const H2_CONNECTION_WINDOW: u32 = 16 * 1024 * 1024;
+/// See [`H2_STREAM_WINDOW`].
+pub const H2_FRAME_SIZE_MAX: u32 = 1024 * 1024;
+/// Bound on establishing a connection.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 /// How often an HTTP/2 ping checks a peer connection.
 pub const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(2);
@@ -90,7 +100,10 @@ impl Peer {
             // pings detect it and the channel reconnects (found by harness/sim, decisions/008).
             .http2_keep_alive_interval(KEEPALIVE_INTERVAL)
             .keep_alive_timeout(KEEPALIVE_TIMEOUT)
-            .keep_alive_while_idle(true);
+            .keep_alive_while_idle(true)
+            .initial_stream_window_size(H2_STREAM_WINDOW)
+            .initial_connection_window_size(H2_CONNECTION_WINDOW)
+            .max_frame_size(H2_FRAME_SIZE_MAX);
         let attach = SecretAttach::new(secret)?;
         let channel = match connector.custom() {
             None => endpoint.connect_lazy(),

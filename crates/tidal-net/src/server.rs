@@ -348,6 +348,9 @@ where
         // Calls a client gave up on (a late heartbeat under load) must not make h2's rapid-reset
         // guard close the connection every other RPC shares; the default allows 20.
         .http2_max_pending_accept_reset_streams(Some(1024))
+        .initial_stream_window_size(crate::client::H2_STREAM_WINDOW)
+        .initial_connection_window_size(crate::client::H2_CONNECTION_WINDOW)
+        .max_frame_size(crate::client::H2_FRAME_SIZE_MAX)
         .add_service(intercepted)
         .serve_with_incoming_shutdown(incoming, signal);
     tokio::pin!(serving);

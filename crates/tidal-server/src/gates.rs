@@ -290,8 +290,15 @@ async fn replication_lag(args: &GatesArgs, nodes: &[(u64, String)]) -> anyhow::R
     anyhow::ensure!(probe.errors == 0, "{} errors during the rate probe", probe.errors);
     let max_rate = probe.acked_per_second();
     let half_rate = (max_rate / 2.0).round().max(1.0) as u64;
+    // The probe leaves every node a backlog (its last writes to apply, its engine flushes); samples
+    // taken while that drains measured the probe, not the paced load. The Redis anchor's lag phase
+    // starts on a fresh primary too.
+    let target = Client::new(leader.clone(), None).status().await.context("leader status")?.commit_seqno;
+    let urls: Vec<String> = nodes.iter().map(|(_, url)| url.clone()).collect();
+    let settled = settle(&urls, target, SETTLE_TIMEOUT).await?;
     eprintln!(
-        "gates: replication-lag: max {max_rate:.0} writes/s; {} lag samples under a paced load of {half_rate}/s",
+        "gates: replication-lag: max {max_rate:.0} writes/s; every node settled {:.2} s after the probe; {} lag samples under a paced load of {half_rate}/s",
+        settled.as_secs_f64(),
         args.lag_samples
     );
     let load = BenchArgs {
@@ -330,6 +337,7 @@ async fn replication_lag(args: &GatesArgs, nodes: &[(u64, String)]) -> anyhow::R
         value("max_rate", format!("{max_rate:.0}")),
         value("max_rate_p50_ms", format!("{:.3}", probe.p50_ms)),
         value("max_rate_p99_ms", format!("{:.3}", probe.p99_ms)),
+        value("settle_seconds", format!("{:.3}", settled.as_secs_f64())),
         value("load_rate", format!("{:.0}", load.acked_per_second())),
         value("load_errors", load.errors),
         value("samples", lag.requests),
