@@ -290,9 +290,9 @@ async fn replication_lag(args: &GatesArgs, nodes: &[(u64, String)]) -> anyhow::R
     anyhow::ensure!(probe.errors == 0, "{} errors during the rate probe", probe.errors);
     let max_rate = probe.acked_per_second();
     let half_rate = (max_rate / 2.0).round().max(1.0) as u64;
-    // The probe leaves every node a backlog (its last writes to apply, its engine flushes); samples
-    // taken while that drains measured the probe, not the paced load. The Redis anchor's lag phase
-    // starts on a fresh primary too.
+    // Samples taken while the nodes still applied or flushed the probe's writes would measure the
+    // probe, not the paced load (the Redis anchor's lag phase starts on a fresh primary). So far
+    // they had always drained by now (decisions/041): this wait is insurance, and it is reported.
     let target = Client::new(leader.clone(), None).status().await.context("leader status")?.commit_seqno;
     let urls: Vec<String> = nodes.iter().map(|(_, url)| url.clone()).collect();
     let settled = settle(&urls, target, SETTLE_TIMEOUT).await?;
