@@ -147,6 +147,7 @@ pub async fn run(args: GatesArgs) -> anyhow::Result<bool> {
         .with_context(|| format!("create a cluster folder in {}", parent.display()))?;
     let dir = folder.path().to_path_buf();
     eprintln!("gates: local cluster in {}", dir.display());
+    write_back_dirty_pages().await;
     let started = Instant::now();
     let verdicts = run_on_cluster(&args, &dir, &selected).await;
     let stopped = cluster_cmd::stop(&dir, |line| eprintln!("gates: {line}"));
@@ -499,6 +500,22 @@ async fn ensure_redis_py(copy: &Path) -> anyhow::Result<()> {
         String::from_utf8_lossy(&installed.stderr).lines().last().unwrap_or("")
     );
     Ok(())
+}
+
+/// Writes back the page cache's dirty pages (`sync`) before the cluster starts. What ran just
+/// before (a benchmark's clusters, a build) can leave hundreds of MB of them, and their writeback
+/// would share the disk with the gates' fsyncs (decisions/041: `make bench-peers` runs the gates
+/// right after two benchmark clusters). Usually there is nothing to write and it takes no time. A
+/// failed `sync` is reported and the gates go on.
+async fn write_back_dirty_pages() {
+    let started = Instant::now();
+    match output(std::process::Command::new("sync")).await {
+        Ok(done) if done.status.success() => {
+            eprintln!("gates: wrote back dirty pages first (sync, {:.2} s)", started.elapsed().as_secs_f64())
+        }
+        Ok(done) => eprintln!("gates: sync failed ({}); going on", done.status),
+        Err(why) => eprintln!("gates: could not run sync ({why:#}); going on"),
+    }
 }
 
 /// Runs a command to completion off the async threads and collects its output.
