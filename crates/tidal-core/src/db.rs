@@ -130,6 +130,8 @@ pub struct TidalDb {
     /// (fjall holds [`crate::snapshot::META_IMPORT_PENDING`]): applies and exports are refused
     /// until an install completes.
     import_incomplete: AtomicBool,
+    /// Dropped after everything above (fjall included): their receivers see the engine closed.
+    close_watchers: Mutex<Vec<std::sync::mpsc::Sender<()>>>,
 }
 
 /// The index and the overlays, under one lock so reads see them at one applied seqno.
@@ -254,12 +256,20 @@ impl TidalDb {
             negatives_lock: Mutex::new(()),
             flush_on_drop: true,
             import_incomplete: AtomicBool::new(import_incomplete),
+            close_watchers: Mutex::new(Vec::new()),
         })
     }
 
     /// The configuration the engine runs with.
     pub fn config(&self) -> &EngineConfig {
         &self.config
+    }
+
+    /// Keeps `watcher` until this engine is closed: its receiver sees the channel disconnect once
+    /// the engine's flusher has stopped and fjall is released, so a process that opens the same
+    /// directory again (a restart in the same process) can wait for it instead of finding it locked.
+    pub fn watch_close(&self, watcher: std::sync::mpsc::Sender<()>) {
+        self.close_watchers.lock().unwrap_or_else(PoisonError::into_inner).push(watcher);
     }
 
     /// Applied frontier: the highest seqno folded into the state reads see (overlay over fjall).

@@ -121,10 +121,14 @@ where
     };
     let forward = http::Forwarder::new(&node);
     let state = Arc::new(http::AppState { node: node.clone(), tokens, metrics: Default::default(), forward });
-    let checkpointer = spawn_checkpointer(node.clone());
+    let (checkpointer_stop, checkpointer_stopped) = tokio::sync::oneshot::channel();
+    let checkpointer = spawn_checkpointer(node.clone(), checkpointer_stopped);
     tracing::info!(addr = %listener.local_addr()?, data_dir = %config.data_dir.display(), "serving");
     let served = axum::serve(listener, http::router(state)).with_graceful_shutdown(shutdown).await;
-    checkpointer.abort();
+    // Stopped, not aborted: an abort leaves a checkpoint in flight on its blocking thread, which
+    // keeps the node (and its data dir) open past this function.
+    let _ = checkpointer_stop.send(());
+    let _ = checkpointer.await;
     if let Some(replica) = node.replica() {
         replica.stop().await;
     }
@@ -135,8 +139,29 @@ where
     tracing::info!("shutting down: draining the WAL writer");
     let closing = node.clone();
     tokio::task::spawn_blocking(move || closing.shutdown()).await.context("shutdown task")?;
+    let release = node.take_release();
+    drop(node);
+    if let Some(release) = release {
+        wait_for_release(release, &config.data_dir).await;
+    }
     served.context("HTTP server")?;
     Ok(())
+}
+
+/// How long a stopping node waits for the tasks that still hold it (a connection being torn down,
+/// a replication task winding down) before it returns with its data dir still open.
+const RELEASE_WAIT: Duration = Duration::from_secs(30);
+
+/// Returns once the node and its engine are dropped, so whoever opens the data dir next (a restart
+/// in this process) finds it free; a real process exit releases it anyway.
+async fn wait_for_release(release: std::sync::mpsc::Receiver<()>, data_dir: &std::path::Path) {
+    let waited = tokio::task::spawn_blocking(move || release.recv_timeout(RELEASE_WAIT)).await;
+    if let Ok(Err(std::sync::mpsc::RecvTimeoutError::Timeout)) = waited {
+        tracing::warn!(
+            data_dir = %data_dir.display(),
+            "the node is still held {RELEASE_WAIT:?} after shutdown; returning with its data dir open"
+        );
+    }
 }
 
 /// The connections `listener` accepts, as the stream tonic serves, until `stop` is set.
@@ -159,13 +184,19 @@ fn accepted_stream<R: Listener>(
     tokio_stream::wrappers::ReceiverStream::new(receiver)
 }
 
-fn spawn_checkpointer(node: Arc<node::Node>) -> tokio::task::JoinHandle<()> {
+fn spawn_checkpointer(
+    node: Arc<node::Node>,
+    mut stop: tokio::sync::oneshot::Receiver<()>,
+) -> tokio::task::JoinHandle<()> {
     let interval = Duration::from_millis(node.config().checkpoint_interval_ms.max(100));
     tokio::spawn(async move {
         let mut ticker = tokio::time::interval(interval);
         ticker.tick().await;
         loop {
-            ticker.tick().await;
+            tokio::select! {
+                _ = ticker.tick() => {}
+                _ = &mut stop => return,
+            }
             let node = node.clone();
             match tokio::task::spawn_blocking(move || node.checkpoint_and_purge()).await {
                 Ok(Ok(())) => {}

@@ -98,6 +98,10 @@ pub struct Node {
     replica: Option<Arc<Replica>>,
     started: Instant,
     _lock: File,
+    /// Disconnects once this node (its data dir lock above) and its engine are both gone; see
+    /// [`Node::take_release`].
+    release: Mutex<Option<std::sync::mpsc::Receiver<()>>>,
+    _released: std::sync::mpsc::Sender<()>,
 }
 
 /// What startup replay did.
@@ -261,6 +265,8 @@ impl Node {
         // Replay applied directly; tell the applier where the engine now is.
         sender.commit(db.applied_seqno());
         let checkpoint = db.applied_seqno().get();
+        let (released, release) = std::sync::mpsc::channel();
+        db.watch_close(released.clone());
         let node = Node {
             write_bytes: Arc::new(Semaphore::new(config.write_inflight_bytes_max)),
             write_slots: Arc::new(Semaphore::new(WRITES_INFLIGHT_MAX)),
@@ -275,8 +281,17 @@ impl Node {
             replica,
             started: Instant::now(),
             _lock: lock,
+            release: Mutex::new(Some(release)),
+            _released: released,
         };
         Ok((Arc::new(node), replay))
+    }
+
+    /// A receiver that disconnects once this node and its engine are dropped, i.e. the data dir's
+    /// lock and fjall's are released (background tasks that still hold a clone keep them). Taken
+    /// once, by whoever shuts the node down.
+    pub fn take_release(&self) -> Option<std::sync::mpsc::Receiver<()>> {
+        self.release.lock().expect("release lock is never held across a panic").take()
     }
 
     /// The configuration.

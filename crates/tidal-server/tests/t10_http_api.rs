@@ -61,6 +61,9 @@ async fn writes_are_readable_and_survive_restart() {
         digest_before = c.digest().await.unwrap();
         feed_before = c.feed("bob", 10).await.unwrap();
         node.stop().await;
+        // A stopped node has let go of its data dir: nothing of it still runs in this process.
+        let lock = std::fs::File::open(dir.path().join("LOCK")).unwrap();
+        lock.try_lock().expect("the data dir lock is free once `run` has returned");
     }
     {
         tracing::info!("phase 2: restart on the same data dir: same digest, same feed, seqnos continue");
