@@ -131,10 +131,28 @@ impl Node {
             config.cluster.as_ref().map_or(1, |membership| membership.me.0),
             incarnation(&config.data_dir).context("read or create the CRDT incarnation")?,
         );
+        let mut wal_config = WalConfig::new(config.data_dir.join("wal"));
+        wal_config.segment_bytes_max = config.segment_bytes_max;
+        wal_config.preallocate_bytes = config.wal_preallocate_bytes;
+        // The WAL's recovery (reading and verifying every retained segment) and the engine's open
+        // (fjall replaying its journal, one thread) need nothing from each other: they run side by
+        // side, and a crashed node that must replay both is back sooner.
+        let wal_io = config.io.wal_files.clone();
+        let recovering = std::thread::Builder::new()
+            .name("tidal-wal-recover".into())
+            .spawn(move || {
+                let started = std::time::Instant::now();
+                (Wal::recover(wal_config, wal_io), started.elapsed())
+            })
+            .context("start the WAL recovery thread")?;
         let started = std::time::Instant::now();
-        let db = TidalDb::open(&config.data_dir.join("state"), engine).context("open engine")?;
+        let db = TidalDb::open(&config.data_dir.join("state"), engine);
         let engine_open = started.elapsed();
-        let db = Arc::new(db);
+        // Joined before either result is looked at: nothing of this open outlives a failure.
+        let (recovered, wal_recovery) =
+            recovering.join().map_err(|_| anyhow::anyhow!("the WAL recovery thread panicked"))?;
+        let db = Arc::new(db.context("open engine")?);
+        let recovered = recovered.context("open WAL")?;
         let (applier, sender) =
             Applier::spawn_probed(db.clone(), config.io.apply_probe.clone()).context("start applier")?;
         // An install interrupted by a crash is finished below, before replay: the engine will then
@@ -143,9 +161,6 @@ impl Node {
         let pending_install = tidal_cluster::pending_install_position(&config.data_dir)
             .context("read the snapshot install marker")?;
         let start_applied = pending_install.map_or(db.applied_seqno(), |position| position.seqno);
-        let mut wal_config = WalConfig::new(config.data_dir.join("wal"));
-        wal_config.segment_bytes_max = config.segment_bytes_max;
-        wal_config.preallocate_bytes = config.wal_preallocate_bytes;
         // A cluster member's hook also feeds the ship tail and its commit bookkeeping.
         let cluster = config.cluster.as_ref().map(|membership| {
             let voters = membership.spec.nodes.iter().map(|node| node.id).collect();
@@ -176,11 +191,7 @@ impl Node {
                 durable_gate.clone(),
             )),
         };
-        let started = std::time::Instant::now();
-        let (wal, recovery) =
-            Wal::open(wal_config, config.io.wal_files.clone(), config.io.wal_clock.clone(), hook)
-                .context("open WAL")?;
-        let wal_recovery = started.elapsed();
+        let (wal, recovery) = recovered.start(config.io.wal_clock.clone(), hook).context("open WAL")?;
         if cluster.is_some() {
             durable_gate.attach(wal.durable_view());
             db.set_durable_gate(durable_gate);

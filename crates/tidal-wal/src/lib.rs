@@ -52,7 +52,7 @@ pub use recovery::{Recovery, TornTail};
 pub use segment::SegmentInfo;
 pub use sim_io::{CrashMode, SimIo};
 pub use stats::WalStats;
-pub use wal::{DurableView, PurgeReport, Wal};
+pub use wal::{DurableView, PurgeReport, RecoveredWal, Wal};
 pub use writer::{
     AppendRequest, Appended, Completion, FlushedHook, NoopHook, ReplicatedAppended, ReplicatedCompletion,
     WrittenCallback,

@@ -49,7 +49,7 @@ use crate::error::{Error, ReplicatedSubmitError, SubmitError};
 use crate::io::FileIo;
 use crate::quarantine::QuarantineReport;
 use crate::reader::{RawReader, WalReader};
-use crate::recovery::{recover, Recovery};
+use crate::recovery::{recover, Recovered, Recovery};
 use crate::segment::SegmentInfo;
 use crate::shared::{Done, LogState, Queue, Queued, Shared, TruncateOp, Work};
 use crate::stats::{StatsCounters, WalStats};
@@ -87,15 +87,53 @@ struct WalInner {
     writer_thread: ThreadId,
 }
 
+/// A WAL read and checked from disk whose writer has not started: the slow half of an open
+/// ([`Wal::recover`]), which a node runs beside its engine's open; [`RecoveredWal::start`] is the
+/// rest. Nothing else may touch the WAL directory in between.
+pub struct RecoveredWal {
+    config: WalConfig,
+    io: Arc<dyn FileIo>,
+    recovered: Recovered,
+}
+
+impl RecoveredWal {
+    /// What recovery found.
+    pub fn recovery(&self) -> &Recovery {
+        &self.recovered.recovery
+    }
+
+    /// Starts the writer thread: the WAL takes writes from here on.
+    pub fn start(self, clock: Arc<dyn Clock>, hook: Box<dyn FlushedHook>) -> Result<(Wal, Recovery), Error> {
+        Wal::start(self.config, self.io, clock, hook, self.recovered)
+    }
+}
+
 impl Wal {
-    /// Opens (recovering) or creates the WAL in `config.dir` and starts its writer thread.
+    /// Opens (recovering) or creates the WAL in `config.dir` and starts its writer thread:
+    /// [`Wal::recover`], then [`RecoveredWal::start`].
     pub fn open(
         config: WalConfig,
         io: Arc<dyn FileIo>,
         clock: Arc<dyn Clock>,
         hook: Box<dyn FlushedHook>,
     ) -> Result<(Wal, Recovery), Error> {
+        Wal::recover(config, io)?.start(clock, hook)
+    }
+
+    /// Recovers the WAL in `config.dir` (creating it if missing): lists and verifies every segment,
+    /// cuts a torn tail of the last one, and refuses corruption anywhere else. Starts nothing.
+    pub fn recover(config: WalConfig, io: Arc<dyn FileIo>) -> Result<RecoveredWal, Error> {
         let recovered = recover(&config, io.as_ref())?;
+        Ok(RecoveredWal { config, io, recovered })
+    }
+
+    fn start(
+        config: WalConfig,
+        io: Arc<dyn FileIo>,
+        clock: Arc<dyn Clock>,
+        hook: Box<dyn FlushedHook>,
+        recovered: Recovered,
+    ) -> Result<(Wal, Recovery), Error> {
         let took_ready = recovered.took_ready;
         let recovery = recovered.recovery.clone();
         let history_term = recovered.meta.term_history.last().map_or(Term(0), |entry| entry.term);
