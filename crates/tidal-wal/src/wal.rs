@@ -97,11 +97,6 @@ pub struct RecoveredWal {
 }
 
 impl RecoveredWal {
-    /// What recovery found.
-    pub fn recovery(&self) -> &Recovery {
-        &self.recovered.recovery
-    }
-
     /// Starts the writer thread: the WAL takes writes from here on.
     pub fn start(self, clock: Arc<dyn Clock>, hook: Box<dyn FlushedHook>) -> Result<(Wal, Recovery), Error> {
         Wal::start(self.config, self.io, clock, hook, self.recovered)

@@ -150,7 +150,7 @@ impl Cluster {
         let http = tokio::net::TcpListener::bind(&node.http).await.unwrap();
         let rpc = tokio::net::TcpListener::bind(&node.rpc).await.unwrap();
         let (shutdown, on_shutdown) = tokio::sync::oneshot::channel::<()>();
-        let task = tokio::spawn(tidal_server::run(config.clone(), http, Some(rpc), async move {
+        let task = tokio::spawn(tidal_server::run(config, http, Some(rpc), async move {
             let _ = on_shutdown.await;
         }));
         while client.status().await.is_err() {
