@@ -26,7 +26,9 @@ pub const IDEMPOTENCY_KEYS_MAX_DEFAULT: usize = 100_000;
 pub const OVERLAY_BYTES_MAX_DEFAULT: usize = 64 * 1024 * 1024;
 /// Default bound on applies held in the overlay: bounds the WAL replay after a crash (replay
 /// re-folds at most twice this many batches past fjall's applied seqno: the overlay being flushed
-/// and the active one) even when batches are tiny.
+/// and the active one) even when batches are tiny. A startup replay does not count it (only the
+/// bytes bound): a crash during it, or after it before the next flush, replays that replay again
+/// plus the writes since, no more.
 pub const OVERLAY_BATCHES_MAX_DEFAULT: usize = 100_000;
 
 /// How the engine folds and ranks.

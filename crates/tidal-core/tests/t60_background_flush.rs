@@ -299,3 +299,35 @@ fn fjall_never_holds_state_past_the_durable_gate() {
         assert_eq!(db.flushed_applied_seqno(), at(30));
     }
 }
+
+/// Whether a freeze handed an overlay to the flusher (the flush may still run or be done).
+fn flushed_or_flushing(db: &TidalDb) -> bool {
+    let flush = db.stats().flush;
+    flush.in_flight || flush.flushes > 0
+}
+
+#[test]
+fn a_startup_replay_ignores_the_bound_on_applies_but_not_the_bound_on_bytes() {
+    let log = workload();
+    let dir = tempfile::tempdir().unwrap();
+    let db = open_with(dir.path(), EngineConfig { overlay_batches_max: 2, ..config() });
+    {
+        tracing::info!("replaying: ten times the bound on applies, and nothing is frozen");
+        db.set_replaying(true);
+        apply_all(&db, &log.batches[..20]);
+        assert!(!flushed_or_flushing(&db), "{:?}", db.stats().flush);
+        assert_eq!(db.flushed_applied_seqno(), Seqno::ZERO);
+    }
+    {
+        tracing::info!("replay over: the next apply freezes the overlay");
+        db.set_replaying(false);
+        apply_all(&db, &log.batches[20..21]);
+        assert!(flushed_or_flushing(&db));
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let db = open_with(dir.path(), EngineConfig { overlay_bytes_max: 1, ..config() });
+    tracing::info!("replaying with a bound on bytes every apply passes: it still freezes");
+    db.set_replaying(true);
+    apply_all(&db, &log.batches[..2]);
+    assert!(flushed_or_flushing(&db));
+}
