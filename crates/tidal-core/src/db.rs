@@ -273,8 +273,9 @@ impl TidalDb {
     /// only when it passes its bound on bytes, not its bound on applies
     /// ([`EngineConfig::overlay_batches_max`]). That bound keeps the replay after a crash short,
     /// and during a replay it cannot: a crash in the middle, or after it before the next flush,
-    /// replays from the same point (plus the writes since). Flushing anyway cost a replay of 211k embedding batches one
-    /// flush of 100k entries on the second core and a 42–120 ms wait for it (decisions/043).
+    /// replays from the same point (plus the writes since). Flushing anyway cost a replay of 211k
+    /// embedding batches a flush of 100k entries on the second core and a 33–142 ms wait for it
+    /// (decisions/043).
     pub fn set_replaying(&self, on: bool) {
         self.replaying.store(on, Ordering::Relaxed);
     }

@@ -737,10 +737,18 @@ const REPLAY_CHUNK_BATCHES: usize = 1024;
 /// [`tidal_wal::Wal::read_recovered_from`]) and decodes its payload, while this thread folds the
 /// batches in order through the one apply path ([`TidalDb::apply_decoded`]) and the engine's
 /// flusher writes fjall. The read-ahead between the two is bounded by [`REPLAY_READ_AHEAD_BYTES`].
-/// Ends the engine's replay mode ([`TidalDb::set_replaying`]) however the replay ends.
-struct ReplayingUntilDrop<'a>(&'a TidalDb);
+/// The engine's replay mode ([`TidalDb::set_replaying`]) from `start` until dropped, however the
+/// replay ends.
+struct Replaying<'a>(&'a TidalDb);
 
-impl Drop for ReplayingUntilDrop<'_> {
+impl<'a> Replaying<'a> {
+    fn start(db: &'a TidalDb) -> Replaying<'a> {
+        db.set_replaying(true);
+        Replaying(db)
+    }
+}
+
+impl Drop for Replaying<'_> {
     fn drop(&mut self) {
         self.0.set_replaying(false);
     }
@@ -764,8 +772,7 @@ fn replay(wal: &Wal, db: &TidalDb, durable: Seqno) -> anyhow::Result<ReplayRepor
     let budget = ReadAhead::new(REPLAY_READ_AHEAD_BYTES);
     let (sender, receiver) = std::sync::mpsc::channel::<Result<Vec<DecodedBatch>, tidal_wal::Error>>();
     let mut last_progress = Instant::now();
-    db.set_replaying(true);
-    let _replaying = ReplayingUntilDrop(db);
+    let _replaying = Replaying::start(db);
     std::thread::scope(|scope| -> anyhow::Result<()> {
         let budget = &budget;
         std::thread::Builder::new()
