@@ -771,6 +771,10 @@ fn replay(wal: &Wal, db: &TidalDb, durable: Seqno) -> anyhow::Result<ReplayRepor
     let reader = wal.read_recovered_from(from).context("read WAL for replay")?;
     let budget = ReadAhead::new(REPLAY_READ_AHEAD_BYTES);
     let (sender, receiver) = std::sync::mpsc::channel::<Result<Vec<DecodedBatch>, tidal_wal::Error>>();
+    // Folded chunks go back to the reader, which allocated them, to be freed there: glibc frees a
+    // block into the arena of the thread that allocated it, under that arena's lock, so a fold
+    // freeing the reader's allocations contends with the reader allocating the next ones.
+    let (give_back, given_back) = std::sync::mpsc::channel::<Vec<DecodedBatch>>();
     let mut last_progress = Instant::now();
     let _replaying = Replaying::start(db);
     std::thread::scope(|scope| -> anyhow::Result<()> {
@@ -782,6 +786,7 @@ fn replay(wal: &Wal, db: &TidalDb, durable: Seqno) -> anyhow::Result<ReplayRepor
                 // channel send and two lock round trips each.
                 let mut chunk = Vec::new();
                 let mut chunk_bytes = 0;
+                let mut spare: Option<Vec<DecodedBatch>> = None;
                 for batch in reader {
                     let batch = match batch {
                         Ok(batch) => batch,
@@ -800,7 +805,15 @@ fn replay(wal: &Wal, db: &TidalDb, durable: Seqno) -> anyhow::Result<ReplayRepor
                     if last || chunk_bytes >= REPLAY_CHUNK_BYTES || chunk.len() >= REPLAY_CHUNK_BATCHES {
                         budget.acquire(chunk_bytes);
                         chunk_bytes = 0;
-                        if budget.is_closed() || sender.send(Ok(std::mem::take(&mut chunk))).is_err() || last
+                        // The acquire waited for the fold to release chunks: free them here.
+                        for mut folded in given_back.try_iter() {
+                            folded.clear();
+                            spare = Some(folded);
+                        }
+                        let next = spare.take().unwrap_or_default();
+                        if budget.is_closed()
+                            || sender.send(Ok(std::mem::replace(&mut chunk, next))).is_err()
+                            || last
                         {
                             return;
                         }
@@ -828,7 +841,8 @@ fn replay(wal: &Wal, db: &TidalDb, durable: Seqno) -> anyhow::Result<ReplayRepor
                 report.bytes += batch.encoded().len() as u64;
             }
             let last_seqno = chunk.last().map(|decoded| decoded.batch().last_seqno());
-            drop(chunk);
+            // Freed by the reader; if it is gone, here.
+            let _ = give_back.send(chunk);
             budget.release(chunk_bytes);
             if last_progress.elapsed() > Duration::from_secs(2) {
                 last_progress = Instant::now();
