@@ -16,7 +16,11 @@
 //!   ratio of (e) to (b), phases seconds apart, often compares two different disks; adjacent slices
 //!   mostly see the same one. The median of the pairs' ratios is the group-commit figure;
 //! - raw pre-zeroed 4 KiB / 64 KiB: the raw loops overwriting a 64 MiB file that was written with
-//!   zeros and fsynced first (what a preallocated segment gives, decisions/017).
+//!   zeros and fsynced first (what a preallocated segment gives, decisions/017);
+//! - (g) raw pre-zeroed 4 KiB from `--sync-threads` threads at once, each its own write +
+//!   fdatasync at its own offset of one file: whether two fsyncs of the WAL could overlap. If the
+//!   disk serves them in parallel, events/s grows with the threads and p50 stays; if it serves them
+//!   one at a time, events/s stays and p50 grows with the threads (decisions/045).
 //!
 //! The writer phases use the default config: segments preallocated, unless `TIDAL_WAL_PREALLOCATE=0`.
 //! Each waits until the writer has prepared its next segment before the clock starts (the steady
@@ -47,6 +51,7 @@ const USAGE: &str = "\
 wal_bench: measure raw fdatasync rates and the tidal-wal group-commit writer on real files
 
 USAGE: wal_bench [--dir DIR] [--seconds N] [--count N] [--threads N] [--big-writers N]
+                 [--pairs N] [--sync-threads N]
 
   --dir DIR          where to create the scratch directory (default: current directory)
   --seconds N        time bound of each phase (default 3)
@@ -54,6 +59,7 @@ USAGE: wal_bench [--dir DIR] [--seconds N] [--count N] [--threads N] [--big-writ
   --threads N        concurrent writers of phase (c) (default 64)
   --big-writers N    concurrent writers of 64 KiB records in phase (d) (default 4)
   --pairs N          slice pairs of the paired phase (f) (default 8; 0 skips it)
+  --sync-threads N   threads of write + fdatasync at once in phase (g) (default 2)
   --help             this text";
 
 struct Args {
@@ -63,11 +69,19 @@ struct Args {
     threads: usize,
     big_writers: usize,
     pairs: usize,
+    sync_threads: usize,
 }
 
 fn parse_args() -> Result<Args, String> {
-    let mut args =
-        Args { dir: PathBuf::from("."), seconds: 3, count: 1_000_000, threads: 64, big_writers: 4, pairs: 8 };
+    let mut args = Args {
+        dir: PathBuf::from("."),
+        seconds: 3,
+        count: 1_000_000,
+        threads: 64,
+        big_writers: 4,
+        pairs: 8,
+        sync_threads: 2,
+    };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
         if flag == "--help" || flag == "-h" {
@@ -83,6 +97,7 @@ fn parse_args() -> Result<Args, String> {
             "--threads" => args.threads = number()?.max(1) as usize,
             "--big-writers" => args.big_writers = number()?.max(1) as usize,
             "--pairs" => args.pairs = number()? as usize,
+            "--sync-threads" => args.sync_threads = number()?.max(1) as usize,
             other => return Err(format!("unknown argument {other}\n\n{USAGE}")),
         }
     }
@@ -145,16 +160,69 @@ const PREZEROED_LEN: u64 = 64 * 1024 * 1024;
 /// first, wrapping around at its end.
 fn raw_prezeroed(dir: &Path, name: &str, size: usize, args: &Args) -> Row {
     let path = dir.join(format!("raw-prezeroed-{size}.dat"));
-    let file = OpenOptions::new().create(true).truncate(true).write(true).open(&path).unwrap();
+    let file = prezeroed_file(&path);
+    timed_syncs(&path, name, size, args, |buf, writes| {
+        file.write_all_at(buf, (writes * size as u64) % (PREZEROED_LEN - size as u64 + 1)).unwrap();
+        file.sync_data().unwrap();
+    })
+}
+
+/// A file of `PREZEROED_LEN` zeros, fsynced.
+fn prezeroed_file(path: &Path) -> std::fs::File {
+    let file = OpenOptions::new().create(true).truncate(true).write(true).open(path).unwrap();
     let zeros = vec![0u8; 1 << 20];
     for at in (0..PREZEROED_LEN).step_by(zeros.len()) {
         file.write_all_at(&zeros, at).unwrap();
     }
     file.sync_data().unwrap();
-    timed_syncs(&path, name, size, args, |buf, writes| {
-        file.write_all_at(buf, (writes * size as u64) % (PREZEROED_LEN - size as u64 + 1)).unwrap();
-        file.sync_data().unwrap();
-    })
+    file
+}
+
+/// Phase (g): `threads` threads at once, each a loop of a `size`-byte positioned write at the next
+/// free offset of one pre-zeroed file + fdatasync, until the count or the time is up.
+fn raw_prezeroed_concurrent(dir: &Path, name: &str, size: usize, threads: usize, args: &Args) -> Row {
+    let path = dir.join(format!("raw-concurrent-{size}.dat"));
+    let file = prezeroed_file(&path);
+    let next = AtomicU64::new(0);
+    let deadline = Instant::now() + Duration::from_secs(args.seconds);
+    let started = Instant::now();
+    let latencies_us: Vec<u32> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..threads)
+            .map(|_| {
+                scope.spawn(|| {
+                    let buf = vec![0xAB_u8; size];
+                    let mut latencies_us = Vec::new();
+                    while Instant::now() < deadline {
+                        let write = next.fetch_add(1, Ordering::Relaxed);
+                        if write >= args.count {
+                            break;
+                        }
+                        let op = Instant::now();
+                        file.write_all_at(&buf, (write * size as u64) % (PREZEROED_LEN - size as u64 + 1))
+                            .unwrap();
+                        file.sync_data().unwrap();
+                        latencies_us.push(micros(op.elapsed()));
+                    }
+                    latencies_us
+                })
+            })
+            .collect();
+        handles.into_iter().flat_map(|handle| handle.join().unwrap()).collect()
+    });
+    let elapsed = started.elapsed();
+    std::fs::remove_file(&path).unwrap();
+    let writes = latencies_us.len() as u64;
+    Row {
+        name: name.to_string(),
+        events: writes,
+        fsyncs: writes,
+        bytes: writes * size as u64,
+        elapsed,
+        latencies_us,
+        rotations: (0, 0),
+        drain_requests: Vec::new(),
+        gathers: (0, 0, 0),
+    }
 }
 
 /// Times `write_and_sync(buf, writes so far)` of a `size`-byte buffer until the count or the time is
@@ -438,6 +506,13 @@ fn main() {
         ),
         raw_prezeroed(&scratch, "raw pre-zeroed 4 KiB", 4096, &args),
         raw_prezeroed(&scratch, "raw pre-zeroed 64 KiB", 64 * 1024, &args),
+        raw_prezeroed_concurrent(
+            &scratch,
+            &format!("(g) raw pre-zeroed 4 KiB x{}", args.sync_threads),
+            4096,
+            args.sync_threads,
+            &args,
+        ),
     ];
     let pairs = if args.pairs > 0 { paired(&scratch, &args) } else { Vec::new() };
     std::fs::remove_dir_all(&scratch).unwrap();
@@ -493,6 +568,15 @@ fn main() {
     println!("ratio (d)/raw 64 KiB MB/s: {:.2}", d.mb_per_s() / raw64.mb_per_s());
     println!("ratio (e)/(b) events/s: {:.1}x", rows[6].events_per_s() / b.events_per_s());
     println!("ratio (d)/raw pre-zeroed 64 KiB MB/s: {:.2}", d.mb_per_s() / rows[8].mb_per_s());
+    let (one_rate, one_p50) = (rows[7].events_per_s(), rows[7].percentile_us(0.50));
+    let (many_rate, many_p50) = (rows[9].events_per_s(), rows[9].percentile_us(0.50));
+    println!(
+        "ratio (g)/raw pre-zeroed 4 KiB, {} threads against 1: events/s {:.2}x, p50 {:.2}x \
+         (fsyncs that overlap: events/s grows and p50 stays; one at a time: p50 grows)",
+        args.sync_threads,
+        many_rate / one_rate,
+        f64::from(many_p50) / f64::from(one_p50.max(1))
+    );
     if !pairs.is_empty() {
         let shown: Vec<String> =
             pairs.iter().map(|(one, many)| format!("{:.0}/{:.0}={:.1}x", many, one, many / one)).collect();
