@@ -51,12 +51,6 @@ pub struct WalConfig {
     pub gather_min_requests: usize,
     /// Bound on one gather wait.
     pub gather_wait_max: Duration,
-    /// Pipelined writer (decisions/046): a second thread fsyncs, publishes and completes each
-    /// drain while the writer thread writes the next one (the adaptive gather is then unused).
-    /// Needs a file layer whose handles clone ([`crate::WalFile::try_clone`]); without one, or
-    /// with `false`, the writer thread fsyncs each drain itself. Default: on, unless the
-    /// environment sets `TIDAL_WAL_PIPELINE=0`.
-    pub pipeline: bool,
 }
 
 impl WalConfig {
@@ -71,7 +65,6 @@ impl WalConfig {
             preallocate_bytes: u64::MAX,
             gather_min_requests: GATHER_MIN_REQUESTS_DEFAULT,
             gather_wait_max: GATHER_WAIT_MAX_DEFAULT,
-            pipeline: std::env::var("TIDAL_WAL_PIPELINE").map_or(true, |value| value != "0"),
         }
     }
 

@@ -70,12 +70,6 @@ pub trait WalFile: Send {
     fn truncate(&mut self, len: u64) -> io::Result<()>;
     /// Current length in bytes.
     fn len(&self) -> io::Result<u64>;
-    /// Another handle to the same file, whose `sync_data` covers what either handle wrote (a
-    /// pipelined writer fsyncs through it, decisions/046). Unsupported by default: the writer then
-    /// fsyncs each drain itself.
-    fn try_clone(&self) -> io::Result<Box<dyn WalFile>> {
-        Err(io::Error::new(io::ErrorKind::Unsupported, "this file layer hands out one handle per file"))
-    }
 }
 
 /// Real files through `std::fs`; `sync_data` is `File::sync_data` (fdatasync). Files are opened
@@ -196,10 +190,6 @@ impl WalFile for StdFile {
 
     fn len(&self) -> io::Result<u64> {
         Ok(self.file.metadata()?.len())
-    }
-
-    fn try_clone(&self) -> io::Result<Box<dyn WalFile>> {
-        Ok(Box::new(StdFile { file: self.file.try_clone()? }))
     }
 }
 

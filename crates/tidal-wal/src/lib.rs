@@ -34,7 +34,6 @@ pub mod segment;
 mod shared;
 pub mod sim_io;
 pub mod stats;
-mod syncer;
 pub mod wal;
 pub mod wal_meta;
 pub mod writer;

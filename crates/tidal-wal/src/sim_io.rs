@@ -493,10 +493,4 @@ impl WalFile for SimFile {
     fn len(&self) -> io::Result<u64> {
         self.with_inode(|state, id| Ok(inode_mut(state, id)?.current.len() as u64))
     }
-
-    fn try_clone(&self) -> io::Result<Box<dyn WalFile>> {
-        // Same inode and epoch: a crash invalidates both handles.
-        self.with_inode(|_, _| Ok(()))?;
-        Ok(Box::new(SimFile { state: self.state.clone(), inode: self.inode, epoch: self.epoch }))
-    }
 }

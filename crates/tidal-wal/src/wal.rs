@@ -84,15 +84,7 @@ pub struct Wal {
 struct WalInner {
     shared: Arc<Shared>,
     writer: Mutex<Option<JoinHandle<()>>>,
-    /// The threads that run completions and hooks: the writer's, and a pipelined writer's syncer
-    /// (decisions/046). Nothing that waits for the writer may run on them.
-    writer_threads: Vec<ThreadId>,
-}
-
-impl WalInner {
-    fn on_writer_thread(&self) -> bool {
-        self.writer_threads.contains(&std::thread::current().id())
-    }
+    writer_thread: ThreadId,
 }
 
 /// A WAL read and checked from disk whose writer has not started: the slow half of an open
@@ -166,31 +158,9 @@ impl Wal {
             prep_pending: Mutex::new(config_preallocates),
             prep_changed: Condvar::new(),
         });
-        let hook = Arc::new(Mutex::new(hook));
-        // The syncer of a pipelined writer (decisions/046), if the file layer can give it a
-        // handle of its own.
-        let pipelined = shared.config.pipeline && recovered.active.try_clone().is_ok();
-        let (syncer, syncer_thread) = if pipelined {
-            // A rendezvous: the writer writes the next drain during an fsync, then waits for the
-            // syncer to take it, so what arrives meanwhile makes ONE drain (one write, one ship)
-            // per fsync, not many small ones.
-            let (sender, receiver) = std::sync::mpsc::sync_channel(0);
-            let (shared, hook) = (shared.clone(), hook.clone());
-            let handle = std::thread::Builder::new()
-                .name("tidal-wal-sync".to_string())
-                .spawn(move || crate::syncer::run(shared, hook, receiver))
-                .map_err(|err| Error::Spawn(Arc::new(err)))?;
-            (Some(sender), Some(handle))
-        } else {
-            (None, None)
-        };
-        let mut writer_threads: Vec<ThreadId> =
-            syncer_thread.iter().map(|handle| handle.thread().id()).collect();
         let writer = Writer {
             shared: shared.clone(),
             hook,
-            syncer,
-            sync_handle: None,
             active: recovered.active,
             active_info,
             active_len: recovered.active_len,
@@ -214,17 +184,9 @@ impl Wal {
         shared.set_prep_pending(writer.prep.is_pending());
         let handle = std::thread::Builder::new()
             .name("tidal-wal-writer".to_string())
-            .spawn(move || {
-                writer.run();
-                // The writer dropped its sender: the syncer has ended, or ends now.
-                if let Some(syncer) = syncer_thread {
-                    if syncer.join().is_err() {
-                        tracing::error!("the WAL syncer thread panicked");
-                    }
-                }
-            })
+            .spawn(move || writer.run())
             .map_err(|err| Error::Spawn(Arc::new(err)))?;
-        writer_threads.push(handle.thread().id());
+        let writer_thread = handle.thread().id();
         tracing::info!(
             dir = %shared.config.dir.display(),
             durable = %recovery.durable,
@@ -232,7 +194,7 @@ impl Wal {
             batches = recovery.batches,
             "opened WAL"
         );
-        let inner = WalInner { shared, writer: Mutex::new(Some(handle)), writer_threads };
+        let inner = WalInner { shared, writer: Mutex::new(Some(handle)), writer_thread };
         Ok((Wal { inner: Arc::new(inner) }, recovery))
     }
 
@@ -337,7 +299,7 @@ impl Wal {
     }
 
     fn truncate(&self, op: TruncateOp) -> Result<QuarantineReport, Error> {
-        if self.inner.on_writer_thread() {
+        if std::thread::current().id() == self.inner.writer_thread {
             return Err(Error::Invalid(
                 "a truncation cannot wait for the writer thread on itself".to_string(),
             ));
@@ -641,7 +603,7 @@ impl WalInner {
         self.shared.lock_queue().closed = true;
         self.shared.queue_ready.notify_all();
         self.shared.queue_space.notify_all();
-        if self.on_writer_thread() {
+        if std::thread::current().id() == self.writer_thread {
             return;
         }
         let handle = self.writer.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).take();

@@ -58,10 +58,7 @@ use crate::error::Error;
 use crate::io::WalFile;
 use crate::recovery::ZERO_CHUNK_LEN;
 use crate::segment::{logged_time_ms, segment_file_name, SegmentInfo, PREP_FILE_NAME, READY_FILE_NAME};
-use crate::shared::{Done, Outcome, Queued, Shared, Work};
-use crate::syncer::{lock_hook, SharedHook, SyncHandle, SyncJob, SyncMsg};
-use std::sync::mpsc::SyncSender;
-use std::sync::Mutex;
+use crate::shared::{Outcome, Queued, Shared, Work};
 
 /// Bytes at the start of every payload that hold the envelope's logged time (u64 LE unix ms).
 pub const LOGGED_TIME_LEN: usize = 8;
@@ -150,13 +147,7 @@ impl FlushedHook for NoopHook {
 /// The writer thread's own state.
 pub(crate) struct Writer {
     pub(crate) shared: Arc<Shared>,
-    pub(crate) hook: SharedHook,
-    /// The syncer of a pipelined writer (decisions/046); `None`: each drain is fsynced, published
-    /// and completed here before the next one is written.
-    pub(crate) syncer: Option<SyncSender<SyncMsg>>,
-    /// The syncer's handle to the active segment, cloned from `active` when first needed; dropped
-    /// whenever `active` changes (rotation, truncation).
-    pub(crate) sync_handle: Option<SyncHandle>,
+    pub(crate) hook: Box<dyn FlushedHook>,
     pub(crate) active: Box<dyn WalFile>,
     /// The active segment as it will be once the current drain is durable; `bytes` is its logical
     /// length, where the next batch is written.
@@ -262,44 +253,35 @@ impl Writer {
         let _guard = PanicGuard(self.shared.clone());
         while let Some(drain) = self.next_drain() {
             if self.shared.is_poisoned() {
-                // Behind whatever the syncer still holds, so completions keep their order.
-                self.wait_for_syncer();
                 fail_all(drain, &Error::Poisoned);
                 continue;
             }
             let (works, dones): (Vec<_>, Vec<_>) =
                 drain.into_iter().map(|item| (item.work, item.done)).unzip();
-            if self.syncer.is_some() && !matches!(works.as_slice(), [Work::Truncate(_)]) {
-                self.write_and_hand_over(works, dones);
-                continue;
-            }
             let result = match <[Work; 1]>::try_from(works) {
-                Ok([Work::Truncate(op)]) => {
-                    // Everything before it is durable and announced before the log changes.
-                    self.wait_for_syncer();
-                    self.sync_handle = None;
-                    self.truncate(op).inspect(|outcome| {
+                Ok([Work::Truncate(op)]) => self
+                    .truncate(op)
+                    .inspect(|outcome| {
                         if let Ok(report) = outcome {
                             if report.batches > 0 {
-                                lock_hook(&self.hook).truncated(report.first.seqno);
+                                self.hook.truncated(report.first.seqno);
                             }
                         }
                     })
-                }
-                .map(|report| Flushed {
-                    batches: Vec::new(),
-                    outcomes: vec![report.map(Outcome::Truncated)],
-                    closed_segments: Vec::new(),
-                    term_starts: Vec::new(),
-                    on_written: Vec::new(),
-                }),
+                    .map(|report| Flushed {
+                        batches: Vec::new(),
+                        outcomes: vec![report.map(Outcome::Truncated)],
+                        closed_segments: Vec::new(),
+                        term_starts: Vec::new(),
+                        on_written: Vec::new(),
+                    }),
                 Ok(single) => self.write_drain(Vec::from(single)),
                 Err(works) => self.write_drain(works),
             };
             match result {
                 Ok(flushed) => {
                     if !flushed.batches.is_empty() {
-                        lock_hook(&self.hook).flushed(&flushed.batches);
+                        self.hook.flushed(&flushed.batches);
                     }
                     for (done, outcome) in dones.into_iter().zip(flushed.outcomes) {
                         done.complete(outcome);
@@ -315,9 +297,6 @@ impl Writer {
             }
         }
         self.shared.set_prep_pending(false);
-        // The syncer finishes what it holds and ends.
-        self.wait_for_syncer();
-        self.syncer = None;
         if !self.shared.is_poisoned() {
             if let Err(err) = self.trim_at_shutdown() {
                 tracing::error!("failed to {err:#}");
@@ -492,86 +471,9 @@ impl Writer {
         queue
     }
 
-    /// Waits until the syncer has published and completed every drain handed to it.
-    fn wait_for_syncer(&mut self) {
-        let Some(syncer) = &self.syncer else { return };
-        let (answer, answered) = std::sync::mpsc::sync_channel(1);
-        if syncer.send(SyncMsg::Barrier(answer)).is_ok() {
-            // An error: the syncer is gone (it panicked and poisoned the WAL); nothing to wait for.
-            let _ = answered.recv();
-        }
-    }
-
-    /// Pipelined (decisions/046): writes one drain and hands it to the syncer for its fsync,
-    /// publish and completions, then returns to take the next drain.
-    fn write_and_hand_over(&mut self, works: Vec<Work>, dones: Vec<Done>) {
-        let flushed = match self.write_unsynced(works) {
-            Ok(flushed) => flushed,
-            Err(err) => {
-                tracing::error!("failed to {err:#}");
-                self.shared.poison();
-                // Drains handed over before this one complete first (their fsync may still
-                // succeed: they were written whole).
-                self.wait_for_syncer();
-                for done in dones {
-                    done.fail(err.clone());
-                }
-                return;
-            }
-        };
-        let file = match self.sync_handle() {
-            Ok(file) => file,
-            Err(err) => {
-                tracing::error!("failed to {err:#}");
-                self.shared.poison();
-                self.wait_for_syncer();
-                for done in dones {
-                    done.fail(err.clone());
-                }
-                return;
-            }
-        };
-        let job = SyncJob {
-            file,
-            path: self.active_info.path.clone(),
-            batches: flushed.batches,
-            outcomes: flushed.outcomes,
-            dones,
-            closed_segments: flushed.closed_segments,
-            active_info: self.active_info.clone(),
-            term_starts: flushed.term_starts,
-            durable: self.next_seqno.get() - 1,
-        };
-        let Some(syncer) = &self.syncer else { unreachable!("only a pipelined writer hands drains over") };
-        if let Err(std::sync::mpsc::SendError(message)) = syncer.send(SyncMsg::Job(job)) {
-            // The syncer is gone: it panicked, and the WAL is poisoned.
-            self.shared.poison();
-            if let SyncMsg::Job(job) = message {
-                for done in job.dones {
-                    done.fail(Error::Poisoned);
-                }
-            }
-        }
-    }
-
-    /// The syncer's handle to the active segment.
-    fn sync_handle(&mut self) -> Result<SyncHandle, Error> {
-        if let Some(handle) = &self.sync_handle {
-            return Ok(handle.clone());
-        }
-        let file = self
-            .active
-            .try_clone()
-            .map_err(|err| Error::fatal("open segment for fsync", &self.active_info.path, err))?;
-        let handle = Arc::new(Mutex::new(file));
-        self.sync_handle = Some(handle.clone());
-        Ok(handle)
-    }
-
-    /// Sequences and writes one drain of appends (and hands its batches to
-    /// [`FlushedHook::written`]), without its fsync. Requests that do not fit the log are refused
-    /// alone; an I/O failure fails the drain.
-    fn write_unsynced(&mut self, works: Vec<Work>) -> Result<Flushed, Error> {
+    /// Writes and fsyncs one drain of appends, then publishes the new durable frontier, segment list
+    /// and index. Requests that do not fit the log are refused alone; an I/O failure fails the drain.
+    fn write_drain(&mut self, works: Vec<Work>) -> Result<Flushed, Error> {
         let term = Term(self.shared.term.load(Ordering::SeqCst));
         let mut flushed = Flushed {
             batches: Vec::with_capacity(works.len()),
@@ -601,19 +503,9 @@ impl Writer {
             return Ok(flushed);
         }
         self.write_pending(&mut buf)?;
-        lock_hook(&self.hook).written(&flushed.batches);
+        self.hook.written(&flushed.batches);
         for on_written in flushed.on_written.drain(..) {
             on_written();
-        }
-        Ok(flushed)
-    }
-
-    /// Writes and fsyncs one drain of appends, then publishes the new durable frontier, segment list
-    /// and index. Requests that do not fit the log are refused alone; an I/O failure fails the drain.
-    fn write_drain(&mut self, works: Vec<Work>) -> Result<Flushed, Error> {
-        let flushed = self.write_unsynced(works)?;
-        if flushed.batches.is_empty() {
-            return Ok(flushed);
         }
         self.sync_active()?;
         let gather_min = self.shared.config.gather_min_requests;
@@ -622,15 +514,7 @@ impl Writer {
             // whoever is queued now is another writer.
             self.last_drain_requests = flushed.outcomes.len() + self.shared.lock_queue().requests.len();
         }
-        publish(
-            &self.shared,
-            &flushed.closed_segments,
-            &self.active_info,
-            &flushed.term_starts,
-            &flushed.batches,
-            &flushed.outcomes,
-            self.next_seqno.get() - 1,
-        )?;
+        self.publish(&flushed)?;
         Ok(flushed)
     }
 
@@ -796,7 +680,6 @@ impl Writer {
         self.shared.set_prep_pending(self.prep.is_pending());
         self.shared.io.sync_dir(&dir).map_err(|err| Error::fatal("fsync WAL directory", &dir, err))?;
         self.active = file;
-        self.sync_handle = None;
         self.active_len = len;
         let closed = std::mem::replace(
             &mut self.active_info,
@@ -807,52 +690,47 @@ impl Writer {
         tracing::debug!(segment = %self.active_info.path.display(), "rotated WAL segment");
         Ok(())
     }
-}
 
-/// After the fsync of a drain: records new terms in `wal.meta`, then publishes segments, index and
-/// frontier (`durable`: the drain's last seqno). The writer calls it, or a pipelined writer's syncer.
-pub(crate) fn publish(
-    shared: &Shared,
-    closed_segments: &[SegmentInfo],
-    active_info: &SegmentInfo,
-    term_starts: &[TermSeqno],
-    batches: &[Batch],
-    outcomes: &[Result<Outcome, Error>],
-    durable: u64,
-) -> Result<(), Error> {
-    let mut log = shared.lock_log();
-    if !term_starts.is_empty() {
-        let mut meta = log.meta.clone();
-        meta.term_history.extend_from_slice(term_starts);
-        meta.store(shared.io.as_ref(), &shared.config.dir)?;
-        log.meta = meta;
-    }
-    for info in closed_segments.iter().chain(std::iter::once(active_info)) {
-        match log.segments.last_mut() {
-            Some(last) if last.first_seqno == info.first_seqno => *last = info.clone(),
-            _ => log.segments.push(info.clone()),
+    /// After the fsync: records new terms in `wal.meta`, then publishes segments, index and frontier.
+    fn publish(&mut self, flushed: &Flushed) -> Result<(), Error> {
+        let mut log = self.shared.lock_log();
+        if !flushed.term_starts.is_empty() {
+            let mut meta = log.meta.clone();
+            meta.term_history.extend_from_slice(&flushed.term_starts);
+            meta.store(self.shared.io.as_ref(), &self.shared.config.dir)?;
+            log.meta = meta;
         }
+        for info in flushed.closed_segments.iter().chain(std::iter::once(&self.active_info)) {
+            match log.segments.last_mut() {
+                Some(last) if last.first_seqno == info.first_seqno => *last = info.clone(),
+                _ => log.segments.push(info.clone()),
+            }
+        }
+        for batch in &flushed.batches {
+            log.index.push(batch.first_seqno(), batch.last_seqno());
+        }
+        let durable = self.next_seqno.get() - 1;
+        assert!(
+            durable >= self.shared.durable.load(Ordering::SeqCst),
+            "durable frontier monotonicity violated: old={} new={durable}",
+            self.shared.durable.load(Ordering::SeqCst)
+        );
+        self.shared.durable.store(durable, Ordering::SeqCst);
+        drop(log);
+        let stats = &self.shared.stats;
+        stats.drains.fetch_add(1, Ordering::Relaxed);
+        stats.record_drain(flushed.outcomes.iter().filter(|outcome| outcome.is_ok()).count());
+        stats.batches.fetch_add(flushed.batches.len() as u64, Ordering::Relaxed);
+        let events: u64 = flushed
+            .batches
+            .iter()
+            .map(|batch| batch.last_seqno().get() - batch.first_seqno().get() + 1)
+            .sum();
+        stats.events.fetch_add(events, Ordering::Relaxed);
+        let bytes: u64 = flushed.batches.iter().map(|batch| batch.encoded().len() as u64).sum();
+        stats.bytes.fetch_add(bytes, Ordering::Relaxed);
+        Ok(())
     }
-    for batch in batches {
-        log.index.push(batch.first_seqno(), batch.last_seqno());
-    }
-    assert!(
-        durable >= shared.durable.load(Ordering::SeqCst),
-        "durable frontier monotonicity violated: old={} new={durable}",
-        shared.durable.load(Ordering::SeqCst)
-    );
-    shared.durable.store(durable, Ordering::SeqCst);
-    drop(log);
-    let stats = &shared.stats;
-    stats.drains.fetch_add(1, Ordering::Relaxed);
-    stats.record_drain(outcomes.iter().filter(|outcome| outcome.is_ok()).count());
-    stats.batches.fetch_add(batches.len() as u64, Ordering::Relaxed);
-    let events: u64 =
-        batches.iter().map(|batch| batch.last_seqno().get() - batch.first_seqno().get() + 1).sum();
-    stats.events.fetch_add(events, Ordering::Relaxed);
-    let bytes: u64 = batches.iter().map(|batch| batch.encoded().len() as u64).sum();
-    stats.bytes.fetch_add(bytes, Ordering::Relaxed);
-    Ok(())
 }
 
 fn fail_all(drain: Vec<Queued>, err: &Error) {

@@ -273,17 +273,6 @@ impl WalFile for PointFile {
         self.io.check_dead()?;
         self.inner.len()
     }
-
-    /// The same points on the other handle: a pipelined writer's fsyncs reach them through it.
-    fn try_clone(&self) -> io::Result<Box<dyn WalFile>> {
-        self.io.check_dead()?;
-        Ok(Box::new(PointFile {
-            io: self.io.clone(),
-            inner: self.inner.try_clone()?,
-            path: self.path.clone(),
-            segment: self.segment,
-        }))
-    }
 }
 
 impl FileIo for CrashPointIo {
