@@ -805,7 +805,8 @@ fn replay(wal: &Wal, db: &TidalDb, durable: Seqno) -> anyhow::Result<ReplayRepor
                     if last || chunk_bytes >= REPLAY_CHUNK_BYTES || chunk.len() >= REPLAY_CHUNK_BATCHES {
                         budget.acquire(chunk_bytes);
                         chunk_bytes = 0;
-                        // The acquire waited for the fold to release chunks: free them here.
+                        // Chunks the fold has given back by now: freed here, where they were
+                        // allocated; the last one's Vec carries the next chunk.
                         for mut folded in given_back.try_iter() {
                             folded.clear();
                             spare = Some(folded);
