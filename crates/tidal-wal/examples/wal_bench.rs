@@ -121,6 +121,22 @@ struct Row {
 }
 
 impl Row {
+    /// A raw phase: one event and one fsync per write of `size` bytes, one latency each.
+    fn raw(name: &str, size: usize, elapsed: Duration, latencies_us: Vec<u32>) -> Row {
+        let writes = latencies_us.len() as u64;
+        Row {
+            name: name.to_string(),
+            events: writes,
+            fsyncs: writes,
+            bytes: writes * size as u64,
+            elapsed,
+            latencies_us,
+            rotations: (0, 0),
+            drain_requests: Vec::new(),
+            gathers: (0, 0, 0),
+        }
+    }
+
     fn events_per_s(&self) -> f64 {
         self.events as f64 / self.elapsed.as_secs_f64()
     }
@@ -211,18 +227,7 @@ fn raw_prezeroed_concurrent(dir: &Path, name: &str, size: usize, threads: usize,
     });
     let elapsed = started.elapsed();
     std::fs::remove_file(&path).unwrap();
-    let writes = latencies_us.len() as u64;
-    Row {
-        name: name.to_string(),
-        events: writes,
-        fsyncs: writes,
-        bytes: writes * size as u64,
-        elapsed,
-        latencies_us,
-        rotations: (0, 0),
-        drain_requests: Vec::new(),
-        gathers: (0, 0, 0),
-    }
+    Row::raw(name, size, elapsed, latencies_us)
 }
 
 /// Times `write_and_sync(buf, writes so far)` of a `size`-byte buffer until the count or the time is
@@ -247,17 +252,7 @@ fn timed_syncs(
     }
     let elapsed = started.elapsed();
     std::fs::remove_file(path).unwrap();
-    Row {
-        name: name.to_string(),
-        events: writes,
-        fsyncs: writes,
-        bytes: writes * size as u64,
-        elapsed,
-        latencies_us,
-        rotations: (0, 0),
-        drain_requests: Vec::new(),
-        gathers: (0, 0, 0),
-    }
+    Row::raw(name, size, elapsed, latencies_us)
 }
 
 /// The writer phases' config: the defaults, preallocation off with `TIDAL_WAL_PREALLOCATE=0`, the
