@@ -732,11 +732,6 @@ const REPLAY_CHUNK_BYTES: usize = 1024 * 1024;
 /// Batches the replay reader hands over at once.
 const REPLAY_CHUNK_BATCHES: usize = 1024;
 
-/// Startup replay, as a pipeline: a reader thread reads the segments, checks every batch's header
-/// and the seqno chain (recovery verified their seals moments ago, on every core:
-/// [`tidal_wal::Wal::read_recovered_from`]) and decodes its payload, while this thread folds the
-/// batches in order through the one apply path ([`TidalDb::apply_decoded`]) and the engine's
-/// flusher writes fjall. The read-ahead between the two is bounded by [`REPLAY_READ_AHEAD_BYTES`].
 /// The engine's replay mode ([`TidalDb::set_replaying`]) from `start` until dropped, however the
 /// replay ends.
 struct Replaying<'a>(&'a TidalDb);
@@ -754,6 +749,13 @@ impl Drop for Replaying<'_> {
     }
 }
 
+/// Startup replay, as a pipeline: a reader thread reads the segments, checks every batch's header
+/// and the seqno chain (recovery verified their seals moments ago, on every core:
+/// [`tidal_wal::Wal::read_recovered_from`]) and decodes its payload, while this thread folds the
+/// batches in order through the one apply path ([`TidalDb::apply_decoded`]) and the engine's
+/// flusher writes fjall. The read-ahead between the two is bounded by [`REPLAY_READ_AHEAD_BYTES`].
+/// Each folded chunk goes back to the reader to be freed where it was allocated (decisions/044).
+/// The engine is in replay mode meanwhile (decisions/043).
 fn replay(wal: &Wal, db: &TidalDb, durable: Seqno) -> anyhow::Result<ReplayReport> {
     let started = Instant::now();
     let mut report = ReplayReport {

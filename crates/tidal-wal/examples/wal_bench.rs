@@ -178,9 +178,15 @@ fn raw_prezeroed(dir: &Path, name: &str, size: usize, args: &Args) -> Row {
     let path = dir.join(format!("raw-prezeroed-{size}.dat"));
     let file = prezeroed_file(&path);
     timed_syncs(&path, name, size, args, |buf, writes| {
-        file.write_all_at(buf, (writes * size as u64) % (PREZEROED_LEN - size as u64 + 1)).unwrap();
+        file.write_all_at(buf, prezeroed_offset(writes, size)).unwrap();
         file.sync_data().unwrap();
     })
+}
+
+/// Where the `write`-th `size`-byte write of a raw pre-zeroed loop goes: one after the other,
+/// wrapping around at the file's end.
+fn prezeroed_offset(write: u64, size: usize) -> u64 {
+    (write * size as u64) % (PREZEROED_LEN - size as u64 + 1)
 }
 
 /// A file of `PREZEROED_LEN` zeros, fsynced.
@@ -214,8 +220,7 @@ fn raw_prezeroed_concurrent(dir: &Path, name: &str, size: usize, threads: usize,
                             break;
                         }
                         let op = Instant::now();
-                        file.write_all_at(&buf, (write * size as u64) % (PREZEROED_LEN - size as u64 + 1))
-                            .unwrap();
+                        file.write_all_at(&buf, prezeroed_offset(write, size)).unwrap();
                         file.sync_data().unwrap();
                         latencies_us.push(micros(op.elapsed()));
                     }
