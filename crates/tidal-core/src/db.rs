@@ -133,6 +133,9 @@ pub struct TidalDb {
     /// True during a startup replay: the overlay's bound on applies is off (its bound on bytes
     /// stays). See [`TidalDb::set_replaying`].
     replaying: AtomicBool,
+    /// The thread that folds half of each large signal batch during a startup replay
+    /// (decisions/047); `None` otherwise. Only the applier's thread uses it.
+    fold_helper: Mutex<Option<rayon_core::ThreadPool>>,
     /// Dropped after everything above (fjall included): their receivers see the engine closed.
     close_watchers: Mutex<Vec<std::sync::mpsc::Sender<()>>>,
 }
@@ -260,6 +263,7 @@ impl TidalDb {
             flush_on_drop: true,
             import_incomplete: AtomicBool::new(import_incomplete),
             replaying: AtomicBool::new(false),
+            fold_helper: Mutex::new(None),
             close_watchers: Mutex::new(Vec::new()),
         })
     }
@@ -276,8 +280,24 @@ impl TidalDb {
     /// replays from the same point (plus the writes since). Flushing anyway cost a replay of 211k
     /// embedding batches a flush of 100k entries on the second core and a 33–142 ms wait for it
     /// (decisions/043).
+    ///
+    /// A replay also folds the two halves of each large signal batch on two threads
+    /// (decisions/047), unless the machine has one CPU or `TIDAL_PARALLEL_FOLD=0`; the helper
+    /// thread ends with the replay.
     pub fn set_replaying(&self, on: bool) {
         self.replaying.store(on, Ordering::Relaxed);
+        let wanted = on
+            && std::env::var("TIDAL_PARALLEL_FOLD").map_or(true, |v| v != "0")
+            && std::thread::available_parallelism().is_ok_and(|n| n.get() > 1);
+        self.set_parallel_fold(wanted);
+    }
+
+    /// Folds large signal batches on two threads (`true`) or one from now on, whatever the machine,
+    /// the environment and the replay say; for tests that compare the two.
+    #[doc(hidden)]
+    pub fn set_parallel_fold(&self, on: bool) {
+        let helper = on.then(start_fold_helper).flatten();
+        *self.fold_helper.lock().unwrap_or_else(PoisonError::into_inner) = helper;
     }
 
     /// Keeps `watcher` until this engine is closed: its receiver sees the channel disconnect once
@@ -657,14 +677,15 @@ impl TidalDb {
         let stores = &self.stores;
         let records = match records {
             FoldRecords::Signals(events) => {
-                let fold = fold::signals(
-                    stores,
-                    &state.index,
-                    state.view(),
-                    &self.config,
-                    envelope_time_ms,
-                    events,
-                )?;
+                let dimension = self.config.dimension as usize;
+                let view = state.view();
+                let (trends, users) = self.fold_in_two(
+                    events.len(),
+                    || fold::trends(&state.index, &self.config, envelope_time_ms, events),
+                    || fold::users(stores, view, dimension, events),
+                );
+                let (loaded, slots) = users?;
+                let fold = SignalsFold { trends, loaded, slots };
                 return Ok(Change::Signals { fold, events, envelope_time_ms });
             }
             FoldRecords::Other(records) => records,
@@ -701,22 +722,34 @@ impl TidalDb {
         match change {
             Change::Signals { fold, events, envelope_time_ms } => {
                 bytes += fold.trends.len() * 8;
-                for (item, trend) in fold.trends {
-                    let mark = state.index.set_trend(item, trend);
-                    writer.dirty.trends.set(mark, item, Some(trend));
-                }
-                // After the scores: the counts live in the scores' entries.
-                fold::count_signals(&mut writer.counters, &mut state.index, events);
                 let State { index, overlay, .. } = state;
-                let (new_users, user_bytes) = fold::profiles(
-                    overlay,
-                    index,
-                    &self.config,
-                    envelope_time_ms,
-                    events,
-                    fold.loaded,
-                    &fold.slots,
-                );
+                let (mut scores, embeddings) = index.split_for_signals();
+                let Writer { dirty, counters, .. } = writer;
+                // The scores and counts (per item) and the profiles (per user) share nothing but
+                // read-only embeddings: a large batch folds them on two threads (decisions/047).
+                // Each side still folds its events in log order, so the state is the same.
+                let scores_side = move || {
+                    for (item, trend) in fold.trends {
+                        let mark = scores.set_trend(item, trend);
+                        dirty.trends.set(mark, item, Some(trend));
+                    }
+                    // After the scores: the counts live in the scores' entries.
+                    fold::count_signals(counters, &mut scores, events);
+                };
+                let config = &self.config;
+                let profiles_side = move || {
+                    fold::profiles(
+                        overlay,
+                        embeddings,
+                        config,
+                        envelope_time_ms,
+                        events,
+                        fold.loaded,
+                        &fold.slots,
+                    )
+                };
+                let ((), (new_users, user_bytes)) =
+                    self.fold_in_two(events.len(), scores_side, profiles_side);
                 bytes += user_bytes;
                 add_signed(&self.users, new_users);
             }
@@ -909,6 +942,46 @@ const _: () = {
     fn assert_send_sync<T: Send + Sync>() {}
     let _ = assert_send_sync::<TidalDb>;
 };
+
+/// Signal batches of at least this many events fold their scores and their profiles on two
+/// threads (decisions/047): below it the hand-over costs more than it saves.
+const PARALLEL_FOLD_EVENTS_MIN: usize = 256;
+
+impl TidalDb {
+    /// Runs `here` on this thread and `there` on the fold helper at the same time if there is one
+    /// and the batch of `events` is large enough, else one after the other here: the two halves of
+    /// a signal fold (decisions/047). A panic in either is resumed here.
+    fn fold_in_two<A, B: Send>(
+        &self,
+        events: usize,
+        here: impl FnOnce() -> A,
+        there: impl FnOnce() -> B + Send,
+    ) -> (A, B) {
+        let helper = self.fold_helper.lock().unwrap_or_else(PoisonError::into_inner);
+        let Some(helper) = helper.as_ref().filter(|_| events >= PARALLEL_FOLD_EVENTS_MIN) else {
+            return (here(), there());
+        };
+        let mut theirs = None;
+        let mut ours = None;
+        helper.in_place_scope(|scope| {
+            scope.spawn(|_| theirs = Some(there()));
+            ours = Some(here());
+        });
+        (
+            ours.expect("the scope ran this thread's half"),
+            theirs.expect("the scope ends after the helper's half"),
+        )
+    }
+}
+
+fn start_fold_helper() -> Option<rayon_core::ThreadPool> {
+    rayon_core::ThreadPoolBuilder::new()
+        .num_threads(1)
+        .thread_name(|_| "tidal-fold".into())
+        .build()
+        .inspect_err(|error| tracing::warn!("no fold helper thread, folding on one: {error}"))
+        .ok()
+}
 
 fn add_signed(counter: &AtomicU64, delta: i64) {
     if delta >= 0 {

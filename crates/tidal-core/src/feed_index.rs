@@ -135,17 +135,19 @@ impl FeedIndex {
 
     /// Sets a trending score; returns its dirty mark, for the applier's `DirtySet`.
     pub fn set_trend(&mut self, item: u64, trend: Trend) -> &mut Mark {
-        self.generation += 1;
-        if let Some(&row) = self.rows.get(&item) {
-            self.row_trends[row] = Some(trend);
-        }
-        let entry = self.trending.entry(item).or_insert(TrendEntry {
-            trend,
-            mark: Mark::CLEAN,
-            counts: ItemCounts::default(),
-        });
-        entry.trend = trend;
-        &mut entry.mark
+        self.split_for_signals().0.into_set_trend(item, trend)
+    }
+
+    /// The index split for a signal batch's merge (decisions/047): its scores and counts, which
+    /// the merge changes, and its embeddings, which the profile fold only reads. The two touch
+    /// disjoint fields, so the two folds can run at the same time.
+    pub fn split_for_signals(&mut self) -> (ScoresMut<'_>, Embeddings<'_>) {
+        let FeedIndex { dimension, rows, matrix, row_trends, trending, generation, .. } = self;
+        let rows = &*rows;
+        (
+            ScoresMut { rows, row_trends, trending, generation },
+            Embeddings { dimension: *dimension, rows, matrix },
+        )
     }
 
     /// Forgets every trending score's dirty mark (after the dirty set's window counter wrapped).
@@ -169,7 +171,7 @@ impl FeedIndex {
 
     /// The raw embedding of an item.
     pub fn embedding(&self, item: u64) -> Option<&[f32]> {
-        self.rows.get(&item).map(|&row| self.row(row))
+        Embeddings { dimension: self.dimension, rows: &self.rows, matrix: &self.matrix }.get(item)
     }
 
     /// The trending score of an item.
@@ -245,12 +247,65 @@ impl FeedIndex {
         self.matrix.truncate(last * self.dimension);
     }
 
-    fn row(&self, row: usize) -> &[f32] {
-        &self.matrix[row * self.dimension..(row + 1) * self.dimension]
-    }
-
     fn row_mut(&mut self, row: usize) -> &mut [f32] {
         &mut self.matrix[row * self.dimension..(row + 1) * self.dimension]
+    }
+}
+
+/// The scores side of [`FeedIndex::split_for_signals`]: trending scores with their dirty marks
+/// and counts.
+pub struct ScoresMut<'a> {
+    rows: &'a FastMap<u64, usize>,
+    row_trends: &'a mut Vec<Option<Trend>>,
+    trending: &'a mut FastMap<u64, TrendEntry>,
+    generation: &'a mut u64,
+}
+
+impl<'a> ScoresMut<'a> {
+    /// [`FeedIndex::set_trend`].
+    pub fn set_trend(&mut self, item: u64, trend: Trend) -> &mut Mark {
+        ScoresMut {
+            rows: self.rows,
+            row_trends: &mut *self.row_trends,
+            trending: &mut *self.trending,
+            generation: &mut *self.generation,
+        }
+        .into_set_trend(item, trend)
+    }
+
+    /// [`FeedIndex::counts_mut`].
+    pub fn counts_mut(&mut self, item: u64) -> Option<&mut ItemCounts> {
+        self.trending.get_mut(&item).map(|entry| &mut entry.counts)
+    }
+
+    fn into_set_trend(self, item: u64, trend: Trend) -> &'a mut Mark {
+        *self.generation += 1;
+        if let Some(&row) = self.rows.get(&item) {
+            self.row_trends[row] = Some(trend);
+        }
+        let entry = self.trending.entry(item).or_insert(TrendEntry {
+            trend,
+            mark: Mark::CLEAN,
+            counts: ItemCounts::default(),
+        });
+        entry.trend = trend;
+        &mut entry.mark
+    }
+}
+
+/// The embeddings side of [`FeedIndex::split_for_signals`], read only.
+#[derive(Clone, Copy)]
+pub struct Embeddings<'a> {
+    dimension: usize,
+    rows: &'a FastMap<u64, usize>,
+    matrix: &'a [f32],
+}
+
+impl<'a> Embeddings<'a> {
+    /// [`FeedIndex::embedding`].
+    pub fn get(&self, item: u64) -> Option<&'a [f32]> {
+        let dimension = self.dimension;
+        self.rows.get(&item).map(|&row| &self.matrix[row * dimension..(row + 1) * dimension])
     }
 }
 

@@ -1,20 +1,24 @@
-//! The ledger fold of a signal batch, in two phases.
+//! The ledger fold of a signal batch, in two phases, each in two halves that share nothing they
+//! change: the items' (trending scores and counts) and the users' (profiles and seen items). The
+//! engine runs the halves of a large batch on two threads (decisions/047).
 //!
-//! [`signals`] runs under the state read lock and may fail (fjall reads): it computes the new
-//! trending scores and loads the profiles the overlay lacks, changing nothing. [`profiles`] and
-//! [`count_signals`] run after every fallible step of the apply succeeded, under the state write
-//! lock (profiles, seen items, the counts in the index) and the writer lock (the counters' dirty
-//! set), and cannot fail.
+//! [`trends`] and [`users`] run under the state read lock, and [`users`] may fail (fjall reads):
+//! they compute the new trending scores and load the profiles the overlay lacks, changing nothing.
+//! [`count_signals`] and [`profiles`] run after every fallible step of the apply succeeded, under
+//! the state write lock (profiles, seen items, the counts in the index) and the writer lock (the
+//! counters' dirty set), and cannot fail.
 //!
 //! Delicate:
 //! - Determinism: same log ⇒ bit-identical state. Time is only the logged time (the event's `ts` or
 //!   the envelope's), and events are folded in log order per key. The per-batch maps are hash maps:
 //!   their order never reaches the state (each key's value is final; fjall and the digest order keys).
+//!   Each half folds every event of the batch in log order, so running the halves at once changes
+//!   nothing: no key is touched by both.
 //! - A batch of many events touching one item or user reads its own earlier updates: everything
 //!   is accumulated per key in memory first.
 //! - The starting values are the applied state: trends from the index, profiles from the active
-//!   overlay, else the frozen one, else fjall. Profiles are folded in place in the overlay: copying a 512-byte profile per user
-//!   per batch cost more than the fold itself.
+//!   overlay, else the frozen one, else fjall. Profiles are folded in place in the overlay: copying
+//!   a 512-byte profile per user per batch cost more than the fold itself.
 
 use std::collections::hash_map::Entry;
 
@@ -22,7 +26,7 @@ use crate::config::EngineConfig;
 use crate::counters::Counters;
 use crate::error::Error;
 use crate::fast_hash::{FastMap, FastState};
-use crate::feed_index::FeedIndex;
+use crate::feed_index::{Embeddings, FeedIndex, ScoresMut};
 use crate::keys::Profile;
 use crate::overlay::{DirtyUser, Overlay, OverlayView};
 use crate::record::{ControlRecord, SignalColumns, SignalRef};
@@ -44,25 +48,20 @@ pub struct SignalsFold<'a> {
 /// A slot of [`SignalsFold::slots`]: the user was not in the active overlay.
 pub const NOT_IN_OVERLAY: u32 = u32::MAX;
 
-/// The read phase of a signal batch logged at `envelope_time_ms`: new trending scores, and the
-/// profiles to load from fjall. Fails only on a fjall read; changes nothing.
-pub fn signals<'a>(
-    stores: &Stores,
+/// The read phase of a signal batch logged at `envelope_time_ms`, its items' half: the new trending
+/// scores. Reads the index only; changes nothing.
+pub fn trends(
     index: &FeedIndex,
-    view: OverlayView<'_>,
     config: &EngineConfig,
     envelope_time_ms: u64,
-    events: &'a SignalColumns,
-) -> Result<SignalsFold<'a>, Error> {
-    let dimension = config.dimension as usize;
+    events: &SignalColumns,
+) -> FastMap<u64, Trend> {
     let envelope_time = i64::try_from(envelope_time_ms).unwrap_or(i64::MAX);
     let mut trends: FastMap<u64, Trend> =
         FastMap::with_capacity_and_hasher(events.len(), FastState::default());
-    let mut loaded: FastMap<&'a str, Option<Profile>> = FastMap::default();
-    let mut slots = Vec::with_capacity(events.len());
     // The index's scores first, in a loop of nothing else: its lookups do not depend on each other,
     // so the CPU overlaps their cache misses (over a million items nearly every one misses), where
-    // the loop below, with its batch map and user lookups between them, took them one at a time.
+    // the loop below, with its batch map between them, took them one at a time.
     let known: Vec<Option<Trend>> = events.items().map(|item| index.trend(item)).collect();
     for (event, known) in events.iter().zip(known) {
         let t = event.ts_ms.unwrap_or(envelope_time);
@@ -79,6 +78,26 @@ pub fn signals<'a>(
                 slot.insert(trend);
             }
         }
+    }
+    trends
+}
+
+/// What the users' half of the read phase found: see [`SignalsFold::loaded`] and
+/// [`SignalsFold::slots`].
+pub type UsersFold<'a> = (FastMap<&'a str, Option<Profile>>, Vec<u32>);
+
+/// The read phase of a signal batch, its users' half: where each event's user is in the active
+/// overlay, and the profiles to load from fjall for the others. Fails only on a fjall read;
+/// changes nothing.
+pub fn users<'a>(
+    stores: &Stores,
+    view: OverlayView<'_>,
+    dimension: usize,
+    events: &'a SignalColumns,
+) -> Result<UsersFold<'a>, Error> {
+    let mut loaded: FastMap<&'a str, Option<Profile>> = FastMap::default();
+    let mut slots = Vec::with_capacity(events.len());
+    for event in events.iter() {
         // A user of the active overlay is folded in place; others start from the frozen overlay's
         // profile, else fjall's.
         match view.active.user_ids.get(event.user) {
@@ -91,14 +110,14 @@ pub fn signals<'a>(
             }
         }
     }
-    Ok(SignalsFold { trends, loaded, slots })
+    Ok((loaded, slots))
 }
 
 /// The write phase: folds every event into its user's profile and seen items in the overlay, in
 /// log order, in place. Infallible. Returns `(new users, estimated bytes added)`.
 pub fn profiles(
     overlay: &mut Overlay,
-    index: &FeedIndex,
+    embeddings: Embeddings<'_>,
     config: &EngineConfig,
     envelope_time_ms: u64,
     events: &SignalColumns,
@@ -111,7 +130,7 @@ pub fn profiles(
     let (mut new_users, mut bytes) = (0, 0);
     for (event, &slot) in events.iter().zip(slots) {
         let t = event.ts_ms.unwrap_or(envelope_time);
-        let embedding = index.embedding(event.item);
+        let embedding = embeddings.get(event.item);
         // A user the read phase found in the overlay (nearly every event once it is warm) is an
         // index; one it did not find may have been added by an earlier event of this batch.
         let id = if slot != NOT_IN_OVERLAY {
@@ -151,11 +170,11 @@ fn fold_event(
 
 /// Counts the events per (item, kind). Every item of the batch has its trending score set already
 /// (its counts live in that entry, decisions/038).
-pub fn count_signals(counters: &mut Counters, index: &mut FeedIndex, events: &SignalColumns) {
+pub fn count_signals(counters: &mut Counters, scores: &mut ScoresMut<'_>, events: &SignalColumns) {
     // The batch's kinds to counter kind ids once, then one counter update per event.
     let kinds: Vec<u32> = events.kinds().iter().map(|kind| counters.kind_id(kind)).collect();
     for event in events.iter() {
-        let counts = index
+        let counts = scores
             .counts_mut(event.item)
             .expect("the batch's trending scores are set before its counts: every item has an entry");
         counters.increment_id(counts, event.item, kinds[event.kind as usize]);
