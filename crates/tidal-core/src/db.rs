@@ -225,8 +225,7 @@ impl TidalDb {
         let last_time_ms = meta_u64(&stores, keys::META_LAST_TIME_MS)?;
         let mut index = load_index(&stores, config.dimension as usize)?;
         let counters = Counters::load(&stores, &mut index)?;
-        let items = stores.items.len()? as u64;
-        let users = stores.profiles.len()? as u64;
+        let (items, users) = stored_counts(&stores)?;
         tracing::info!(applied_seqno, embeddings = index.embeddings(), items, users, "engine opened");
         let state = Arc::new(RwLock::new(State { index, overlay: Overlay::default(), frozen: None }));
         let flush = Arc::new(FlushShared::new(Seqno(applied_seqno)));
@@ -826,6 +825,9 @@ impl TidalDb {
                 counters: counters.take_dirty(&mut state.index),
                 applied_seqno: applied,
                 last_time_ms: self.last_applied_time_ms(),
+                // Exact at `applied`: every apply that changes them holds the writer lock we hold.
+                items: self.items.load(Ordering::Relaxed),
+                users: self.users.load(Ordering::Relaxed),
             });
             state.frozen = Some(frozen.clone());
             frozen
@@ -993,6 +995,27 @@ fn add_signed(counter: &AtomicU64, delta: i64) {
 
 fn corrupt(keyspace: &'static str, reason: &str) -> Error {
     Error::Corrupt { keyspace, reason: reason.into() }
+}
+
+/// The item and user counts at fjall's applied seqno: the ones the last flush stored with it
+/// (decisions/048), else counted, key by key (a data dir from before them, in the middle of a
+/// snapshot install, or last flushed by a build that did not store them).
+fn stored_counts(stores: &Stores) -> Result<(u64, u64), Error> {
+    let applied = Seqno(meta_u64(stores, keys::META_APPLIED_SEQNO)?);
+    match stores.local.get(keys::LOCAL_COUNTS)? {
+        Some(value) => {
+            let (seqno, items, users) = keys::split_counts_value(&value)
+                .ok_or_else(|| corrupt("local", "counts are not 24 bytes"))?;
+            if seqno == applied {
+                return Ok((items, users));
+            }
+            tracing::info!(%seqno, %applied, "stored counts are not at the applied seqno: counting items and users");
+        }
+        // A new database (or one whose first snapshot install did not complete): nothing to say.
+        None if applied == Seqno::ZERO => {}
+        None => tracing::info!(%applied, "no stored counts: counting items and users"),
+    }
+    Ok((stores.items.len()? as u64, stores.profiles.len()? as u64))
 }
 
 fn meta_u64(stores: &Stores, key: &[u8]) -> Result<u64, Error> {

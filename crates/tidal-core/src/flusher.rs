@@ -91,6 +91,10 @@ pub struct FrozenOverlay {
     pub applied_seqno: Seqno,
     /// The logged time of the last batch at the freeze.
     pub last_time_ms: u64,
+    /// Items with metadata at the freeze.
+    pub items: u64,
+    /// Users with a profile at the freeze.
+    pub users: u64,
 }
 
 /// How far this node's WAL is durable, for the flusher: fjall never holds state past it
@@ -350,13 +354,16 @@ impl Drop for FlushHold {
 }
 
 impl FrozenOverlay {
-    /// Puts everything into `writes`: the data, then the applied seqno and the logged time.
+    /// Puts everything into `writes`: the data, then the applied seqno and the logged time, and
+    /// the counts an open reads instead of counting (decisions/048), all in one atomic batch.
     pub fn flush_into(&self, stores: &Stores, writes: &mut fjall::OwnedWriteBatch) {
         self.overlay.flush_into(stores, writes);
         self.dirty.flush_into(stores, writes);
         self.counters.flush_into(stores, writes);
         writes.insert(&stores.meta, keys::META_APPLIED_SEQNO, self.applied_seqno.0.to_le_bytes());
         writes.insert(&stores.meta, keys::META_LAST_TIME_MS, self.last_time_ms.to_le_bytes());
+        let counts = keys::counts_value(self.applied_seqno, self.items, self.users);
+        writes.insert(&stores.local, keys::LOCAL_COUNTS, counts);
     }
 }
 

@@ -28,6 +28,27 @@ pub const META_DIMENSION: &[u8] = b"dimension";
 /// meta key: the last LeaderStart folded: term u64 | leader u64 | baseline u64, LE.
 pub const META_LEADER_START: &[u8] = b"leader_start";
 
+/// local key: `applied seqno u64 | items u64 | users u64`, LE: how many items have metadata and how
+/// many users a profile at that applied seqno. Written with every flush, so an open need not count
+/// them; an open uses it only if its seqno is fjall's applied seqno (decisions/048).
+pub const LOCAL_COUNTS: &[u8] = b"counts";
+
+/// The [`LOCAL_COUNTS`] value.
+pub fn counts_value(applied: Seqno, items: u64, users: u64) -> [u8; 24] {
+    let mut value = [0u8; 24];
+    value[..8].copy_from_slice(&applied.0.to_le_bytes());
+    value[8..16].copy_from_slice(&items.to_le_bytes());
+    value[16..].copy_from_slice(&users.to_le_bytes());
+    value
+}
+
+/// Splits a [`LOCAL_COUNTS`] value into `(applied seqno, items, users)`; `None` if malformed.
+pub fn split_counts_value(value: &[u8]) -> Option<(Seqno, u64, u64)> {
+    let value: &[u8; 24] = value.try_into().ok()?;
+    let at = |i: usize| u64::from_le_bytes(value[i..i + 8].try_into().unwrap_or_default());
+    Some((Seqno(at(0)), at(8), at(16)))
+}
+
 /// Key of an item (items, embeddings, trending).
 pub fn item_key(item: u64) -> [u8; 8] {
     item.to_be_bytes()

@@ -37,6 +37,9 @@ pub struct Stores {
     pub idempotency: Keyspace,
     /// Hard negatives (NOT log-derived).
     pub negatives: Keyspace,
+    /// What this node keeps about its own fjall state to open fast: the item and user counts at
+    /// fjall's applied seqno (decisions/048). Not in the digest, not in snapshots.
+    pub local: Keyspace,
 }
 
 impl Stores {
@@ -63,6 +66,7 @@ impl Stores {
             seen: keyspace("seen")?,
             idempotency: keyspace("idempotency")?,
             negatives: keyspace("negatives")?,
+            local: keyspace("local")?,
             database,
         })
     }

@@ -264,3 +264,43 @@ fn reads_beside_frequent_flushes_never_lose_a_value() {
     assert_eq!(db.applied_seqno(), last);
     assert!(db.flushed_applied_seqno() > Seqno::ZERO);
 }
+
+/// decisions/048: an open takes the item and user counts the last flush stored with fjall's applied
+/// seqno, without counting keys; counts stored at another seqno (a flush by a build that did not
+/// store them) are counted again.
+#[test]
+fn an_open_takes_the_counts_stored_at_the_applied_seqno_and_counts_otherwise() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let db = open(dir.path());
+        let mut log = Log::new();
+        for item in 1..=3 {
+            db.apply(&log.item(T0, item, "{}")).unwrap();
+        }
+        db.apply(&log.delete(T0, 2)).unwrap();
+        db.apply(&log.signals(T0, &[("u", 1, "view", 1.0), ("w", 3, "view", 1.0)])).unwrap();
+    }
+    let counts = || {
+        let stats = sizes(&open(dir.path()));
+        (stats.items, stats.users)
+    };
+    assert_eq!(counts(), (2, 2));
+    // Rewrites the stored counts (`applied seqno | items | users`, u64 LE) with the seqno moved by
+    // `shift` and other counts.
+    let store = |shift: u64, items: u64, users: u64| {
+        let database = fjall::Database::builder(dir.path()).open().unwrap();
+        let local = database.keyspace("local", fjall::KeyspaceCreateOptions::default).unwrap();
+        let value = local.get("counts").unwrap().expect("the flush stored the counts");
+        let seqno = u64::from_le_bytes(value[..8].try_into().unwrap()) + shift;
+        let mut forged = Vec::new();
+        for part in [seqno, items, users] {
+            forged.extend_from_slice(&part.to_le_bytes());
+        }
+        local.insert("counts", forged).unwrap();
+        database.persist(fjall::PersistMode::SyncAll).unwrap();
+    };
+    store(0, 7, 9);
+    assert_eq!(counts(), (7, 9), "an open at the stored seqno takes the stored counts");
+    store(1, 7, 9);
+    assert_eq!(counts(), (2, 2), "counts stored at another seqno are counted again");
+}

@@ -12,7 +12,8 @@
 //!
 //! Each run opens a fresh copy of the same WAL (copied untimed) with an empty state directory, and
 //! prints the open time, the replay time and MB/s and events/s; the last line is the median.
-//! `TIDAL_BENCH_DIR` picks the scratch directory (default: a temp dir).
+//! `TIDAL_BENCH_DIR` picks the scratch directory (default: a temp dir). `TIDAL_BENCH_REOPEN=1` also
+//! times a clean restart of each run's replayed state (engine open, WAL scan, replay of the rest).
 #![allow(clippy::unwrap_used)]
 
 use std::path::Path;
@@ -84,6 +85,21 @@ fn main() {
         rates.push((rate, events as f64 / replay, report.bytes as f64 / 1e6 / open));
         node.shutdown();
         drop(node);
+        if std::env::var_os("TIDAL_BENCH_REOPEN").is_some() {
+            // A clean restart of the replayed state: what an open costs with it all in fjall.
+            let started = Instant::now();
+            let (node, report) = Node::open(ServeConfig::resolve(&args).unwrap()).unwrap();
+            println!(
+                "run {run}: clean reopen {:.2}s = engine {:.2}s + WAL recovery {:.2}s + replay {:.2}s ({} batches) + the rest",
+                started.elapsed().as_secs_f64(),
+                report.engine_open.as_secs_f64(),
+                report.wal_recovery.as_secs_f64(),
+                report.elapsed.as_secs_f64(),
+                report.batches,
+            );
+            node.shutdown();
+            drop(node);
+        }
         std::fs::remove_dir_all(&data_dir).unwrap();
     }
     let median = |pick: fn(&(f64, f64, f64)) -> f64| {

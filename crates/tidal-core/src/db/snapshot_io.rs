@@ -197,6 +197,9 @@ impl TidalDb {
     fn delete_log_derived(&self) -> Result<(), SnapshotError> {
         let snapshot = self.stores.database.snapshot();
         let mut batch = self.stores.database.batch();
+        // The stored counts go with the state they count: an open before the install completes
+        // counts (decisions/048); `reload` stores the new ones.
+        batch.remove(&self.stores.local, keys::LOCAL_COUNTS);
         let mut bytes = 0usize;
         for (_, keyspace) in self.stores.log_derived().into_iter().skip(1) {
             for guard in snapshot.iter(keyspace) {
@@ -230,8 +233,16 @@ impl TidalDb {
         writer.frozen_seqno = Seqno(applied);
         self.flush.reset_flushed(Seqno(applied));
         self.last_time_ms.store(meta_u64(&self.stores, keys::META_LAST_TIME_MS)?, Ordering::Release);
-        self.items.store(self.stores.items.len()? as u64, Ordering::Relaxed);
-        self.users.store(self.stores.profiles.len()? as u64, Ordering::Relaxed);
+        let (items, users) = (self.stores.items.len()? as u64, self.stores.profiles.len()? as u64);
+        self.items.store(items, Ordering::Relaxed);
+        self.users.store(users, Ordering::Relaxed);
+        let mut batch = self.stores.database.batch();
+        batch.insert(
+            &self.stores.local,
+            keys::LOCAL_COUNTS,
+            keys::counts_value(Seqno(applied), items, users),
+        );
+        batch.commit()?;
         Ok(())
     }
 }
