@@ -959,8 +959,11 @@ impl TidalDb {
         here: impl FnOnce() -> A,
         there: impl FnOnce() -> B + Send,
     ) -> (A, B) {
+        if events < PARALLEL_FOLD_EVENTS_MIN {
+            return (here(), there());
+        }
         let helper = self.fold_helper.lock().unwrap_or_else(PoisonError::into_inner);
-        let Some(helper) = helper.as_ref().filter(|_| events >= PARALLEL_FOLD_EVENTS_MIN) else {
+        let Some(helper) = helper.as_ref() else {
             return (here(), there());
         };
         let mut theirs = None;
