@@ -44,9 +44,10 @@ pub fn counts_value(applied: Seqno, items: u64, users: u64) -> [u8; 24] {
 
 /// Splits a [`LOCAL_COUNTS`] value into `(applied seqno, items, users)`; `None` if malformed.
 pub fn split_counts_value(value: &[u8]) -> Option<(Seqno, u64, u64)> {
-    let value: &[u8; 24] = value.try_into().ok()?;
-    let at = |i: usize| u64::from_le_bytes(value[i..i + 8].try_into().unwrap_or_default());
-    Some((Seqno(at(0)), at(8), at(16)))
+    if value.len() != 24 {
+        return None;
+    }
+    Some((Seqno(u64_value(&value[..8])?), u64_value(&value[8..16])?, u64_value(&value[16..])?))
 }
 
 /// Key of an item (items, embeddings, trending).
