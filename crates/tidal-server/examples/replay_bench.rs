@@ -83,8 +83,10 @@ fn main() {
             flush.backpressure_wait_ms_sum
         );
         rates.push((rate, events as f64 / replay, report.bytes as f64 / 1e6 / open));
+        let stopping = Instant::now();
         node.shutdown();
         drop(node);
+        println!("run {run}: clean shutdown {:.2}s", stopping.elapsed().as_secs_f64());
         if std::env::var_os("TIDAL_BENCH_REOPEN").is_some() {
             // A clean restart of the replayed state: what an open costs with it all in fjall.
             let started = Instant::now();

@@ -589,7 +589,16 @@ impl Node {
         }
         match self.db.checkpoint() {
             Ok(seqno) => tracing::info!(%seqno, "engine checkpointed at shutdown"),
-            Err(error) => tracing::error!("failed to checkpoint at shutdown: {error:#}"),
+            Err(error) => {
+                tracing::error!("failed to checkpoint at shutdown: {error:#}");
+                return;
+            }
+        }
+        // So that the next open has no journal to replay (decisions/050).
+        let started = Instant::now();
+        match self.db.flush_tables() {
+            Ok(()) => tracing::info!(elapsed = ?started.elapsed(), "engine memtables written to tables"),
+            Err(error) => tracing::warn!("could not write the engine's memtables to tables at shutdown (the next open replays fjall's journal): {error:#}"),
         }
     }
 }
