@@ -259,6 +259,7 @@ fn run(
     // Cuts taken so far (they come in the order `ApplierSender` counts them).
     let mut cuts = 0u64;
     for message in &input {
+        let _turn = input.turn();
         match message {
             ApplierInput::Flushed(batches) => pending.extend(batches),
             ApplierInput::Commit(seqno) => commit = commit.max(seqno),

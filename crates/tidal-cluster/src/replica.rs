@@ -421,6 +421,20 @@ pub fn commit_hint(store: &RaftStore) -> Seqno {
 }
 
 impl Replica {
+    /// Moves the log from `seqno` on into quarantine through the WAL writer, awaited here (no
+    /// blocking thread waits for the writer: in the simulation it is done between two steps,
+    /// decisions/051).
+    pub(crate) async fn quarantine_from(&self, seqno: Seqno) -> Result<tidal_wal::QuarantineReport, String> {
+        let (done_tx, done_rx) = tokio::sync::oneshot::channel();
+        self.wal
+            .quarantine_from_then(seqno, move |result| drop(done_tx.send(result)))
+            .map_err(|e| format!("quarantine from {seqno}: {e}"))?;
+        done_rx
+            .await
+            .map_err(|_| format!("quarantine from {seqno}: the WAL writer stopped"))?
+            .map_err(|e| format!("quarantine from {seqno}: {e}"))
+    }
+
     /// Builds the replica over an opened WAL. `commit` and `feed` are the ones given to the hook;
     /// `gate` is the term lock openraft's vote storage takes.
     pub fn new(
@@ -1158,11 +1172,7 @@ impl Replica {
                 Step::Skip(_) => {}
                 Step::Append(i) => appends.push(ship.batches[i].clone()),
                 Step::QuarantineFrom(seqno) => {
-                    let wal = self.wal.clone();
-                    let report = tokio::task::spawn_blocking(move || wal.quarantine_from(seqno))
-                        .await
-                        .map_err(|e| e.to_string())?
-                        .map_err(|e| format!("quarantine from {seqno}: {e}"))?;
+                    let report = self.quarantine_from(seqno).await?;
                     tracing::warn!(?report, "moved a divergent suffix to quarantine");
                     self.feed.reset(self.wal.last_position());
                 }
@@ -1462,26 +1472,38 @@ impl Replica {
         let (tx, rx) = tokio::sync::mpsc::channel::<Result<Chunk, tonic::Status>>(PULL_CHUNKS_AHEAD);
         let wal = self.wal.clone();
         let commit = self.commit.commit();
-        tokio::task::spawn_blocking(move || {
+        // An async producer whose reads run on the blocking pool one at a time: the channel keeps
+        // up to PULL_CHUNKS_AHEAD chunks read ahead, and in the simulation every read is counted
+        // work that ends within the step that asked for it (decisions/051).
+        tokio::spawn(async move {
+            let read_failed = |error: String| Err(tonic::Status::internal(format!("read WAL: {error}")));
             // Runs of the segment files' bytes, cut at batch boundaries from the headers alone: no
             // decoding, hashing or copying per batch here. The follower verifies every batch's seal
             // before its WAL takes it (tidal-net `split_batches`), and `receive_from` decides.
-            let mut reader = match wal.read_raw_from(from.seqno.next()) {
-                Ok(reader) => reader,
-                Err(error) => {
-                    let _ = tx.blocking_send(Err(tonic::Status::internal(format!("read WAL: {error}"))));
-                    return;
-                }
+            let opened = crate::blocking::blocking(move || wal.read_raw_from(from.seqno.next())).await;
+            let mut reader = match opened {
+                Ok(Ok(reader)) => reader,
+                Ok(Err(error)) => return drop(tx.send(read_failed(error.to_string())).await),
+                Err(error) => return drop(tx.send(read_failed(error.to_string())).await),
             };
             let mut prev = from;
             loop {
-                let run = match reader.next_run(chunk_bytes) {
+                let read = crate::blocking::blocking(move || {
+                    let run = reader.next_run(chunk_bytes);
+                    (reader, run)
+                })
+                .await;
+                let run = match read {
+                    Ok((back, run)) => {
+                        reader = back;
+                        run
+                    }
+                    Err(error) => return drop(tx.send(read_failed(error.to_string())).await),
+                };
+                let run = match run {
                     Ok(Some(run)) => run,
                     Ok(None) => return,
-                    Err(error) => {
-                        let _ = tx.blocking_send(Err(tonic::Status::internal(format!("read WAL: {error}"))));
-                        return;
-                    }
+                    Err(error) => return drop(tx.send(read_failed(error.to_string())).await),
                 };
                 let chunk = Chunk {
                     term,
@@ -1490,7 +1512,7 @@ impl Replica {
                     commit,
                     outcome: ChunkOutcome::Encoded { prev, bytes: run.bytes },
                 };
-                if tx.blocking_send(Ok(chunk)).is_err() {
+                if tx.send(Ok(chunk)).await.is_err() {
                     return;
                 }
                 prev = run.last;

@@ -765,7 +765,7 @@ fn remove_if_present(path: &Path) -> Result<(), InstallError> {
 async fn blocking<T: Send + 'static>(
     work: impl FnOnce() -> Result<T, InstallError> + Send + 'static,
 ) -> Result<T, InstallError> {
-    tokio::task::spawn_blocking(work)
+    tokio::task::spawn_blocking(tidal_types::activity::carry_awaiting_threads(work))
         .await
         .map_err(|error| stream_error(&format!("blocking step failed: {error}")))?
 }

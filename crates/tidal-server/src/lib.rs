@@ -82,7 +82,7 @@ where
     let tokens = config.token_file.as_deref().map(auth::Tokens::load).transpose()?;
     check_bind_policy(listener.local_addr()?, tokens.is_some(), config.insecure)?;
     let open_config = config.clone();
-    let (node, replay) = tokio::task::spawn_blocking(move || node::Node::open(open_config))
+    let (node, replay) = tidal_cluster::blocking::blocking(move || node::Node::open(open_config))
         .await
         .context("open node task")??;
     if replay.batches > 0 {
@@ -111,7 +111,11 @@ where
             if let Err(why) = replica.start().await {
                 let _ = rpc_stop.send(true);
                 let closing = node.clone();
-                tokio::task::spawn_blocking(move || closing.shutdown()).await.context("shutdown task")?;
+                tokio::task::spawn_blocking(tidal_types::activity::carry_awaiting_threads(move || {
+                    closing.shutdown()
+                }))
+                .await
+                .context("shutdown task")?;
                 anyhow::bail!("start the control plane: {why}");
             }
             Some(task)
@@ -138,7 +142,9 @@ where
     }
     tracing::info!("shutting down: draining the WAL writer");
     let closing = node.clone();
-    tokio::task::spawn_blocking(move || closing.shutdown()).await.context("shutdown task")?;
+    tokio::task::spawn_blocking(tidal_types::activity::carry_awaiting_threads(move || closing.shutdown()))
+        .await
+        .context("shutdown task")?;
     let release = node.take_release();
     drop(node);
     if let Some(release) = release {
@@ -198,7 +204,7 @@ fn spawn_checkpointer(
                 _ = &mut stop => return,
             }
             let node = node.clone();
-            match tokio::task::spawn_blocking(move || node.checkpoint_and_purge()).await {
+            match tidal_cluster::blocking::blocking(move || node.checkpoint_and_purge()).await {
                 Ok(Ok(())) => {}
                 Ok(Err(error)) => tracing::error!("failed to checkpoint: {error:#}"),
                 Err(error) => tracing::error!("failed to checkpoint: {error}"),

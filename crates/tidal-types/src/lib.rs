@@ -5,6 +5,7 @@
 //! seqno is expected.
 #![deny(missing_docs)]
 
+pub mod activity;
 mod api;
 mod kind;
 mod position;

@@ -52,6 +52,9 @@ pub(crate) struct Shared {
     pub(crate) prep_pending: Mutex<bool>,
     /// Signalled when `prep_pending` changes.
     pub(crate) prep_changed: Condvar,
+    /// Counts the writer busy from a queued request until it waits again (the simulation's step
+    /// barrier, decisions/051; counts nothing in production).
+    pub(crate) handoff: tidal_types::activity::Handoff,
 }
 
 /// Requests waiting for the writer.

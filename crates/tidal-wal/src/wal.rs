@@ -157,6 +157,7 @@ impl Wal {
             verified_at_open: recovery.durable,
             prep_pending: Mutex::new(config_preallocates),
             prep_changed: Condvar::new(),
+            handoff: tidal_types::activity::Handoff::on_current(),
         });
         let writer = Writer {
             shared: shared.clone(),
@@ -298,6 +299,24 @@ impl Wal {
         self.truncate(TruncateOp::ResetTo { position, term_history: term_history.to_vec() })
     }
 
+    /// [`Wal::quarantine_from`] without waiting: `done` is called on the writer thread with the
+    /// outcome (an async caller awaits a channel instead of holding a blocking thread).
+    pub fn quarantine_from_then(
+        &self,
+        seqno: Seqno,
+        done: impl FnOnce(Result<QuarantineReport, Error>) + Send + 'static,
+    ) -> Result<(), Error> {
+        let queued = Queued {
+            work: Work::Truncate(TruncateOp::QuarantineFrom(seqno)),
+            done: Done::Truncate(Box::new(done)),
+        };
+        match self.enqueue(queued, false) {
+            Ok(()) => Ok(()),
+            Err((_, Refusal::Closed)) => Err(Error::Closed),
+            Err((_, Refusal::Poisoned | Refusal::Full)) => Err(Error::Poisoned),
+        }
+    }
+
     fn truncate(&self, op: TruncateOp) -> Result<QuarantineReport, Error> {
         if std::thread::current().id() == self.inner.writer_thread {
             return Err(Error::Invalid(
@@ -339,6 +358,7 @@ impl Wal {
         }
         queue.bytes += bytes;
         queue.requests.push_back(queued);
+        shared.handoff.woken();
         let wake = queue.writer_waiting && queue.requests.len() >= queue.wake_at;
         drop(queue);
         if wake {

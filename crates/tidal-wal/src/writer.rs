@@ -244,6 +244,8 @@ impl Drop for PanicGuard {
             };
             fail_all(queued, &Error::Poisoned);
         }
+        // However the thread ends, it is not busy any more.
+        self.0.handoff.parked();
     }
 }
 
@@ -251,7 +253,7 @@ impl Writer {
     /// The thread body: drain until closed and empty.
     pub(crate) fn run(mut self) {
         let _guard = PanicGuard(self.shared.clone());
-        while let Some(drain) = self.next_drain() {
+        while let Some((drain, _turn)) = self.next_drain() {
             if self.shared.is_poisoned() {
                 fail_all(drain, &Error::Poisoned);
                 continue;
@@ -386,23 +388,35 @@ impl Writer {
     }
 
     /// Waits for requests; `None` once closed and empty. A truncation is always taken alone.
-    fn next_drain(&mut self) -> Option<Vec<Queued>> {
+    /// The drain comes with the writer's turn (the simulation's step barrier, decisions/051): it is
+    /// taken, written and completed between two steps.
+    fn next_drain(&mut self) -> Option<(Vec<Queued>, tidal_types::activity::Turn)> {
         let shared = Arc::clone(&self.shared);
         let mut queue = shared.lock_queue();
+        let mut turn = None;
         loop {
             if !queue.requests.is_empty() {
-                break;
+                if turn.is_some() || !shared.handoff.counted() {
+                    break;
+                }
+                drop(queue);
+                turn = Some(shared.handoff.turn());
+                queue = shared.lock_queue();
+                continue;
             }
             if queue.closed {
+                self.shared.handoff.parked();
                 return None;
             }
             if self.prep.is_pending() && !self.shared.is_poisoned() {
                 drop(queue);
+                let _turn = shared.handoff.turn();
                 self.prep_step(PREP_IDLE_STEP_LEN);
                 queue = shared.lock_queue();
                 continue;
             }
             queue.writer_waiting = true;
+            self.shared.handoff.parked();
             queue = self.shared.queue_ready.wait(queue).unwrap_or_else(|poisoned| poisoned.into_inner());
             queue.writer_waiting = false;
         }
@@ -430,7 +444,7 @@ impl Writer {
         }
         drop(queue);
         self.shared.queue_space.notify_all();
-        Some(drain)
+        Some((drain, turn.unwrap_or_else(tidal_types::activity::Turn::none)))
     }
 
     /// The adaptive gather (decisions/021). After a drain that covered many writers, those writers

@@ -229,6 +229,31 @@ pub fn read_wal(io: &SimIo, wal_dir: &Path, node: usize, violations: &mut Vec<St
     log
 }
 
+/// One line per batch of a node's WAL (seqnos, term, kind, logged time, seal): for comparing two
+/// replays of a seed (`TIDAL_SIM_TRACE_OUT`).
+pub fn batch_lines(io: &SimIo, wal_dir: &Path, node: usize) -> Vec<String> {
+    let mut lines = Vec::new();
+    for segment in segments(io, wal_dir) {
+        let Ok(bytes) = io.file_bytes(&segment) else { continue };
+        let mut offset = 0usize;
+        while let Ok(batch) = decode_batch(&bytes[offset..]) {
+            let header = batch.header;
+            let first = header.first_seqno.get();
+            lines.push(format!(
+                "wal n{} {first}..{} term {} {:?} time {:?} seal {}",
+                node + 1,
+                first + u64::from(header.event_count) - 1,
+                header.term.get(),
+                header.kind,
+                logged_time_ms(batch.payload),
+                &blake3::Hash::from(header.hash).to_hex()[..12]
+            ));
+            offset += batch.encoded.len();
+        }
+    }
+    lines
+}
+
 /// Log matching: every batch two nodes both hold is the same batch.
 pub fn log_matching(logs: &[LogMap], violations: &mut Vec<String>) -> u64 {
     let mut compared = 0;

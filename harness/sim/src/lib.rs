@@ -995,8 +995,55 @@ fn check_file_faults(
 }
 
 /// Runs one seeded scenario and checks it.
+/// How long a step waits for the nodes' threads before it goes on without them (then counted as
+/// `settle_stall`; a replay of the seed may then differ).
+const SETTLE_MAX: Duration = Duration::from_secs(2);
+
+/// Stalls after which a run stops waiting for the nodes' threads.
+const SETTLE_STALLS_MAX: u32 = 3;
+
+/// After a step: waits until the nodes' own threads (WAL writers, appliers, blocking work) have
+/// done what the step handed them, so that it is done before simulated time moves on
+/// (decisions/051). False if it gave up after [`SETTLE_MAX`].
+fn settle(activity: &tidal_types::activity::Activity) -> bool {
+    if activity.busy() == 0 {
+        return true;
+    }
+    let started = std::time::Instant::now();
+    let mut spins = 0u32;
+    while activity.busy() > 0 {
+        if spins < 100 {
+            spins += 1;
+            std::hint::spin_loop();
+        } else if started.elapsed() > SETTLE_MAX {
+            return false;
+        } else {
+            std::thread::yield_now();
+        }
+    }
+    true
+}
+
+/// Restores the thread's activity when a run ends, however it ends.
+struct ActivityScope(Option<Arc<tidal_types::activity::Activity>>);
+
+impl Drop for ActivityScope {
+    fn drop(&mut self) {
+        tidal_types::activity::set_current(self.0.take());
+    }
+}
+
 pub fn run(seed: u64, scenario: &Scenario) -> anyhow::Result<Outcome> {
     let mut rng = rng::Rng::new(seed);
+    // Every simulated host runs on this thread: openraft's election timeouts and the campaign
+    // pauses are drawn from the seed (decisions/051).
+    tidal_cluster::control::seed_thread_rng(Some(seed ^ 0x0e1e_c7ed));
+    // Work the nodes hand to their own threads counts here; each step waits for it (decisions/051).
+    // `TIDAL_SIM_SETTLE=0` turns the wait off (to measure what it buys).
+    let activity = tidal_types::activity::Activity::new();
+    let _scope = ActivityScope(tidal_types::activity::set_current(Some(activity.clone())));
+    let mut settling = std::env::var_os("TIDAL_SIM_SETTLE").is_none_or(|value| value != "0");
+    let mut stalls = 0u32;
     let mut cluster = SimulatedCluster::new(scenario.nodes, scenario.durability)?;
     cluster.segment_bytes_max = scenario.segment_bytes_max;
     // `TIDAL_SIM_ALIGNED_STARTS=1` starts every node at the same instant (reproduces the
@@ -1208,7 +1255,17 @@ pub fn run(seed: u64, scenario: &Scenario) -> anyhow::Result<Outcome> {
             }
             _ => {}
         }
+        if settling {
+            activity.begin_step();
+        }
         let stepped = sim.step();
+        activity.end_step();
+        if settling && !settle(&activity) {
+            driver.counters.bump("settle_stall");
+            stalls += 1;
+            // Something counted waits for the simulation itself; stop waiting for it.
+            settling = stalls < SETTLE_STALLS_MAX;
+        }
         {
             // Each new acknowledgement, stamped with the answering node's process start (right
             // after the step it came in, before the driver restarts anything).
@@ -1225,6 +1282,9 @@ pub fn run(seed: u64, scenario: &Scenario) -> anyhow::Result<Outcome> {
                 break;
             }
         }
+    }
+    for _ in 0..activity.stalls() {
+        driver.counters.bump("turn_stall");
     }
     let simulated = sim.elapsed();
     let offset = simulated - load_started.unwrap_or_default();
@@ -1345,6 +1405,14 @@ pub fn run(seed: u64, scenario: &Scenario) -> anyhow::Result<Outcome> {
         .filter_map(|rest| rest.split_whitespace().next()?.parse().ok())
         .collect();
     acked.sort_unstable();
+    if let Some(path) = std::env::var_os("TIDAL_SIM_TRACE_OUT") {
+        let mut all: Vec<String> = trace.clone();
+        all.extend(shared.trace.iter().cloned());
+        for (index, io) in cluster.wal_io.iter().enumerate() {
+            all.extend(check::batch_lines(io, &cluster.data_dirs[index].join("wal"), index));
+        }
+        let _ = std::fs::write(path, all.join("\n"));
+    }
     let trace_parts = vec![
         ("plan", plan_hash.clone()),
         ("faults", part(&mut trace.iter().filter(|line| !line.starts_with("plan")).cloned())),

@@ -36,6 +36,9 @@ struct Inbox<T> {
     ready: Condvar,
     /// Senders of a full queue wait here.
     space: Condvar,
+    /// Counts the receiver busy from a message it will take until it waits again (the
+    /// simulation's step barrier, decisions/051; counts nothing in production).
+    handoff: tidal_types::activity::Handoff,
 }
 
 impl<T> Inbox<T> {
@@ -76,6 +79,7 @@ pub(crate) fn inbox<T>(capacity: usize) -> (InboxSender<T>, InboxReceiver<T>) {
         }),
         ready: Condvar::new(),
         space: Condvar::new(),
+        handoff: tidal_types::activity::Handoff::on_current(),
     });
     (InboxSender { inbox: inbox.clone() }, InboxReceiver { inbox })
 }
@@ -133,6 +137,10 @@ impl<T> InboxSender<T> {
 
     fn push(&self, mut state: MutexGuard<'_, State<T>>, message: T, wake: impl FnOnce(&T) -> bool) {
         let notify = state.receiver_waiting && wake(&message);
+        if notify || !state.receiver_waiting {
+            // Taken before the receiver waits again: it is busy until then.
+            self.inbox.handoff.woken();
+        }
         state.queue.push_back(message);
         drop(state);
         if notify {
@@ -142,6 +150,11 @@ impl<T> InboxSender<T> {
 }
 
 impl<T> InboxReceiver<T> {
+    /// The receiver's turn to act on a message (the simulation's step barrier, decisions/051).
+    pub(crate) fn turn(&self) -> tidal_types::activity::Turn {
+        self.inbox.handoff.turn()
+    }
+
     /// The next message, waiting until one is queued AND a sender woke the receiver (or the queue
     /// is full); `None` once every sender is gone and the queue is empty. Messages queued while the
     /// receiver is awake are taken without a wake.
@@ -169,6 +182,7 @@ impl<T> InboxReceiver<T> {
         // the senders or a full queue (a sender waiting for space) ends it.
         loop {
             state.receiver_waiting = true;
+            self.inbox.handoff.parked();
             state = self.inbox.ready.wait(state).unwrap_or_else(std::sync::PoisonError::into_inner);
             state.receiver_waiting = false;
             // A spurious wake with lazy messages queued is harmless: they are taken in order.
@@ -183,6 +197,7 @@ impl<T> Drop for InboxReceiver<T> {
     fn drop(&mut self) {
         let mut state = self.inbox.lock();
         state.receiver_gone = true;
+        self.inbox.handoff.parked();
         state.queue.clear();
         drop(state);
         self.inbox.space.notify_all();

@@ -18,7 +18,6 @@
 
 use super::{ControlTiming, TypeConfig};
 use openraft::{Raft, ServerState};
-use std::hash::BuildHasher;
 use std::time::Duration;
 
 /// How long elections pause when this node starts a campaign: `election_max` plus `draw` reduced
@@ -30,9 +29,9 @@ pub fn campaign_pause(timing: ControlTiming, draw: u64) -> Duration {
     timing.election_max + Duration::from_millis(draw % spread_ms)
 }
 
-/// A random draw (std's per-process random hash keys; no extra dependency).
+/// A random draw, from the source openraft draws its timeouts from (seeded in the simulation).
 fn draw() -> u64 {
-    std::collections::hash_map::RandomState::new().hash_one(std::time::SystemTime::now())
+    rand::RngCore::next_u64(&mut super::runtime::ControlRng)
 }
 
 /// Watches this node's campaigns and pauses its elections after each start (see the module doc).

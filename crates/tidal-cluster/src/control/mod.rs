@@ -7,9 +7,11 @@
 
 pub mod campaign;
 pub mod network;
+pub mod runtime;
 pub mod store;
 pub mod types;
 
+pub use runtime::{seed_thread_rng, TidalRuntime};
 pub use store::{ControlState, LeaderStartRecord, LogStore, StateMachine, TermGate};
 pub use types::{ControlCmd, NodeInfo, TypeConfig};
 

@@ -194,12 +194,10 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         let bytes = encode(vote)?;
         let _term_lock = self.gate.lock().await;
         let store = self.store.clone();
-        tokio::task::spawn_blocking(move || {
-            store.write(vec![RaftWrite::Put(KEY_VOTE.to_vec(), bytes)], true)
-        })
-        .await
-        .map_err(|e| StorageError::from(StorageIOError::write_vote(&e)))?
-        .map_err(|e| StorageError::from(StorageIOError::write_vote(&e)))?;
+        crate::blocking::blocking(move || store.write(vec![RaftWrite::Put(KEY_VOTE.to_vec(), bytes)], true))
+            .await
+            .map_err(|e| StorageError::from(StorageIOError::write_vote(&e)))?
+            .map_err(|e| StorageError::from(StorageIOError::write_vote(&e)))?;
         self.gate.raise(Term(vote.leader_id.term));
         Ok(())
     }
@@ -233,7 +231,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             writes.push(RaftWrite::Put(log_key(entry.log_id.index), encode(&entry)?));
         }
         let store = self.store.clone();
-        let result = tokio::task::spawn_blocking(move || store.write(writes, true))
+        let result = crate::blocking::blocking(move || store.write(writes, true))
             .await
             .map_err(|e| std::io::Error::other(e.to_string()))
             .and_then(|written| written.map_err(|e| std::io::Error::other(e.to_string())));

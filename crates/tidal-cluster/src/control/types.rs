@@ -51,5 +51,5 @@ openraft::declare_raft_types!(
         Node = NodeInfo,
         Entry = openraft::Entry<TypeConfig>,
         SnapshotData = Cursor<Vec<u8>>,
-        AsyncRuntime = openraft::TokioRuntime,
+        AsyncRuntime = super::runtime::TidalRuntime,
 );

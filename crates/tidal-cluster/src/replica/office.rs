@@ -204,11 +204,7 @@ impl Replica {
                         continue;
                     }
                     if let Some(from) = quarantine_from {
-                        let wal = self.wal.clone();
-                        let report = tokio::task::spawn_blocking(move || wal.quarantine_from(from))
-                            .await
-                            .map_err(|e| e.to_string())?
-                            .map_err(|e| format!("quarantine from {from}: {e}"))?;
+                        let report = self.quarantine_from(from).await?;
                         tracing::warn!(?report, "moved a divergent suffix to quarantine");
                         self.feed.reset(self.wal.last_position());
                     }
@@ -362,10 +358,24 @@ impl Replica {
         let encoded = encode_payload(&envelope, &records);
         let request =
             AppendRequest { kind: encoded.kind, event_count: encoded.event_count, payload: encoded.payload };
-        let wal = self.wal.clone();
-        let appended = tokio::task::spawn_blocking(move || wal.append_blocking(request))
+        // Submitted from here, not from a blocking thread: the writer's completion wakes this task,
+        // and in the simulation the append is done between two steps (decisions/051).
+        let mut request = request;
+        let appended = loop {
+            let (done_tx, done_rx) = tokio::sync::oneshot::channel();
+            let done: tidal_wal::Completion = Box::new(move |result| drop(done_tx.send(result)));
+            match self.wal.submit(request, done) {
+                Ok(()) => break done_rx,
+                Err(tidal_wal::SubmitError::QueueFull(back)) => {
+                    request = back;
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                }
+                Err(error) => return Err(format!("append LeaderStart: {error}")),
+            }
+        };
+        let appended = appended
             .await
-            .map_err(|e| e.to_string())?
+            .map_err(|_| "append LeaderStart: the WAL writer stopped".to_string())?
             .map_err(|e| format!("append LeaderStart: {e}"))?;
         Ok(appended.last)
     }

@@ -97,7 +97,7 @@ impl Replica {
                 }
             }
             let db = self.db.clone();
-            let merged = tokio::task::spawn_blocking(move || -> Result<u64, String> {
+            let merged = crate::blocking::blocking(move || -> Result<u64, String> {
                 for (user, state) in &states {
                     db.negatives_merge(user, state).map_err(|e| e.to_string())?;
                 }
@@ -114,7 +114,7 @@ impl Replica {
 
     async fn negatives_digest(&self) -> Result<[u8; 32], String> {
         let db = self.db.clone();
-        tokio::task::spawn_blocking(move || db.negatives_digest().map_err(|e| e.to_string()))
+        crate::blocking::blocking(move || db.negatives_digest().map_err(|e| e.to_string()))
             .await
             .map_err(|e| e.to_string())?
     }
@@ -122,7 +122,7 @@ impl Replica {
     /// Serves a page of our hard negatives (the `Negatives` RPC).
     pub async fn serve_negatives(&self, after: String, limit: u32) -> Result<NegativesPage, String> {
         let db = self.db.clone();
-        tokio::task::spawn_blocking(move || -> Result<NegativesPage, String> {
+        crate::blocking::blocking(move || -> Result<NegativesPage, String> {
             let digest = db.negatives_digest().map_err(|e| e.to_string())?.to_vec();
             if limit == 0 {
                 return Ok((digest, Vec::new()));
