@@ -274,11 +274,6 @@ impl Handoff {
     pub fn turn(&self) -> Turn {
         self.activity.as_ref().map_or_else(Turn::none, Activity::turn)
     }
-
-    /// The activity this handoff counts on.
-    pub fn activity(&self) -> Option<Arc<Activity>> {
-        self.activity.clone()
-    }
 }
 
 impl Drop for Handoff {
