@@ -258,8 +258,7 @@ fn run(
     let mut stop = false;
     // Cuts taken so far (they come in the order `ApplierSender` counts them).
     let mut cuts = 0u64;
-    for message in &input {
-        let _turn = input.turn();
+    while let Some((message, _turn)) = input.recv_in_turn() {
         match message {
             ApplierInput::Flushed(batches) => pending.extend(batches),
             ApplierInput::Commit(seqno) => commit = commit.max(seqno),
@@ -326,7 +325,7 @@ fn run(
 /// clients do).
 fn drain_dead(input: &InboxReceiver<ApplierInput>) {
     tracing::warn!("apply probe: the node died in its applier");
-    for message in input {
+    while let Some((message, _turn)) = input.recv_in_turn() {
         match message {
             ApplierInput::Stop => return,
             ApplierInput::SnapshotInstalled { done, .. } => drop(done),

@@ -15,35 +15,60 @@
 //! set it, and every counting call is a check of that `None`.
 
 use std::cell::RefCell;
+use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-/// How long a thread waits for a step to end, or a step for the threads' turns to end, before it
-/// goes on anyway (counted in [`Activity::stalls`]): a thread the step itself waits for must not
-/// deadlock the simulation.
+/// How long a thread waits for its turn, or a step for the turns to end, before it goes on anyway
+/// (counted in [`Activity::stalls`]): a thread the step itself waits for must not deadlock the
+/// simulation.
 const TURN_WAIT_MAX: Duration = Duration::from_secs(2);
 
 /// Counts work handed to threads outside the async runtime, and keeps that work and the
 /// simulation's steps apart.
+///
+/// Turns are taken one at a time, in a fixed order: each [`Handoff`] has a rank (the order the
+/// handoffs were made in, which the steps decide), and a turn goes to the lowest-ranked waiting
+/// thread only once every thread that was woken has either asked for its turn, parked, or blocked
+/// (see [`blocked`]). Two threads that took turns side by side woke the nodes' tasks in an order
+/// the OS chose, and a node's runtime polls its tasks in wake order; one thread that got there
+/// first, before another that was still on its way, chose the order just as well.
 #[derive(Debug, Default)]
 pub struct Activity {
     busy: AtomicUsize,
     turns: Mutex<Turns>,
-    /// Signalled when the last turn ends.
-    turns_done: Condvar,
-    /// Signalled when a step ends.
-    step_done: Condvar,
+    /// Signalled whenever [`Turns`] changes.
+    changed: Condvar,
     stalls: AtomicUsize,
 }
 
 #[derive(Debug, Default)]
 struct Turns {
     stepping: bool,
+    /// Turns running (more than one only after a stall).
     inside: usize,
     /// Blocking work running that waits for the node's threads ([`carry_awaiting_threads`]):
     /// they take their turns meanwhile, step or not.
     opened: usize,
+    /// The handoffs' next rank.
+    next_rank: u64,
+    /// Ranks of the threads woken and not parked since.
+    awake: BTreeSet<u64>,
+    /// Ranks of the threads asking for a turn.
+    waiting: BTreeSet<u64>,
+    /// Ranks of the threads that left their turn to wait for another thread ([`blocked`]).
+    blocked: BTreeSet<u64>,
+}
+
+impl Turns {
+    /// Whether `rank` takes its turn now.
+    fn grants(&self, rank: u64) -> bool {
+        (!self.stepping || self.opened > 0)
+            && self.inside == 0
+            && self.waiting.first() == Some(&rank)
+            && self.awake.iter().all(|awake| self.waiting.contains(awake) || self.blocked.contains(awake))
+    }
 }
 
 impl Activity {
@@ -66,48 +91,69 @@ impl Activity {
         self.turns.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
+    /// Waits on [`Activity::changed`] until `done` or [`TURN_WAIT_MAX`] (then a stall).
+    fn wait_until<'a>(
+        &self,
+        mut turns: MutexGuard<'a, Turns>,
+        done: impl Fn(&Turns) -> bool,
+    ) -> MutexGuard<'a, Turns> {
+        let deadline = Instant::now() + TURN_WAIT_MAX;
+        while !done(&turns) {
+            let Some(left) = deadline.checked_duration_since(Instant::now()) else {
+                self.stalls.fetch_add(1, Ordering::SeqCst);
+                break;
+            };
+            turns = self.changed.wait_timeout(turns, left).unwrap_or_else(|e| e.into_inner()).0;
+        }
+        turns
+    }
+
     /// The simulation starts a step: no thread starts a turn until [`Activity::end_step`], and
-    /// this waits for the turns already started.
+    /// this waits for the turn already started.
     pub fn begin_step(&self) {
         let mut turns = self.lock();
         turns.stepping = true;
-        let deadline = Instant::now() + TURN_WAIT_MAX;
-        while turns.inside > 0 {
-            let Some(left) = deadline.checked_duration_since(Instant::now()) else {
-                self.stalls.fetch_add(1, Ordering::SeqCst);
-                return;
-            };
-            turns = self.turns_done.wait_timeout(turns, left).unwrap_or_else(|e| e.into_inner()).0;
-        }
+        drop(self.wait_until(turns, |turns| turns.inside == 0));
     }
 
     /// The simulation's step ended: threads take their turns.
     pub fn end_step(&self) {
         self.lock().stepping = false;
-        self.step_done.notify_all();
+        self.changed.notify_all();
     }
 
     /// Threads take their turns even during a step until the guard is dropped (see
     /// [`carry_awaiting_threads`]).
     fn open_turns(self: &Arc<Activity>) -> OpenTurns {
         self.lock().opened += 1;
-        self.step_done.notify_all();
+        self.changed.notify_all();
         OpenTurns(Some(self.clone()))
     }
 
-    /// A turn of a thread's own work, taken between steps (waits for a running step to end).
-    pub fn turn(self: &Arc<Activity>) -> Turn {
-        let mut turns = self.lock();
-        let deadline = Instant::now() + TURN_WAIT_MAX;
-        while turns.stepping && turns.opened == 0 {
-            let Some(left) = deadline.checked_duration_since(Instant::now()) else {
-                self.stalls.fetch_add(1, Ordering::SeqCst);
-                break;
-            };
-            turns = self.step_done.wait_timeout(turns, left).unwrap_or_else(|e| e.into_inner()).0;
-        }
-        turns.inside += 1;
+    /// A turn of the thread ranked `rank`: waits for a running step to end and for the turn's
+    /// order (see [`Activity`]).
+    fn turn(self: &Arc<Activity>, rank: u64) -> Turn {
+        self.acquire(rank);
         Turn(Some(self.clone()))
+    }
+
+    /// Waits for `rank`'s turn and takes it (the thread holds it from here).
+    fn acquire(self: &Arc<Activity>, rank: u64) {
+        let mut turns = self.lock();
+        turns.waiting.insert(rank);
+        self.changed.notify_all();
+        let mut turns = self.wait_until(turns, |turns| turns.grants(rank));
+        turns.waiting.remove(&rank);
+        turns.inside += 1;
+        drop(turns);
+        self.changed.notify_all();
+        HELD.with(|held| *held.borrow_mut() = Some((self.clone(), rank)));
+    }
+
+    /// Ends a turn (the guard's drop, or [`blocked`]).
+    fn end_turn(&self) {
+        self.lock().inside -= 1;
+        self.changed.notify_all();
     }
 
     /// Counts one piece of work until the returned guard is dropped.
@@ -115,6 +161,43 @@ impl Activity {
         self.busy.fetch_add(1, Ordering::SeqCst);
         Busy(Some(self.clone()))
     }
+
+    fn new_rank(&self) -> u64 {
+        let mut turns = self.lock();
+        turns.next_rank += 1;
+        turns.next_rank
+    }
+
+    fn set_awake(&self, rank: u64, awake: bool) {
+        let mut turns = self.lock();
+        if awake {
+            turns.awake.insert(rank);
+        } else {
+            turns.awake.remove(&rank);
+        }
+        drop(turns);
+        self.changed.notify_all();
+    }
+}
+
+/// Runs `wait`, a wait for another thread, outside this thread's turn if it holds one: the turn
+/// ends, the thread counts as blocked (turns go on without it), and it asks for its turn again
+/// once `wait` returns. A thread that waited inside its turn for one that needs a turn would stall.
+pub fn blocked<R>(wait: impl FnOnce() -> R) -> R {
+    let Some((activity, rank)) = HELD.with(|held| held.borrow_mut().take()) else {
+        return wait();
+    };
+    {
+        let mut turns = activity.lock();
+        turns.inside -= 1;
+        turns.blocked.insert(rank);
+    }
+    activity.changed.notify_all();
+    let result = wait();
+    activity.lock().blocked.remove(&rank);
+    // The same turn again (its guard is still held by the caller).
+    activity.acquire(rank);
+    result
 }
 
 /// One piece of counted work; done when dropped.
@@ -137,7 +220,7 @@ impl Drop for Busy {
     }
 }
 
-/// A thread's turn (see [`Activity::turn`]); ends when dropped.
+/// A thread's turn (see [`Handoff::turn`]); ends when dropped.
 #[derive(Debug)]
 #[must_use = "the turn ends when the guard is dropped"]
 pub struct Turn(Option<Arc<Activity>>);
@@ -152,12 +235,8 @@ impl Turn {
 impl Drop for Turn {
     fn drop(&mut self) {
         if let Some(activity) = self.0.take() {
-            let mut turns = activity.lock();
-            turns.inside -= 1;
-            if turns.inside == 0 {
-                drop(turns);
-                activity.turns_done.notify_all();
-            }
+            HELD.with(|held| held.borrow_mut().take());
+            activity.end_turn();
         }
     }
 }
@@ -169,12 +248,15 @@ impl Drop for OpenTurns {
     fn drop(&mut self) {
         if let Some(activity) = self.0.take() {
             activity.lock().opened -= 1;
+            activity.changed.notify_all();
         }
     }
 }
 
 thread_local! {
     static CURRENT: RefCell<Option<Arc<Activity>>> = const { RefCell::new(None) };
+    /// The turn this thread holds, with its rank (for [`blocked`]).
+    static HELD: RefCell<Option<(Arc<Activity>, u64)>> = const { RefCell::new(None) };
 }
 
 /// The activity work started on this thread counts on, if any.
@@ -238,13 +320,17 @@ fn carry_as<R>(work: impl FnOnce() -> R, awaiting_threads: bool) -> impl FnOnce(
 #[derive(Debug, Default)]
 pub struct Handoff {
     activity: Option<Arc<Activity>>,
+    /// Its place in the order of turns.
+    rank: u64,
     woken: AtomicBool,
 }
 
 impl Handoff {
     /// A handoff on this thread's activity (counting nothing without one).
     pub fn on_current() -> Handoff {
-        Handoff { activity: current(), woken: AtomicBool::new(false) }
+        let activity = current();
+        let rank = activity.as_ref().map_or(0, |activity| activity.new_rank());
+        Handoff { activity, rank, woken: AtomicBool::new(false) }
     }
 
     /// The thread is being woken for work.
@@ -252,6 +338,7 @@ impl Handoff {
         if let Some(activity) = &self.activity {
             if !self.woken.swap(true, Ordering::SeqCst) {
                 activity.busy.fetch_add(1, Ordering::SeqCst);
+                activity.set_awake(self.rank, true);
             }
         }
     }
@@ -260,6 +347,7 @@ impl Handoff {
     pub fn parked(&self) {
         if let Some(activity) = &self.activity {
             if self.woken.swap(false, Ordering::SeqCst) {
+                activity.set_awake(self.rank, false);
                 activity.busy.fetch_sub(1, Ordering::SeqCst);
             }
         }
@@ -270,9 +358,9 @@ impl Handoff {
         self.activity.is_some()
     }
 
-    /// A turn of the thread's work (see [`Activity::turn`]).
+    /// A turn of the thread's work (see [`Activity`]: one thread at a time, in rank order).
     pub fn turn(&self) -> Turn {
-        self.activity.as_ref().map_or_else(Turn::none, Activity::turn)
+        self.activity.as_ref().map_or_else(Turn::none, |activity| activity.turn(self.rank))
     }
 }
 
@@ -325,16 +413,26 @@ mod tests {
         assert_eq!(activity.busy(), 0, "a thread that ended is not busy");
     }
 
+    /// A handoff on `activity`, woken.
+    fn woken_handoff(activity: &Arc<Activity>) -> Handoff {
+        set_current(Some(activity.clone()));
+        let handoff = Handoff::on_current();
+        set_current(None);
+        handoff.woken();
+        handoff
+    }
+
     #[test]
     fn a_turn_waits_for_the_step_and_a_step_waits_for_the_turns() {
         let activity = Activity::new();
         activity.begin_step();
         let (tx, rx) = std::sync::mpsc::channel();
         let ended = Arc::new(AtomicBool::new(false));
+        let handoff = woken_handoff(&activity);
         let thread = {
-            let (activity, ended) = (activity.clone(), ended.clone());
+            let ended = ended.clone();
             std::thread::spawn(move || {
-                let turn = activity.turn();
+                let turn = handoff.turn();
                 tx.send(()).unwrap();
                 // A turn that lasts: a step that did not wait for it would find it running.
                 std::thread::sleep(Duration::from_millis(50));
@@ -355,16 +453,72 @@ mod tests {
     #[test]
     fn blocking_work_that_awaits_the_threads_lets_them_take_turns_during_a_step() {
         let activity = Activity::new();
+        let handoff = woken_handoff(&activity);
         set_current(Some(activity.clone()));
         activity.begin_step();
-        let work = carry_awaiting_threads({
-            let activity = activity.clone();
-            move || std::thread::spawn(move || drop(activity.turn())).join().unwrap()
-        });
+        let work =
+            carry_awaiting_threads(move || std::thread::spawn(move || drop(handoff.turn())).join().unwrap());
         set_current(None);
         work();
         activity.end_step();
         assert_eq!(activity.stalls(), 0, "the thread got its turn without waiting out the step");
         assert_eq!(activity.busy(), 0);
+    }
+
+    #[test]
+    fn turns_go_one_at_a_time_in_rank_order_once_every_woken_thread_asked() {
+        let activity = Activity::new();
+        let first = woken_handoff(&activity);
+        let second = woken_handoff(&activity);
+        let order = Arc::new(Mutex::new(Vec::new()));
+        let inside = Arc::new(AtomicUsize::new(0));
+        let take = |handoff: Handoff, name: &'static str, delay: Duration| {
+            let (order, inside) = (order.clone(), inside.clone());
+            std::thread::spawn(move || {
+                std::thread::sleep(delay);
+                let turn = handoff.turn();
+                assert_eq!(inside.fetch_add(1, Ordering::SeqCst), 0, "turns overlap");
+                order.lock().unwrap().push(name);
+                std::thread::sleep(Duration::from_millis(20));
+                inside.fetch_sub(1, Ordering::SeqCst);
+                drop(turn);
+                handoff.parked();
+            })
+        };
+        // The second-ranked thread asks first; the first-ranked one is still on its way.
+        let late = take(first, "first", Duration::from_millis(100));
+        let early = take(second, "second", Duration::ZERO);
+        late.join().unwrap();
+        early.join().unwrap();
+        assert_eq!(*order.lock().unwrap(), ["first", "second"]);
+        assert_eq!(activity.stalls(), 0);
+        assert_eq!(activity.busy(), 0);
+    }
+
+    #[test]
+    fn a_thread_blocked_on_another_leaves_its_turn_meanwhile() {
+        let activity = Activity::new();
+        let waiter = woken_handoff(&activity);
+        let feeder = woken_handoff(&activity);
+        let (tx, rx) = std::sync::mpsc::channel();
+        let waiting = std::thread::spawn(move || {
+            let turn = waiter.turn();
+            // Waits for the other thread, which needs a turn to send.
+            let got = blocked(|| rx.recv().unwrap());
+            drop(turn);
+            waiter.parked();
+            got
+        });
+        let feeding = std::thread::spawn(move || {
+            // Asks after the waiter holds its turn (it ranks first, so it goes first).
+            std::thread::sleep(Duration::from_millis(50));
+            let turn = feeder.turn();
+            tx.send(7).unwrap();
+            drop(turn);
+            feeder.parked();
+        });
+        feeding.join().unwrap();
+        assert_eq!(waiting.join().unwrap(), 7);
+        assert_eq!(activity.stalls(), 0, "no turn waited out its limit");
     }
 }

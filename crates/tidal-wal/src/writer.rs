@@ -458,7 +458,9 @@ impl Writer {
         mut queue: std::sync::MutexGuard<'a, crate::shared::Queue>,
     ) -> std::sync::MutexGuard<'a, crate::shared::Queue> {
         let target = std::mem::take(&mut self.last_drain_requests);
-        if target == 0 || queue.requests.len() >= target {
+        // A gather waits on the real clock for writers that, in a simulation, cannot come while
+        // this thread holds its turn (decisions/052).
+        if target == 0 || queue.requests.len() >= target || self.shared.handoff.counted() {
             return queue;
         }
         if matches!(queue.requests.front().map(|front| &front.work), Some(Work::Truncate(_))) {

@@ -40,12 +40,27 @@ struct Row {
     faults: Counters,
 }
 
+/// Log lines carry the simulated time (the host's clock), so two replays' logs can be diffed.
+/// Lines from outside a host (the nodes' own threads) carry `-`.
+struct SimTime;
+
+impl tracing_subscriber::fmt::time::FormatTime for SimTime {
+    fn format_time(&self, writer: &mut tracing_subscriber::fmt::format::Writer<'_>) -> std::fmt::Result {
+        match turmoil::sim_elapsed() {
+            Some(elapsed) => write!(writer, "{:>10.6}", elapsed.as_secs_f64()),
+            None => write!(writer, "{:>10}", "-"),
+        }
+    }
+}
+
 fn main() -> anyhow::Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("TIDAL_SIM_LOG").unwrap_or_else(|_| "off".into()),
         )
         .with_writer(std::io::stderr)
+        .with_timer(SimTime)
+        .with_thread_ids(false)
         .init();
     let mut args = std::env::args().skip(1);
     let mut seed: Option<u64> = std::env::var("TIDAL_SIM_SEED").ok().and_then(|value| value.parse().ok());

@@ -290,7 +290,9 @@ async fn write_one(workload: &Workload, shared: &Rc<RefCell<Shared>>, id: u64) {
     for attempt in 0..WRITE_ATTEMPTS {
         let node = shared.borrow().leader_guess;
         shared.borrow_mut().stats.attempts += 1;
+        tracing::info!(target: "simwl", id, node, attempt, "send");
         let answer = request(&host(node), method, &path, Some(body.clone()), &headers, REQUEST_TIMEOUT).await;
+        tracing::info!(target: "simwl", id, node, attempt, answer = ?answer.as_ref().map(|a| a.status), "answer");
         match answer {
             Ok(Answer { status: 200..=299, body }) => {
                 let seqno = serde_json::from_slice::<serde_json::Value>(&body)

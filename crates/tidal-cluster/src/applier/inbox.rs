@@ -115,7 +115,10 @@ impl<T> InboxSender<T> {
                 break;
             }
             state.senders_waiting += 1;
-            state = self.inbox.space.wait(state).unwrap_or_else(std::sync::PoisonError::into_inner);
+            // The receiver needs its turn to make space (the simulation, decisions/052).
+            state = tidal_types::activity::blocked(|| {
+                self.inbox.space.wait(state).unwrap_or_else(std::sync::PoisonError::into_inner)
+            });
             state.senders_waiting -= 1;
         }
         self.push(state, message, wake);
@@ -150,9 +153,35 @@ impl<T> InboxSender<T> {
 }
 
 impl<T> InboxReceiver<T> {
-    /// The receiver's turn to act on a message (the simulation's step barrier, decisions/051).
-    pub(crate) fn turn(&self) -> tidal_types::activity::Turn {
-        self.inbox.handoff.turn()
+    /// The next message with the receiver's turn to act on it (the simulation's step barrier,
+    /// decisions/051): the message is taken inside the turn, so what the queue holds then does not
+    /// depend on when other threads' turns ran (decisions/052). `None` as for
+    /// [`InboxReceiver::recv`].
+    pub(crate) fn recv_in_turn(&self) -> Option<(T, tidal_types::activity::Turn)> {
+        if !self.inbox.handoff.counted() {
+            return self.recv().map(|message| (message, tidal_types::activity::Turn::none()));
+        }
+        loop {
+            let mut state = self.inbox.lock();
+            while state.queue.is_empty() {
+                if state.senders == 0 {
+                    return None;
+                }
+                state = self.wait(state);
+            }
+            drop(state);
+            let turn = self.inbox.handoff.turn();
+            let mut state = self.inbox.lock();
+            // Only this receiver takes messages: the queue still holds the one seen above.
+            if let Some(message) = state.queue.pop_front() {
+                let notify = state.senders_waiting > 0;
+                drop(state);
+                if notify {
+                    self.inbox.space.notify_all();
+                }
+                return Some((message, turn));
+            }
+        }
     }
 
     /// The next message, waiting until one is queued AND a sender woke the receiver (or the queue
