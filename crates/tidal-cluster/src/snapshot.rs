@@ -663,13 +663,16 @@ impl SnapshotSource {
         let path = self.dir.join(format!("{SERVE_PREFIX}{}-{id}.snap", request.node));
         let (tx, rx) = tokio::sync::mpsc::channel(SERVE_CHANNEL_CHUNKS);
         let (db, wal, pins) = (self.db.clone(), self.wal.clone(), self.pins.clone());
-        tokio::task::spawn_blocking(move || {
+        // An async task doing one blocking call per step (the cut, then each chunk's read): a
+        // blocking thread feeding the channel woke the RPC's task at OS-chosen moments, and a
+        // simulation's replay differed (decisions/052).
+        tokio::spawn(async move {
             let _permit = permit;
-            if let Err(error) = serve_file(&db, &wal, &pins, request.node, &path, &tx) {
+            if let Err(error) = serve_file(db, wal, pins, request.node, path.clone(), &tx).await {
                 tracing::warn!(follower = %request.node, "failed to serve a snapshot: {error}");
-                let _ = tx.blocking_send(Err(tonic::Status::internal(error.to_string())));
+                let _ = tx.send(Err(tonic::Status::internal(error.to_string()))).await;
             }
-            if let Err(error) = remove_if_present(&path) {
+            if let Err(error) = off_the_runtime(move || remove_if_present(&path)).await {
                 tracing::warn!("failed to {error}");
             }
         });
@@ -680,33 +683,41 @@ impl SnapshotSource {
 type ChunkSender = tokio::sync::mpsc::Sender<Result<SnapshotChunk, tonic::Status>>;
 
 /// Cuts the snapshot into `path`, pins it, and sends it; returns early if the receiver goes away.
-fn serve_file(
-    db: &TidalDb,
-    wal: &Wal,
-    pins: &SnapshotPins,
+async fn serve_file(
+    db: Arc<TidalDb>,
+    wal: Wal,
+    pins: SnapshotPins,
     follower: NodeId,
-    path: &Path,
+    path: PathBuf,
     tx: &ChunkSender,
 ) -> Result<(), InstallError> {
     let started = Instant::now();
-    // Pinned BEFORE the cut, at what fjall holds now: the cut's seqno is at or above it, and a
-    // checkpoint taken while the cut runs could otherwise let a purge pass the cut's seqno + 1.
-    let pin = pins.pin(follower, db.flushed_applied_seqno());
-    let file = File::create(path).map_err(io("create snapshot file"))?;
-    let (info, _) = db.export_snapshot(std::io::BufWriter::new(file), |seqno| wal.term_at(seqno))?;
-    pin.raise_to(info.position.seqno);
-    let history: Vec<TermSeqno> =
-        wal.term_history().into_iter().filter(|entry| entry.seqno <= info.position.seqno).collect();
+    let (_pin, info, history, mut file) = off_the_runtime(move || {
+        // Pinned BEFORE the cut, at what fjall holds now: the cut's seqno is at or above it, and a
+        // checkpoint taken while the cut runs could otherwise let a purge pass the cut's seqno + 1.
+        let pin = pins.pin(follower, db.flushed_applied_seqno());
+        let file = File::create(&path).map_err(io("create snapshot file"))?;
+        let (info, _) = db.export_snapshot(std::io::BufWriter::new(file), |seqno| wal.term_at(seqno))?;
+        pin.raise_to(info.position.seqno);
+        let history: Vec<TermSeqno> =
+            wal.term_history().into_iter().filter(|entry| entry.seqno <= info.position.seqno).collect();
+        Ok((pin, info, history, open(&path)?))
+    })
+    .await?;
     let cut = started.elapsed();
-    let mut file = open(path)?;
     let mut offset = 0u64;
     let mut history = Some(history);
     loop {
-        let mut data = Vec::with_capacity(SNAPSHOT_CHUNK_BYTES);
-        (&mut file)
-            .take(SNAPSHOT_CHUNK_BYTES as u64)
-            .read_to_end(&mut data)
-            .map_err(io("read snapshot file"))?;
+        let (data, back) = off_the_runtime(move || {
+            let mut data = Vec::with_capacity(SNAPSHOT_CHUNK_BYTES);
+            (&mut file)
+                .take(SNAPSHOT_CHUNK_BYTES as u64)
+                .read_to_end(&mut data)
+                .map_err(io("read snapshot file"))?;
+            Ok((data, file))
+        })
+        .await?;
+        file = back;
         let end = offset + data.len() as u64;
         if data.is_empty() && end != info.bytes {
             return Err(stream_error(&format!("snapshot file ends at {end} of {} bytes", info.bytes)));
@@ -720,7 +731,7 @@ fn serve_file(
             data,
             last,
         };
-        if tx.blocking_send(Ok(chunk)).is_err() {
+        if tx.send(Ok(chunk)).await.is_err() {
             tracing::info!(%follower, sent = offset, "snapshot receiver went away");
             return Ok(());
         }
@@ -731,6 +742,14 @@ fn serve_file(
     }
     tracing::info!(%follower, position = %info.position, bytes = info.bytes, ?cut, elapsed = ?started.elapsed(), "snapshot served");
     Ok(())
+}
+
+/// Runs engine and file work that does not wait for the node's threads off the async workers
+/// ([`crate::blocking`]).
+async fn off_the_runtime<T: Send + 'static>(
+    work: impl FnOnce() -> Result<T, InstallError> + Send + 'static,
+) -> Result<T, InstallError> {
+    crate::blocking::blocking(work).await.map_err(|error| stream_error(&error.to_string()))?
 }
 
 // ---------------------------------------------------------------- helpers

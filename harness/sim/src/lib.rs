@@ -1405,7 +1405,10 @@ pub fn run(seed: u64, scenario: &Scenario) -> anyhow::Result<Outcome> {
         .filter_map(|rest| rest.split_whitespace().next()?.parse().ok())
         .collect();
     acked.sort_unstable();
-    if let Some(path) = std::env::var_os("TIDAL_SIM_TRACE_OUT") {
+    if let Some(path) = std::env::var("TIDAL_SIM_TRACE_OUT").ok() {
+        // `%n` in the path numbers the runs of this process (two replays in one test).
+        static RUNS: AtomicU64 = AtomicU64::new(0);
+        let path = path.replace("%n", &RUNS.fetch_add(1, Ordering::SeqCst).to_string());
         let mut all: Vec<String> = trace.clone();
         all.extend(shared.trace.iter().cloned());
         for (index, io) in cluster.wal_io.iter().enumerate() {
