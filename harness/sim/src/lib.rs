@@ -1033,7 +1033,29 @@ impl Drop for ActivityScope {
     }
 }
 
+/// tokio numbers its tasks from one counter per process, and a runtime that shuts down (a crashed
+/// host) drops its tasks in shards by that number modulo a power of two (4 for a host's runtime),
+/// each task closing its sockets as it goes: the FINs, and the latencies drawn for them, came in an
+/// order that depended on how many tasks the process had made before the run. A run that followed
+/// another in the same process (a sweep, the determinism measurement) did not replay alone.
+/// Spawning empty tasks until the next number is a multiple of [`TASK_ID_ALIGN`] starts every run
+/// at the same place modulo it (decisions/052).
+fn align_task_ids() -> anyhow::Result<()> {
+    let runtime = tokio::runtime::Builder::new_current_thread().build()?;
+    for _ in 0..TASK_ID_ALIGN {
+        let id: u64 = runtime.spawn(async {}).id().to_string().parse()?;
+        if (id + 1) % TASK_ID_ALIGN == 0 {
+            return Ok(());
+        }
+    }
+    anyhow::bail!("tokio's task numbers did not reach a multiple of {TASK_ID_ALIGN}")
+}
+
+/// See [`align_task_ids`]: a multiple of every shard count tokio uses for a one-thread runtime.
+const TASK_ID_ALIGN: u64 = 64;
+
 pub fn run(seed: u64, scenario: &Scenario) -> anyhow::Result<Outcome> {
+    align_task_ids()?;
     let mut rng = rng::Rng::new(seed);
     // Every simulated host runs on this thread: openraft's election timeouts and the campaign
     // pauses are drawn from the seed (decisions/051).
