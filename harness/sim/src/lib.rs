@@ -1318,6 +1318,14 @@ pub fn run(seed: u64, scenario: &Scenario) -> anyhow::Result<Outcome> {
         }
     }
     let Driver { mut counters, trace, mut violations, file_refusals, file_window, .. } = driver;
+    // Files in the trace are named under the run's temp dir, which differs between replays.
+    let trace: Vec<String> = match cluster.data_dirs.first().and_then(|dir| dir.parent()) {
+        Some(root) => {
+            let root = root.display().to_string();
+            trace.into_iter().map(|line| line.replace(&root, "<run>")).collect()
+        }
+        None => trace,
+    };
     drop(sim);
     for (node, tap) in cluster.redelivery.iter().enumerate() {
         let Some(tap) = tap else { continue };
