@@ -653,8 +653,8 @@ const INCARNATION_FILE: &str = "incarnation";
 /// This node's incarnation in the hard-negatives CRDT (its actor is `(node id, incarnation)`): read
 /// from `data_dir/incarnation`, or drawn anew when the state is fresh (a wiped data dir must never
 /// reuse a dot it issued before: peers already saw those dots and would drop new items under them).
-/// Drawn from the time, the process id and the path through BLAKE3; persisted write-then-rename,
-/// fsynced, before the engine opens.
+/// A random draw and the dir's name through BLAKE3 (the draw comes from the seed in a simulation,
+/// decisions/052); persisted write-then-rename, fsynced, before the engine opens.
 fn incarnation(data_dir: &std::path::Path) -> anyhow::Result<u64> {
     let path = data_dir.join(INCARNATION_FILE);
     let fresh_state = !data_dir.join("state").exists();
@@ -666,13 +666,11 @@ fn incarnation(data_dir: &std::path::Path) -> anyhow::Result<u64> {
                 .with_context(|| format!("{} does not hold an unsigned integer", path.display()));
         }
     }
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |elapsed| elapsed.as_nanos());
+    // A random draw: the OS-seeded generator in production, the seed in a simulation (the clock
+    // and the process id it was drawn from before made a replay's negatives differ).
     let mut hasher = blake3::Hasher::new();
-    hasher.update(&nanos.to_le_bytes());
-    hasher.update(&std::process::id().to_le_bytes());
-    hasher.update(data_dir.as_os_str().as_encoded_bytes());
+    hasher.update(&tidal_cluster::control::runtime::random_u64().to_le_bytes());
+    hasher.update(data_dir.file_name().unwrap_or(data_dir.as_os_str()).as_encoded_bytes());
     let hash = hasher.finalize();
     let mut first = [0u8; 8];
     first.copy_from_slice(&hash.as_bytes()[..8]);

@@ -1044,7 +1044,7 @@ fn align_task_ids() -> anyhow::Result<()> {
     let runtime = tokio::runtime::Builder::new_current_thread().build()?;
     for _ in 0..TASK_ID_ALIGN {
         let id: u64 = runtime.spawn(async {}).id().to_string().parse()?;
-        if (id + 1) % TASK_ID_ALIGN == 0 {
+        if (id + 1).is_multiple_of(TASK_ID_ALIGN) {
             return Ok(());
         }
     }
@@ -1435,7 +1435,7 @@ pub fn run(seed: u64, scenario: &Scenario) -> anyhow::Result<Outcome> {
         .filter_map(|rest| rest.split_whitespace().next()?.parse().ok())
         .collect();
     acked.sort_unstable();
-    if let Some(path) = std::env::var("TIDAL_SIM_TRACE_OUT").ok() {
+    if let Ok(path) = std::env::var("TIDAL_SIM_TRACE_OUT") {
         // `%n` in the path numbers the runs of this process (two replays in one test).
         static RUNS: AtomicU64 = AtomicU64::new(0);
         let path = path.replace("%n", &RUNS.fetch_add(1, Ordering::SeqCst).to_string());

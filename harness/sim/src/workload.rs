@@ -290,9 +290,8 @@ async fn write_one(workload: &Workload, shared: &Rc<RefCell<Shared>>, id: u64) {
     for attempt in 0..WRITE_ATTEMPTS {
         let node = shared.borrow().leader_guess;
         shared.borrow_mut().stats.attempts += 1;
-        tracing::info!(target: "simwl", id, node, attempt, "send");
         let answer = request(&host(node), method, &path, Some(body.clone()), &headers, REQUEST_TIMEOUT).await;
-        tracing::info!(target: "simwl", id, node, attempt, answer = ?answer.as_ref().map(|a| a.status), "answer");
+        tracing::debug!(id, node, attempt, status = ?answer.as_ref().map(|answer| answer.status), "write answered");
         match answer {
             Ok(Answer { status: 200..=299, body }) => {
                 let seqno = serde_json::from_slice::<serde_json::Value>(&body)
@@ -302,7 +301,9 @@ async fn write_one(workload: &Workload, shared: &Rc<RefCell<Shared>>, id: u64) {
                 match seqno {
                     Some(seqno) => {
                         shared.stats.acked += 1;
-                        shared.trace.push(format!("ack {id} {seqno} n{}", node + 1));
+                        // With the simulated time it came in: a replay must match it to the ms.
+                        let at = turmoil::sim_elapsed().map_or(0, |elapsed| elapsed.as_millis());
+                        shared.trace.push(format!("ack {id} {seqno} n{} at {at} ms", node + 1));
                         shared.acks.push(Ack { id, item, seqno, node });
                     }
                     None => shared.violations.push(format!("write {id}: 2xx without a seqno")),

@@ -24,6 +24,12 @@ pub fn seed_thread_rng(seed: Option<u64>) {
     SEEDED.with(|seeded| *seeded.borrow_mut() = seed.map(rand::rngs::StdRng::seed_from_u64));
 }
 
+/// A draw from [`ControlRng`]: from the seed on a thread given one (the simulation), else from the
+/// OS-seeded thread generator.
+pub fn random_u64() -> u64 {
+    ControlRng.next_u64()
+}
+
 /// The control plane's random source: the thread's seeded generator if it has one, else
 /// `rand::thread_rng()`.
 #[derive(Clone, Copy, Debug, Default)]
