@@ -1040,15 +1040,20 @@ impl Drop for ActivityScope {
 /// another in the same process (a sweep, the determinism measurement) did not replay alone.
 /// Spawning empty tasks until the next number is a multiple of [`TASK_ID_ALIGN`] starts every run
 /// at the same place modulo it (decisions/052).
+///
+/// Runs on other threads of the process (`cargo test`'s test threads, the crash sweep's jobs) take
+/// numbers from the same counter meanwhile: then no alignment holds, and after a bounded number of
+/// tries the run goes on without one (`tidal-sim --jobs` runs each run in a process of its own).
 fn align_task_ids() -> anyhow::Result<()> {
     let runtime = tokio::runtime::Builder::new_current_thread().build()?;
-    for _ in 0..TASK_ID_ALIGN {
+    for _ in 0..TASK_ID_ALIGN * 16 {
         let id: u64 = runtime.spawn(async {}).id().to_string().parse()?;
         if (id + 1).is_multiple_of(TASK_ID_ALIGN) {
             return Ok(());
         }
     }
-    anyhow::bail!("tokio's task numbers did not reach a multiple of {TASK_ID_ALIGN}")
+    tracing::warn!("tokio's task numbers are taken by other threads too: this run may not replay alone");
+    Ok(())
 }
 
 /// See [`align_task_ids`]: a multiple of every shard count tokio uses for a one-thread runtime.

@@ -9,12 +9,14 @@
 //!   entries), then the sweep; progress lines, a summary table (runs, faults injected by class,
 //!   violations, by scenario), and the last line exactly `chaos: <runs> runs, <violations> violations`.
 //! - `--regressions` replays only the regressions file (`--open` adds its open entries).
-//! - `--jobs J` runs J simulations at once (each on its own thread; default 1).
+//! - `--jobs J` runs J simulations at once (default 1). With J > 1 each run is a child process of
+//!   its own (`--report-json`), so that runs do not share tokio's process-wide task numbers and
+//!   every run replays alone exactly as it ran in the sweep (decisions/052).
 //! - `--crash-sweep [--ks 1,2,4] [--seed S]` (what `make crash-sweep` runs): the crash-point sweep
 //!   (every durability boundary x k x lost/torn, one run each; `crashpoint.rs`). The last line is
 //!   `crash-points: <covered>/<total> points, <runs> runs, <lost> acknowledged writes lost, <v> violations`.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
@@ -27,6 +29,58 @@ fn usage() -> ! {
         Scenario::names().join("|")
     );
     std::process::exit(2)
+}
+
+/// What the sweep keeps of one run; a child process (`--report-json`) prints it as one JSON line
+/// after [`REPORT_PREFIX`].
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Report {
+    summary: String,
+    acked: u64,
+    counters: BTreeMap<String, u64>,
+    violations: Vec<String>,
+    story: Vec<String>,
+}
+
+const REPORT_PREFIX: &str = "REPORT ";
+
+impl Report {
+    fn of(outcome: &Outcome) -> Report {
+        Report {
+            summary: outcome.summary(),
+            acked: outcome.stats.acked,
+            counters: outcome.counters.0.iter().map(|(class, count)| (class.to_string(), *count)).collect(),
+            violations: outcome.violations.clone(),
+            story: outcome.story.clone(),
+        }
+    }
+}
+
+/// Runs `seed` of `scenario` in a child process of this binary and reads its report.
+fn run_in_child(seed: u64, scenario: &Scenario) -> anyhow::Result<Report> {
+    let output = std::process::Command::new(std::env::current_exe()?)
+        .args(["--seed", &seed.to_string(), "--scenario", scenario.name, "--report-json"])
+        .stderr(std::process::Stdio::inherit())
+        .output()?;
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let line = stdout.lines().find_map(|line| line.strip_prefix(REPORT_PREFIX)).ok_or_else(|| {
+        anyhow::anyhow!(
+            "seed {seed} of {}: the child ended ({}) without a report",
+            scenario.name,
+            output.status
+        )
+    })?;
+    Ok(serde_json::from_str(line)?)
+}
+
+/// Counter classes read back from children, each leaked once (they are a few dozen names).
+fn class_name(names: &mut HashMap<String, &'static str>, class: &str) -> &'static str {
+    if let Some(name) = names.get(class) {
+        return name;
+    }
+    let name: &'static str = Box::leak(class.to_string().into_boxed_str());
+    names.insert(class.to_string(), name);
+    name
 }
 
 /// Per-scenario totals of a sweep.
@@ -68,6 +122,7 @@ fn main() -> anyhow::Result<()> {
     let mut first: u64 = 1;
     let mut scenario: Option<String> = None;
     let (mut chaos, mut only_regressions, mut open) = (false, false, false);
+    let mut report_json = false;
     let mut crash_sweep = false;
     let mut ks: Vec<u64> = vec![1, 2, 3, 5, 8];
     let mut jobs = 1usize;
@@ -77,6 +132,7 @@ fn main() -> anyhow::Result<()> {
             "--crash-sweep" => crash_sweep = true,
             "--regressions" => only_regressions = true,
             "--open" => open = true,
+            "--report-json" => report_json = true,
             flag => {
                 let value = args.next().unwrap_or_else(|| usage());
                 match flag {
@@ -143,10 +199,21 @@ fn main() -> anyhow::Result<()> {
             }
         }
     }
+    if report_json {
+        // A child of a sweep with `--jobs` > 1: one run, one report line.
+        let [(seed, scenario, _)] = runs.as_slice() else {
+            anyhow::bail!("--report-json runs exactly one seed of one scenario");
+        };
+        let outcome = run(*seed, scenario)?;
+        println!("{REPORT_PREFIX}{}", serde_json::to_string(&Report::of(&outcome))?);
+        return Ok(());
+    }
     let started = Instant::now();
     let total = runs.len();
+    let isolated = jobs > 1;
+    let mut names = HashMap::new();
     let next = AtomicUsize::new(0);
-    let (sender, receiver) = mpsc::channel::<(usize, anyhow::Result<Outcome>, Duration)>();
+    let (sender, receiver) = mpsc::channel::<(usize, anyhow::Result<Report>, Duration)>();
     let mut rows: BTreeMap<&'static str, Row> = BTreeMap::new();
     let mut totals = Counters::default();
     let (mut failed, mut violations, mut done) = (0u64, 0u64, 0usize);
@@ -158,7 +225,11 @@ fn main() -> anyhow::Result<()> {
                 let index = next.fetch_add(1, Ordering::SeqCst);
                 let Some((seed, scenario, _)) = runs.get(index) else { return };
                 let run_started = Instant::now();
-                let outcome = run(*seed, scenario);
+                let outcome = if isolated {
+                    run_in_child(*seed, scenario)
+                } else {
+                    run(*seed, scenario).map(|outcome| Report::of(&outcome))
+                };
                 if sender.send((index, outcome, run_started.elapsed())).is_err() {
                     return;
                 }
@@ -171,19 +242,26 @@ fn main() -> anyhow::Result<()> {
             done += 1;
             println!(
                 "[{done}/{total}] {} | wall {:.1}s{}",
-                outcome.summary(),
+                outcome.summary,
                 wall.as_secs_f64(),
                 match *origin {
                     "regression" => " | regression",
                     _ => "",
                 }
             );
+            let counters = Counters(
+                outcome
+                    .counters
+                    .iter()
+                    .map(|(class, count)| (class_name(&mut names, class), *count))
+                    .collect(),
+            );
             let row = rows.entry(scenario.name).or_default();
             row.runs += 1;
-            row.acked += outcome.stats.acked;
+            row.acked += outcome.acked;
             row.wall += wall;
-            row.faults.add(&outcome.counters);
-            if !outcome.passed() {
+            row.faults.add(&counters);
+            if !outcome.violations.is_empty() {
                 failed += 1;
                 row.failed += 1;
                 row.violations += outcome.violations.len() as u64;
@@ -199,7 +277,7 @@ fn main() -> anyhow::Result<()> {
                     scenario.name
                 );
             }
-            totals.add(&outcome.counters);
+            totals.add(&counters);
         }
         Ok(())
     })?;
