@@ -510,8 +510,8 @@ mod tests {
             got
         });
         let feeding = std::thread::spawn(move || {
-            // Asks after the waiter holds its turn (it ranks first, so it goes first).
-            std::thread::sleep(Duration::from_millis(50));
+            // The waiter ranks first and is awake: this turn comes after the waiter's has started,
+            // whichever thread asks first.
             let turn = feeder.turn();
             tx.send(7).unwrap();
             drop(turn);
