@@ -369,7 +369,7 @@ async fn receive(
         let mut writing = file.take().expect("the file is put back after every write");
         let data = std::mem::take(&mut chunk.data);
         file = Some(
-            blocking(move || writing.write_all(&data).map(|()| writing).map_err(io("write snapshot")))
+            off_the_runtime(move || writing.write_all(&data).map(|()| writing).map_err(io("write snapshot")))
                 .await?,
         );
         let step = InstallProgress { position, received_bytes: received, total_bytes };
@@ -382,7 +382,7 @@ async fn receive(
     }
     let file = file.expect("the file is put back after every write");
     let dimension = local.db.config().dimension;
-    blocking(move || {
+    off_the_runtime(move || {
         let installing = dir.join(INSTALL_FILE);
         crate::files::step(FileStep::Fsync, &installing, &[]).map_err(io("fsync incoming snapshot"))?;
         file.sync_all().map_err(io("fsync incoming snapshot"))?;
@@ -745,7 +745,8 @@ async fn serve_file(
 }
 
 /// Runs engine and file work that does not wait for the node's threads off the async workers
-/// ([`crate::blocking`]).
+/// ([`crate::blocking`]: inline in a simulation). Work that waits for them goes through
+/// [`blocking`].
 async fn off_the_runtime<T: Send + 'static>(
     work: impl FnOnce() -> Result<T, InstallError> + Send + 'static,
 ) -> Result<T, InstallError> {
@@ -780,7 +781,9 @@ fn remove_if_present(path: &Path) -> Result<(), InstallError> {
     }
 }
 
-/// Runs blocking file and engine work on the blocking pool.
+/// Runs blocking work that waits for the node's own threads (the WAL reset, the applier taking the
+/// installed state) on the blocking pool; in a simulation those threads take their turns meanwhile
+/// ([`tidal_types::activity::carry_awaiting_threads`]).
 async fn blocking<T: Send + 'static>(
     work: impl FnOnce() -> Result<T, InstallError> + Send + 'static,
 ) -> Result<T, InstallError> {

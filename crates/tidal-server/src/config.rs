@@ -261,6 +261,9 @@ pub struct NodeIo {
     pub forward_writes: bool,
     /// A test probe in the applier (harness/sim's `apply` crash points); `None` in production.
     pub apply_probe: Option<std::sync::Arc<dyn tidal_cluster::ApplyProbe>>,
+    /// Held until the node's engine is closed (harness/sim waits on its receiver after a crash, so
+    /// a restart never finds the old instance's data dir still open); `None` in production.
+    pub close_watch: Option<std::sync::mpsc::Sender<()>>,
 }
 
 impl Default for NodeIo {
@@ -271,6 +274,7 @@ impl Default for NodeIo {
             connector: tidal_net::Connector::tcp(),
             forward_writes: true,
             apply_probe: None,
+            close_watch: None,
         }
     }
 }

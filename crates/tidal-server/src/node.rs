@@ -278,6 +278,9 @@ impl Node {
         let checkpoint = db.applied_seqno().get();
         let (released, release) = std::sync::mpsc::channel();
         db.watch_close(released.clone());
+        if let Some(watch) = &config.io.close_watch {
+            db.watch_close(watch.clone());
+        }
         let node = Node {
             write_bytes: Arc::new(Semaphore::new(config.write_inflight_bytes_max)),
             write_slots: Arc::new(Semaphore::new(WRITES_INFLIGHT_MAX)),

@@ -403,6 +403,8 @@ pub struct SimulatedCluster {
     pub files: Vec<files::DataDirFaults>,
     /// How many times each node's process started (bumped as its host starts `run_on`).
     pub starts: Vec<Arc<AtomicU64>>,
+    /// Per node: the receiver of its running instance's close watch (`NodeIo::close_watch`).
+    closing: Vec<Arc<std::sync::Mutex<Option<std::sync::mpsc::Receiver<()>>>>>,
     _root: tempfile::TempDir,
 }
 
@@ -449,6 +451,7 @@ impl SimulatedCluster {
             redelivery: vec![None; nodes],
             files: starts.iter().map(|starts| files::DataDirFaults::new(starts.clone())).collect(),
             starts,
+            closing: (0..nodes).map(|_| Arc::default()).collect(),
             _root: root,
         })
     }
@@ -483,8 +486,26 @@ impl SimulatedCluster {
             },
             forward_writes: false,
             apply_probe: Some(Arc::new(self.points[index].clone())),
+            // Set per start, in `register`.
+            close_watch: None,
         };
         Ok(config)
+    }
+
+    /// Crashes node `index`'s host, then waits (real time) until the crashed instance has closed
+    /// its engine: its threads wind down on the OS's schedule, and a restart that found the data dir
+    /// still open tried again a number of times that depended on it, so a replay differed
+    /// (decisions/052). False if it waited [`RELEASE_WAIT_MAX`] in vain.
+    pub fn crash(&self, sim: &mut turmoil::Sim<'_>, index: usize) -> bool {
+        sim.crash(host_name(index));
+        let closed = self.closing[index].lock().unwrap_or_else(std::sync::PoisonError::into_inner).take();
+        match closed {
+            Some(closed) => !matches!(
+                closed.recv_timeout(RELEASE_WAIT_MAX),
+                Err(std::sync::mpsc::RecvTimeoutError::Timeout)
+            ),
+            None => true,
+        }
     }
 
     /// Registers each node's file-fault injector for its data dir (`tidal_cluster::files`).
@@ -509,8 +530,10 @@ impl SimulatedCluster {
             let exits = self.exits.clone();
             let delay = self.start_delays[index];
             let starts = self.starts[index].clone();
+            let closing = self.closing[index].clone();
             sim.host(format!("n{}", index + 1), move || {
                 let config = config.clone();
+                let closing = closing.clone();
                 let exits = exits.clone();
                 starts.fetch_add(1, Ordering::SeqCst);
                 async move {
@@ -522,9 +545,12 @@ impl SimulatedCluster {
                     loop {
                         let http = net::bind(net::HTTP_PORT).await?;
                         let rpc = net::bind(net::RPC_PORT).await?;
+                        let mut config = config.clone();
+                        let (watch, closed) = std::sync::mpsc::channel();
+                        config.io.close_watch = Some(watch);
+                        *closing.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(closed);
                         let Err(error) =
-                            tidal_server::run_on(config.clone(), http, Some(rpc), std::future::pending())
-                                .await
+                            tidal_server::run_on(config, http, Some(rpc), std::future::pending()).await
                         else {
                             return Ok(());
                         };
@@ -556,6 +582,10 @@ fn host_name(node: usize) -> String {
 /// this many times (simulated time; the old instance's threads wind down in real time meanwhile).
 const LOCKED_RETRY: Duration = Duration::from_millis(50);
 const LOCKED_RETRIES: u32 = 200;
+
+/// How long a crash waits for the crashed instance to close its engine (real time; then counted as
+/// `release_stall`, and the restart's retries above take over).
+const RELEASE_WAIT_MAX: Duration = Duration::from_secs(10);
 
 /// How long a crashed node stays down before a supervisor restart (its old threads wind down).
 const RESTART_DELAY: Duration = Duration::from_millis(300);
@@ -604,8 +634,15 @@ impl Driver<'_> {
     /// Power loss of `node`'s WAL disk and its process; restarted `RESTART_DELAY` after `now`.
     fn crash_and_restart(&mut self, sim: &mut turmoil::Sim<'_>, node: usize, mode: CrashMode, now: Duration) {
         self.cluster.wal_io[node].crash(mode);
-        sim.crash(host_name(node));
+        self.crash_host(sim, node);
         self.bounces.push((now + RESTART_DELAY, node));
+    }
+
+    /// [`SimulatedCluster::crash`], counting a wait in vain as `release_stall`.
+    fn crash_host(&mut self, sim: &mut turmoil::Sim<'_>, node: usize) {
+        if !self.cluster.crash(sim, node) {
+            self.counters.bump("release_stall");
+        }
     }
 
     fn apply(&mut self, sim: &mut turmoil::Sim<'_>, fault: &Fault, now: Duration) {
@@ -624,16 +661,16 @@ impl Driver<'_> {
             Fault::Crash { node, mode } => {
                 // Power loss first (the WAL's unsynced bytes go, open handles die), then the process.
                 io(*node).crash(*mode);
-                sim.crash(host_name(*node));
+                self.crash_host(sim, *node);
             }
             Fault::CrashWho { who, mode } => {
                 io(who.node()).crash(*mode);
-                sim.crash(host_name(who.node()));
+                self.crash_host(sim, who.node());
             }
             Fault::PowerLoss { mode } => {
                 for node in 0..self.nodes {
                     io(node).crash(*mode);
-                    sim.crash(host_name(node));
+                    self.crash_host(sim, node);
                 }
             }
             Fault::Split { side, .. } => {
@@ -656,7 +693,7 @@ impl Driver<'_> {
             Fault::Corrupt { who, damage } => {
                 let node = who.node();
                 io(node).crash(CrashMode::LoseUnsynced);
-                sim.crash(host_name(node));
+                self.crash_host(sim, node);
                 let wal_dir = self.cluster.data_dirs[node].join("wal");
                 match check::damage(io(node), &wal_dir, *damage) {
                     Some((path, original, what)) => {
@@ -860,7 +897,7 @@ impl Driver<'_> {
             return;
         }
         if sim.is_host_running(host_name(node)) {
-            sim.crash(host_name(node));
+            self.crash_host(sim, node);
         }
         io.revive();
         if rename_errors {
