@@ -70,8 +70,9 @@ KS ?= 1,2,3,5,8
 crash-sweep:
 	$(CARGO) run --profile test -p tidal-sim -- --crash-sweep --ks $(KS) --jobs $(JOBS)
 
-# 32 seeds twice each (SCENARIO=chaos by default); prints how many replay to the same trace hash
-# (decisions/008). Not under nextest: it runs for minutes.
+# 32 seeds twice each (SCENARIO=chaos by default; TIDAL_SIM_SEED=S for one seed); prints how many
+# replay to the same trace hash and fails unless all do (decisions/051, 052). Not under nextest:
+# it runs for a minute or so.
 sim-determinism:
 	TIDAL_SIM_SCENARIO=$(or $(SCENARIO),chaos) $(CARGO) test --profile test -p tidal-sim --test sim -- --ignored --nocapture determinism
 
