@@ -6,10 +6,10 @@
 
 use tidal_sim::{regressions, run, Outcome, Scenario};
 
-fn seeds(fixed: std::ops::Range<u64>) -> Vec<u64> {
+fn seeds(fixed: impl IntoIterator<Item = u64>) -> Vec<u64> {
     match std::env::var("TIDAL_SIM_SEED").ok().and_then(|value| value.parse().ok()) {
         Some(seed) => vec![seed],
-        None => fixed.collect(),
+        None => fixed.into_iter().collect(),
     }
 }
 
@@ -133,11 +133,7 @@ fn seeds_replay_to_the_same_trace() {
         [("steady", &[1, 2]), ("chaos", &[1, 13, 14, 18]), ("disk", &[1, 2]), ("leader-crash", &[1, 2])];
     for (name, fixed) in table {
         let scenario = Scenario::named(name).expect("scenario exists");
-        let chosen = match std::env::var("TIDAL_SIM_SEED").ok().and_then(|value| value.parse().ok()) {
-            Some(seed) => vec![seed],
-            None => fixed.to_vec(),
-        };
-        for seed in chosen {
+        for seed in seeds(fixed.iter().copied()) {
             let first = run(seed, &scenario).expect("the simulation runs");
             let second = run(seed, &scenario).expect("the simulation runs");
             assert!(first.passed() && second.passed(), "{}\n{}", report(&first), report(&second));
@@ -163,12 +159,9 @@ fn determinism() {
     let mut failed = Vec::new();
     // Per part of the trace: how many seeds replayed it.
     let mut parts: Vec<(&'static str, u32)> = Vec::new();
-    // `TIDAL_SIM_SEED` measures one seed (the same in-process history as the sweep up to it).
-    let seeds = match std::env::var("TIDAL_SIM_SEED").ok().and_then(|seed| seed.parse::<u64>().ok()) {
-        Some(seed) => seed..=seed,
-        None => 1..=32,
-    };
-    let total = seeds.clone().count();
+    // `TIDAL_SIM_SEED` measures one seed.
+    let seeds = seeds(1..=32);
+    let total = seeds.len();
     for seed in seeds {
         let first = run(seed, &scenario).expect("the simulation runs");
         let second = run(seed, &scenario).expect("the simulation runs");

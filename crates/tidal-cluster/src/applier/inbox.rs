@@ -171,17 +171,22 @@ impl<T> InboxReceiver<T> {
             }
             drop(state);
             let turn = self.inbox.handoff.turn();
-            let mut state = self.inbox.lock();
             // Only this receiver takes messages: the queue still holds the one seen above.
-            if let Some(message) = state.queue.pop_front() {
-                let notify = state.senders_waiting > 0;
-                drop(state);
-                if notify {
-                    self.inbox.space.notify_all();
-                }
+            if let Some(message) = self.pop(self.inbox.lock()) {
                 return Some((message, turn));
             }
         }
+    }
+
+    /// Takes the front message, if any, and wakes the senders waiting for space.
+    fn pop(&self, mut state: MutexGuard<'_, State<T>>) -> Option<T> {
+        let message = state.queue.pop_front()?;
+        let notify = state.senders_waiting > 0;
+        drop(state);
+        if notify {
+            self.inbox.space.notify_all();
+        }
+        Some(message)
     }
 
     /// The next message, waiting until one is queued AND a sender woke the receiver (or the queue
@@ -190,13 +195,8 @@ impl<T> InboxReceiver<T> {
     pub(crate) fn recv(&self) -> Option<T> {
         let mut state = self.inbox.lock();
         loop {
-            if let Some(message) = state.queue.pop_front() {
-                let notify = state.senders_waiting > 0;
-                drop(state);
-                if notify {
-                    self.inbox.space.notify_all();
-                }
-                return Some(message);
+            if !state.queue.is_empty() {
+                return self.pop(state);
             }
             if state.senders == 0 {
                 return None;
