@@ -16,11 +16,10 @@
 //!   (every durability boundary x k x lost/torn, one run each; `crashpoint.rs`). The last line is
 //!   `crash-points: <covered>/<total> points, <runs> runs, <lost> acknowledged writes lost, <v> violations`.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
-use tidal_sim::faults::Counters;
 use tidal_sim::{regressions, run, Outcome, Scenario};
 
 fn usage() -> ! {
@@ -73,14 +72,26 @@ fn run_in_child(seed: u64, scenario: &Scenario) -> anyhow::Result<Report> {
     Ok(serde_json::from_str(line)?)
 }
 
-/// Counter classes read back from children, each leaked once (they are a few dozen names).
-fn class_name(names: &mut HashMap<String, &'static str>, class: &str) -> &'static str {
-    if let Some(name) = names.get(class) {
-        return name;
+/// Fault counts by class, summed over runs.
+#[derive(Default)]
+struct Counts(BTreeMap<String, u64>);
+
+impl Counts {
+    fn add(&mut self, counts: &BTreeMap<String, u64>) {
+        for (class, count) in counts {
+            *self.0.entry(class.clone()).or_default() += count;
+        }
     }
-    let name: &'static str = Box::leak(class.to_string().into_boxed_str());
-    names.insert(class.to_string(), name);
-    name
+}
+
+impl std::fmt::Display for Counts {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.0.is_empty() {
+            return formatter.write_str("none");
+        }
+        let parts: Vec<String> = self.0.iter().map(|(class, count)| format!("{class}={count}")).collect();
+        formatter.write_str(&parts.join(" "))
+    }
 }
 
 /// Per-scenario totals of a sweep.
@@ -91,7 +102,7 @@ struct Row {
     violations: u64,
     acked: u64,
     wall: Duration,
-    faults: Counters,
+    faults: Counts,
 }
 
 /// Log lines carry the simulated time (the host's clock), so two replays' logs can be diffed.
@@ -211,11 +222,10 @@ fn main() -> anyhow::Result<()> {
     let started = Instant::now();
     let total = runs.len();
     let isolated = jobs > 1;
-    let mut names = HashMap::new();
     let next = AtomicUsize::new(0);
     let (sender, receiver) = mpsc::channel::<(usize, anyhow::Result<Report>, Duration)>();
     let mut rows: BTreeMap<&'static str, Row> = BTreeMap::new();
-    let mut totals = Counters::default();
+    let mut totals = Counts::default();
     let (mut failed, mut violations, mut done) = (0u64, 0u64, 0usize);
     std::thread::scope(|scope| -> anyhow::Result<()> {
         for _ in 0..jobs.max(1) {
@@ -249,18 +259,11 @@ fn main() -> anyhow::Result<()> {
                     _ => "",
                 }
             );
-            let counters = Counters(
-                outcome
-                    .counters
-                    .iter()
-                    .map(|(class, count)| (class_name(&mut names, class), *count))
-                    .collect(),
-            );
             let row = rows.entry(scenario.name).or_default();
             row.runs += 1;
             row.acked += outcome.acked;
             row.wall += wall;
-            row.faults.add(&counters);
+            row.faults.add(&outcome.counters);
             if !outcome.violations.is_empty() {
                 failed += 1;
                 row.failed += 1;
@@ -277,7 +280,7 @@ fn main() -> anyhow::Result<()> {
                     scenario.name
                 );
             }
-            totals.add(&counters);
+            totals.add(&outcome.counters);
         }
         Ok(())
     })?;
