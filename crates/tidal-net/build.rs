@@ -8,8 +8,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let proto = proto_dir.join("tidal.proto");
     println!("cargo:rerun-if-changed={}", proto.display());
     let descriptors = protox::compile([&proto], [&proto_dir])?;
-    // A pulled chunk's batches are `Bytes`: the server moves its read buffer in and the client's
-    // decode slices the received buffer instead of copying it.
+    // A pulled chunk's batches are `Bytes`: the server moves its read buffer in, the client's
+    // decode slices the received buffer instead of copying it, and each `Batch` is a slice of that.
     tonic_prost_build::configure()
         .build_client(true)
         .build_server(true)

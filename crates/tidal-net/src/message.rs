@@ -58,8 +58,9 @@ impl From<TermSeqno> for pb::Position {
     }
 }
 
-/// Splits and verifies concatenated encoded batches.
-pub fn split_batches(bytes: &[u8]) -> Result<Vec<Batch>, WireError> {
+/// Splits and verifies concatenated encoded batches. Each batch is a slice of `bytes` (no copy).
+pub fn split_batches(bytes: impl Into<bytes::Bytes>) -> Result<Vec<Batch>, WireError> {
+    let bytes: bytes::Bytes = bytes.into();
     if bytes.len() > MESSAGE_BATCH_BYTES_MAX {
         return Err(WireError::TooLarge { what: "batches", got: bytes.len(), max: MESSAGE_BATCH_BYTES_MAX });
     }
@@ -73,8 +74,7 @@ pub fn split_batches(bytes: &[u8]) -> Result<Vec<Batch>, WireError> {
         if rest.len() < len {
             return Err(bad(DecodeError::Truncated { needed: len, available: rest.len() }));
         }
-        // One copy, straight into the batch's own allocation.
-        batches.push(Batch::from_encoded(std::sync::Arc::<[u8]>::from(&rest[..len])).map_err(bad)?);
+        batches.push(Batch::from_encoded(bytes.slice(offset..offset + len)).map_err(bad)?);
         offset += len;
     }
     Ok(batches)
@@ -115,7 +115,7 @@ impl TryFrom<pb::ShipRequest> for Ship {
         Ok(Ship {
             prev: position(request.prev, "prev")?,
             baseline: position(request.baseline, "baseline")?,
-            batches: split_batches(&request.batches)?,
+            batches: split_batches(request.batches)?,
             cluster_id: request.cluster_id,
             term: Term(request.term),
             leader: NodeId(request.leader_id),
@@ -331,7 +331,7 @@ impl TryFrom<pb::PullChunk> for Chunk {
         use pb::pull_chunk::Outcome;
         let outcome = match chunk.outcome.ok_or(WireError::Missing("outcome"))? {
             Outcome::Batches(b) => {
-                ChunkOutcome::Batches { prev: position(b.prev, "prev")?, batches: split_batches(&b.batches)? }
+                ChunkOutcome::Batches { prev: position(b.prev, "prev")?, batches: split_batches(b.batches)? }
             }
             Outcome::Diverged(history) => ChunkOutcome::Diverged(history_from_pb(history)),
             Outcome::Purged(p) => ChunkOutcome::Purged(position(Some(p), "purged")?),
@@ -398,14 +398,14 @@ mod tests {
         let bytes = pb::ShipRequest::from(&ship()).batches;
         for len in 1..bytes.len() {
             let cut = [&bytes[..len]].concat();
-            let result = split_batches(&cut);
+            let result = split_batches(cut);
             let whole_prefix = len == batch(5, 1).encoded().len();
             assert_eq!(result.is_ok(), whole_prefix, "truncation at {len}");
         }
         for bit in 0..bytes.len() * 8 {
             let mut flipped = bytes.clone();
             flipped[bit / 8] ^= 1 << (bit % 8);
-            assert!(split_batches(&flipped).is_err(), "flip of bit {bit} accepted");
+            assert!(split_batches(flipped).is_err(), "flip of bit {bit} accepted");
         }
     }
 
@@ -457,7 +457,7 @@ mod tests {
     proptest! {
         #[test]
         fn garbage_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..512)) {
-            let _ = split_batches(&bytes);
+            let _ = split_batches(bytes);
         }
     }
 }

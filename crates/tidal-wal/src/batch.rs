@@ -251,16 +251,19 @@ pub(crate) fn decode_batch_unsealed(buf: &[u8]) -> Result<BatchRef<'_>, DecodeEr
 }
 
 /// An owned, verified batch (header + encoded bytes), cheap to clone and hand across threads.
+///
+/// The bytes are a [`bytes::Bytes`]: a batch received in a message is a slice of the message's
+/// buffer, not a copy of its own (one allocation and one copy fewer per batch on a follower).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Batch {
     header: BatchHeader,
-    encoded: std::sync::Arc<[u8]>,
+    encoded: bytes::Bytes,
 }
 
 impl Batch {
     /// Decodes and verifies exactly one batch occupying all of `encoded`.
-    pub fn from_encoded(encoded: impl Into<std::sync::Arc<[u8]>>) -> Result<Batch, DecodeError> {
-        let encoded: std::sync::Arc<[u8]> = encoded.into();
+    pub fn from_encoded(encoded: impl Into<bytes::Bytes>) -> Result<Batch, DecodeError> {
+        let encoded: bytes::Bytes = encoded.into();
         let batch = decode_batch(&encoded)?;
         let header = batch.header;
         if header.encoded_len() != encoded.len() {
@@ -271,7 +274,7 @@ impl Batch {
 
     /// Wraps bytes this crate has just encoded or verified, without hashing them again (the seal is
     /// re-checked in debug builds). Fails only on a malformed header.
-    pub(crate) fn from_verified(encoded: std::sync::Arc<[u8]>) -> Result<Batch, DecodeError> {
+    pub(crate) fn from_verified(encoded: bytes::Bytes) -> Result<Batch, DecodeError> {
         let batch = Batch::from_recovered(encoded)?;
         debug_assert!(decode_batch(&batch.encoded).is_ok(), "a batch handed out by the WAL fails its seal");
         Ok(batch)
@@ -280,7 +283,7 @@ impl Batch {
     /// A batch whose seal recovery checked when this WAL was opened
     /// ([`crate::Wal::read_recovered_from`]): the bytes are read again, so unlike
     /// [`Batch::from_verified`] there is nothing to assert about them.
-    pub(crate) fn from_recovered(encoded: std::sync::Arc<[u8]>) -> Result<Batch, DecodeError> {
+    pub(crate) fn from_recovered(encoded: bytes::Bytes) -> Result<Batch, DecodeError> {
         let header = decode_header(&encoded)?;
         if header.encoded_len() != encoded.len() {
             return Err(DecodeError::Truncated { needed: header.encoded_len(), available: encoded.len() });
@@ -290,8 +293,7 @@ impl Batch {
 
     /// Encodes a new batch.
     pub fn new(kind: RecordKind, term: Term, first_seqno: Seqno, event_count: u32, payload: &[u8]) -> Batch {
-        let encoded: std::sync::Arc<[u8]> =
-            encode_batch(kind, term, first_seqno, event_count, payload).into();
+        let encoded: bytes::Bytes = encode_batch(kind, term, first_seqno, event_count, payload).into();
         let header = decode_header(&encoded).expect("a batch we just encoded decodes");
         Batch { header, encoded }
     }
@@ -331,8 +333,8 @@ impl Batch {
         &self.encoded
     }
 
-    /// Shared handle to the encoded bytes.
-    pub fn encoded_arc(&self) -> std::sync::Arc<[u8]> {
+    /// Shared handle to the encoded bytes (no copy).
+    pub fn encoded_bytes(&self) -> bytes::Bytes {
         self.encoded.clone()
     }
 }

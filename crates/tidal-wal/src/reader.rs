@@ -128,7 +128,7 @@ impl WalReader {
             if header.last_seqno() < self.from {
                 continue;
             }
-            let encoded = Arc::from(batch.encoded);
+            let encoded = bytes::Bytes::copy_from_slice(batch.encoded);
             let batch = if trusted { Batch::from_recovered(encoded) } else { Batch::from_verified(encoded) };
             return batch.map(Some).map_err(corrupt);
         }

@@ -580,7 +580,7 @@ impl Writer {
         request.payload[..LOGGED_TIME_LEN].copy_from_slice(&time_ms.to_le_bytes());
         let start = buf.len();
         encode_batch_into(buf, request.kind, term, first, request.event_count, &request.payload);
-        let batch = Batch::from_verified(Arc::from(&buf[start..]))
+        let batch = Batch::from_verified(bytes::Bytes::copy_from_slice(&buf[start..]))
             .map_err(|err| Error::corrupt(&self.active_info.path, self.active_info.bytes, err.to_string()))?;
         self.account(&batch, flushed);
         self.last_time_ms = time_ms;
