@@ -185,10 +185,26 @@ impl DecodedBatch {
 
 /// What one decoded batch changes, computed before anything changes.
 enum Change<'a> {
-    Signals { fold: SignalsFold<'a>, events: &'a SignalColumns, envelope_time_ms: u64 },
-    ItemMetadata { item: u64, value: Vec<u8>, new: bool },
-    ItemEmbedding { item: u64, seqno: Seqno, vector: &'a [f32] },
-    ItemDelete { item: u64, existed: bool },
+    Signals {
+        fold: SignalsFold<'a>,
+        events: &'a SignalColumns,
+        envelope_time_ms: u64,
+    },
+    ItemMetadata {
+        item: u64,
+        value: Vec<u8>,
+        new: bool,
+    },
+    /// The vector is moved out of the decoded record into the overlay, not copied.
+    ItemEmbedding {
+        item: u64,
+        seqno: Seqno,
+        vector: Vec<f32>,
+    },
+    ItemDelete {
+        item: u64,
+        existed: bool,
+    },
     LeaderStart(Vec<u8>),
 }
 
@@ -339,13 +355,16 @@ impl TidalDb {
     /// Waits (backpressure) only if the active overlay is full while the previous one is still
     /// being flushed.
     pub fn apply(&self, batch: &Batch) -> Result<ApplyOutcome, Error> {
-        self.apply_decoded(&DecodedBatch::decode(batch.clone()))
+        self.apply_decoded(&mut DecodedBatch::decode(batch.clone()))
     }
 
     /// [`TidalDb::apply`] of a batch decoded beforehand, maybe on another thread (startup replay
     /// decodes on its reader thread while this one folds). The same path: `apply` is this after
     /// [`DecodedBatch::decode`], and a batch that did not decode fails here, at the same step.
-    pub fn apply_decoded(&self, decoded: &DecodedBatch) -> Result<ApplyOutcome, Error> {
+    ///
+    /// An embedding's vector is moved out of `decoded` into the write-back overlay: once applied,
+    /// `decoded` is spent (applying it again is a skip, as for any applied batch).
+    pub fn apply_decoded(&self, decoded: &mut DecodedBatch) -> Result<ApplyOutcome, Error> {
         let batch = &decoded.batch;
         let mut writer = self.lock_writer();
         if self.import_incomplete.load(Ordering::Acquire) {
@@ -361,8 +380,8 @@ impl TidalDb {
         }
         let first_seqno = batch.first_seqno();
         let last_seqno = batch.last_seqno();
-        let (envelope, records) = match &decoded.decoded {
-            Ok((envelope, records)) => (envelope, records),
+        let (envelope, records) = match &mut decoded.decoded {
+            Ok((envelope, records)) => (&*envelope, records),
             Err(source) => {
                 return Err(Error::Record { seqno: first_seqno, kind: batch.kind(), source: source.clone() })
             }
@@ -687,7 +706,7 @@ impl TidalDb {
         state: &State,
         seqno: Seqno,
         envelope_time_ms: u64,
-        records: &'a FoldRecords,
+        records: &'a mut FoldRecords,
     ) -> Result<Change<'a>, Error> {
         let stores = &self.stores;
         let records = match records {
@@ -720,7 +739,7 @@ impl TidalDb {
                         got: vector.len(),
                     });
                 }
-                Change::ItemEmbedding { item: *item, seqno, vector }
+                Change::ItemEmbedding { item: *item, seqno, vector: std::mem::take(vector) }
             }
             Records::ItemDelete { item } => {
                 Change::ItemDelete { item: *item, existed: state.view().has_item(stores, *item)? }
@@ -776,8 +795,8 @@ impl TidalDb {
                 }
             }
             Change::ItemEmbedding { item, seqno, vector } => {
-                state.index.set_embedding(item, vector);
-                let entry = Some((seqno, vector.to_vec()));
+                state.index.set_embedding(item, &vector);
+                let entry = Some((seqno, vector));
                 bytes += Overlay::set(&mut state.overlay.embeddings, item, entry, 8 + dimension * 4);
             }
             Change::ItemDelete { item, existed } => {

@@ -841,17 +841,19 @@ fn replay(wal: &Wal, db: &TidalDb, durable: Seqno) -> anyhow::Result<ReplayRepor
         // Whatever ends the fold (an error included) releases the reader.
         let _close = CloseOnDrop(budget);
         for chunk in receiver {
-            let chunk = chunk.context("read WAL batch for replay")?;
+            let mut chunk = chunk.context("read WAL batch for replay")?;
             let chunk_bytes: usize = chunk.iter().map(|decoded| decoded.batch().encoded().len()).sum();
-            for decoded in &chunk {
-                let batch = decoded.batch();
-                if batch.last_seqno() > durable {
+            for decoded in &mut chunk {
+                let (first_seqno, last_seqno, len) = {
+                    let batch = decoded.batch();
+                    (batch.first_seqno(), batch.last_seqno(), batch.encoded().len())
+                };
+                if last_seqno > durable {
                     return Ok(());
                 }
-                db.apply_decoded(decoded)
-                    .with_context(|| format!("replay batch at seqno {}", batch.first_seqno()))?;
+                db.apply_decoded(decoded).with_context(|| format!("replay batch at seqno {first_seqno}"))?;
                 report.batches += 1;
-                report.bytes += batch.encoded().len() as u64;
+                report.bytes += len as u64;
             }
             let last_seqno = chunk.last().map(|decoded| decoded.batch().last_seqno());
             // Freed by the reader; if it is gone, here.
