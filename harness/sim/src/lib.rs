@@ -1579,56 +1579,115 @@ impl SweepTotals {
     }
 }
 
+/// What a crash-point sweep keeps of one run. A child process of `tidal-sim --crash-sweep --jobs J`
+/// prints it as one JSON line.
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
+pub struct PointRun {
+    /// [`Outcome::summary`].
+    pub summary: String,
+    /// [`Outcome::crash_point_fired`].
+    pub crash_point_fired: Option<String>,
+    /// [`Outcome::lost`].
+    pub lost: u64,
+    /// [`Outcome::violations`].
+    pub violations: Vec<String>,
+    /// [`Outcome::story`].
+    pub story: Vec<String>,
+    /// Renames the run's fault injection failed.
+    pub renames_failed: u64,
+}
+
+impl PointRun {
+    /// What the sweep keeps of `outcome`.
+    pub fn of(outcome: &Outcome) -> PointRun {
+        PointRun {
+            summary: outcome.summary(),
+            crash_point_fired: outcome.crash_point_fired.clone(),
+            lost: outcome.lost,
+            violations: outcome.violations.clone(),
+            story: outcome.story.clone(),
+            renames_failed: outcome.counters.0.get("rename_fail").copied().unwrap_or(0),
+        }
+    }
+}
+
+/// The runs of a crash-point sweep over `ks`, in a fixed order: every reachable point of
+/// [`crashpoint::sweep`], then `leader/ship#k` once more per k with rename errors (the leader dies
+/// after an fsync it never shipped, a suffix only it holds, comes back as a follower whose suffix
+/// must go to quarantine, and its renames fail). An index into this list names a run.
+pub fn crash_sweep_runs(ks: &[u64]) -> Vec<(crashpoint::CrashPoint, bool)> {
+    let mut runs: Vec<(crashpoint::CrashPoint, bool)> = crashpoint::sweep(ks)
+        .into_iter()
+        .filter(|point| point.boundary.op.is_some())
+        .map(|point| (point, false))
+        .collect();
+    let ship = crashpoint::BOUNDARIES.iter().find(|b| b.role == crashpoint::Role::Leader && b.name == "ship");
+    for &k in ks {
+        if let Some(boundary) = ship {
+            runs.push((
+                crashpoint::CrashPoint { boundary: *boundary, k, mode: CrashMode::LoseUnsynced },
+                true,
+            ));
+        }
+    }
+    runs
+}
+
+/// Run `index` of [`crash_sweep_runs`]`(ks)` with `seed`, in this process.
+pub fn crash_point_run(seed: u64, ks: &[u64], index: usize) -> anyhow::Result<PointRun> {
+    let runs = crash_sweep_runs(ks);
+    let (point, rename_errors) =
+        runs.get(index).ok_or_else(|| anyhow::anyhow!("the sweep over ks {ks:?} has no run {index}"))?;
+    let scenario =
+        Scenario { crash_point: Some(*point), rename_errors: *rename_errors, ..Scenario::crash_points() };
+    Ok(PointRun::of(&run(seed, &scenario)?))
+}
+
 /// The crash-point sweep: for every point of [`crashpoint::sweep`]`(ks)`, one run of
 /// [`Scenario::crash_points`] (seed `seed`) with the node killed at that point, restarted, and every
-/// invariant checked. `progress` gets one line per run. `jobs` runs at once.
+/// invariant checked. `progress` gets one line per run. `jobs` runs at once, as threads of this
+/// process ([`crash_sweep_with`] takes the runner: `tidal-sim` runs each in a child process).
 pub fn crash_sweep(
     seed: u64,
     ks: &[u64],
     jobs: usize,
     progress: &(dyn Fn(&str) + Sync),
 ) -> anyhow::Result<SweepTotals> {
+    crash_sweep_with(ks, jobs, progress, &|index| crash_point_run(seed, ks, index))
+}
+
+/// [`crash_sweep`] with `run_point(i)` running run `i` of [`crash_sweep_runs`]`(ks)`.
+pub fn crash_sweep_with(
+    ks: &[u64],
+    jobs: usize,
+    progress: &(dyn Fn(&str) + Sync),
+    run_point: &(dyn Fn(usize) -> anyhow::Result<PointRun> + Sync),
+) -> anyhow::Result<SweepTotals> {
     let points = crashpoint::sweep(ks);
     let mut totals = SweepTotals { total: points.len() as u64, ..SweepTotals::default() };
-    let mut runnable: Vec<(crashpoint::CrashPoint, bool)> =
-        points.iter().filter(|point| point.boundary.op.is_some()).map(|point| (*point, false)).collect();
-    // Rename errors: the leader dies after an fsync it never shipped (a suffix only it holds), comes
-    // back as a follower whose suffix must go to quarantine, and its renames fail.
-    for &k in ks {
-        let ship =
-            crashpoint::BOUNDARIES.iter().find(|b| b.role == crashpoint::Role::Leader && b.name == "ship");
-        if let Some(boundary) = ship {
-            runnable.push((
-                crashpoint::CrashPoint { boundary: *boundary, k, mode: CrashMode::LoseUnsynced },
-                true,
-            ));
-        }
-    }
+    let runnable = crash_sweep_runs(ks);
     for point in points.iter().filter(|point| point.boundary.op.is_none()) {
         totals.missed.push(format!("{} (not reachable in the simulation)", point.label()));
     }
     let next = AtomicU64::new(0);
     #[allow(clippy::type_complexity)]
-    let results: std::sync::Mutex<Vec<(crashpoint::CrashPoint, bool, String, anyhow::Result<Outcome>)>> =
+    let results: std::sync::Mutex<Vec<(crashpoint::CrashPoint, bool, String, anyhow::Result<PointRun>)>> =
         std::sync::Mutex::new(Vec::new());
     std::thread::scope(|scope| {
         for _ in 0..jobs.max(1) {
             scope.spawn(|| loop {
                 let index = usize::try_from(next.fetch_add(1, Ordering::SeqCst)).unwrap_or(usize::MAX);
                 let Some((point, rename_errors)) = runnable.get(index) else { return };
-                let scenario = Scenario {
-                    crash_point: Some(*point),
-                    rename_errors: *rename_errors,
-                    ..Scenario::crash_points()
-                };
-                let label = format!("{}{}", point.label(), if *rename_errors { "+rename" } else { "" });
-                let outcome = run(seed, &scenario);
+                // The run's index: `tidal-sim --crash-sweep --ks .. --point I --report-json` replays it.
+                let label =
+                    format!("{index:>3} {}{}", point.label(), if *rename_errors { "+rename" } else { "" });
+                let outcome = run_point(index);
                 match &outcome {
                     Ok(outcome) => {
                         progress(&format!(
-                            "{:<28} {} | died: {} | lost {}",
+                            "{:<32} {} | died: {} | lost {}",
                             label,
-                            outcome.summary(),
+                            outcome.summary,
                             outcome.crash_point_fired.as_deref().unwrap_or("NOT REACHED"),
                             outcome.lost
                         ));
@@ -1637,7 +1696,7 @@ pub fn crash_sweep(
                             progress(&format!("    {}", outcome.story.join("\n    ")));
                         }
                     }
-                    Err(error) => progress(&format!("{label:<28} error: {error:#}")),
+                    Err(error) => progress(&format!("{label:<32} error: {error:#}")),
                 }
                 results.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push((
                     *point,
@@ -1656,13 +1715,13 @@ pub fn crash_sweep(
         totals.violations += outcome.violations.len() as u64;
         if rename_errors {
             totals.rename_runs += 1;
-            totals.renames_failed += outcome.counters.0.get("rename_fail").copied().unwrap_or(0);
+            totals.renames_failed += outcome.renames_failed;
         } else if outcome.crash_point_fired.is_some() {
             totals.covered += 1;
         } else {
             totals.missed.push(point.label());
         }
-        if !outcome.passed() {
+        if !outcome.violations.is_empty() {
             let mut lines = outcome.violations.clone();
             lines.extend(outcome.story.iter().map(|line| format!("trace: {line}")));
             totals.failures.push((label, lines));

@@ -12,8 +12,9 @@
 //! - `--jobs J` runs J simulations at once (default 1). With J > 1 each run is a child process of
 //!   its own (`--report-json`), so that runs do not share tokio's process-wide task numbers and
 //!   every run replays alone exactly as it ran in the sweep (decisions/052).
-//! - `--crash-sweep [--ks 1,2,4] [--seed S]` (what `make crash-sweep` runs): the crash-point sweep
-//!   (every durability boundary x k x lost/torn, one run each; `crashpoint.rs`). The last line is
+//! - `--crash-sweep [--ks 1,2,4] [--seed S] [--jobs J]` (what `make crash-sweep` runs): the
+//!   crash-point sweep (every durability boundary x k x lost/torn, one run each; `crashpoint.rs`).
+//!   With J > 1 each run is a child process (`--point I --report-json`), as for the seeds. The last line is
 //!   `crash-points: <covered>/<total> points, <runs> runs, <lost> acknowledged writes lost, <v> violations`.
 
 use std::collections::BTreeMap;
@@ -24,7 +25,7 @@ use tidal_sim::{regressions, run, Outcome, Scenario};
 
 fn usage() -> ! {
     eprintln!(
-        "usage: tidal-sim [--seed S | --seeds N [--first S]] [--scenario {}[,..]] [--chaos] [--regressions [--open]] [--jobs J] | --crash-sweep [--ks 1,2,..] [--seed S] [--jobs J]",
+        "usage: tidal-sim [--seed S | --seeds N [--first S]] [--scenario {}[,..]] [--chaos] [--regressions [--open]] [--jobs J] | --crash-sweep [--ks 1,2,..] [--seed S] [--jobs J] [--point I --report-json]",
         Scenario::names().join("|")
     );
     std::process::exit(2)
@@ -68,6 +69,22 @@ fn run_in_child(seed: u64, scenario: &Scenario) -> anyhow::Result<Report> {
             scenario.name,
             output.status
         )
+    })?;
+    Ok(serde_json::from_str(line)?)
+}
+
+/// Runs point `index` of the crash-point sweep over `ks` in a child process and reads its report.
+fn point_in_child(seed: u64, ks: &[u64], index: usize) -> anyhow::Result<tidal_sim::PointRun> {
+    let ks: Vec<String> = ks.iter().map(u64::to_string).collect();
+    let output = std::process::Command::new(std::env::current_exe()?)
+        .args(["--crash-sweep", "--seed", &seed.to_string(), "--ks", &ks.join(","), "--point"])
+        .arg(index.to_string())
+        .arg("--report-json")
+        .stderr(std::process::Stdio::inherit())
+        .output()?;
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let line = stdout.lines().find_map(|line| line.strip_prefix(REPORT_PREFIX)).ok_or_else(|| {
+        anyhow::anyhow!("crash-sweep run {index}: the child ended ({}) without a report", output.status)
     })?;
     Ok(serde_json::from_str(line)?)
 }
@@ -137,6 +154,7 @@ fn main() -> anyhow::Result<()> {
     let mut crash_sweep = false;
     let mut ks: Vec<u64> = vec![1, 2, 3, 5, 8];
     let mut jobs = 1usize;
+    let mut point: Option<usize> = None;
     while let Some(arg) = args.next() {
         match arg.as_str() {
             "--chaos" => chaos = true,
@@ -152,6 +170,7 @@ fn main() -> anyhow::Result<()> {
                     "--first" => first = value.parse().unwrap_or_else(|_| usage()),
                     "--scenario" => scenario = Some(value),
                     "--jobs" => jobs = value.parse().unwrap_or_else(|_| usage()),
+                    "--point" => point = Some(value.parse().unwrap_or_else(|_| usage())),
                     "--ks" => {
                         ks = value.split(',').map(|k| k.parse().unwrap_or_else(|_| usage())).collect();
                     }
@@ -161,8 +180,24 @@ fn main() -> anyhow::Result<()> {
         }
     }
     if crash_sweep {
+        let seed = seed.unwrap_or(1);
+        if report_json {
+            // A child of a crash-point sweep with `--jobs` > 1: one run, one report line.
+            let index =
+                point.ok_or_else(|| anyhow::anyhow!("--crash-sweep --report-json needs --point I"))?;
+            let run = tidal_sim::crash_point_run(seed, &ks, index)?;
+            println!("{REPORT_PREFIX}{}", serde_json::to_string(&run)?);
+            return Ok(());
+        }
         let started = Instant::now();
-        let totals = tidal_sim::crash_sweep(seed.unwrap_or(1), &ks, jobs, &|line| println!("{line}"))?;
+        let progress = |line: &str| println!("{line}");
+        let totals = if jobs > 1 {
+            // Each run in a child process, as the seed sweep's (decisions/052): a failing point then
+            // replays alone exactly as it ran here.
+            tidal_sim::crash_sweep_with(&ks, jobs, &progress, &|index| point_in_child(seed, &ks, index))?
+        } else {
+            tidal_sim::crash_sweep(seed, &ks, 1, &progress)?
+        };
         println!();
         for (label, lines) in &totals.failures {
             println!("FAIL {label}");
