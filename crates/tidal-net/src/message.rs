@@ -331,7 +331,16 @@ impl TryFrom<pb::PullChunk> for Chunk {
         use pb::pull_chunk::Outcome;
         let outcome = match chunk.outcome.ok_or(WireError::Missing("outcome"))? {
             Outcome::Batches(b) => {
-                ChunkOutcome::Batches { prev: position(b.prev, "prev")?, batches: split_batches(b.batches)? }
+                // The received bytes are a slice of the client's decode buffer, which can be up to
+                // twice the chunk (it grows by doubling). A batch the ship tail keeps would keep
+                // all of it, so the chunk is copied once into a buffer of its own size; the
+                // batches are slices of that (decisions/053). The bound is checked first.
+                let bytes = if b.batches.len() > MESSAGE_BATCH_BYTES_MAX {
+                    b.batches
+                } else {
+                    bytes::Bytes::copy_from_slice(&b.batches)
+                };
+                ChunkOutcome::Batches { prev: position(b.prev, "prev")?, batches: split_batches(bytes)? }
             }
             Outcome::Diverged(history) => ChunkOutcome::Diverged(history_from_pb(history)),
             Outcome::Purged(p) => ChunkOutcome::Purged(position(Some(p), "purged")?),
@@ -373,6 +382,17 @@ mod tests {
         let original = ship();
         let wire = pb::ShipRequest::from(&original);
         assert_eq!(Ship::try_from(wire).unwrap(), original);
+    }
+
+    #[test]
+    fn split_batches_are_slices_of_the_message_not_copies() {
+        let bytes = bytes::Bytes::from(join_batches(&[batch(5, 1), batch(6, 3)]));
+        let range = bytes.as_ptr_range();
+        let batches = split_batches(bytes.clone()).unwrap();
+        assert_eq!(batches.len(), 2);
+        for batch in &batches {
+            assert!(range.contains(&batch.encoded().as_ptr()), "batch {} was copied", batch.first_seqno());
+        }
     }
 
     #[test]
