@@ -332,11 +332,6 @@ impl Batch {
     pub fn encoded(&self) -> &[u8] {
         &self.encoded
     }
-
-    /// Shared handle to the encoded bytes (no copy).
-    pub fn encoded_bytes(&self) -> bytes::Bytes {
-        self.encoded.clone()
-    }
 }
 
 #[cfg(test)]
