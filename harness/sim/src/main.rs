@@ -56,37 +56,42 @@ impl Report {
     }
 }
 
-/// Runs `seed` of `scenario` in a child process of this binary and reads its report.
-fn run_in_child(seed: u64, scenario: &Scenario) -> anyhow::Result<Report> {
+/// Runs this binary with `args` (which end in `--report-json`) and reads the report the child
+/// prints after [`REPORT_PREFIX`]; `what` names the run in an error.
+fn child_report<T: serde::de::DeserializeOwned>(args: &[String], what: &str) -> anyhow::Result<T> {
     let output = std::process::Command::new(std::env::current_exe()?)
-        .args(["--seed", &seed.to_string(), "--scenario", scenario.name, "--report-json"])
+        .args(args)
         .stderr(std::process::Stdio::inherit())
         .output()?;
     let stdout = String::from_utf8_lossy(&output.stdout);
-    let line = stdout.lines().find_map(|line| line.strip_prefix(REPORT_PREFIX)).ok_or_else(|| {
-        anyhow::anyhow!(
-            "seed {seed} of {}: the child ended ({}) without a report",
-            scenario.name,
-            output.status
-        )
-    })?;
+    let line = stdout
+        .lines()
+        .find_map(|line| line.strip_prefix(REPORT_PREFIX))
+        .ok_or_else(|| anyhow::anyhow!("{what}: the child ended ({}) without a report", output.status))?;
     Ok(serde_json::from_str(line)?)
+}
+
+/// Runs `seed` of `scenario` in a child process of this binary and reads its report.
+fn run_in_child(seed: u64, scenario: &Scenario) -> anyhow::Result<Report> {
+    let args = ["--seed", &seed.to_string(), "--scenario", scenario.name, "--report-json"].map(String::from);
+    child_report(&args, &format!("seed {seed} of {}", scenario.name))
 }
 
 /// Runs point `index` of the crash-point sweep over `ks` in a child process and reads its report.
 fn point_in_child(seed: u64, ks: &[u64], index: usize) -> anyhow::Result<tidal_sim::PointRun> {
     let ks: Vec<String> = ks.iter().map(u64::to_string).collect();
-    let output = std::process::Command::new(std::env::current_exe()?)
-        .args(["--crash-sweep", "--seed", &seed.to_string(), "--ks", &ks.join(","), "--point"])
-        .arg(index.to_string())
-        .arg("--report-json")
-        .stderr(std::process::Stdio::inherit())
-        .output()?;
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let line = stdout.lines().find_map(|line| line.strip_prefix(REPORT_PREFIX)).ok_or_else(|| {
-        anyhow::anyhow!("crash-sweep run {index}: the child ended ({}) without a report", output.status)
-    })?;
-    Ok(serde_json::from_str(line)?)
+    let args = [
+        "--crash-sweep",
+        "--seed",
+        &seed.to_string(),
+        "--ks",
+        &ks.join(","),
+        "--point",
+        &index.to_string(),
+        "--report-json",
+    ]
+    .map(String::from);
+    child_report(&args, &format!("crash-sweep run {index}"))
 }
 
 /// Fault counts by class, summed over runs.
