@@ -460,10 +460,19 @@ impl Counters {
 
 impl std::fmt::Display for Counters {
     fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        if self.0.is_empty() {
-            return formatter.write_str("none");
-        }
-        let parts: Vec<String> = self.0.iter().map(|(class, count)| format!("{class}={count}")).collect();
-        formatter.write_str(&parts.join(" "))
+        write_counts(formatter, self.0.iter())
     }
+}
+
+/// Writes counts by class as `class=count class=count`, or `none`: a run's [`Counters`], or a
+/// sweep's sums of them.
+pub fn write_counts<K: std::fmt::Display, C: std::fmt::Display>(
+    formatter: &mut std::fmt::Formatter<'_>,
+    counts: impl ExactSizeIterator<Item = (K, C)>,
+) -> std::fmt::Result {
+    if counts.len() == 0 {
+        return formatter.write_str("none");
+    }
+    let parts: Vec<String> = counts.map(|(class, count)| format!("{class}={count}")).collect();
+    formatter.write_str(&parts.join(" "))
 }

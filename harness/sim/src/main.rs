@@ -108,11 +108,7 @@ impl Counts {
 
 impl std::fmt::Display for Counts {
     fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        if self.0.is_empty() {
-            return formatter.write_str("none");
-        }
-        let parts: Vec<String> = self.0.iter().map(|(class, count)| format!("{class}={count}")).collect();
-        formatter.write_str(&parts.join(" "))
+        tidal_sim::faults::write_counts(formatter, self.0.iter())
     }
 }
 
