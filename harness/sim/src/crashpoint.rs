@@ -125,6 +125,11 @@ struct State {
     /// Renames fail while set (a rename error: the node must fail closed).
     fail_renames: bool,
     renames_failed: u64,
+    /// The path of every open file, by handle: a rename moves the handles open on its source, as
+    /// a POSIX rename moves the inode they hold. A prepared next segment (`segment.prep`, then
+    /// `segment.ready`) is opened under a name that is not a segment's and only becomes one when a
+    /// rotation renames it into place; its later writes and fsyncs are the segment's.
+    open: Vec<std::sync::Weak<Mutex<PathBuf>>>,
 }
 
 /// The wrapper: a [`FileIo`] over a node's [`SimIo`]. Cloning shares the state.
@@ -212,11 +217,17 @@ fn is_segment(path: &Path) -> bool {
 struct PointFile {
     io: CrashPointIo,
     inner: Box<dyn WalFile>,
-    path: PathBuf,
-    segment: bool,
+    /// Where the file is now (renames move it).
+    path: Arc<Mutex<PathBuf>>,
 }
 
 impl PointFile {
+    /// The file's path now, if it is a segment's.
+    fn segment(&self) -> Option<PathBuf> {
+        let path = self.path.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        is_segment(&path).then(|| path.clone())
+    }
+
     /// A segment write at `offset` (its end if `None`), with the write points.
     fn write(&mut self, offset: Option<u64>, buf: &[u8]) -> io::Result<()> {
         self.io.check_dead()?;
@@ -224,11 +235,11 @@ impl PointFile {
             Some(offset) => file.write_all_at(offset, bytes),
             None => file.write_all(bytes),
         };
-        if self.segment {
-            if let Some(mode) = self.io.reached(Op::BeforeWrite, &self.path.display()) {
+        if let Some(path) = self.segment() {
+            if let Some(mode) = self.io.reached(Op::BeforeWrite, &path.display()) {
                 return Err(self.io.die(mode));
             }
-            if let Some(mode) = self.io.reached(Op::MidWrite, &self.path.display()) {
+            if let Some(mode) = self.io.reached(Op::MidWrite, &path.display()) {
                 let _ = write(&mut self.inner, &buf[..buf.len() / 2]);
                 return Err(self.io.die(mode));
             }
@@ -248,15 +259,16 @@ impl WalFile for PointFile {
 
     fn sync_data(&mut self) -> io::Result<()> {
         self.io.check_dead()?;
-        if self.segment {
-            if let Some(mode) = self.io.reached(Op::BeforeSync, &self.path.display()) {
+        let segment = self.segment();
+        if let Some(path) = &segment {
+            if let Some(mode) = self.io.reached(Op::BeforeSync, &path.display()) {
                 // The fsync is called; the power goes before it returns.
                 return Err(self.io.die(mode));
             }
         }
         self.inner.sync_data()?;
-        if self.segment {
-            if let Some(mode) = self.io.reached(Op::AfterSync, &self.path.display()) {
+        if let Some(path) = &segment {
+            if let Some(mode) = self.io.reached(Op::AfterSync, &path.display()) {
                 // Durable on disk; the process dies before anyone learns it.
                 return Err(self.io.die(mode));
             }
@@ -297,7 +309,13 @@ impl FileIo for CrashPointIo {
                 return Err(self.die(mode));
             }
         }
-        Ok(Box::new(PointFile { io: self.clone(), inner, path: path.to_path_buf(), segment }))
+        let handle = Arc::new(Mutex::new(path.to_path_buf()));
+        {
+            let mut state = self.lock();
+            state.open.retain(|open| open.strong_count() > 0);
+            state.open.push(Arc::downgrade(&handle));
+        }
+        Ok(Box::new(PointFile { io: self.clone(), inner, path: handle }))
     }
 
     fn read_all(&self, path: &Path) -> io::Result<Vec<u8>> {
@@ -324,6 +342,12 @@ impl FileIo for CrashPointIo {
             }
         }
         self.inner.rename(from, to)?;
+        for open in self.lock().open.iter().filter_map(std::sync::Weak::upgrade) {
+            let mut path = open.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            if *path == from {
+                *path = to.to_path_buf();
+            }
+        }
         if is_segment(to) {
             // A prepared segment renamed into place (a rotation), its directory entry not fsynced.
             if let Some(mode) = self.reached(Op::NewSegment, &to.display()) {
@@ -377,4 +401,35 @@ pub fn sweep(ks: &[u64]) -> Vec<CrashPoint> {
         }
     }
     points
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    /// A prepared next segment is opened as `segment.prep`, renamed to `segment.ready` and then
+    /// into place by a rotation; the writer keeps its handle throughout. Once it is a segment, its
+    /// writes and fsyncs are boundaries; before, they are not (zeros, no batch at stake).
+    #[test]
+    fn a_handle_renamed_into_a_segment_counts_as_one() {
+        let dir = Path::new("/wal");
+        let io = CrashPointIo::new(SimIo::new());
+        io.create_dir_all(dir).unwrap();
+        let mut file = io.open_append(&dir.join(tidal_wal::segment::PREP_FILE_NAME)).unwrap();
+        io.arm(Op::BeforeWrite, 1, CrashMode::LoseUnsynced);
+        file.write_all_at(0, &[0; 64]).unwrap();
+        file.sync_data().unwrap();
+        assert_eq!(io.fired(), None, "a prepared segment's zeros are not a boundary");
+        let ready = dir.join(tidal_wal::segment::READY_FILE_NAME);
+        io.rename(&dir.join(tidal_wal::segment::PREP_FILE_NAME), &ready).unwrap();
+        file.write_all_at(0, &[0; 64]).unwrap();
+        assert_eq!(io.fired(), None);
+        let segment = dir.join(tidal_wal::segment::segment_file_name(tidal_types::Seqno(42)));
+        io.rename(&ready, &segment).unwrap();
+        assert!(file.write_all_at(0, b"batch").is_err(), "the node dies at the armed write");
+        let fired = io.fired().unwrap();
+        assert!(fired.starts_with("BeforeWrite #1 on ") && fired.ends_with(".seg"), "{fired}");
+    }
 }
