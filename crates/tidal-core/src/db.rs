@@ -133,6 +133,9 @@ pub struct TidalDb {
     /// True during a startup replay: the overlay's bound on applies is off (its bound on bytes
     /// stays). See [`TidalDb::set_replaying`].
     replaying: AtomicBool,
+    /// True during a startup replay unless `TIDAL_INGEST_SEEN=0`: a flush writes the seen pairs by
+    /// fjall's ingestion (decisions/054).
+    ingest_seen: AtomicBool,
     /// The thread that folds half of each large signal batch during a startup replay
     /// (decisions/047); `None` otherwise. Only the applier's thread uses it.
     fold_helper: Mutex<Option<rayon_core::ThreadPool>>,
@@ -278,6 +281,7 @@ impl TidalDb {
             flush_on_drop: true,
             import_incomplete: AtomicBool::new(import_incomplete),
             replaying: AtomicBool::new(false),
+            ingest_seen: AtomicBool::new(false),
             fold_helper: Mutex::new(None),
             close_watchers: Mutex::new(Vec::new()),
         })
@@ -298,9 +302,12 @@ impl TidalDb {
     ///
     /// A replay also folds the two halves of each large signal batch on two threads
     /// (decisions/047), unless the machine has one CPU or `TIDAL_PARALLEL_FOLD=0`; the helper
-    /// thread ends with the replay.
+    /// thread ends with the replay. And its flushes write the seen pairs as new tables by fjall's
+    /// ingestion, before the batch with the rest (decisions/054), unless `TIDAL_INGEST_SEEN=0`.
     pub fn set_replaying(&self, on: bool) {
         self.replaying.store(on, Ordering::Relaxed);
+        let ingest = on && std::env::var("TIDAL_INGEST_SEEN").map_or(true, |v| v != "0");
+        self.ingest_seen.store(ingest, Ordering::Relaxed);
         let wanted = on
             && std::env::var("TIDAL_PARALLEL_FOLD").map_or(true, |v| v != "0")
             && std::thread::available_parallelism().is_ok_and(|n| n.get() > 1);
@@ -860,6 +867,7 @@ impl TidalDb {
                 counters: counters.take_dirty(&mut state.index),
                 applied_seqno: applied,
                 last_time_ms: self.last_applied_time_ms(),
+                ingest_seen: self.ingest_seen.load(Ordering::Relaxed),
                 // Exact at `applied`: every apply that changes them holds the writer lock we hold.
                 items: self.items.load(Ordering::Relaxed),
                 users: self.users.load(Ordering::Relaxed),

@@ -68,6 +68,9 @@ pub struct FlushStats {
 pub enum FlushStage {
     /// The frozen overlay is visible to reads; fjall does not hold it yet.
     BeforeCommit,
+    /// A startup replay's flush: fjall holds the frozen overlay's seen pairs (ingested), not the
+    /// rest of it nor its applied seqno.
+    AfterIngest,
     /// fjall holds the frozen overlay; it is still visible to reads.
     AfterCommit,
 }
@@ -91,6 +94,9 @@ pub struct FrozenOverlay {
     pub applied_seqno: Seqno,
     /// The logged time of the last batch at the freeze.
     pub last_time_ms: u64,
+    /// Whether the seen pairs go in by ingestion ([`Overlay::ingest_seen`]): a startup replay's
+    /// flushes.
+    pub ingest_seen: bool,
     /// Items with metadata at the freeze.
     pub items: u64,
     /// Users with a profile at the freeze.
@@ -357,7 +363,7 @@ impl FrozenOverlay {
     /// Puts everything into `writes`: the data, then the applied seqno and the logged time, and
     /// the counts an open reads instead of counting (decisions/048), all in one atomic batch.
     pub fn flush_into(&self, stores: &Stores, writes: &mut fjall::OwnedWriteBatch) {
-        self.overlay.flush_into(stores, writes);
+        self.overlay.flush_into(stores, writes, self.ingest_seen);
         self.dirty.flush_into(stores, writes);
         self.counters.flush_into(stores, writes);
         writes.insert(&stores.meta, keys::META_APPLIED_SEQNO, self.applied_seqno.0.to_le_bytes());
@@ -408,9 +414,27 @@ pub fn run<S>(context: FlusherContext<S>, frozen_overlays: Receiver<Arc<FrozenOv
             }
         }
         let started = Instant::now();
+        let ingested = if frozen.ingest_seen {
+            match frozen.overlay.ingest_seen(&stores) {
+                Ok(ingested) => ingested,
+                Err(error) => {
+                    let reason =
+                        format!("ingestion of the seen pairs frozen at {}: {error}", frozen.applied_seqno);
+                    tracing::error!("failed to flush: {reason}; the engine refuses further applies");
+                    shared.finish(Some(reason));
+                    return;
+                }
+            }
+        } else {
+            0
+        };
+        if frozen.ingest_seen && !shared.pass(FlushStage::AfterIngest) {
+            shared.finish(None);
+            continue;
+        }
         let mut writes = stores.database.batch();
         frozen.flush_into(&stores, &mut writes);
-        let entries = writes.len();
+        let entries = writes.len() + ingested;
         if let Err(error) = writes.commit() {
             let reason = format!("commit of the overlay frozen at {}: {error}", frozen.applied_seqno);
             tracing::error!("failed to flush: {reason}; the engine refuses further applies");

@@ -178,8 +178,9 @@ impl Overlay {
         }
     }
 
-    /// Puts every dirty entry of the overlay into `writes` (the caller adds the rest and commits).
-    pub fn flush_into(&self, stores: &Stores, writes: &mut fjall::OwnedWriteBatch) {
+    /// Puts every dirty entry of the overlay into `writes` (the caller adds the rest and commits),
+    /// the seen pairs too unless `seen_ingested` ([`Overlay::ingest_seen`] wrote them).
+    pub fn flush_into(&self, stores: &Stores, writes: &mut fjall::OwnedWriteBatch, seen_ingested: bool) {
         // Key order: fjall's memtable inserts are cheaper in order.
         let mut items: Vec<_> = self.items.iter().collect();
         items.sort_unstable_by_key(|(item, _)| **item);
@@ -202,16 +203,12 @@ impl Overlay {
                 None => writes.remove(&stores.embeddings, keys::item_key(item)),
             }
         }
-        let mut users: Vec<_> = self.users.iter().map(|dirty| (&dirty.name, dirty)).collect();
-        users.sort_unstable_by_key(|(user, _)| (user.len(), user.as_bytes()));
-        for (user, dirty) in users {
-            writes.insert(&stores.profiles, user.as_bytes(), dirty.profile.encode());
-            let mut seen = dirty.seen.clone();
-            seen.sort_unstable();
-            // One fjall batch must not hold a key twice.
-            seen.dedup();
-            for item in seen {
-                writes.insert(&stores.seen, keys::seen_key(user, item), []);
+        for dirty in self.users_in_key_order() {
+            writes.insert(&stores.profiles, dirty.name.as_bytes(), dirty.profile.encode());
+            if !seen_ingested {
+                for item in dirty.seen_in_key_order() {
+                    writes.insert(&stores.seen, keys::seen_key(&dirty.name, item), []);
+                }
             }
         }
         for (key, value) in &self.idempotency {
@@ -220,6 +217,44 @@ impl Overlay {
                 None => writes.remove(&stores.idempotency, key.as_slice()),
             }
         }
+    }
+}
+
+impl Overlay {
+    /// The dirty users in the key order of their profiles and seen pairs (length, then bytes).
+    fn users_in_key_order(&self) -> Vec<&DirtyUser> {
+        let mut users: Vec<&DirtyUser> = self.users.iter().collect();
+        users.sort_unstable_by_key(|dirty| (dirty.name.len(), dirty.name.as_bytes()));
+        users
+    }
+
+    /// Writes the overlay's seen pairs as new tables of the seen keyspace (fjall's ingestion: no
+    /// journal, no memtable), before the flush's batch. Only a set gains: a crash between this and
+    /// the batch leaves seen pairs of batches at most the frozen applied seqno (durable and
+    /// committed, the flusher's gate) beside an older applied seqno, and the replay from there adds
+    /// the same pairs again. The count written.
+    pub fn ingest_seen(&self, stores: &Stores) -> Result<usize, fjall::Error> {
+        let mut ingestion = stores.seen.start_ingestion()?;
+        let mut written = 0;
+        for dirty in self.users_in_key_order() {
+            for item in dirty.seen_in_key_order() {
+                ingestion.write(keys::seen_key(&dirty.name, item), [])?;
+                written += 1;
+            }
+        }
+        ingestion.finish()?;
+        Ok(written)
+    }
+}
+
+impl DirtyUser {
+    /// The user's seen items, ascending and once each (one fjall batch must not hold a key twice;
+    /// an ingestion takes strictly ascending keys).
+    fn seen_in_key_order(&self) -> Vec<u64> {
+        let mut seen = self.seen.clone();
+        seen.sort_unstable();
+        seen.dedup();
+        seen
     }
 }
 
