@@ -234,6 +234,11 @@ impl Overlay {
     /// committed, the flusher's gate) beside an older applied seqno, and the replay from there adds
     /// the same pairs again. The count written.
     pub fn ingest_seen(&self, stores: &Stores) -> Result<usize, fjall::Error> {
+        // An ingestion creates its first table file at once, and one that ends empty leaves it
+        // behind.
+        if self.users.iter().all(|dirty| dirty.seen.is_empty()) {
+            return Ok(0);
+        }
         let mut ingestion = stores.seen.start_ingestion()?;
         let mut written = 0;
         for dirty in self.users_in_key_order() {
