@@ -133,9 +133,9 @@ pub struct TidalDb {
     /// True during a startup replay: the overlay's bound on applies is off (its bound on bytes
     /// stays). See [`TidalDb::set_replaying`].
     replaying: AtomicBool,
-    /// True during a startup replay unless `TIDAL_INGEST_SEEN=0`: a flush writes the seen pairs by
-    /// fjall's ingestion (decisions/054).
-    ingest_seen: AtomicBool,
+    /// False with `TIDAL_INGEST_SEEN=0`: a startup replay's flushes write the seen pairs through
+    /// the batch like the live path's, not by fjall's ingestion (decisions/054).
+    replay_ingests_seen: bool,
     /// The thread that folds half of each large signal batch during a startup replay
     /// (decisions/047); `None` otherwise. Only the applier's thread uses it.
     fold_helper: Mutex<Option<rayon_core::ThreadPool>>,
@@ -281,7 +281,7 @@ impl TidalDb {
             flush_on_drop: true,
             import_incomplete: AtomicBool::new(import_incomplete),
             replaying: AtomicBool::new(false),
-            ingest_seen: AtomicBool::new(false),
+            replay_ingests_seen: std::env::var("TIDAL_INGEST_SEEN").map_or(true, |v| v != "0"),
             fold_helper: Mutex::new(None),
             close_watchers: Mutex::new(Vec::new()),
         })
@@ -306,8 +306,6 @@ impl TidalDb {
     /// ingestion, before the batch with the rest (decisions/054), unless `TIDAL_INGEST_SEEN=0`.
     pub fn set_replaying(&self, on: bool) {
         self.replaying.store(on, Ordering::Relaxed);
-        let ingest = on && std::env::var("TIDAL_INGEST_SEEN").map_or(true, |v| v != "0");
-        self.ingest_seen.store(ingest, Ordering::Relaxed);
         let wanted = on
             && std::env::var("TIDAL_PARALLEL_FOLD").map_or(true, |v| v != "0")
             && std::thread::available_parallelism().is_ok_and(|n| n.get() > 1);
@@ -867,7 +865,7 @@ impl TidalDb {
                 counters: counters.take_dirty(&mut state.index),
                 applied_seqno: applied,
                 last_time_ms: self.last_applied_time_ms(),
-                ingest_seen: self.ingest_seen.load(Ordering::Relaxed),
+                ingest_seen: self.replay_ingests_seen && self.replaying.load(Ordering::Relaxed),
                 // Exact at `applied`: every apply that changes them holds the writer lock we hold.
                 items: self.items.load(Ordering::Relaxed),
                 users: self.users.load(Ordering::Relaxed),

@@ -414,16 +414,16 @@ pub fn run<S>(context: FlusherContext<S>, frozen_overlays: Receiver<Arc<FrozenOv
             }
         }
         let started = Instant::now();
+        // A failed write is fatal: logged here and kept in `shared`.
+        let fail = |what: &str, error: fjall::Error| {
+            let reason = format!("{what} of the overlay frozen at {}: {error}", frozen.applied_seqno);
+            tracing::error!("failed to flush: {reason}; the engine refuses further applies");
+            shared.finish(Some(reason));
+        };
         let ingested = if frozen.ingest_seen {
             match frozen.overlay.ingest_seen(&stores) {
                 Ok(ingested) => ingested,
-                Err(error) => {
-                    let reason =
-                        format!("ingestion of the seen pairs frozen at {}: {error}", frozen.applied_seqno);
-                    tracing::error!("failed to flush: {reason}; the engine refuses further applies");
-                    shared.finish(Some(reason));
-                    return;
-                }
+                Err(error) => return fail("ingestion of the seen pairs", error),
             }
         } else {
             0
@@ -436,10 +436,7 @@ pub fn run<S>(context: FlusherContext<S>, frozen_overlays: Receiver<Arc<FrozenOv
         frozen.flush_into(&stores, &mut writes);
         let entries = writes.len() + ingested;
         if let Err(error) = writes.commit() {
-            let reason = format!("commit of the overlay frozen at {}: {error}", frozen.applied_seqno);
-            tracing::error!("failed to flush: {reason}; the engine refuses further applies");
-            shared.finish(Some(reason));
-            return;
+            return fail("commit", error);
         }
         let elapsed = started.elapsed();
         shared.committed(frozen.applied_seqno, entries, elapsed);
