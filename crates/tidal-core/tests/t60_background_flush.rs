@@ -363,20 +363,7 @@ fn a_crash_between_a_replay_flushs_ingestion_and_its_commit_recovers_to_the_same
         drop(db);
         // Most of those flushes have no seen pairs (the item batches): an ingestion started for
         // them would leave an empty table file behind each time.
-        let mut empty = Vec::new();
-        let mut dirs = vec![dir.path().to_path_buf()];
-        while let Some(next) = dirs.pop() {
-            for entry in std::fs::read_dir(next).unwrap() {
-                let entry = entry.unwrap();
-                if entry.file_type().unwrap().is_dir() {
-                    dirs.push(entry.path());
-                } else if entry.metadata().unwrap().len() == 0
-                    && entry.path().parent().unwrap().ends_with("tables")
-                {
-                    empty.push(entry.path());
-                }
-            }
-        }
+        let empty = empty_table_files(dir.path());
         assert!(empty.is_empty(), "empty table files: {empty:?}");
     }
     let dir = tempfile::tempdir().unwrap();
@@ -406,4 +393,25 @@ fn a_crash_between_a_replay_flushs_ingestion_and_its_commit_recovers_to_the_same
     tracing::info!("replaying again changes nothing");
     apply_all(&db, &log.batches);
     assert_eq!(db.digest().unwrap(), clean);
+}
+
+/// Empty files in any `tables` directory under `dir` (fjall keeps a keyspace's tables there).
+fn empty_table_files(dir: &Path) -> Vec<std::path::PathBuf> {
+    let mut empty = Vec::new();
+    let mut dirs = vec![dir.to_path_buf()];
+    while let Some(next) = dirs.pop() {
+        for entry in std::fs::read_dir(next).unwrap() {
+            let entry = entry.unwrap();
+            if entry.file_type().unwrap().is_dir() {
+                dirs.push(entry.path());
+            } else if entry.metadata().unwrap().len() == 0 && in_tables_dir(&entry.path()) {
+                empty.push(entry.path());
+            }
+        }
+    }
+    empty
+}
+
+fn in_tables_dir(path: &Path) -> bool {
+    path.parent().is_some_and(|parent| parent.ends_with("tables"))
 }

@@ -213,8 +213,9 @@ fn main() -> anyhow::Result<()> {
         );
         println!("wall time: {:.1}s ({} jobs)", started.elapsed().as_secs_f64(), jobs.max(1));
         println!("{}", totals.line());
-        // A point not reached is a hole in the proof, not a pass: the sweep fails on it too (the
-        // 14 points at k=8 that went unreached for days, decisions/052's measurements).
+        // A point not reached is a hole in the proof, not a pass: the sweep fails on it too (14
+        // points at k=8 went unreached for days while it passed; docs/measurements.md,
+        // 2026-12-03).
         if !totals.failures.is_empty() || !totals.missed.is_empty() {
             std::process::exit(1);
         }
