@@ -29,6 +29,7 @@ use crate::fast_hash::{FastMap, FastState};
 use crate::feed_index::{Embeddings, FeedIndex, ScoresMut};
 use crate::keys::Profile;
 use crate::overlay::{DirtyUser, Overlay, OverlayView};
+use crate::prefetch::{prefetch, prefetch_address, prefetch_slice};
 use crate::record::{ControlRecord, SignalColumns, SignalRef};
 use crate::stores::Stores;
 use crate::trend::{decay_factor, distance_ms, Trend};
@@ -128,7 +129,8 @@ pub fn profiles(
     let dimension = config.dimension as usize;
     let envelope_time = i64::try_from(envelope_time_ms).unwrap_or(i64::MAX);
     let (mut new_users, mut bytes) = (0, 0);
-    for (event, &slot) in events.iter().zip(slots) {
+    for (at, (event, &slot)) in events.iter().zip(slots).enumerate() {
+        prefetch_ahead(overlay, slots, at);
         let t = event.ts_ms.unwrap_or(envelope_time);
         let embedding = embeddings.get(event.item);
         // A user the read phase found in the overlay (nearly every event once it is warm) is an
@@ -154,6 +156,27 @@ pub fn profiles(
         fold_event(dirty, t, &event, embedding, config.profile_half_life_ms);
     }
     (new_users, bytes + events.len() * 8)
+}
+
+/// How many events ahead of the one being folded the fold prefetches its user's entry...
+const USER_AHEAD: usize = 16;
+/// ... and, that entry having arrived meanwhile, the profile vector and the seen list's tail.
+const VECTOR_AHEAD: usize = 8;
+
+/// Prefetches what the events [`USER_AHEAD`] and [`VECTOR_AHEAD`] after `at` will touch, in two
+/// steps: the vector's address is in the user entry, which the first step brought in.
+fn prefetch_ahead(overlay: &Overlay, slots: &[u32], at: usize) {
+    let user = |ahead: usize| {
+        let slot = *slots.get(at + ahead)?;
+        overlay.users.get(slot as usize)
+    };
+    if let Some(dirty) = user(USER_AHEAD) {
+        prefetch(dirty);
+    }
+    if let Some(dirty) = user(VECTOR_AHEAD) {
+        prefetch_slice(&dirty.profile.vector);
+        prefetch_address(dirty.seen.as_ptr_range().end.cast());
+    }
 }
 
 /// One event into its user's profile and seen items.

@@ -38,6 +38,7 @@ mod idempotency;
 mod keys;
 mod negatives;
 mod overlay;
+mod prefetch;
 mod raft_store;
 mod ranked;
 pub mod record;
