@@ -51,6 +51,7 @@ use crate::overlay::{Overlay, OverlayView, WriterDirty, ENTRY_OVERHEAD_BYTES};
 use crate::ranked::{rank_feed, rank_similar, rank_trending, RankParams, Ranked, RANKED_LIMIT_MAX};
 use crate::record::{decode_for_apply, records_fingerprint, Envelope, FoldRecords, Records, SignalColumns};
 use crate::record_error::RecordError;
+use crate::seen;
 use crate::stores::Stores;
 use crate::trend::Trend;
 
@@ -544,11 +545,15 @@ impl TidalDb {
         let profile = view.profile(&self.stores, user, self.config.dimension as usize)?;
         let mut excluded: HashSet<u64> = exclude.iter().copied().collect();
         excluded.extend(view.seen(user));
-        let prefix = keys::seen_prefix(user);
-        for guard in self.stores.seen.prefix(&prefix) {
-            let key = guard.key()?;
-            let item = key.get(prefix.len()..).and_then(keys::item_of_key);
-            excluded.insert(item.ok_or_else(|| corrupt("seen", "malformed key"))?);
+        let (mut stored, mut items) = (0, Vec::new());
+        for guard in self.stores.seen.prefix(keys::seen_prefix(user)) {
+            let (key, value) = guard.into_inner()?;
+            seen::entry_items(&key, &value, &mut items)?;
+            stored += 1;
+        }
+        excluded.extend(items);
+        if stored > seen::KEYS_BEFORE_MERGE {
+            self.flush.request_seen_merge(user);
         }
         excluded.extend(self.load_negatives(user)?.items());
         let params = RankParams {

@@ -12,6 +12,7 @@ use tidal_types::Seqno;
 
 use crate::error::Error;
 use crate::keys;
+use crate::seen;
 use crate::stores::Stores;
 
 /// `(applied seqno, digest)` of the log-derived state in `snapshot`.
@@ -19,10 +20,10 @@ pub fn state_digest(stores: &Stores, snapshot: &fjall::Snapshot) -> Result<(Seqn
     let mut hasher = StateHasher::default();
     for (name, keyspace) in stores.log_derived() {
         hasher.keyspace(name);
-        for guard in snapshot.iter(keyspace) {
-            let (key, value) = guard.into_inner()?;
-            hasher.entry(&key, &value);
-        }
+        for_each_entry(name, snapshot.iter(keyspace).map(|guard| guard.into_inner()), |key, value| {
+            hasher.entry(key, value);
+            Ok::<(), Error>(())
+        })?;
         hasher.end_keyspace();
     }
     let applied = match snapshot.get(&stores.meta, keys::META_APPLIED_SEQNO)? {
@@ -33,6 +34,24 @@ pub fn state_digest(stores: &Stores, snapshot: &fjall::Snapshot) -> Result<(Seqn
         })?,
     };
     Ok((Seqno(applied), hasher.finish(Seqno(applied))))
+}
+
+/// Feeds the entries of the log-derived keyspace `name` to `emit` as the digest and a snapshot see
+/// them, in key order: the stored entries, but the seen set's logical pairs
+/// ([`seen::for_each_logical`]), whatever layout holds them.
+pub fn for_each_entry<E: From<Error>>(
+    name: &str,
+    raw: impl IntoIterator<Item = Result<(fjall::Slice, fjall::Slice), fjall::Error>>,
+    mut emit: impl FnMut(&[u8], &[u8]) -> Result<(), E>,
+) -> Result<(), E> {
+    if name == "seen" {
+        return seen::for_each_logical(raw, emit);
+    }
+    for entry in raw {
+        let (key, value) = entry.map_err(Error::from)?;
+        emit(&key, &value)?;
+    }
+    Ok(())
 }
 
 /// The state digest's encoding, fed one keyspace at a time in [`Stores::log_derived`] order. Shared

@@ -20,7 +20,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::Receiver;
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, RwLock};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, PoisonError, RwLock};
 use std::time::{Duration, Instant};
 
 use tidal_types::Seqno;
@@ -28,7 +28,8 @@ use tidal_types::Seqno;
 use crate::counters::DirtyCounters;
 use crate::error::Error;
 use crate::keys;
-use crate::overlay::{FrozenDirty, Overlay};
+use crate::overlay::{FrozenDirty, Overlay, SeenWrites};
+use crate::seen;
 use crate::stores::Stores;
 
 /// Upper bounds (inclusive, milliseconds) of the flush duration buckets; the last is a catch-all.
@@ -56,6 +57,8 @@ pub struct FlushStats {
     pub backpressure_waits: u64,
     /// Total time applies spent in those waits, milliseconds.
     pub backpressure_wait_ms_sum: u64,
+    /// Users whose stored seen entries flushes merged into one chunk (decisions/056).
+    pub seen_merged: u64,
     /// Whether a flush is in flight.
     pub in_flight: bool,
     /// Whether a flush failed (fatal: the engine refuses applies).
@@ -68,7 +71,7 @@ pub struct FlushStats {
 pub enum FlushStage {
     /// The frozen overlay is visible to reads; fjall does not hold it yet.
     BeforeCommit,
-    /// A startup replay's flush: fjall holds the frozen overlay's seen pairs (ingested), not the
+    /// A startup replay's flush: fjall holds the frozen overlay's seen chunks (ingested), not the
     /// rest of it nor its applied seqno.
     AfterIngest,
     /// fjall holds the frozen overlay; it is still visible to reads.
@@ -155,6 +158,27 @@ pub struct FlushShared {
     max_duration_ms: AtomicU64,
     backpressure_waits: AtomicU64,
     backpressure_wait_ms_sum: AtomicU64,
+    /// Users whose seen entries a read found too many of: the next flush merges them.
+    seen_merges: Mutex<std::collections::BTreeSet<Box<str>>>,
+    /// Users whose seen entries flushes merged.
+    seen_merged: AtomicU64,
+}
+
+/// At most this many users wait for a merge of their seen entries; a read asks again later.
+const SEEN_MERGES_PENDING_MAX: usize = 4096;
+
+/// At most this many users' seen entries are merged by one flush.
+const SEEN_MERGES_PER_FLUSH: usize = 256;
+
+/// One user's seen entries merged into one chunk, read by the flusher before its batch.
+#[derive(Debug)]
+pub struct SeenMerge {
+    /// The user.
+    pub user: Box<str>,
+    /// The stored keys the merged chunk replaces.
+    pub stored: Vec<fjall::Slice>,
+    /// Every item of those keys and of the frozen overlay, ascending, once each.
+    pub items: Vec<u64>,
 }
 
 #[derive(Debug, Default)]
@@ -276,6 +300,7 @@ impl FlushShared {
             max_duration_ms: load(&self.max_duration_ms),
             backpressure_waits: load(&self.backpressure_waits),
             backpressure_wait_ms_sum: load(&self.backpressure_wait_ms_sum),
+            seen_merged: load(&self.seen_merged),
             in_flight: progress.in_flight.is_some(),
             failed: progress.failed.is_some(),
         }
@@ -323,6 +348,21 @@ impl FlushShared {
         self.changed.notify_all();
     }
 
+    /// Asks the next flush to merge `user`'s seen entries into one chunk (a read found too many).
+    /// Dropped if too many wait already: a later read asks again.
+    pub fn request_seen_merge(&self, user: &str) {
+        let mut pending = self.seen_merges.lock().unwrap_or_else(PoisonError::into_inner);
+        if pending.len() < SEEN_MERGES_PENDING_MAX && !pending.contains(user) {
+            pending.insert(user.into());
+        }
+    }
+
+    /// Up to [`SEEN_MERGES_PER_FLUSH`] users waiting for a merge.
+    fn take_seen_merges(&self) -> Vec<Box<str>> {
+        let mut pending = self.seen_merges.lock().unwrap_or_else(PoisonError::into_inner);
+        std::iter::from_fn(|| pending.pop_first()).take(SEEN_MERGES_PER_FLUSH).collect()
+    }
+
     fn lock(&self) -> MutexGuard<'_, Progress> {
         self.progress.lock().expect("flush progress lock poisoned: no code panics while holding it")
     }
@@ -362,8 +402,9 @@ impl Drop for FlushHold {
 impl FrozenOverlay {
     /// Puts everything into `writes`: the data, then the applied seqno and the logged time, and
     /// the counts an open reads instead of counting (decisions/048), all in one atomic batch.
-    pub fn flush_into(&self, stores: &Stores, writes: &mut fjall::OwnedWriteBatch) {
-        self.overlay.flush_into(stores, writes, self.ingest_seen);
+    pub fn flush_into(&self, stores: &Stores, writes: &mut fjall::OwnedWriteBatch, merges: &[SeenMerge]) {
+        let seen = if self.ingest_seen { SeenWrites::Ingested } else { SeenWrites::Chunks(merges) };
+        self.overlay.flush_into(stores, writes, self.applied_seqno.0, seen);
         self.dirty.flush_into(stores, writes);
         self.counters.flush_into(stores, writes);
         writes.insert(&stores.meta, keys::META_APPLIED_SEQNO, self.applied_seqno.0.to_le_bytes());
@@ -421,7 +462,7 @@ pub fn run<S>(context: FlusherContext<S>, frozen_overlays: Receiver<Arc<FrozenOv
             shared.finish(Some(reason));
         };
         let ingested = if frozen.ingest_seen {
-            match frozen.overlay.ingest_seen(&stores) {
+            match frozen.overlay.ingest_seen(&stores, frozen.applied_seqno.0) {
                 Ok(ingested) => ingested,
                 Err(error) => return fail("ingestion of the seen pairs", error),
             }
@@ -432,14 +473,21 @@ pub fn run<S>(context: FlusherContext<S>, frozen_overlays: Receiver<Arc<FrozenOv
             shared.finish(None);
             continue;
         }
+        // A replay's flush (ingested) leaves the merges to a later one.
+        let merges = if frozen.ingest_seen { Vec::new() } else { shared.take_seen_merges() };
+        let merges = match read_seen_merges(&stores, &frozen.overlay, merges) {
+            Ok(merges) => merges,
+            Err(error) => return fail("a read of the seen entries to merge", error),
+        };
         let mut writes = stores.database.batch();
-        frozen.flush_into(&stores, &mut writes);
+        frozen.flush_into(&stores, &mut writes, &merges);
         let entries = writes.len() + ingested;
         if let Err(error) = writes.commit() {
             return fail("commit", error);
         }
         let elapsed = started.elapsed();
         shared.committed(frozen.applied_seqno, entries, elapsed);
+        shared.seen_merged.fetch_add(merges.len() as u64, Ordering::Relaxed);
         shared.pass(FlushStage::AfterCommit);
         // Readers saw the frozen overlay's values until now and see the same values in fjall from
         // now on. A poisoned lock means an apply panicked; retiring is still correct.
@@ -453,6 +501,34 @@ pub fn run<S>(context: FlusherContext<S>, frozen_overlays: Receiver<Arc<FrozenOv
         shared.finish(None);
         tracing::debug!(%applied, entries, ?elapsed, "overlay flushed");
     }
+}
+
+/// Reads the stored seen entries of each of `users` and joins them with the frozen overlay's
+/// items of that user: what one chunk will hold in their place. Only the flusher writes the seen
+/// keyspace, so nothing changes them between this read and the batch.
+fn read_seen_merges(
+    stores: &Stores,
+    overlay: &Overlay,
+    users: Vec<Box<str>>,
+) -> Result<Vec<SeenMerge>, fjall::Error> {
+    let mut merges = Vec::with_capacity(users.len());
+    for user in users {
+        let (mut stored, mut items, mut found) = (Vec::new(), Vec::new(), Vec::new());
+        for guard in stores.seen.prefix(keys::seen_prefix(&user)) {
+            let (key, value) = guard.into_inner()?;
+            found.clear();
+            // A damaged entry stays where it is, for reads to report; the rest still merge.
+            if seen::entry_items(&key, &value, &mut found).is_ok() {
+                items.extend_from_slice(&found);
+                stored.push(key);
+            }
+        }
+        items.extend(overlay.user(&user).into_iter().flat_map(|dirty| dirty.seen.iter().copied()));
+        items.sort_unstable();
+        items.dedup();
+        merges.push(SeenMerge { user, stored, items });
+    }
+    Ok(merges)
 }
 
 struct PanicGuard<'a> {

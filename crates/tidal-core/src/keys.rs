@@ -78,7 +78,9 @@ pub fn seen_prefix(user: &str) -> Vec<u8> {
     key
 }
 
-/// Key of one (user, item) in the seen set.
+/// Key of one (user, item) pair in the seen set: how the digest and a snapshot see the set, and
+/// how data dirs before seen chunks (and snapshot installs) store it (decisions/056).
+#[cfg(test)]
 pub fn seen_key(user: &str, item: u64) -> Vec<u8> {
     let mut key = seen_prefix(user);
     key.extend_from_slice(&item.to_be_bytes());

@@ -43,6 +43,7 @@ mod raft_store;
 mod ranked;
 pub mod record;
 mod record_error;
+mod seen;
 pub mod snapshot;
 mod stores;
 mod trend;

@@ -8,7 +8,8 @@
 //!   up in the [`crate::feed_index::FeedIndex`] at flush time: the flusher encodes a frozen
 //!   overlay on its own thread while the applier keeps changing the index.
 //! - A flush writes every dirty entry, the applied seqno and the logged time in ONE fjall batch,
-//!   so fjall always holds a prefix of the log; a frozen overlay stays visible to reads until
+//!   so fjall always holds a prefix of the log (a replay's flush ingests its seen chunks first,
+//!   decisions/054: the seen set only gains); a frozen overlay stays visible to reads until
 //!   after that commit.
 
 use std::collections::hash_map::Entry;
@@ -19,8 +20,10 @@ use tidal_types::Seqno;
 use crate::dirty_set::{last_values, DirtySet};
 use crate::error::Error;
 use crate::fast_hash::FastMap;
+use crate::flusher::SeenMerge;
 use crate::idempotency;
 use crate::keys::{self, Profile};
+use crate::seen;
 use crate::stores::Stores;
 use crate::trend::Trend;
 
@@ -178,9 +181,16 @@ impl Overlay {
         }
     }
 
-    /// Puts every dirty entry of the overlay into `writes` (the caller adds the rest and commits),
-    /// the seen pairs too unless `seen_ingested` ([`Overlay::ingest_seen`] wrote them).
-    pub fn flush_into(&self, stores: &Stores, writes: &mut fjall::OwnedWriteBatch, seen_ingested: bool) {
+    /// Puts every dirty entry of the overlay into `writes` (the caller adds the rest and commits);
+    /// `seen` says how the seen items go in. `chunk` names this flush's seen chunks (its applied
+    /// seqno).
+    pub fn flush_into(
+        &self,
+        stores: &Stores,
+        writes: &mut fjall::OwnedWriteBatch,
+        chunk: u64,
+        seen: SeenWrites<'_>,
+    ) {
         // Key order: fjall's memtable inserts are cheaper in order.
         let mut items: Vec<_> = self.items.iter().collect();
         items.sort_unstable_by_key(|(item, _)| **item);
@@ -203,12 +213,29 @@ impl Overlay {
                 None => writes.remove(&stores.embeddings, keys::item_key(item)),
             }
         }
+        let merges = match seen {
+            SeenWrites::Ingested => &[][..],
+            SeenWrites::Chunks(merges) => merges,
+        };
+        let merged: std::collections::HashSet<&str> = merges.iter().map(|merge| &*merge.user).collect();
         for dirty in self.users_in_key_order() {
             writes.insert(&stores.profiles, dirty.name.as_bytes(), dirty.profile.encode());
-            if !seen_ingested {
-                for item in dirty.seen_in_key_order() {
-                    writes.insert(&stores.seen, keys::seen_key(&dirty.name, item), []);
+            let chunks = matches!(seen, SeenWrites::Chunks(_));
+            if chunks && !dirty.seen.is_empty() && !merged.contains(&*dirty.name) {
+                let value = seen::encode_chunk(&dirty.seen_in_key_order());
+                writes.insert(&stores.seen, seen::chunk_key(&dirty.name, chunk), value);
+            }
+        }
+        for merge in merges {
+            let key = seen::chunk_key(&merge.user, chunk);
+            for stored in &merge.stored {
+                // One batch holds a key once: the merged chunk replaces a stored one of this id.
+                if **stored != *key {
+                    writes.remove(&stores.seen, stored.clone());
                 }
+            }
+            if !merge.items.is_empty() {
+                writes.insert(&stores.seen, key, seen::encode_chunk(&merge.items));
             }
         }
         for (key, value) in &self.idempotency {
@@ -228,12 +255,12 @@ impl Overlay {
         users
     }
 
-    /// Writes the overlay's seen pairs as new tables of the seen keyspace (fjall's ingestion: no
-    /// journal, no memtable), before the flush's batch. Only a set gains: a crash between this and
-    /// the batch leaves seen pairs of batches at most the frozen applied seqno (durable and
-    /// committed, the flusher's gate) beside an older applied seqno, and the replay from there adds
-    /// the same pairs again. The count written.
-    pub fn ingest_seen(&self, stores: &Stores) -> Result<usize, fjall::Error> {
+    /// Writes the overlay's seen chunks (named `chunk`, the flush's applied seqno) as new tables of
+    /// the seen keyspace (fjall's ingestion: no journal, no memtable), before the flush's batch.
+    /// Only a set gains: a crash between this and the batch leaves seen items of batches at most
+    /// the frozen applied seqno (durable and committed, the flusher's gate) beside an older applied
+    /// seqno, and the replay from there adds the same items again. The count of chunks written.
+    pub fn ingest_seen(&self, stores: &Stores, chunk: u64) -> Result<usize, fjall::Error> {
         // An ingestion creates its first table file at once, and one that ends empty leaves it
         // behind.
         if self.users.iter().all(|dirty| dirty.seen.is_empty()) {
@@ -241,9 +268,11 @@ impl Overlay {
         }
         let mut ingestion = stores.seen.start_ingestion()?;
         let mut written = 0;
+        // Users in key order, one chunk each: the keys ascend, as an ingestion needs.
         for dirty in self.users_in_key_order() {
-            for item in dirty.seen_in_key_order() {
-                ingestion.write(keys::seen_key(&dirty.name, item), [])?;
+            if !dirty.seen.is_empty() {
+                let value = seen::encode_chunk(&dirty.seen_in_key_order());
+                ingestion.write(seen::chunk_key(&dirty.name, chunk), value)?;
                 written += 1;
             }
         }
@@ -252,9 +281,18 @@ impl Overlay {
     }
 }
 
+/// How a flush writes the seen items of its overlay.
+#[derive(Clone, Copy, Debug)]
+pub enum SeenWrites<'a> {
+    /// [`Overlay::ingest_seen`] wrote them already.
+    Ingested,
+    /// One chunk per user in the batch, but for the users of these merges, whose one chunk
+    /// replaces their stored entries.
+    Chunks(&'a [SeenMerge]),
+}
+
 impl DirtyUser {
-    /// The user's seen items, ascending and once each (one fjall batch must not hold a key twice;
-    /// an ingestion takes strictly ascending keys).
+    /// The user's seen items, ascending and once each (a chunk's items ascend strictly).
     fn seen_in_key_order(&self) -> Vec<u64> {
         let mut seen = self.seen.clone();
         seen.sort_unstable();

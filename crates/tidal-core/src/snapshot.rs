@@ -51,6 +51,9 @@ pub const SECTIONS: [&str; 9] =
 pub const NEGATIVES: &str = "negatives";
 /// Index of the negatives section in [`SECTIONS`].
 pub const NEGATIVES_SECTION: usize = 8;
+/// Index of the seen section in [`SECTIONS`]: the seen set's logical pairs, whatever layout the
+/// exporter stores them in (decisions/056).
+pub const SEEN_SECTION: usize = 6;
 /// meta key present while an install is replacing the state (never in a snapshot).
 pub const META_IMPORT_PENDING: &[u8] = b"import_pending";
 

@@ -14,6 +14,7 @@
 //! prints the open time, the replay time and MB/s and events/s; the last line is the median.
 //! `TIDAL_BENCH_DIR` picks the scratch directory (default: a temp dir). `TIDAL_BENCH_REOPEN=1` also
 //! times a clean restart of each run's replayed state (engine open, WAL scan, replay of the rest).
+//! `TIDAL_BENCH_FEEDS=N` times N feed reads right after each open (p50, p99, max).
 #![allow(clippy::unwrap_used)]
 
 use std::path::Path;
@@ -82,11 +83,18 @@ fn main() {
             flush.backpressure_waits,
             flush.backpressure_wait_ms_sum
         );
+        if let Some(feeds) = std::env::var("TIDAL_BENCH_FEEDS").ok().and_then(|n| n.parse().ok()) {
+            time_feeds(node.db(), run, feeds);
+        }
         rates.push((rate, events as f64 / replay, report.bytes as f64 / 1e6 / open));
         let stopping = Instant::now();
         node.shutdown();
         drop(node);
-        println!("run {run}: clean shutdown {:.2}s", stopping.elapsed().as_secs_f64());
+        println!(
+            "run {run}: clean shutdown {:.2}s; the engine's files: {:.1} MB",
+            stopping.elapsed().as_secs_f64(),
+            dir_bytes(&data_dir.join("state")) as f64 / 1e6
+        );
         if std::env::var_os("TIDAL_BENCH_REOPEN").is_some() {
             // A clean restart of the replayed state: what an open costs with it all in fjall.
             let started = Instant::now();
@@ -119,6 +127,42 @@ fn main() {
         median(|r| r.0),
         median(|r| r.1),
         median(|r| r.2)
+    );
+}
+
+/// Bytes of the files under `dir`.
+fn dir_bytes(dir: &Path) -> u64 {
+    std::fs::read_dir(dir).map_or(0, |entries| {
+        entries
+            .flatten()
+            .map(|entry| match entry.file_type() {
+                Ok(kind) if kind.is_dir() => dir_bytes(&entry.path()),
+                _ => entry.metadata().map_or(0, |meta| meta.len()),
+            })
+            .sum()
+    })
+}
+
+/// Times `count` feeds (20 items) of users spread over the workload's users, right after the open:
+/// the reads that meet whatever the replay left in fjall (seen tables not compacted yet).
+fn time_feeds(db: &tidal_core::TidalDb, run: usize, count: u64) {
+    let mut micros: Vec<u128> = Vec::new();
+    let mut returned = 0;
+    for n in 0..count {
+        let user = format!("user-{}", (n * 7_919) % USERS);
+        let started = Instant::now();
+        let feed = db.feed(&user, 20, &[]).unwrap();
+        micros.push(started.elapsed().as_micros());
+        returned += feed.items.len();
+    }
+    micros.sort_unstable();
+    let at = |q: f64| micros[((micros.len() - 1) as f64 * q).round() as usize];
+    println!(
+        "run {run}: {count} feeds after the open: p50 {} µs, p99 {} µs, max {} µs ({} items returned)",
+        at(0.5),
+        at(0.99),
+        micros.last().unwrap(),
+        returned
     );
 }
 

@@ -1235,6 +1235,12 @@ async fn metrics(State(state): State<Arc<AppState>>) -> Response {
             flush.backpressure_wait_ms_sum as f64 / 1e3,
         ),
         (
+            "tidal_engine_seen_merges_total",
+            "counter",
+            "Users whose stored seen entries a flush merged into one chunk (a read found too many).",
+            flush.seen_merged as f64,
+        ),
+        (
             "tidal_engine_flush_in_flight",
             "gauge",
             "Whether an engine flush is running.",

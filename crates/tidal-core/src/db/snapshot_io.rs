@@ -37,9 +37,10 @@ use crate::error::Error;
 use crate::keys;
 use crate::negatives::NegativesState;
 use crate::overlay::{Overlay, WriterDirty};
+use crate::seen;
 use crate::snapshot::{
     hex, read_snapshot, SnapshotError, SnapshotInfo, SnapshotWriter, META_IMPORT_PENDING, NEGATIVES,
-    NEGATIVES_SECTION, SECTIONS,
+    NEGATIVES_SECTION, SECTIONS, SEEN_SECTION,
 };
 
 /// Bytes of keys and values per fjall write batch during an install: bounds the memory of one batch
@@ -91,10 +92,8 @@ impl TidalDb {
         let negatives = (NEGATIVES, &self.stores.negatives);
         for (name, keyspace) in self.stores.log_derived().into_iter().chain([negatives]) {
             writer.section(name)?;
-            for guard in snapshot.iter(keyspace) {
-                let (key, value) = guard.into_inner()?;
-                writer.entry(&key, &value)?;
-            }
+            let entries = snapshot.iter(keyspace).map(|guard| guard.into_inner());
+            crate::digest::for_each_entry(name, entries, |key, value| writer.entry(key, value))?;
             writer.end_section()?;
         }
         let (info, out) = writer.finish()?;
@@ -161,7 +160,7 @@ impl TidalDb {
         marker.insert(&self.stores.meta, META_IMPORT_PENDING, info.position.seqno.0.to_le_bytes());
         marker.commit()?;
         self.delete_log_derived()?;
-        let mut import = Import::new(self);
+        let mut import = Import::new(self, info.position.seqno);
         let mut written = 0u64;
         let installed = read_snapshot(open_file(path)?, dimension, &mut |section, key, value| {
             if written == stop_after {
@@ -254,21 +253,40 @@ struct Import<'a> {
     batch_bytes: usize,
     meta: Vec<(Vec<u8>, Vec<u8>)>,
     negatives: Vec<(String, NegativesState)>,
+    /// The snapshot's applied seqno: the id of the seen chunks the install writes.
+    chunk: u64,
+    /// The user (key prefix) whose seen pairs are being gathered into one chunk, and its items.
+    seen_user: Vec<u8>,
+    seen_items: Vec<u64>,
 }
 
 impl<'a> Import<'a> {
-    fn new(db: &'a TidalDb) -> Import<'a> {
+    fn new(db: &'a TidalDb, applied: Seqno) -> Import<'a> {
         Import {
             db,
             batch: db.stores.database.batch(),
             batch_bytes: 0,
             meta: Vec::new(),
             negatives: Vec::new(),
+            chunk: applied.0,
+            seen_user: Vec::new(),
+            seen_items: Vec::new(),
         }
     }
 
     fn entry(&mut self, section: usize, key: &[u8], value: &[u8]) -> Result<(), SnapshotError> {
         let stores = &self.db.stores;
+        if section == SEEN_SECTION {
+            // The snapshot carries the seen set as pairs in key order (decisions/056); the reader
+            // checked their shape. Each user's go in as one chunk.
+            let (user, item) = key.split_at(key.len() - 8);
+            if user != self.seen_user.as_slice() {
+                self.seen_chunk()?;
+                self.seen_user.extend_from_slice(user);
+            }
+            self.seen_items.push(keys::item_of_key(item).ok_or_else(|| super::corrupt("seen", "bad item"))?);
+            return Ok(());
+        }
         match section {
             0 => self.meta.push((key.to_vec(), value.to_vec())),
             NEGATIVES_SECTION => {
@@ -291,6 +309,26 @@ impl<'a> Import<'a> {
                 }
             }
         }
+        Ok(())
+    }
+
+    /// Writes the gathered user's seen items as one chunk, if any.
+    fn seen_chunk(&mut self) -> Result<(), SnapshotError> {
+        if !self.seen_items.is_empty() {
+            self.seen_items.sort_unstable();
+            self.seen_items.dedup();
+            let mut key = std::mem::take(&mut self.seen_user);
+            key.push(seen::CHUNK_TAG);
+            key.extend_from_slice(&self.chunk.to_be_bytes());
+            let value = seen::encode_chunk(&self.seen_items);
+            self.batch_bytes += key.len() + value.len();
+            self.batch.insert(&self.db.stores.seen, key, value);
+            self.seen_items.clear();
+            if self.batch_bytes >= INSTALL_BATCH_BYTES_MAX {
+                self.commit()?;
+            }
+        }
+        self.seen_user.clear();
         Ok(())
     }
 
@@ -319,6 +357,7 @@ impl<'a> Import<'a> {
 
     /// Commits the rest, then the snapshot's meta with the marker's removal in ONE batch.
     fn finish(mut self) -> Result<(), SnapshotError> {
+        self.seen_chunk()?;
         self.commit()?;
         self.merge_negatives()?;
         let stores = &self.db.stores;
@@ -352,5 +391,6 @@ mod tests {
         let names: Vec<&str> = db.stores.log_derived().iter().map(|(name, _)| *name).collect();
         assert_eq!(names, SECTIONS[..NEGATIVES_SECTION]);
         assert_eq!(SECTIONS[NEGATIVES_SECTION], NEGATIVES);
+        assert_eq!(SECTIONS[SEEN_SECTION], "seen");
     }
 }
