@@ -218,9 +218,9 @@ impl Overlay {
             SeenWrites::Chunks(merges) => merges,
         };
         let merged: std::collections::HashSet<&str> = merges.iter().map(|merge| &*merge.user).collect();
+        let chunks = matches!(seen, SeenWrites::Chunks(_));
         for dirty in self.users_in_key_order() {
             writes.insert(&stores.profiles, dirty.name.as_bytes(), dirty.profile.encode());
-            let chunks = matches!(seen, SeenWrites::Chunks(_));
             if chunks && !dirty.seen.is_empty() && !merged.contains(&*dirty.name) {
                 let value = seen::encode_chunk(&dirty.seen_in_key_order());
                 writes.insert(&stores.seen, seen::chunk_key(&dirty.name, chunk), value);

@@ -29,7 +29,7 @@ use crate::error::Error;
 use crate::keys;
 
 /// The byte after a user's prefix that starts a chunk's suffix (a pair's suffix is 8 bytes only).
-pub const CHUNK_TAG: u8 = 0x01;
+const CHUNK_TAG: u8 = 0x01;
 
 /// Length of a chunk key's suffix after the user's prefix: the tag and the chunk id.
 const CHUNK_SUFFIX: usize = 9;
@@ -43,10 +43,14 @@ pub const KEYS_BEFORE_MERGE: usize = 16;
 
 /// The key of one of `user`'s chunks.
 pub fn chunk_key(user: &str, chunk: u64) -> Vec<u8> {
-    let mut key = keys::seen_prefix(user);
-    key.push(CHUNK_TAG);
-    key.extend_from_slice(&chunk.to_be_bytes());
-    key
+    chunk_key_after(keys::seen_prefix(user), chunk)
+}
+
+/// The key of a chunk of the user whose key prefix ([`keys::seen_prefix`]) is `prefix`.
+pub fn chunk_key_after(mut prefix: Vec<u8>, chunk: u64) -> Vec<u8> {
+    prefix.push(CHUNK_TAG);
+    prefix.extend_from_slice(&chunk.to_be_bytes());
+    prefix
 }
 
 /// A chunk's value: `items` must be ascending and distinct.
@@ -166,16 +170,17 @@ pub fn for_each_logical<E: From<Error>>(
         items.clear();
         Ok(())
     };
+    let mut found = Vec::new();
     for entry in raw {
         let (key, value) = entry.map_err(Error::from)?;
-        let mut found = Vec::new();
+        found.clear();
         let user = entry_items(&key, &value, &mut found)?;
         if user != prefix.as_slice() {
             flush(&prefix, &mut items)?;
             prefix.clear();
             prefix.extend_from_slice(user);
         }
-        items.extend(found);
+        items.extend_from_slice(&found);
     }
     flush(&prefix, &mut items)
 }

@@ -317,9 +317,7 @@ impl<'a> Import<'a> {
         if !self.seen_items.is_empty() {
             self.seen_items.sort_unstable();
             self.seen_items.dedup();
-            let mut key = std::mem::take(&mut self.seen_user);
-            key.push(seen::CHUNK_TAG);
-            key.extend_from_slice(&self.chunk.to_be_bytes());
+            let key = seen::chunk_key_after(std::mem::take(&mut self.seen_user), self.chunk);
             let value = seen::encode_chunk(&self.seen_items);
             self.batch_bytes += key.len() + value.len();
             self.batch.insert(&self.db.stores.seen, key, value);
