@@ -83,7 +83,9 @@ fn main() {
             flush.backpressure_waits,
             flush.backpressure_wait_ms_sum
         );
-        if let Some(feeds) = std::env::var("TIDAL_BENCH_FEEDS").ok().and_then(|n| n.parse().ok()) {
+        if let Some(feeds) =
+            std::env::var("TIDAL_BENCH_FEEDS").ok().and_then(|n| n.parse().ok()).filter(|&n| n > 0)
+        {
             time_feeds(node.db(), run, feeds);
         }
         rates.push((rate, events as f64 / replay, report.bytes as f64 / 1e6 / open));
