@@ -29,8 +29,8 @@ use crate::applier::{ApplierSender, DurableFrontier};
 use crate::commit_state::CommitState;
 use crate::control::{ControlPlane, ControlTiming, TermGate};
 use crate::decide::{
-    answer_probe, append_only, decide_ship, divergence_point, BatchMeta, Located, LogView, ProbeAnswer,
-    ShipMeta, Step, Verdict,
+    answer_probe, append_only, decide_ship, divergence_point, next_after, resume_after_gap, BatchMeta,
+    Located, LogView, ProbeAnswer, Reply, ShipMeta, Step, Verdict,
 };
 use crate::ship_feed::{ShipFeed, TailRead};
 use crate::snapshot::{
@@ -100,7 +100,7 @@ const PULL_INTERVAL_MIN: Duration = Duration::from_millis(200);
 pub const SNAPSHOT_INSTALL_INTERVAL_MIN: Duration = Duration::from_secs(5);
 
 /// Every class of refused replication input [`Replica::refusals`] counts.
-pub const REFUSAL_CLASSES: [&str; 10] = [
+pub const REFUSAL_CLASSES: [&str; 11] = [
     "wrong_secret",
     "wrong_cluster",
     "malformed",
@@ -111,6 +111,8 @@ pub const REFUSAL_CLASSES: [&str; 10] = [
     "stale_source",
     "halted",
     "append_failed",
+    // Sent, not received: a ship or pulled chunk of ours whose prev our log does not hold (a bug).
+    "unheld_prev",
 ];
 
 /// The WAL hook of a cluster node.
@@ -325,6 +327,10 @@ pub struct Replica {
     /// The highest term this process opened as leader (0: none). A term this node led in an earlier
     /// process is not resumed (office.rs, decisions/023).
     opened_term: AtomicU64,
+    /// The persisted vote's term when this process started. openraft makes a node leader of a
+    /// term at or below it only by restoring an election an earlier process won: such a term is
+    /// handed over, never resumed (office.rs, decisions/057).
+    boot_term: Term,
     /// When the last automatic install started (rate limit).
     last_install: Mutex<Option<Instant>>,
     installs: Mutex<InstallStats>,
@@ -455,6 +461,7 @@ impl Replica {
             peers.insert(node.id, members::connect(&spec, node, &connector)?);
         }
         let (serving, _) = watch::channel(None);
+        let boot_term = gate.term();
         let replica = Arc::new(Replica {
             spec,
             me,
@@ -490,6 +497,7 @@ impl Replica {
             snapshots,
             installing: tokio::sync::Mutex::new(()),
             opened_term: AtomicU64::new(0),
+            boot_term,
             last_install: Mutex::new(None),
             installs: Mutex::new(InstallStats::default()),
             pulls: Mutex::new(PullStats::default()),
@@ -813,6 +821,15 @@ impl Replica {
                 }
                 continue;
             }
+            if !self.holds(after) {
+                // Never reached by the rules above; if a regression gets here, the follower's prev
+                // check would pass a position we never wrote. Resume from our own log instead.
+                self.count_refusal("unheld_prev");
+                let resumed = resume_after_gap(after, &self.leader_view());
+                tracing::error!(%follower, prev = %after, %resumed, "a ship's prev is not in our log; not sent");
+                after = resumed;
+                continue;
+            }
             let ship = Ship {
                 cluster_id: self.spec.cluster_id.clone(),
                 term,
@@ -938,31 +955,41 @@ impl Replica {
             // needs the purge horizon pinned.
             self.snapshots.pins().follower_matched(follower, matched.seqno);
         }
-        match answer.outcome {
+        let reply = match answer.outcome {
             ShipOutcome::Matched(matched) => {
                 self.commit.record_matched(follower, answer.term, matched);
-                matched
+                Reply::Matched(matched)
             }
-            ShipOutcome::Gap(last) => last,
+            ShipOutcome::Gap(last) => Reply::Gap(last),
             ShipOutcome::Fenced => {
                 tracing::error!(%follower, term = %answer.term, "a follower has a higher term; this leader must step down");
-                after
+                Reply::Unchanged
             }
-            ShipOutcome::NotYet => after,
-            ShipOutcome::Diverged(history) => {
-                // Resend from the divergence point; the follower quarantines its batches after it.
-                let ours = self.wal.term_history();
-                let follower_last =
-                    TermSeqno { term: history.last().map_or(Term(0), |e| e.term), seqno: answer.durable };
-                let from = divergence_point(&ours, self.wal.last_position(), &history, follower_last);
-                tracing::warn!(%follower, prev = %ship.prev, %from, "follower diverged; resending from the divergence point");
-                from
-            }
+            ShipOutcome::NotYet => Reply::Unchanged,
+            ShipOutcome::Diverged(history) => Reply::Diverged { history, durable: answer.durable },
             ShipOutcome::Refused(reason) => {
                 tracing::warn!(%follower, "follower refused a ship: {reason}");
-                after
+                Reply::Unchanged
             }
+        };
+        let next = next_after(&reply, after, &self.leader_view(), &self.wal.term_history());
+        if matches!(reply, Reply::Diverged { .. }) {
+            // The follower quarantines its batches after the divergence point when they come.
+            tracing::warn!(%follower, prev = %ship.prev, from = %next, "follower diverged; resending from the divergence point");
         }
+        next
+    }
+
+    /// This node's durable log as the decision core sees it.
+    fn leader_view(&self) -> WalView<'_> {
+        WalView { wal: &self.wal, commit: &self.commit, term: self.gate.term() }
+    }
+
+    /// Whether our log holds `prev` (decisions/057): the written tail of the ship feed (a batch end
+    /// or its base) or the durable WAL. No ship and no pulled chunk leaves this node with a `prev`
+    /// it does not hold; a miss is a bug, counted (`unheld_prev`) and checked by the simulation.
+    fn holds(&self, prev: TermSeqno) -> bool {
+        self.feed.holds(prev) || self.wal.holds(prev)
     }
 
     // ---------------------------------------------------------------- follower: receive
@@ -1461,9 +1488,7 @@ impl Replica {
         if from.seqno > Seqno::ZERO && from.seqno < purged.seqno {
             return Ok(Box::pin(tokio_stream::iter([Ok(header(ChunkOutcome::Purged(purged)))])));
         }
-        let holds =
-            from.seqno == Seqno::ZERO || from == purged || self.wal.term_at(from.seqno) == Some(from.term);
-        if !holds {
+        if !self.wal.holds(from) {
             let history = self.wal.term_history();
             return Ok(Box::pin(tokio_stream::iter([Ok(header(ChunkOutcome::Diverged(history)))])));
         }
@@ -1480,10 +1505,14 @@ impl Replica {
             // Runs of the segment files' bytes, cut at batch boundaries from the headers alone: no
             // decoding, hashing or copying per batch here. The follower verifies every batch's seal
             // before its WAL takes it (tidal-net `split_batches`), and `receive_from` decides.
-            let opened = crate::blocking::blocking(move || wal.read_raw_from(from.seqno.next())).await;
+            let opening = wal.clone();
+            let opened = crate::blocking::blocking(move || open_pull_reader(&opening, from)).await;
             let mut reader = match opened {
-                Ok(Ok(reader)) => reader,
-                Ok(Err(error)) => return drop(tx.send(read_failed(error.to_string())).await),
+                Ok(PullStart::Reader(reader)) => reader,
+                Ok(PullStart::Refused(outcome)) => {
+                    return drop(tx.send(Ok(Chunk { term, leader, baseline, commit, outcome })).await);
+                }
+                Ok(PullStart::Failed(error)) => return drop(tx.send(read_failed(error)).await),
                 Err(error) => return drop(tx.send(read_failed(error.to_string())).await),
             };
             let mut prev = from;
@@ -1505,6 +1534,12 @@ impl Replica {
                     Ok(None) => return,
                     Err(error) => return drop(tx.send(read_failed(error.to_string())).await),
                 };
+                if !wal.holds(prev) {
+                    // The log was cut after this run was read: end here (the follower pulls again).
+                    return drop(
+                        tx.send(read_failed(format!("{prev} left the log while serving a pull"))).await,
+                    );
+                }
                 let chunk = Chunk {
                     term,
                     leader,
@@ -1519,6 +1554,31 @@ impl Replica {
             }
         });
         Ok(Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx)))
+    }
+}
+
+/// How a pull's reader started.
+enum PullStart {
+    /// Reading the batches that follow `from` in this log.
+    Reader(tidal_wal::RawReader),
+    /// The log does not hold `from` (any more), or purged past it: the one chunk to answer.
+    Refused(ChunkOutcome),
+    /// The WAL could not be read.
+    Failed(String),
+}
+
+/// Opens the reader of a pull after `from`. The check that our log holds `from` is made again here,
+/// with the reader's start, under the WAL's log lock: `serve_pull`'s first check runs earlier, and a
+/// quarantine and refill in between (a node taking office by adopting another log, just when its
+/// followers pull from it) would otherwise pair `from` with batches of the new log (decisions/057).
+fn open_pull_reader(wal: &Wal, from: TermSeqno) -> PullStart {
+    match wal.read_raw_after(from) {
+        Ok(reader) => PullStart::Reader(reader),
+        Err(tidal_wal::Error::NotInLog { .. }) => {
+            PullStart::Refused(ChunkOutcome::Diverged(wal.term_history()))
+        }
+        Err(tidal_wal::Error::Purged { .. }) => PullStart::Refused(ChunkOutcome::Purged(wal.purged())),
+        Err(error) => PullStart::Failed(error.to_string()),
     }
 }
 
@@ -1636,8 +1696,59 @@ impl tidal_net::Handler for ReplicaService {
 
 #[cfg(test)]
 mod tests {
-    use super::LeaderCommit;
-    use tidal_types::{Seqno, Term};
+    use super::{open_pull_reader, LeaderCommit, PullStart};
+    use std::sync::Arc;
+    use tidal_net::ChunkOutcome;
+    use tidal_types::{RecordKind, Seqno, Term, TermSeqno};
+    use tidal_wal::{AppendRequest, Batch, FlushedHook, ManualClock, SimIo, Wal, WalConfig};
+
+    struct NoHook;
+
+    impl FlushedHook for NoHook {
+        fn flushed(&mut self, _batches: &[Batch]) {}
+    }
+
+    fn wal_with(io: &SimIo, term: u64, batches: u64) -> Wal {
+        let config = WalConfig::new("/wal");
+        let clock = Arc::new(ManualClock::new(1_000));
+        let (wal, _) = Wal::open(config, Arc::new(io.clone()), clock, Box::new(NoHook)).expect("open WAL");
+        wal.set_term(Term(term));
+        for _ in 0..batches {
+            let request = AppendRequest { kind: RecordKind::Signal, event_count: 2, payload: vec![0; 16] };
+            wal.append_blocking(request).expect("append");
+        }
+        wal
+    }
+
+    /// Finding 2 of the safety review, as `serve_pull` meets it: its first check passes, the log is
+    /// quarantined and refilled with another term's batches (a node adopting another log while
+    /// taking office), then the reader opens. At a57b07b the reader (`read_raw_from`) started
+    /// after the stale `prev` and served the new log's batches under it.
+    #[test]
+    fn a_pull_opened_after_a_quarantine_and_refill_answers_diverged() {
+        let io = SimIo::new();
+        let wal = wal_with(&io, 1, 5);
+        let from = TermSeqno { term: Term(1), seqno: Seqno(8) };
+        assert!(wal.holds(from), "serve_pull's first check passes");
+        let other = wal_with(&SimIo::new(), 1, 3);
+        other.set_term(Term(2));
+        for _ in 0..3 {
+            let request = AppendRequest { kind: RecordKind::Signal, event_count: 2, payload: vec![1; 16] };
+            other.append_blocking(request).expect("append");
+        }
+        let replacement: Vec<Batch> =
+            other.read_from(Seqno(7)).expect("read").map(|batch| batch.expect("batch")).collect();
+        wal.quarantine_from(Seqno(7)).expect("quarantine");
+        wal.append_replicated_blocking(replacement).expect("refill");
+        match open_pull_reader(&wal, from) {
+            PullStart::Refused(ChunkOutcome::Diverged(history)) => {
+                assert_eq!(history.last().map(|e| e.term), Some(Term(2)));
+            }
+            PullStart::Reader(_) => panic!("a reader after {from}, which the log no longer holds"),
+            PullStart::Refused(other) => panic!("unexpected refusal {other:?}"),
+            PullStart::Failed(error) => panic!("unexpected failure {error}"),
+        }
+    }
 
     #[test]
     fn a_notice_commits_only_what_a_live_ship_of_its_term_matched() {

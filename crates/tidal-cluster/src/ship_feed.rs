@@ -37,7 +37,11 @@ pub enum TailRead {
 struct Tail {
     batches: VecDeque<Batch>,
     bytes: usize,
-    /// Position of the last batch pushed, or where the tail starts when empty.
+    /// The position right before the front batch (where the tail starts): the leader's log holds
+    /// it, with its term, because it is the last position of a batch that fell off the front or
+    /// the WAL's last position at a reset. Equal to `last` when the tail is empty.
+    base: TermSeqno,
+    /// Position of the last batch pushed, or `base` when empty.
     last: TermSeqno,
 }
 
@@ -55,7 +59,7 @@ impl ShipFeed {
     pub fn new(last: TermSeqno, bytes_max: usize, batches_max: usize) -> ShipFeed {
         let (last_tx, _) = watch::channel(last.seqno);
         ShipFeed {
-            tail: Arc::new(Mutex::new(Tail { batches: VecDeque::new(), bytes: 0, last })),
+            tail: Arc::new(Mutex::new(Tail { batches: VecDeque::new(), bytes: 0, base: last, last })),
             bytes_max: bytes_max.max(1),
             batches_max: batches_max.max(1),
             last_tx: Arc::new(last_tx),
@@ -87,6 +91,7 @@ impl ShipFeed {
         {
             if let Some(old) = tail.batches.pop_front() {
                 tail.bytes -= old.encoded().len();
+                tail.base = TermSeqno { term: old.term(), seqno: old.last_seqno() };
             }
         }
         let last = tail.last.seqno;
@@ -99,6 +104,7 @@ impl ShipFeed {
         let mut tail = self.lock();
         tail.batches.clear();
         tail.bytes = 0;
+        tail.base = last;
         tail.last = last;
         drop(tail);
         self.last_tx.send_replace(last.seqno);
@@ -114,37 +120,45 @@ impl ShipFeed {
         self.last_tx.subscribe()
     }
 
-    /// Batches after `after` (a batch boundary), at most `bytes_max` bytes but always at least one
-    /// batch if one is available.
+    /// Whether `position` is a position of the tail: its base or the last position of one of its
+    /// batches, with the same term.
+    pub fn holds(&self, position: TermSeqno) -> bool {
+        let tail = self.lock();
+        if position == tail.base || position == tail.last {
+            return true;
+        }
+        if position.seqno <= tail.base.seqno || position.seqno >= tail.last.seqno {
+            return false;
+        }
+        let start = tail.batches.partition_point(|batch| batch.first_seqno() <= position.seqno);
+        let batch = &tail.batches[start - 1];
+        batch.last_seqno() == position.seqno && batch.term() == position.term
+    }
+
+    /// Batches after `after`, at most `bytes_max` bytes but always at least one batch if one is
+    /// available. Only for an `after` the tail holds, term included ([`ShipFeed::holds`]): the
+    /// batches then continue exactly the log the follower's prev check will compare against. Any
+    /// other position is `Unknown` (or `Rotated` below the tail), never a guess: a follower's own
+    /// last position that merely lines up with the tail's front would otherwise pass its own prev
+    /// check with batches of another log (decisions/057).
     pub fn read_after(&self, after: TermSeqno, bytes_max: usize) -> TailRead {
         let tail = self.lock();
-        if after.seqno == tail.last.seqno {
-            return if after.term == tail.last.term || tail.batches.is_empty() {
-                TailRead::Batches(Vec::new())
-            } else {
-                TailRead::Unknown
-            };
+        if after == tail.last {
+            return TailRead::Batches(Vec::new());
         }
-        let Some(front) = tail.batches.front() else {
-            return if after.seqno < tail.last.seqno {
-                TailRead::Rotated { tail_first: tail.last.seqno.next() }
-            } else {
-                TailRead::Unknown
-            };
-        };
-        if after.seqno.next() < front.first_seqno() {
-            return TailRead::Rotated { tail_first: front.first_seqno() };
+        if after == tail.base {
+            return TailRead::Batches(take(&tail.batches, 0, bytes_max));
         }
-        // Batches are contiguous: find the one starting right after `after` by binary search.
-        let start = tail.batches.partition_point(|batch| batch.first_seqno() <= after.seqno);
-        if start == 0 || start > tail.batches.len() {
-            // after.seqno + 1 == front.first: the batch before the front is not in the tail, so its
-            // term cannot be checked here; ship it and let the follower's prev check decide.
-            if after.seqno.next() == front.first_seqno() {
-                return TailRead::Batches(take(&tail.batches, 0, bytes_max));
-            }
+        if after.seqno < tail.base.seqno {
+            return TailRead::Rotated { tail_first: tail.base.seqno.next() };
+        }
+        if after.seqno == tail.base.seqno || after.seqno >= tail.last.seqno {
+            // The base or the end with another term, or past our end: not our log.
             return TailRead::Unknown;
         }
+        // Strictly inside the tail (base < after < last), so `start >= 1`. Batches are contiguous:
+        // find the one starting right after `after` by binary search.
+        let start = tail.batches.partition_point(|batch| batch.first_seqno() <= after.seqno);
         let previous = &tail.batches[start - 1];
         if previous.last_seqno() != after.seqno || previous.term() != after.term {
             return TailRead::Unknown;
@@ -215,6 +229,36 @@ mod tests {
         small.push(&[batch(1, 1, 1), batch(2, 1, 1)]);
         let TailRead::Batches(b) = small.read_after(at(1, 1), 1 << 20) else { panic!() };
         assert_eq!(b.len(), 1, "a batch larger than the bound is still kept");
+    }
+
+    /// Finding 1 of the safety review: a follower's own last position that lines up with the
+    /// tail's front must not become the `prev` of the front batch unless the tail's base IS that
+    /// position. At a57b07b this shipped `{prev (1,101), [(3,102)]}` and the follower accepted it.
+    #[test]
+    fn a_position_that_only_lines_up_with_the_front_is_unknown() {
+        let feed = ShipFeed::new(at(0, 0), 1 << 20, 1000);
+        feed.reset(at(2, 101));
+        assert_eq!(feed.read_after(at(1, 101), 1 << 20), TailRead::Unknown, "empty tail, other term");
+        feed.push(&[batch(102, 1, 3)]);
+        assert_eq!(feed.read_after(at(1, 101), 1 << 20), TailRead::Unknown);
+        let TailRead::Batches(front) = feed.read_after(at(2, 101), 1 << 20) else { panic!() };
+        assert_eq!(front.len(), 1, "the base itself ships the front");
+        assert!(feed.holds(at(2, 101)) && feed.holds(at(3, 102)));
+        assert!(!feed.holds(at(1, 101)) && !feed.holds(at(2, 102)));
+    }
+
+    /// The base moves with the batches that fall off the front and keeps their term.
+    #[test]
+    fn the_base_follows_rotation_with_its_term() {
+        let feed = ShipFeed::new(at(0, 0), 1 << 20, 2);
+        feed.push(&[batch(1, 1, 1), batch(2, 2, 1), batch(4, 1, 2), batch(5, 1, 2)]);
+        assert!(feed.holds(at(1, 3)), "the last batch to fall off is the base");
+        assert!(feed.holds(at(2, 4)) && feed.holds(at(2, 5)));
+        assert!(!feed.holds(at(2, 3)) && !feed.holds(at(1, 4)) && !feed.holds(at(1, 1)));
+        assert_eq!(feed.read_after(at(2, 3), 1 << 20), TailRead::Unknown);
+        assert_eq!(feed.read_after(at(1, 1), 1 << 20), TailRead::Rotated { tail_first: Seqno(4) });
+        let TailRead::Batches(rest) = feed.read_after(at(1, 3), 1 << 20) else { panic!() };
+        assert_eq!(rest.len(), 2);
     }
 
     #[test]

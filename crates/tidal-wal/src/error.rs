@@ -99,6 +99,13 @@ pub enum Error {
         /// Where the reader started.
         requested: Seqno,
     },
+    /// A read was asked to start after a position this log does not hold (not the end of a retained
+    /// batch with that term, nor the purge point): the caller's log and this one differ there.
+    #[error("position {position} is not in this log; its history differs there")]
+    NotInLog {
+        /// The position asked for.
+        position: tidal_types::TermSeqno,
+    },
     /// A reset was given a term history that does not fit its position.
     #[error("invalid reset: {0}")]
     InvalidReset(String),

@@ -442,6 +442,13 @@ impl Wal {
         TermSeqno { term: log.meta.term_at(seqno), seqno }
     }
 
+    /// Whether `position` is a position of this durable log: `(0, 0)`, the purge point, or the last
+    /// seqno of a retained batch of `position.term`. A leader ships and serves a `prev` only if its
+    /// own log holds it (decisions/057): a follower's prev check is only as good as that.
+    pub fn holds(&self, position: TermSeqno) -> bool {
+        holds_locked(&self.shared().lock_log(), position)
+    }
+
     /// The term of the batch holding `seqno`, from the term history: known for every seqno up to the
     /// durable frontier, purged ones included; `None` for seqno 0 and beyond the frontier.
     pub fn term_at(&self, seqno: Seqno) -> Option<Term> {
@@ -495,12 +502,41 @@ impl Wal {
         Ok(RawReader::new(self.inner.shared.clone(), segments, from, durable, truncations))
     }
 
+    /// [`Wal::read_raw_from`] the seqno after `prev`, once this log is known to hold `prev`
+    /// ([`Wal::holds`]). The check and the reader's start are one step under the log lock, and the
+    /// reader fails on any truncation after it ([`Error::TruncatedWhileReading`]), so what it reads
+    /// is what followed `prev` in this log: a pull never pairs a `prev` with batches of a log that
+    /// replaced it in between (decisions/057). [`Error::NotInLog`] if the log does not hold `prev`;
+    /// [`Error::Purged`] if `prev` is below the purge point.
+    pub fn read_raw_after(&self, prev: TermSeqno) -> Result<RawReader, Error> {
+        let (segments, from, durable, truncations) = self.read_plan_checked(prev.seqno.next(), Some(prev))?;
+        Ok(RawReader::new(self.inner.shared.clone(), segments, from, durable, truncations))
+    }
+
     /// The segments to read from `from` on, `from` itself (at least 1), the durable frontier and
     /// the truncation count, taken together.
     fn read_plan(&self, from: Seqno) -> Result<(Vec<SegmentInfo>, Seqno, Seqno, u64), Error> {
+        self.read_plan_checked(from, None)
+    }
+
+    /// [`Wal::read_plan`], checking under the same lock that the log holds `prev` (if given).
+    fn read_plan_checked(
+        &self,
+        from: Seqno,
+        prev: Option<TermSeqno>,
+    ) -> Result<(Vec<SegmentInfo>, Seqno, Seqno, u64), Error> {
         let from = from.max(Seqno(1));
         let (segments, durable, truncations) = {
             let log = self.shared().lock_log();
+            if let Some(prev) = prev {
+                if prev.seqno > Seqno::ZERO && prev.seqno < log.meta.purged.seqno {
+                    let first_retained = log.segments.first().map_or(log.index.next(), |s| s.first_seqno);
+                    return Err(Error::Purged { requested: from, first_retained });
+                }
+                if !holds_locked(&log, prev) {
+                    return Err(Error::NotInLog { position: prev });
+                }
+            }
             (
                 log.segments.clone(),
                 self.shared().durable_seqno(),
@@ -707,4 +743,16 @@ fn validate(request: &AppendRequest) -> Result<(), SubmitError> {
         )));
     }
     Ok(())
+}
+
+/// [`Wal::holds`] on a locked log.
+fn holds_locked(log: &LogState, position: TermSeqno) -> bool {
+    if position.seqno == Seqno::ZERO {
+        return position.term == Term(0);
+    }
+    if position == log.meta.purged {
+        return true;
+    }
+    log.index.batch_of(position.seqno).is_some_and(|(_, last)| last == position.seqno)
+        && log.meta.term_at(position.seqno) == position.term
 }

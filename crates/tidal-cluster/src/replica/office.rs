@@ -220,16 +220,21 @@ impl Replica {
         let term_start = {
             let _term_lock = self.gate.lock().await;
             self.still(term, &stop)?;
-            if !write_leader_start
-                && self.opened_term.load(Ordering::SeqCst) < term.get()
-                && self.has_other_voters()
+            if resumes_a_term(
+                term,
+                self.boot_term,
+                write_leader_start,
+                self.opened_term.load(Ordering::SeqCst),
+            ) && self.has_other_voters()
             {
-                // We hold this term's LeaderStart but did not open the term in this process: openraft
-                // restored our leadership after a restart. Our earlier process shipped batches before
-                // their fsync (decisions/023), so followers outside the majority we probed may hold
-                // batches of this term that the crash took from us; writing on from our log would
-                // put other contents at their seqnos under the same term. Hand the office over: the
-                // next leader opens a new term and quarantines whatever was never committed.
+                // openraft restored our leadership of a term an earlier process of ours won. That
+                // process shipped batches before their fsync (decisions/023), so followers outside
+                // the majority we probed may hold batches of this term that the crash took from us
+                // (its LeaderStart included: then our WAL holds nothing of the term and the plan
+                // says to write a LeaderStart, a second, different one at the same seqno). Writing
+                // on from our log would put other contents at their seqnos under the same term.
+                // Hand the office over: the next leader opens a new term and quarantines whatever
+                // was never committed.
                 return Err(format!(
                     "openraft restored our leadership of term {term} after a restart; a term is never resumed across a restart"
                 ));
@@ -387,5 +392,37 @@ impl Replica {
         let contents = format!("{} {}\n", term.get(), baseline.seqno.get());
         crate::files::write_then_rename(&path, contents.as_bytes())
             .map_err(|e| format!("persist {}: {e}", path.display()))
+    }
+}
+
+/// Whether leading `term` now would resume a term an earlier process of this node led: `term` is at
+/// or below the vote this process found persisted at its start (`boot_term`; openraft's standard
+/// mode elects a node only in a term above every vote it persisted, so leading such a term is a
+/// restored election), or this process never opened `term` yet our log holds its LeaderStart.
+/// The second test was the only one until decisions/057: it missed a restart whose crash took the
+/// LeaderStart itself (shipped on write, never fsynced here).
+pub(crate) fn resumes_a_term(
+    term: Term,
+    boot_term: Term,
+    write_leader_start: bool,
+    opened_term: u64,
+) -> bool {
+    term <= boot_term || (!write_leader_start && opened_term < term.get())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::resumes_a_term;
+    use tidal_types::Term;
+
+    /// Finding 3 of the safety review: a restart whose crash took the term's LeaderStart from our
+    /// WAL (so `write_leader_start` is true) must still refuse the restored term.
+    #[test]
+    fn a_restored_term_is_refused_even_when_its_leader_start_was_lost() {
+        assert!(resumes_a_term(Term(3), Term(3), true, 0), "LeaderStart lost in the crash");
+        assert!(resumes_a_term(Term(3), Term(3), false, 0), "LeaderStart kept");
+        assert!(!resumes_a_term(Term(4), Term(3), true, 0), "a fresh election in this process");
+        assert!(!resumes_a_term(Term(4), Term(3), false, 4), "re-entering a term this process opened");
+        assert!(resumes_a_term(Term(4), Term(3), false, 0), "holds a LeaderStart it never wrote");
     }
 }

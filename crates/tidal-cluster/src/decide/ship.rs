@@ -1,0 +1,186 @@
+//! The leader's ShipQueue (PROTOCOL.md, "Shipping"): after which position it ships next.
+//!
+//! A ship carries `prev`, the position right before its first batch, and the follower accepts it
+//! only if its own log holds `prev` with the same term. That check proves log matching only if the
+//! LEADER's log holds `prev` too: a `prev` taken from the follower and never compared with the
+//! leader's log always passes it, whatever batches follow (decisions/057). So every `prev` this
+//! module hands back is a position of the leader's log, and the runtime checks it again before each
+//! ship ([`crate::ship_feed::ShipFeed::holds`], `Wal::holds`).
+//!
+//! The model check (tidal-model) drives [`next_after`] with the answers its followers give, as the
+//! runtime does with the answers that come back over the network.
+
+use super::follower::{Located, LogView};
+use super::office::divergence_point;
+use tidal_types::{Seqno, Term, TermSeqno};
+
+/// A follower's answer to a ship, as far as the queue's next position is concerned.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Reply {
+    /// It holds our log through this position (a `prev` or batch end we sent).
+    Matched(TermSeqno),
+    /// It lacks `prev`; its last durable position (which our log may or may not hold).
+    Gap(TermSeqno),
+    /// It holds `prev.seqno` with another term; its term history and durable frontier.
+    Diverged {
+        /// Its term history `[(term, first seqno)]`.
+        history: Vec<TermSeqno>,
+        /// Its durable frontier.
+        durable: Seqno,
+    },
+    /// Fenced, not yet in our term, or refused: ship from the same position again (later).
+    Unchanged,
+}
+
+/// The position to ship after next, given a follower's reply to a ship sent after `after`. `ours`
+/// is the leader's durable log and `our_history` its term history. Always a position `ours` holds
+/// (or `after` itself for [`Reply::Unchanged`], or a `Matched` position, both of which came from
+/// our own ships).
+pub fn next_after(
+    reply: &Reply,
+    after: TermSeqno,
+    ours: &impl LogView,
+    our_history: &[TermSeqno],
+) -> TermSeqno {
+    match reply {
+        Reply::Matched(matched) => *matched,
+        Reply::Gap(follower_last) => resume_after_gap(*follower_last, ours),
+        Reply::Diverged { history, durable } => {
+            let follower_last =
+                TermSeqno { term: history.last().map_or(Term(0), |e| e.term), seqno: *durable };
+            divergence_point(our_history, ours.last(), history, follower_last)
+        }
+        Reply::Unchanged => after,
+    }
+}
+
+/// Where to ship from after a follower reported `follower_last` as its last position: that very
+/// position if our log holds it, else the last batch boundary of OUR log at or below it. From a
+/// position the follower holds with the same term it takes our batches (replacing any divergent
+/// suffix of its own); from one it holds with another term it answers `Diverged` and we move to the
+/// divergence point; from one it lacks it answers `Gap` again, lower, or pulls.
+pub fn resume_after_gap(follower_last: TermSeqno, ours: &impl LogView) -> TermSeqno {
+    boundary_at_or_below(follower_last.seqno.min(ours.last().seqno), ours)
+}
+
+/// The last position of our log at or below `seqno` that ends a batch (with its term), the purge
+/// point if `seqno` is purged, `(0, 0)` for seqno 0.
+pub fn boundary_at_or_below(seqno: Seqno, ours: &impl LogView) -> TermSeqno {
+    if seqno == Seqno::ZERO {
+        return TermSeqno::default();
+    }
+    match ours.locate(seqno) {
+        Located::In { term, last, .. } if last == seqno => TermSeqno { term, seqno },
+        Located::In { first, .. } => match ours.locate(Seqno(first.get() - 1)) {
+            Located::In { term, last, .. } => TermSeqno { term, seqno: last },
+            Located::Purged | Located::Beyond => ours.snapshot_position().unwrap_or_default(),
+        },
+        Located::Purged => ours.snapshot_position().unwrap_or_default(),
+        Located::Beyond => ours.last(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A leader's log as batches `(first, last, term)`, optionally after a purge point.
+    struct Log {
+        batches: Vec<(u64, u64, u64)>,
+        purged: TermSeqno,
+    }
+
+    impl LogView for Log {
+        fn term(&self) -> Term {
+            self.last().term
+        }
+        fn last(&self) -> TermSeqno {
+            self.batches.last().map_or(self.purged, |b| at(b.2, b.1))
+        }
+        fn locate(&self, seqno: Seqno) -> Located {
+            if seqno <= self.purged.seqno {
+                return Located::Purged;
+            }
+            self.batches.iter().find(|b| b.0 <= seqno.get() && seqno.get() <= b.1).map_or(
+                Located::Beyond,
+                |b| Located::In { term: Term(b.2), first: Seqno(b.0), last: Seqno(b.1) },
+            )
+        }
+        fn snapshot_position(&self) -> Option<TermSeqno> {
+            (self.purged.seqno > Seqno::ZERO).then_some(self.purged)
+        }
+        fn commit(&self) -> Seqno {
+            Seqno::ZERO
+        }
+    }
+
+    fn at(term: u64, seqno: u64) -> TermSeqno {
+        TermSeqno { term: Term(term), seqno: Seqno(seqno) }
+    }
+
+    fn history(log: &Log) -> Vec<TermSeqno> {
+        let mut out: Vec<TermSeqno> = Vec::new();
+        for b in &log.batches {
+            if out.last().is_none_or(|e| e.term != Term(b.2)) {
+                out.push(at(b.2, b.0));
+            }
+        }
+        out
+    }
+
+    /// Finding 1's history: the follower kept W at (1,101) that no other node holds; our log has
+    /// (2,101) there. At a57b07b its Gap answer became the next `prev` as it was.
+    #[test]
+    fn a_gap_answer_resumes_from_our_log_not_the_followers() {
+        let ours = Log { batches: vec![(1, 100, 1), (101, 101, 2), (102, 102, 3)], purged: at(0, 0) };
+        let next = next_after(&Reply::Gap(at(1, 101)), at(3, 102), &ours, &history(&ours));
+        assert_eq!(next, at(2, 101), "our own term at the follower's seqno, never (1,101)");
+        assert_eq!(next_after(&Reply::Gap(at(1, 100)), at(3, 102), &ours, &history(&ours)), at(1, 100));
+    }
+
+    #[test]
+    fn a_gap_inside_one_of_our_batches_resumes_at_the_batch_before_it() {
+        let ours = Log { batches: vec![(1, 4, 1), (5, 9, 2)], purged: at(0, 0) };
+        assert_eq!(resume_after_gap(at(1, 7), &ours), at(1, 4));
+        assert_eq!(resume_after_gap(at(1, 3), &ours), at(0, 0));
+        assert_eq!(resume_after_gap(at(5, 50), &ours), at(2, 9), "past our end: our last");
+        let purged = Log { batches: vec![(11, 12, 2)], purged: at(1, 10) };
+        assert_eq!(resume_after_gap(at(1, 4), &purged), at(1, 10), "below the purge point: the point");
+        assert_eq!(resume_after_gap(at(2, 11), &purged), at(1, 10));
+    }
+
+    #[test]
+    fn diverged_moves_to_the_divergence_point_and_others_stay() {
+        let ours = Log { batches: vec![(1, 4, 1), (5, 9, 3)], purged: at(0, 0) };
+        let reply = Reply::Diverged { history: vec![at(1, 1), at(2, 6)], durable: Seqno(8) };
+        assert_eq!(next_after(&reply, at(3, 9), &ours, &history(&ours)), at(1, 4));
+        assert_eq!(next_after(&Reply::Unchanged, at(3, 9), &ours, &history(&ours)), at(3, 9));
+        assert_eq!(next_after(&Reply::Matched(at(3, 9)), at(1, 4), &ours, &history(&ours)), at(3, 9));
+    }
+
+    /// Every position `next_after` hands back for a Gap is one our log holds (exhaustive over small
+    /// logs and follower positions).
+    #[test]
+    fn every_gap_resumption_is_a_position_of_our_log() {
+        let logs = [
+            Log { batches: vec![(1, 2, 1), (3, 3, 1), (4, 6, 2), (7, 7, 4)], purged: at(0, 0) },
+            Log { batches: vec![(5, 6, 2), (7, 7, 4)], purged: at(1, 4) },
+            Log { batches: vec![], purged: at(0, 0) },
+        ];
+        for ours in &logs {
+            for term in 0..6 {
+                for seqno in 0..10 {
+                    let p = resume_after_gap(at(term, seqno), ours);
+                    let held = p == at(0, 0)
+                        || Some(p) == ours.snapshot_position()
+                        || matches!(ours.locate(p.seqno), Located::In { term, last, .. } if term == p.term && last == p.seqno);
+                    assert!(held, "resume_after_gap({term},{seqno}) = {p} is not in our log");
+                    assert!(
+                        p.seqno <= Seqno(seqno) || Some(p) == ours.snapshot_position(),
+                        "{p} above {seqno}"
+                    );
+                }
+            }
+        }
+    }
+}
