@@ -29,8 +29,8 @@ use crate::applier::{ApplierSender, DurableFrontier};
 use crate::commit_state::CommitState;
 use crate::control::{ControlPlane, ControlTiming, TermGate};
 use crate::decide::{
-    answer_probe, append_only, decide_ship, divergence_point, next_after, resume_after_gap, BatchMeta,
-    Located, LogView, ProbeAnswer, Reply, ShipMeta, Step, Verdict,
+    answer_probe, append_only, decide_ship, divergence_point, next_after, resume_after_gap,
+    waits_before_next, BatchMeta, Located, LogView, ProbeAnswer, Reply, ShipMeta, Step, Verdict,
 };
 use crate::ship_feed::{ShipFeed, TailRead};
 use crate::snapshot::{
@@ -100,7 +100,7 @@ const PULL_INTERVAL_MIN: Duration = Duration::from_millis(200);
 pub const SNAPSHOT_INSTALL_INTERVAL_MIN: Duration = Duration::from_secs(5);
 
 /// Every class of refused replication input [`Replica::refusals`] counts.
-pub const REFUSAL_CLASSES: [&str; 11] = [
+pub const REFUSAL_CLASSES: [&str; 13] = [
     "wrong_secret",
     "wrong_cluster",
     "malformed",
@@ -111,6 +111,10 @@ pub const REFUSAL_CLASSES: [&str; 11] = [
     "stale_source",
     "halted",
     "append_failed",
+    // A ship, pull, snapshot, notice or election request from a node that is not a member.
+    "not_member",
+    // A ship or commit notice of our term from a node openraft's vote does not name its leader.
+    "not_leader",
     // Sent, not received: a ship or pulled chunk of ours whose prev our log does not hold (a bug).
     "unheld_prev",
 ];
@@ -842,11 +846,19 @@ impl Replica {
             last_sent = Instant::now();
             match self.ship_with_notices(&peer, &ship, &mut commits, &notices).await {
                 Ok(answer) => {
-                    backoff = BACKOFF_MIN;
                     // A commit handed to the notifier while the ship was out reaches the follower
                     // from there: no second notice for it (zero while notices are off).
                     sent_commit = commit.max(*notices.borrow());
-                    after = self.on_answer(follower, &ship, answer, after);
+                    let reply;
+                    (after, reply) = self.on_answer(follower, &ship, answer, after);
+                    if waits_before_next(&reply) {
+                        // Not yet in our term, fenced, refused or halted: the same ship at once
+                        // would get the same answer (it did, in a loop, before decisions/057).
+                        tokio::time::sleep(backoff).await;
+                        backoff = (backoff * 2).min(BACKOFF_MAX);
+                    } else {
+                        backoff = BACKOFF_MIN;
+                    }
                 }
                 Err(error) => {
                     tracing::debug!(%follower, "failed to ship: {error}");
@@ -937,8 +949,15 @@ impl Replica {
             .pulling = pulling;
     }
 
-    /// Handles a follower's answer; returns the position to ship after next.
-    fn on_answer(&self, follower: NodeId, ship: &Ship, answer: ShipAnswer, after: TermSeqno) -> TermSeqno {
+    /// Handles a follower's answer; returns the position to ship after next and the reply as the
+    /// decision core saw it.
+    fn on_answer(
+        &self,
+        follower: NodeId,
+        ship: &Ship,
+        answer: ShipAnswer,
+        after: TermSeqno,
+    ) -> (TermSeqno, Reply) {
         {
             let mut progress = self.progress.lock().expect("progress lock is never held across a panic");
             let entry = progress.entry(follower).or_default();
@@ -977,7 +996,7 @@ impl Replica {
             // The follower quarantines its batches after the divergence point when they come.
             tracing::warn!(%follower, prev = %ship.prev, from = %next, "follower diverged; resending from the divergence point");
         }
-        next
+        (next, reply)
     }
 
     /// This node's durable log as the decision core sees it.
@@ -992,12 +1011,53 @@ impl Replica {
         self.feed.holds(prev) || self.wal.holds(prev)
     }
 
+    /// Whether `node` is another member of the cluster (voter or learner), as openraft's membership
+    /// says. Only members may ship to us, pull from us, fetch our snapshot or ask us to stand.
+    pub(crate) fn is_member(&self, node: NodeId) -> bool {
+        node != self.me && self.peer(node).is_some()
+    }
+
+    /// Whether `sender` may ship (or send commit notices) to us in `term` (`ours`: our term, read
+    /// under the term lock for a ship): it must be a member, and for our own term the node that
+    /// openraft's vote names (the node we voted for or learned as leader of it). Another term's
+    /// message is decided by the term check (fenced or not yet) as before. Err: the refusal class
+    /// and why.
+    fn check_sender(&self, sender: NodeId, term: Term, ours: Term) -> Result<(), (&'static str, String)> {
+        if !self.is_member(sender) {
+            return Err(("not_member", format!("node {sender} is not a member of this cluster")));
+        }
+        if term != ours {
+            return Ok(());
+        }
+        match self.vote_names(term) {
+            Some(named) if named != sender => Err((
+                "not_leader",
+                format!("node {sender} sent as leader of term {term}, but our vote names node {named}"),
+            )),
+            _ => Ok(()),
+        }
+    }
+
+    /// The node openraft's persisted vote names for `term` (None: the vote is of another term, or
+    /// no control plane runs).
+    fn vote_names(&self, term: Term) -> Option<NodeId> {
+        let control = self.control.get()?;
+        let vote = control.raft().metrics().borrow().vote;
+        let leader_id = vote.leader_id();
+        (leader_id.get_term() == term.get()).then(|| leader_id.voted_for().map(NodeId)).flatten()
+    }
+
     // ---------------------------------------------------------------- follower: receive
 
     /// A commit notice from the leader of `term`: apply what we hold of its log up to `commit`.
     /// Returns our term. Takes no term lock (a ship's fsync may hold it: that is when notices come).
-    pub fn notice_commit(&self, term: Term, commit: Seqno) -> Term {
+    pub fn notice_commit(&self, term: Term, leader: NodeId, commit: Seqno) -> Term {
         let ours = self.gate.term();
+        if let Err((class, reason)) = self.check_sender(leader, term, ours) {
+            tracing::debug!(%leader, %term, "ignored a commit notice: {reason}");
+            self.count_refusal(class);
+            return ours;
+        }
         if term == ours {
             let frontier = self.note_leader(term, |state| state.notified = state.notified.max(commit));
             self.count_notice(NOTICE_RECEIVED);
@@ -1061,6 +1121,19 @@ impl Replica {
         let _term_lock = self.gate.lock().await;
         let term = self.gate.term();
         let live = origin == Origin::Live;
+        if live {
+            if let Err((class, reason)) = self.check_sender(ship.leader, ship.term, term) {
+                tracing::warn!(leader = %ship.leader, ship_term = %ship.term, "refused a ship: {reason}");
+                self.count_refusal(class);
+                let outcome = ShipOutcome::Refused(reason);
+                return ShipAnswer {
+                    term,
+                    durable: self.wal.durable_seqno(),
+                    applied: *self.applied.borrow(),
+                    outcome,
+                };
+            }
+        }
         // Does the sender hold the log of the message's term? The leader's ships do; so does a pull
         // from the node in office (its chunks name it as the leader) and the pull of a leader adopting
         // the log it chose. Any other chunk may carry an uncommitted suffix of an older term.
@@ -1126,6 +1199,12 @@ impl Replica {
                 tracing::error!("receiver halted: {reason}");
                 self.count_refusal("halted");
                 *self.halted.lock().expect("halt lock is never held across a panic") = Some(reason.clone());
+                if repairs_a_halt(self.quorum(), names_leader) {
+                    // Leader mode lost batches we committed: only the leader's state brings us
+                    // back. Every halted ship (the queue backs off) tries again, at most one
+                    // install every SNAPSHOT_INSTALL_INTERVAL_MIN.
+                    self.clone().start_halt_repair(ship.leader);
+                }
                 ShipOutcome::Refused(reason)
             }
             Verdict::Accept { steps, matched, commit_now, commit } => {
@@ -1232,6 +1311,21 @@ impl Replica {
     }
 
     // ---------------------------------------------------------------- catch-up by pull
+
+    /// Repairs a halted receiver from `leader`'s snapshot in the background (single flight and rate
+    /// limited by [`Replica::install_from`]); a successful install clears the halt.
+    fn start_halt_repair(self: Arc<Self>, leader: NodeId) {
+        tokio::spawn(async move {
+            match self.install_from(leader, "halted: leader durability lost batches we committed").await {
+                Ok(()) => {
+                    if let Err(error) = self.pull_after_install(leader, false).await {
+                        tracing::warn!(%leader, "pull after the halt repair: {error}");
+                    }
+                }
+                Err(error) => tracing::warn!(%leader, "halt repair not done now: {error}"),
+            }
+        });
+    }
 
     /// Starts a pull from the leader unless one is running or one started too recently.
     pub fn start_pull(self: Arc<Self>, reason: &'static str) -> bool {
@@ -1472,6 +1566,11 @@ impl Replica {
 
     /// Serves a pull: batches after `from`, from the WAL, in chunks.
     pub fn serve_pull(&self, pull: Pull) -> Result<ChunkStream, tonic::Status> {
+        if !self.is_member(pull.node) {
+            self.count_refusal("not_member");
+            tracing::warn!(node = %pull.node, "refused a pull from a node that is not a member");
+            return Err(tonic::Status::permission_denied(format!("node {} is not a member", pull.node)));
+        }
         let from = pull.from;
         let purged = self.wal.purged();
         // We name ourselves as the leader only while we hold office in the term we serve in: the
@@ -1555,6 +1654,14 @@ impl Replica {
         });
         Ok(Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx)))
     }
+}
+
+/// Whether a halted receiver repairs itself from the sender's snapshot: in leader mode a halt means
+/// the leader's durability lost batches we had committed, which only its state repairs; the sender
+/// must hold office (it names itself leader). In quorum mode a halt is a protocol violation and
+/// stays, loudly, for a person to look at.
+fn repairs_a_halt(quorum: bool, names_leader: bool) -> bool {
+    !quorum && names_leader
 }
 
 /// How a pull's reader started.
@@ -1658,8 +1765,8 @@ impl tidal_net::Handler for ReplicaService {
         self.0.serve_pull(pull)
     }
 
-    async fn commit(&self, term: Term, _leader: NodeId, commit: Seqno) -> Result<Term, tonic::Status> {
-        Ok(self.0.notice_commit(term, commit))
+    async fn commit(&self, term: Term, leader: NodeId, commit: Seqno) -> Result<Term, tonic::Status> {
+        Ok(self.0.notice_commit(term, leader, commit))
     }
 
     async fn nudge(&self, _reason: String) -> Result<bool, tonic::Status> {
@@ -1671,6 +1778,11 @@ impl tidal_net::Handler for ReplicaService {
     }
 
     async fn snapshot(&self, request: SnapshotRequest) -> Result<SnapshotStream, tonic::Status> {
+        if !self.0.is_member(request.node) {
+            self.0.count_refusal("not_member");
+            tracing::warn!(node = %request.node, "refused a snapshot to a node that is not a member");
+            return Err(tonic::Status::permission_denied(format!("node {} is not a member", request.node)));
+        }
         self.0.snapshots.serve(request)
     }
 
@@ -1687,10 +1799,18 @@ impl tidal_net::Handler for ReplicaService {
     }
 
     async fn raft(&self, call: RaftCall) -> Result<Vec<u8>, tonic::Status> {
-        match self.0.control.get() {
-            Some(control) => control.serve(call).await,
-            None => Err(tonic::Status::unavailable("control plane not started yet")),
+        let Some(control) = self.0.control.get() else {
+            return Err(tonic::Status::unavailable("control plane not started yet"));
+        };
+        // A vote request or append from a node outside the membership must not move our term
+        // (a stranger with the secret forced elections before decisions/057).
+        let sender = crate::control::caller_of(&call)?;
+        if !self.0.is_member(sender) {
+            self.0.count_refusal("not_member");
+            tracing::warn!(node = %sender, kind = %call.kind, "refused an openraft call from a node that is not a member");
+            return Err(tonic::Status::permission_denied(format!("node {sender} is not a member")));
         }
+        control.serve(call).await
     }
 }
 

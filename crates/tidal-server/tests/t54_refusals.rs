@@ -100,6 +100,83 @@ async fn bad_rpcs_and_a_stale_leaders_ship_are_refused_counted_and_change_nothin
     cluster.stop_all().await;
 }
 
+/// Finding 9 of the safety review: with the cluster secret, a node id that is not a member pulled
+/// the whole log and a snapshot, shipped at the current term (a follower accepted it and named it
+/// leader) and forced an election. Each is refused and counted now, and changes nothing; so is a
+/// ship of the current term from a member that does not lead it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stranger_with_the_secret_and_a_member_that_does_not_lead_are_refused() {
+    let root = tempfile::tempdir().unwrap();
+    let mut cluster = Cluster::new(root.path(), 3, Durability::Quorum, |_| {});
+    cluster.start_all().await;
+    let mut last = 0;
+    for id in 0..5 {
+        last = cluster.put_acked(id, json!({"id": id})).await.seqno;
+    }
+    let leader = cluster.leader().await;
+    let target = cluster.followers_of(leader)[0];
+    let other = cluster.followers_of(leader)[1];
+    let status = cluster.client(target).status().await.unwrap();
+    let term = Term(status.term);
+    let before = cluster.digests_at(last).await;
+    let node = &cluster.spec.nodes[target];
+    let peer = Peer::connect_lazy(&node.rpc, &cluster.spec.secret, &cluster.spec.cluster_id).unwrap();
+    let stranger = tidal_types::NodeId(99);
+
+    // A ship of the current term from the stranger, then from a member that does not lead it.
+    let envelope = Envelope { time_ms: 0, principal: String::new(), idempotency_key: String::new() };
+    let records =
+        Records::Control(ControlRecord::LeaderStart { term, leader: stranger, baseline: Seqno(last) });
+    let encoded = encode_payload(&envelope, &records);
+    let batch =
+        tidal_wal::Batch::new(encoded.kind, term, Seqno(last + 1), encoded.event_count, &encoded.payload);
+    let prev = TermSeqno { term, seqno: Seqno(last) };
+    for (sender, class) in [(stranger, "not_member"), (cluster.spec.nodes[other].id, "not_leader")] {
+        let counted = refusals(&cluster, target, class).await;
+        let ship = Ship {
+            cluster_id: cluster.spec.cluster_id.clone(),
+            term,
+            leader: sender,
+            prev,
+            commit: Seqno(last + 1),
+            baseline: prev,
+            batches: vec![batch.clone()],
+        };
+        let answer = peer.ship(&ship).await.unwrap();
+        assert!(matches!(answer.outcome, ShipOutcome::Refused(_)), "{sender}: {:?}", answer.outcome);
+        assert_eq!(answer.durable, Seqno(last), "a ship from {sender} was appended");
+        assert_eq!(refusals(&cluster, target, class).await, counted + 1, "{class} not counted");
+    }
+
+    // A pull, a snapshot, an election request and an openraft vote from the stranger.
+    let counted = refusals(&cluster, target, "not_member").await;
+    let pull = tidal_net::Pull {
+        cluster_id: cluster.spec.cluster_id.clone(),
+        term,
+        node: stranger,
+        from: TermSeqno::default(),
+        chunk_bytes_max: 1 << 20,
+    };
+    assert!(peer.pull(&pull, std::time::Duration::from_secs(5)).await.is_err(), "the stranger pulled");
+    assert!(peer.snapshot(stranger, std::time::Duration::from_secs(5)).await.is_err(), "snapshot served");
+    let elected = peer.elect(term.get(), stranger.0).await.unwrap();
+    assert!(elected.is_err(), "stood for election at a stranger's request");
+    let vote = json!({"vote": {"leader_id": {"term": term.get() + 5, "voted_for": 99}, "committed": false},
+                      "last_log_id": null});
+    let call = tidal_net::RaftCall {
+        kind: tidal_cluster::control::network::KIND_VOTE.to_string(),
+        payload: serde_json::to_vec(&vote).unwrap(),
+    };
+    assert!(peer.raft(call, std::time::Duration::from_secs(5)).await.is_err(), "a stranger's vote request");
+    assert_eq!(refusals(&cluster, target, "not_member").await, counted + 4);
+
+    // Nothing moved: same term, same log, and the cluster still writes.
+    assert_eq!(cluster.client(target).status().await.unwrap().term, status.term);
+    assert_eq!(cluster.digests_at(last).await, before);
+    cluster.put_acked(100, json!({"still": "writable"})).await;
+    cluster.stop_all().await;
+}
+
 /// Fails the first fsync of each registered node's stream baseline, and counts them.
 #[derive(Default)]
 struct FailFirstBaseline {

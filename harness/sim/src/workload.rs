@@ -641,6 +641,20 @@ async fn check_converged(workload: &Workload, shared: &Rc<RefCell<Shared>>, posi
                 node + 1
             )),
         }
+        // Log matching rests on the leader's own log holding every `prev` it ships or serves
+        // (decisions/057): a ship or pulled chunk whose prev it does not hold is a violation here,
+        // not a silent divergence later.
+        match metric("tidal_replication_refusals_total{reason=\"unheld_prev\"} ") {
+            Some(0.0) => {}
+            Some(count) => shared.borrow_mut().violations.push(format!(
+                "log matching: n{} was about to ship {count} times a prev its own log does not hold",
+                node + 1
+            )),
+            None => shared.borrow_mut().violations.push(format!(
+                "n{}: no tidal_replication_refusals_total{{reason=\"unheld_prev\"}} in /metrics",
+                node + 1
+            )),
+        }
         if let Some(count) = metric("tidal_replication_refusals_total{reason=\"stale_source\"} ") {
             shared.borrow_mut().counters_stale_source += count as u64;
         }

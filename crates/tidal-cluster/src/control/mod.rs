@@ -11,6 +11,7 @@ pub mod runtime;
 pub mod store;
 pub mod types;
 
+pub use network::caller_of;
 pub use runtime::{seed_thread_rng, TidalRuntime};
 pub use store::{ControlState, LeaderStartRecord, LogStore, StateMachine, TermGate};
 pub use types::{ControlCmd, NodeInfo, TypeConfig};

@@ -19,6 +19,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 use tidal_net::{NetError, Peer, RaftCall};
+use tidal_types::NodeId;
 
 /// How long an openraft RPC may go on after openraft stopped waiting for it. openraft 0.9 gives an
 /// AppendEntries exactly one heartbeat interval and then drops the call; dropping it reset the
@@ -168,6 +169,24 @@ impl RaftNetwork<TypeConfig> for PeerNetwork {
     ) -> Result<VoteResponse<u64>, RPCError<u64, NodeInfo, RaftError<u64>>> {
         self.call(KIND_VOTE, &rpc, &option).await
     }
+}
+
+/// The node that sent an openraft call: the candidate of a vote request, the leader of an append or
+/// a snapshot (every request names its sender in its `vote`). A payload that does not decode is an
+/// invalid argument, as when it is served.
+pub fn caller_of(call: &RaftCall) -> Result<NodeId, tonic::Status> {
+    #[derive(serde::Deserialize)]
+    struct Sender {
+        vote: openraft::Vote<u64>,
+    }
+    let sender: Sender = serde_json::from_slice(&call.payload)
+        .map_err(|e| tonic::Status::invalid_argument(format!("bad openraft payload: {e}")))?;
+    sender
+        .vote
+        .leader_id()
+        .voted_for()
+        .map(NodeId)
+        .ok_or_else(|| tonic::Status::invalid_argument("an openraft call that names no sender"))
 }
 
 /// Serves one incoming openraft RPC on `raft`; the answer is the encoded `Result`.

@@ -54,6 +54,13 @@ pub fn next_after(
     }
 }
 
+/// Whether the queue waits (with backoff) before its next ship: a reply that moved nothing (not
+/// yet in our term, fenced, refused, halted) would come back the same if the ship went out again at
+/// once. Progress and a new position to ship from (matched, gap, diverged) go on at once.
+pub fn waits_before_next(reply: &Reply) -> bool {
+    matches!(reply, Reply::Unchanged)
+}
+
 /// Where to ship from after a follower reported `follower_last` as its last position: that very
 /// position if our log holds it, else the last batch boundary of OUR log at or below it. From a
 /// position the follower holds with the same term it takes our batches (replacing any divergent
@@ -156,6 +163,16 @@ mod tests {
         assert_eq!(next_after(&reply, at(3, 9), &ours, &history(&ours)), at(1, 4));
         assert_eq!(next_after(&Reply::Unchanged, at(3, 9), &ours, &history(&ours)), at(3, 9));
         assert_eq!(next_after(&Reply::Matched(at(3, 9)), at(1, 4), &ours, &history(&ours)), at(3, 9));
+    }
+
+    /// Finding 8 of the safety review: a queue re-shipped at once after NotYet, Fenced and Refused
+    /// (an answer reset its backoff), forever for a halted follower.
+    #[test]
+    fn only_a_reply_that_moves_something_ships_again_at_once() {
+        assert!(waits_before_next(&Reply::Unchanged));
+        assert!(!waits_before_next(&Reply::Matched(at(1, 1))));
+        assert!(!waits_before_next(&Reply::Gap(at(1, 1))));
+        assert!(!waits_before_next(&Reply::Diverged { history: vec![], durable: Seqno::ZERO }));
     }
 
     /// Every position `next_after` hands back for a Gap is one our log holds (exhaustive over small

@@ -263,6 +263,16 @@ impl Replica {
     /// The target side of `promote`: stand for election now, if the leader's term is ours.
     pub async fn stand_for_election(&self, term: u64, leader: u64) -> Result<(), String> {
         let control = self.control.get().ok_or("the control plane has not started yet")?;
+        // Only the leader of our term may hand its office over (decisions/057): a stranger or a
+        // member that does not lead would otherwise start elections at will.
+        if !self.is_member(NodeId(leader)) {
+            self.count_refusal("not_member");
+            return Err(format!("node {leader} is not a member of this cluster"));
+        }
+        if self.vote_names(Term(term)) != Some(NodeId(leader)) {
+            self.count_refusal("not_leader");
+            return Err(format!("node {leader} does not lead term {term} as far as this node knows"));
+        }
         let mine = self.term().get();
         if mine != term {
             return Err(format!(
