@@ -9,12 +9,15 @@
 //!   above it) and published to the ShipQueues (which carry it to followers).
 
 use crate::applier::ApplierSender;
-use crate::decide::{commit_frontier, Quorum};
+use crate::decide::{commit_frontier, lease_holds, Quorum};
 use crate::spec::Durability;
 use std::collections::BTreeMap;
 use std::sync::Mutex;
+use std::time::Duration;
 use tidal_types::{NodeId, Seqno, Term, TermSeqno};
 use tokio::sync::watch;
+// tokio's clock: simulated under turmoil, std's in production.
+use tokio::time::Instant;
 
 struct Matched {
     /// The term this node leads in, while it holds office; acks count only then.
@@ -23,6 +26,9 @@ struct Matched {
     /// First seqno written in `term` by this leader: batches below it are of older terms and are
     /// committed only underneath a batch of `term`.
     term_start: Seqno,
+    /// When this leader SENT the last ship that each follower answered in `office`'s term: the
+    /// lease and the leader's readiness are timed from these.
+    contacts: BTreeMap<NodeId, Instant>,
 }
 
 /// Commit bookkeeping shared by the WAL hook, the ShipQueues and the receiver.
@@ -35,6 +41,10 @@ pub struct CommitState {
     matched: Mutex<Matched>,
     commit: watch::Sender<Seqno>,
     applier: ApplierSender,
+    /// Leader mode: how long a majority's contact lets this leader commit (acknowledge) on its own
+    /// durable position (PROTOCOL.md; shorter than the minimum election timeout). `None`: no lease
+    /// (quorum mode, where a majority's fsync is the proof).
+    lease: Option<Duration>,
 }
 
 impl CommitState {
@@ -52,10 +62,25 @@ impl CommitState {
             me,
             quorum: Mutex::new(Quorum::single(voters)),
             durability,
-            matched: Mutex::new(Matched { office: None, positions: BTreeMap::new(), term_start: Seqno(1) }),
+            matched: Mutex::new(Matched {
+                office: None,
+                positions: BTreeMap::new(),
+                term_start: Seqno(1),
+                contacts: BTreeMap::new(),
+            }),
             commit: commit_tx,
             applier,
+            lease: None,
         }
+    }
+
+    /// Leader mode: commits (and so acknowledges) only while a majority answered a ship sent within
+    /// `lease` (decisions/057). Set once, before the node takes office.
+    pub fn with_lease(mut self, lease: Duration) -> CommitState {
+        if self.durability == Durability::Leader {
+            self.lease = Some(lease);
+        }
+        self
     }
 
     /// The term this node leads in, while it holds office.
@@ -71,6 +96,7 @@ impl CommitState {
         matched.office = Some(term);
         matched.term_start = term_start;
         matched.positions.clear();
+        matched.contacts.clear();
     }
 
     /// Leaves office: nothing counts any more. Called synchronously when a higher term is
@@ -79,6 +105,7 @@ impl CommitState {
         let mut matched = self.lock();
         matched.office = None;
         matched.positions.clear();
+        matched.contacts.clear();
     }
 
     /// The voters commit is counted against.
@@ -111,7 +138,13 @@ impl CommitState {
         let current = self.commit();
         let Some(term) = matched.office else { return current };
         match self.durability {
-            Durability::Leader => current,
+            Durability::Leader => {
+                let own = matched.positions.get(&self.me).map_or(Seqno::ZERO, |own| own.seqno);
+                match self.lease {
+                    Some(lease) if !self.contact_within(matched, lease) => current,
+                    _ => own.max(current),
+                }
+            }
             Durability::Quorum => {
                 let term_start = matched.term_start;
                 let term_at = |seqno: Seqno| if seqno >= term_start { Some(term) } else { None };
@@ -156,12 +189,35 @@ impl CommitState {
         if position > *entry {
             *entry = position;
         }
-        let next = match self.durability {
-            Durability::Leader if node == self.me => position.seqno.max(self.commit()),
-            _ => self.frontier(&matched),
-        };
+        let next = self.frontier(&matched);
         drop(matched);
         self.advance(next);
+    }
+
+    /// Leader: `node` answered, in `term`, a ship this leader sent at `sent`. Recomputes the
+    /// frontier (a leader-mode leader whose lease had run out commits again).
+    pub fn record_contact(&self, node: NodeId, term: Term, sent: Instant) {
+        let mut matched = self.lock();
+        if matched.office != Some(term) {
+            return;
+        }
+        let entry = matched.contacts.entry(node).or_insert(sent);
+        *entry = (*entry).max(sent);
+        let next = self.frontier(&matched);
+        drop(matched);
+        self.advance(next);
+    }
+
+    /// Leader: whether a majority of each voter set (this node counted) answered a ship sent within
+    /// `within` of now, in the current office. False without office.
+    pub fn has_contact_within(&self, within: Duration) -> bool {
+        let matched = self.lock();
+        matched.office.is_some() && self.contact_within(&matched, within)
+    }
+
+    fn contact_within(&self, matched: &Matched, within: Duration) -> bool {
+        let quorum = self.quorum.lock().expect("quorum lock is never held across a panic");
+        lease_holds(&quorum, self.me, &matched.contacts, Instant::now(), within)
     }
 
     /// Follower: the leader's commit frontier, already capped at what this node holds.

@@ -849,6 +849,10 @@ impl Replica {
                     // A commit handed to the notifier while the ship was out reaches the follower
                     // from there: no second notice for it (zero while notices are off).
                     sent_commit = commit.max(*notices.borrow());
+                    if answer.term == term {
+                        // It was still in our term when it answered: the lease and readiness count it.
+                        self.commit.record_contact(follower, term, last_sent);
+                    }
                     let reply;
                     (after, reply) = self.on_answer(follower, &ship, answer, after);
                     if waits_before_next(&reply) {
@@ -1009,6 +1013,12 @@ impl Replica {
     /// it does not hold; a miss is a bug, counted (`unheld_prev`) and checked by the simulation.
     fn holds(&self, prev: TermSeqno) -> bool {
         self.feed.holds(prev) || self.wal.holds(prev)
+    }
+
+    /// Leader: whether a majority (this node counted) answered ships sent within the last
+    /// [`ControlTiming::ready_contact`]; what `/readyz` reports for a leader.
+    pub fn has_quorum_contact(&self) -> bool {
+        self.commit.has_contact_within(self.timing.ready_contact())
     }
 
     /// Whether `node` is another member of the cluster (voter or learner), as openraft's membership

@@ -953,6 +953,12 @@ async fn readyz(State(state): State<Arc<AppState>>, RawQuery(query): RawQuery) -
     };
     if let Some(replica) = state.node.replica() {
         if replica.is_leader() {
+            if !replica.has_quorum_contact() {
+                // A leader cut off from a majority acknowledges nothing (quorum mode) or stops at
+                // its lease (leader mode): not ready, whatever openraft still says.
+                let why = "leader without contact with a majority of voters";
+                return ApiError::unavailable(ErrorCode::NotReady, why).into_response();
+            }
             return (StatusCode::OK, "ready: leader\n").into_response();
         }
         let Some(leader) = replica.leader().filter(|leader| *leader != replica.me()) else {

@@ -41,6 +41,10 @@ use tokio::sync::{watch, Semaphore};
 const WRITES_INFLIGHT_MAX: usize = 2048;
 /// How long a write waits for room in the in-flight budget before it is refused with `overloaded`.
 const WRITE_ADMIT_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long an admitted write may wait to be committed and applied before it is answered 503 with
+/// its outcome unknown (the client retries with its Idempotency-Key): longer than a failover, so a
+/// write that a new leader's office would commit is not given up too soon.
+const WRITE_ANSWER_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Outcome of a finished write as seen by requests waiting on the same idempotency key.
 type WriteOutcome = Result<u64, ApiError>;
@@ -164,13 +168,16 @@ impl Node {
         // A cluster member's hook also feeds the ship tail and its commit bookkeeping.
         let cluster = config.cluster.as_ref().map(|membership| {
             let voters = membership.spec.nodes.iter().map(|node| node.id).collect();
-            let commit = Arc::new(CommitState::new(
-                membership.me,
-                voters,
-                membership.spec.durability,
-                start_applied,
-                sender.clone(),
-            ));
+            let commit = Arc::new(
+                CommitState::new(
+                    membership.me,
+                    voters,
+                    membership.spec.durability,
+                    start_applied,
+                    sender.clone(),
+                )
+                .with_lease(membership.timing.lease()),
+            );
             let feed = ShipFeed::new(
                 TermSeqno::default(),
                 tidal_cluster::ship_feed::TAIL_BYTES_MAX_DEFAULT,
@@ -490,22 +497,35 @@ impl Node {
                 return Err(ApiError::unavailable(ErrorCode::NotReady, format!("WAL refused: {error:?}")))
             }
         }
-        let written = match &mut office {
-            None => (&mut rx).await,
-            Some(office) => {
-                let lost = office.wait_for(|term| term.is_none());
-                tokio::select! {
-                    biased;
-                    written = &mut rx => written,
-                    _ = lost => match rx.try_recv() {
-                        Ok(written) => Ok(written),
+        let waiting = async {
+            match &mut office {
+                None => Some((&mut rx).await),
+                Some(office) => {
+                    let lost = office.wait_for(|term| term.is_none());
+                    tokio::select! {
+                        biased;
+                        written = &mut rx => Some(written),
                         // Lost office before this write was committed and applied here.
-                        Err(_) => return Err(ApiError::unavailable(
-                            ErrorCode::NotReady,
-                            "this node lost leadership before the write committed; the outcome is unknown, retry with the same Idempotency-Key",
-                        )),
-                    },
+                        _ = lost => rx.try_recv().ok().map(Ok),
+                    }
                 }
+            }
+        };
+        // Every write gets an answer within a bound (decisions/057): a leader cut off from a
+        // majority (or past its lease) would otherwise leave it hanging for as long as that lasts.
+        let written = match tokio::time::timeout(WRITE_ANSWER_TIMEOUT, waiting).await {
+            Ok(Some(written)) => written,
+            Ok(None) => {
+                return Err(ApiError::unavailable(
+                    ErrorCode::NotReady,
+                    "this node lost leadership before the write committed; the outcome is unknown, retry with the same Idempotency-Key",
+                ))
+            }
+            Err(_) => {
+                return Err(ApiError::unavailable(
+                    ErrorCode::NotReady,
+                    format!("the write was not committed within {WRITE_ANSWER_TIMEOUT:?} (no contact with a majority?); the outcome is unknown, retry with the same Idempotency-Key"),
+                ))
             }
         };
         match written {

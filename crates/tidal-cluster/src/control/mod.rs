@@ -48,6 +48,20 @@ impl Default for ControlTiming {
     }
 }
 
+impl ControlTiming {
+    /// A leader-mode leader's lease (PROTOCOL.md, "Committing and acknowledging"): nine tenths of
+    /// the minimum election timeout, so it runs out before any other node can be elected.
+    pub fn lease(&self) -> Duration {
+        self.election_min * 9 / 10
+    }
+
+    /// How recently a leader must have heard from a majority to call itself ready: two of the
+    /// longest election timeouts (a leader cut off longer than that is, or will soon be, replaced).
+    pub fn ready_contact(&self) -> Duration {
+        self.election_max * 2
+    }
+}
+
 /// A node's openraft instance and its state machine.
 pub struct ControlPlane {
     raft: Raft<TypeConfig>,

@@ -6,7 +6,9 @@ pub mod follower;
 pub mod office;
 pub mod ship;
 
-pub use commit::{commit_frontier, Quorum};
+pub use commit::{commit_frontier, lease_holds, Quorum};
 pub use follower::{append_only, decide_ship, BatchMeta, Located, LogView, ShipMeta, Step, Verdict};
-pub use office::{answer_probe, divergence_point, plan_office, term_at, OfficePlan, OwnLog, ProbeAnswer};
+pub use office::{
+    answer_probe, divergence_point, plan_office, term_at, transfer_target, OfficePlan, OwnLog, ProbeAnswer,
+};
 pub use ship::{next_after, resume_after_gap, waits_before_next, Reply};

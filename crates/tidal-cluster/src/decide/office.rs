@@ -194,6 +194,29 @@ pub fn plan_office(
     }
 }
 
+/// Taking office ran past its deadline and one more probe did not open the term: the voter to hand
+/// the office to. It is the probed voter (not `me`) with the greatest last position, which needs no
+/// pull to take office (PROTOCOL.md, "Taking office"); on a tie the lowest id. `None` if no other
+/// voter answered with a position: the caller then only stops its heartbeats, so the voters' lease
+/// runs out and they elect without it.
+pub fn transfer_target(
+    me: NodeId,
+    answers: &BTreeMap<NodeId, ProbeAnswer>,
+    quorum: &Quorum,
+) -> Option<NodeId> {
+    let mut best: Option<(NodeId, TermSeqno)> = None;
+    for (node, answer) in answers {
+        let ProbeAnswer::Position { last, .. } = answer else { continue };
+        if *node == me || !quorum.is_voter(*node) {
+            continue;
+        }
+        if best.is_none_or(|(_, best_last)| *last > best_last) {
+            best = Some((*node, *last));
+        }
+    }
+    best.map(|(node, _)| node)
+}
+
 /// One run of a single term in a log: seqnos `first..=last` all of `term`.
 struct Run {
     term: Term,
@@ -435,5 +458,32 @@ mod tests {
             plan_office(NodeId(1), Term(2), &own, &both, &q),
             OfficePlan::Sync { source: NodeId(4), .. }
         ));
+    }
+
+    /// Finding 7 of the safety review: taking office had no deadline; past it, the office goes to
+    /// the probed voter with the greatest log (it needs no pull), never to a learner or to us.
+    #[test]
+    fn the_office_goes_to_the_voter_with_the_greatest_log() {
+        let me = NodeId(1);
+        let quorum = Quorum::single(vec![NodeId(1), NodeId(2), NodeId(3)]);
+        let position = |term, seqno| ProbeAnswer::Position {
+            last: TermSeqno { term: Term(term), seqno: Seqno(seqno) },
+            history: vec![],
+        };
+        let mut answers = BTreeMap::from([
+            (NodeId(2), position(2, 10)),
+            (NodeId(3), position(3, 5)),
+            (NodeId(4), position(3, 50)),
+            (NodeId(1), position(3, 99)),
+        ]);
+        assert_eq!(
+            transfer_target(me, &answers, &quorum),
+            Some(NodeId(3)),
+            "term first; learner 4 and we never"
+        );
+        answers.insert(NodeId(3), ProbeAnswer::NotYet { term: Term(1) });
+        assert_eq!(transfer_target(me, &answers, &quorum), Some(NodeId(2)));
+        answers.remove(&NodeId(2));
+        assert_eq!(transfer_target(me, &answers, &quorum), None);
     }
 }

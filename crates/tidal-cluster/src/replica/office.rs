@@ -15,7 +15,7 @@
 
 use super::{Replica, Role, HEARTBEAT_INTERVAL};
 use crate::control::{ControlCmd, ControlPlane};
-use crate::decide::{plan_office, OfficePlan, OwnLog, ProbeAnswer};
+use crate::decide::{plan_office, transfer_target, OfficePlan, OwnLog, ProbeAnswer};
 use openraft::ServerState;
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
@@ -33,6 +33,11 @@ const PROBE_TIMEOUT: Duration = Duration::from_millis(500);
 const PROBE_GRACE: Duration = Duration::from_millis(20);
 /// Pause between probe rounds that did not reach a majority.
 const PROBE_RETRY: Duration = Duration::from_millis(50);
+/// How long steps 2-3 of taking office (probe, adopt, pull) may take before one last probe and, if
+/// that does not open the term either, a handover (PROTOCOL.md, "Taking office"). A pull that
+/// succeeds is never cut: the deadline is checked between rounds, so it bites only when rounds keep
+/// failing (a source that cannot serve its pull, say a damaged segment).
+const OFFICE_DEADLINE: Duration = Duration::from_secs(5);
 /// Name of the stream baseline file in the data directory.
 pub const STREAM_BASELINE_FILE: &str = "stream_baseline";
 
@@ -170,9 +175,18 @@ impl Replica {
         stop: watch::Receiver<bool>,
     ) -> Result<TermSeqno, String> {
         tracing::info!(%term, "elected: taking office");
-        // Steps 2-3: probe a majority and adopt the greatest log.
+        // Steps 2-3: probe a majority and adopt the greatest log, within the deadline.
+        let deadline = tokio::time::Instant::now() + OFFICE_DEADLINE;
+        let mut last_round = false;
         let (baseline, write_leader_start) = loop {
             self.still(term, &stop)?;
+            if tokio::time::Instant::now() >= deadline {
+                if last_round {
+                    return Err(self.hand_over(term).await);
+                }
+                // One more probe; if it does not open the term, we hand over.
+                last_round = true;
+            }
             let answers = self.probe_all(term).await;
             let own = {
                 let _term_lock = self.gate.lock().await;
@@ -310,6 +324,28 @@ impl Replica {
             self.leader_hint.store(self.me.0, Ordering::SeqCst);
         }
         Ok(baseline)
+    }
+
+    /// Past the office deadline: asks the voter with the greatest log to stand for election (it
+    /// needs no pull); the caller then switches our heartbeats off either way, so if the request
+    /// fails the voters' lease runs out and they elect without us. Returns why we gave up.
+    async fn hand_over(&self, term: Term) -> String {
+        let answers = self.probe_all(term).await;
+        let Some(target) = transfer_target(self.me, &answers, &self.commit.quorum()) else {
+            return format!(
+                "could not take office of term {term} within {OFFICE_DEADLINE:?}; no voter to hand it to"
+            );
+        };
+        let asked = match self.peer(target) {
+            Some(peer) => peer.elect(term.get(), self.me.0).await.map_err(|e| e.to_string()).and_then(|r| r),
+            None => Err("not a peer any more".to_string()),
+        };
+        match asked {
+            Ok(()) => format!("could not take office of term {term} within {OFFICE_DEADLINE:?}; handed it to node {target}"),
+            Err(why) => format!(
+                "could not take office of term {term} within {OFFICE_DEADLINE:?}; node {target} did not stand ({why})"
+            ),
+        }
     }
 
     async fn probe_all(&self, term: Term) -> BTreeMap<tidal_types::NodeId, ProbeAnswer> {
