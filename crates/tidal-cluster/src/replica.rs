@@ -783,8 +783,9 @@ impl Replica {
             }
             if self.heal_requests.lock().expect("heal lock is never held across a panic").remove(&follower) {
                 let matched = self.progress().get(&follower).map(|p| p.matched).unwrap_or_default();
-                tracing::info!(%follower, %matched, "heal: queue reset to the follower's matched position; nudging it to pull");
-                after = matched;
+                // Its matched position may be of an earlier office: resume from our own log.
+                after = resume_after_gap(matched, &self.leader_view());
+                tracing::info!(%follower, %matched, %after, "heal: queue reset to the follower's matched position; nudging it to pull");
                 let _ = peer.nudge("heal").await;
             }
             let commit = self.commit.commit();
