@@ -29,7 +29,10 @@
 //! # Preallocated segments (decisions/017)
 //!
 //! The active segment is written with zeros and fsynced before use; batches overwrite it in place at
-//! the logical end (`active_info.bytes`, kept in memory; the file is longer). An fdatasync then
+//! the logical end (`active_info.bytes`, kept in memory; the file is longer). Each drain's write
+//! ends with the segment's end mark right after its last batch (decisions/058), which the next
+//! drain's write starts over; preallocated or not, the active segment's file is longer than its
+//! logical length by at least the mark, and a seal or a clean shutdown cuts it off. An fdatasync then
 //! flushes data blocks only, with no file-size change to commit through the journal. The NEXT
 //! segment is prepared as `segment.prep`: completely at open, before the writer takes requests;
 //! after each rotation while the queue is empty, one chunk of zeros (and its fdatasync) at a time,
@@ -518,7 +521,7 @@ impl Writer {
         if flushed.batches.is_empty() {
             return Ok(flushed);
         }
-        self.write_pending(&mut buf)?;
+        self.write_pending(&mut buf, true)?;
         self.hook.written(&flushed.batches);
         for on_written in flushed.on_written.drain(..) {
             on_written();
@@ -633,14 +636,23 @@ impl Writer {
         flushed.batches.push(batch.clone());
     }
 
-    /// Writes the drain's bytes at the logical end of the active segment (over preallocated zeros).
-    fn write_pending(&mut self, buf: &mut Vec<u8>) -> Result<(), Error> {
+    /// Writes the drain's bytes at the logical end of the active segment (over preallocated zeros),
+    /// with `end_mark`, in the same write, the end mark after them (decisions/058): a write that
+    /// reached its mark wrote every batch before it, which is how recovery tells a damaged last
+    /// batch from a torn one. The next write starts over the mark. A rotation writes none (its seal
+    /// would cut it).
+    fn write_pending(&mut self, buf: &mut Vec<u8>, end_mark: bool) -> Result<(), Error> {
         let path = &self.active_info.path;
+        let batches_len = buf.len() as u64;
+        if end_mark {
+            let at = self.active_info.bytes + batches_len;
+            buf.extend_from_slice(&crate::segment::end_mark(at, self.next_seqno));
+        }
         self.active
             .write_all_at(self.active_info.bytes, buf)
             .map_err(|err| Error::fatal("write segment", path, err))?;
-        self.active_info.bytes += buf.len() as u64;
-        self.active_len = self.active_len.max(self.active_info.bytes);
+        self.active_len = self.active_len.max(self.active_info.bytes + buf.len() as u64);
+        self.active_info.bytes += batches_len;
         buf.clear();
         Ok(())
     }
@@ -657,7 +669,7 @@ impl Writer {
     /// Closes the active segment (write + fsync what is pending) and starts the next one at
     /// `self.next_seqno`, fsyncing the directory so the new file survives a crash.
     fn rotate(&mut self, buf: &mut Vec<u8>, flushed: &mut Flushed) -> Result<(), Error> {
-        self.write_pending(buf)?;
+        self.write_pending(buf, false)?;
         if self.active_len > self.active_info.bytes {
             // Sealed: no zeros after the last batch. The fsync below makes the cut durable with the
             // data, before the next segment exists.
