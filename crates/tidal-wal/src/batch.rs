@@ -238,6 +238,24 @@ pub(crate) fn check_seal(batch: &BatchRef<'_>) -> Result<(), DecodeError> {
     Ok(())
 }
 
+/// Whether `bytes`, a header and everything after it, verify as one batch once the header's
+/// payload length is taken to be `bytes.len() - HEADER_LEN`: a complete batch whose length field
+/// alone is damaged (recovery's test for a last batch that seems to run past the end of its file).
+pub(crate) fn seals_as_whole(bytes: &[u8]) -> bool {
+    let Some(payload_len) = bytes
+        .len()
+        .checked_sub(HEADER_LEN)
+        .and_then(|len| u32::try_from(len).ok())
+        .filter(|len| *len <= PAYLOAD_LEN_MAX)
+    else {
+        return false;
+    };
+    let mut head = [0u8; 32];
+    head.copy_from_slice(&bytes[0..32]);
+    head[28..32].copy_from_slice(&payload_len.to_le_bytes());
+    seal(&head, &bytes[HEADER_LEN..]) == bytes[32..HEADER_LEN]
+}
+
 /// [`decode_batch`] without the seal: the header fields and the length are checked, the BLAKE3 hash
 /// is not. Only for bytes whose seal this process has already checked (recovery's scan at open).
 #[inline]
@@ -362,6 +380,22 @@ mod tests {
             copy[bit / 8] ^= 1 << (bit % 8);
             assert!(decode_batch(&copy).is_err(), "flip of bit {bit} went unnoticed");
         }
+    }
+
+    #[test]
+    fn a_batch_seals_as_whole_only_with_its_own_length() {
+        let bytes = sample();
+        assert!(seals_as_whole(&bytes));
+        let mut grown = bytes.clone();
+        grown[28] ^= 8;
+        assert!(decode_batch(&grown).is_err());
+        assert!(seals_as_whole(&grown), "only the length field differs");
+        for len in 0..bytes.len() {
+            assert!(!seals_as_whole(&bytes[..len]), "cut to {len}");
+        }
+        let mut longer = bytes.clone();
+        longer.push(0);
+        assert!(!seals_as_whole(&longer));
     }
 
     #[test]

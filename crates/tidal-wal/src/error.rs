@@ -16,7 +16,15 @@ use crate::writer::AppendRequest;
 /// What went wrong in the WAL.
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum Error {
-    /// A file operation failed (outside the fsync of a drain).
+    /// A file operation failed (outside the fsync of a drain). The WAL is NOT poisoned by it.
+    ///
+    /// As the outcome of an append or a replicated append it means the writer could not get the
+    /// next segment (issue 37, finding 11; decisions/058): creating its file, renaming the prepared
+    /// one into place, or opening the directory to fsync its name failed (typically EMFILE, no
+    /// file descriptor left). Nothing of that request was written; for a replicated request, its
+    /// batches before the failed rotation were (they are durable and announced, as
+    /// [`crate::Wal::last_position`] shows). Later requests are taken as usual: retry once the
+    /// resource is back.
     #[error("{op} {path}: {source}")]
     Io {
         /// What was being done ("read segment", "create segment"...).
@@ -122,6 +130,16 @@ impl Error {
 
     pub(crate) fn corrupt(path: impl Into<PathBuf>, offset: u64, reason: impl Into<String>) -> Error {
         Error::Corrupt { path: path.into(), offset, reason: reason.into() }
+    }
+
+    /// Whether a file operation failed because no file descriptor was left (EMFILE, ENFILE).
+    pub(crate) fn is_out_of_descriptors(&self) -> bool {
+        match self {
+            Error::Io { source, .. } | Error::Fatal { source, .. } => {
+                crate::io::is_out_of_descriptors(source)
+            }
+            _ => false,
+        }
     }
 }
 

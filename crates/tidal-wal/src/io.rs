@@ -4,12 +4,24 @@
 //! Delicate: durability is only what these calls promise. `WalFile::sync_data` must be a real
 //! fdatasync, and a newly created or renamed file is durable only after `FileIo::sync_dir` of its
 //! directory. Callers never retry a failed sync (the kernel may have dropped the pages, so a later
-//! success proves nothing): they poison.
+//! success proves nothing): they poison. The one exception: a `sync_dir` that failed because no
+//! file descriptor was left to open the directory ([`is_out_of_descriptors`]) never reached the
+//! fsync.
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+
+/// Whether an I/O error says the process (EMFILE) or the system (ENFILE) has no file descriptor
+/// left: the call failed at its open, before it did anything, so it may be tried again later (even
+/// a `sync_dir`: the fsync itself never ran). `io::ErrorKind` has no kind for either; the numbers
+/// are Linux's and the BSDs'.
+pub(crate) fn is_out_of_descriptors(err: &io::Error) -> bool {
+    const ENFILE: i32 = 23;
+    const EMFILE: i32 = 24;
+    matches!(err.raw_os_error(), Some(ENFILE | EMFILE))
+}
 
 /// File-system operations the WAL needs.
 pub trait FileIo: Send + Sync + 'static {

@@ -14,8 +14,11 @@
 //!   file is then written again without it. Half-written quarantine files (`.wal.tmp`) are removed.
 //! - The batch index is built from the same scan: 8 bytes per retained batch.
 //! - Preallocation (decisions/017): zeros after the last batch of the last segment are its logical
-//!   end, not a tail to cut. A torn tail is cut (the file is truncated there, so no leftover of an
-//!   unsynced write can ever line up with a later batch). A prepared next segment (`segment.prep`)
+//!   end, not a tail to cut; so is the end mark the writer leaves there (decisions/058). A torn
+//!   tail is cut (the file is truncated there, so no leftover of an unsynced write can ever line
+//!   up with a later batch). A last batch that was written whole and fails its seal is corruption,
+//!   never a torn tail: the end mark after it, or the end of the file right after it, tells (see
+//!   [`crate::segment`]). The open writes the mark after the last batch again before anything else. A prepared next segment (`segment.prep`)
 //!   is kept when it holds only zeros (it never holds a batch) and preparation goes on from its
 //!   length; otherwise it is removed. Then the active segment is filled with zeros up to the
 //!   preallocated size and fsynced, before the writer starts.
@@ -36,8 +39,8 @@ use crate::error::Error;
 use crate::io::{FileIo, WalFile};
 use crate::quarantine::{finish_truncation, remove_incomplete_quarantine_files};
 use crate::segment::{
-    parse_segment_file_name, scan_segment, segment_file_name, ScanEnd, SegmentInfo, SegmentScan,
-    PREP_FILE_NAME, READY_FILE_NAME,
+    end_mark, parse_segment_file_name, scan_segment, segment_file_name, ScanEnd, SegmentInfo, SegmentScan,
+    END_MARK_LEN, PREP_FILE_NAME, READY_FILE_NAME,
 };
 use crate::wal_meta::{WalMeta, META_FILE_NAME, META_TMP_FILE_NAME};
 
@@ -521,8 +524,9 @@ fn prescan(
         .collect()
 }
 
-/// Opens the last segment for writing (cutting a torn tail), or creates the first; fills it with
-/// zeros up to the preallocated size; fsyncs. Returns it and its length on disk.
+/// Opens the last segment for writing (cutting a torn tail), or creates the first; writes the end
+/// mark after its last batch, if it has one; fills it with zeros up to the preallocated size;
+/// fsyncs. Returns it and its length on disk.
 fn open_active(
     io: &dyn FileIo,
     config: &WalConfig,
@@ -549,6 +553,14 @@ fn open_active(
         );
         file.truncate(torn.offset).map_err(|err| Error::fatal("truncate torn segment tail", path, err))?;
         len = torn.offset;
+    }
+    if last.last_seqno.is_some() {
+        // The end mark after the last batch (decisions/058), before the zeros: a crash in the
+        // middle of this preparation that kept any zero after the batch kept the mark too.
+        let mark = end_mark(last.bytes, totals.next_seqno);
+        file.write_all_at(last.bytes, &mark)
+            .map_err(|err| Error::fatal("write segment end mark", path, err))?;
+        len = len.max(last.bytes + END_MARK_LEN as u64);
     }
     let len = fill_zeros(file.as_mut(), path, len, config.preallocate_len())?;
     file.sync_data().map_err(|err| Error::fatal("fsync segment", path, err))?;

@@ -1,23 +1,36 @@
-//! Segment files: naming (`<first seqno, 20 digits>.seg`), [`SegmentInfo`], and the verifying scan
-//! that recovery runs over a segment's bytes.
+//! Segment files: naming (`<first seqno, 20 digits>.seg`), [`SegmentInfo`], the end mark the
+//! writer leaves after its last batch, and the verifying scan that recovery runs over a segment's
+//! bytes.
 //!
-//! Delicate: the scan is what decides between a torn tail (truncate and go on) and corruption (refuse
-//! to open). Only the end of the LAST segment may be torn; an "incomplete" batch that is followed by
-//! a later valid batch is a damaged length field, not a torn write, and is corruption.
+//! Delicate: the scan is what decides between a torn tail (cut it and go on) and corruption
+//! (refuse to open). Only the end of the LAST segment may be torn. The rule (decisions/058): a
+//! batch that fails to verify is torn only if it cannot have been written completely; a batch
+//! whose bytes were all written and still fail is corruption, wherever it is, the last batch of
+//! the log included.
 //!
-//! The last segment may be preallocated (decisions/017): written with zeros before use, then
-//! overwritten in place. So:
-//! - an all-zero header where the next batch would start is the logical end. If only zeros follow,
-//!   the scan is clean, in any segment (a sealed segment is cut to its batches at rotation; should
-//!   that cut not have reached the disk, its zeros are harmless: recovery checks that the next
-//!   segment continues the seqnos, and cuts them). If anything else follows, in the last segment it
-//!   is what is left of an unsynced write whose first sector never reached the disk: a torn tail at
-//!   that offset; in another segment, corruption.
-//! - a batch that fails to verify is a torn write if its bytes stop (everything after them zero)
-//!   before the end its header claims (or, with an unreadable header, within the header): the
-//!   write was cut short over zeros. A batch whose bytes all are there and still fail is corruption.
-//!   (So a flipped bit in the last batch of the log reads as torn if that batch's payload happens to
-//!   end in zero bytes; as a grown length field already did.)
+//! Bytes alone cannot tell the two apart in a preallocated segment (decisions/017): a write that
+//! stopped over zeros looks exactly like a complete batch ending in zero bytes with a bit flipped.
+//! So the writer says where its writes ended: every write of batches into the active segment ends
+//! with an [end mark](end_mark) right after the last batch (32 bytes, overwritten by the next
+//! write, cut off by a rotation's seal and a clean shutdown, written again by an open). A write
+//! that reached its end mark wrote every batch before it. The scan of a batch that fails:
+//! - a verified batch or a valid end mark later in the file: corruption (the write went past it);
+//! - a header that does not decode (or is not all there): torn iff nothing but zeros follows the
+//!   64 header bytes;
+//! - a header that decodes: torn iff the batch's bytes stop (only zeros after them, to the end of
+//!   the file) before the end its header claims, or the claimed end lies past the end of the file;
+//!   and not if the file ends exactly where the batch does (its every byte is in the file, and no
+//!   writer wrote past it), nor if the batch verifies once its length field is taken to end at the
+//!   end of the file (a damaged length field of a batch that a seal or a clean shutdown cut the
+//!   file after).
+//!
+//! The logical end of a segment, where the next batch would start, holds zeros (preallocated) or
+//! the end mark (or a prefix of it: a write torn inside its own mark), followed by zeros. If
+//! anything else follows, in the last segment it is what is left of an unsynced write whose first
+//! sector never reached the disk: a torn tail at that offset; in another segment, corruption. A
+//! sealed segment is cut to its batches at rotation; should that cut not have reached the disk,
+//! its mark and zeros are harmless (recovery checks that the next segment continues the seqnos,
+//! and cuts them).
 //!
 //! Everything else that fails to verify is corruption.
 
@@ -25,7 +38,7 @@ use std::path::{Path, PathBuf};
 
 use tidal_types::{Seqno, Term, TermSeqno};
 
-use crate::batch::{decode_batch, decode_header, DecodeError, HEADER_LEN, MAGIC};
+use crate::batch::{decode_batch, decode_header, seals_as_whole, BatchHeader, HEADER_LEN, MAGIC};
 
 /// Suffix of segment file names.
 pub const SEGMENT_SUFFIX: &str = ".seg";
@@ -38,6 +51,49 @@ pub const PREP_FILE_NAME: &str = "segment.prep";
 pub const READY_FILE_NAME: &str = "segment.ready";
 /// Digits of the zero-padded first seqno in a segment file name (u64::MAX has 20).
 const SEGMENT_NAME_DIGITS: usize = 20;
+
+/// Length of the end mark (decisions/058).
+pub const END_MARK_LEN: usize = 32;
+/// First bytes of an end mark. Its first byte differs from the batch magic's, so a batch written
+/// over a mark changes the mark from its first byte on.
+pub const END_MAGIC: [u8; 4] = *b"tdle";
+/// Version of the end mark's layout.
+const END_MARK_VERSION: u8 = 1;
+
+/// The end mark the writer leaves right after the last batch of each write into the active
+/// segment, at `offset` of the segment, for a log that continues at `next_seqno`:
+///
+/// ```text
+/// offset size field
+///      0    4 magic "tdle"
+///      4    1 version (1)
+///      5    3 zero
+///      8    8 offset of the mark in its segment  u64 LE
+///     16    8 next seqno of the log              u64 LE
+///     24    4 zero
+///     28    4 0xff
+/// ```
+///
+/// Bytes 24..32 make sure a batch header torn over a mark never decodes: where the header holds
+/// its event count the mark has zeros, where it holds its payload length, more than the largest
+/// payload. Not part of any batch; readers and sealed segments never see it.
+pub fn end_mark(offset: u64, next_seqno: Seqno) -> [u8; END_MARK_LEN] {
+    let mut mark = [0u8; END_MARK_LEN];
+    mark[0..4].copy_from_slice(&END_MAGIC);
+    mark[4] = END_MARK_VERSION;
+    mark[8..16].copy_from_slice(&offset.to_le_bytes());
+    mark[16..24].copy_from_slice(&next_seqno.get().to_le_bytes());
+    mark[28..32].copy_from_slice(&[0xff; 4]);
+    mark
+}
+
+/// The next seqno an end mark at the start of `bytes` records, if a valid mark for `offset` is
+/// there.
+fn end_mark_at(bytes: &[u8], offset: u64) -> Option<Seqno> {
+    let slot: [u8; 8] = bytes.get(16..24)?.try_into().ok()?;
+    let next = Seqno(u64::from_le_bytes(slot));
+    (bytes.get(..END_MARK_LEN)? == end_mark(offset, next)).then_some(next)
+}
 
 /// One segment file as the WAL knows it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -127,13 +183,14 @@ pub fn scan_segment(bytes: &[u8], next_seqno: Seqno, term: Term, is_last: bool) 
     let mut offset = 0usize;
     while offset < bytes.len() {
         let rest = &bytes[offset..];
-        if is_zero(&rest[..rest.len().min(HEADER_LEN)]) {
-            // The logical end of a preallocated segment.
-            if !is_zero(rest) {
+        let head = &rest[..rest.len().min(HEADER_LEN)];
+        if is_logical_end(head, offset as u64, scan.next_seqno) {
+            // Zeros (preallocated) or the end mark, where the next batch would start.
+            if !is_zero(&rest[head.len()..]) {
                 scan.end = if is_last {
                     ScanEnd::Torn { offset: offset as u64 }
                 } else {
-                    let reason = "bytes after a zero header in a segment that is not the last".to_string();
+                    let reason = "bytes after the logical end of a segment that is not the last".to_string();
                     ScanEnd::Corrupt { offset: offset as u64, reason }
                 };
             }
@@ -142,7 +199,18 @@ pub fn scan_segment(bytes: &[u8], next_seqno: Seqno, term: Term, is_last: bool) 
         let batch = match decode_batch(rest) {
             Ok(batch) => batch,
             Err(err) => {
-                scan.end = classify_failure(rest, &err, offset as u64, is_last);
+                let torn = !written_after(rest, offset as u64, scan.next_seqno) && stops_short(rest);
+                scan.end = if torn && is_last {
+                    ScanEnd::Torn { offset: offset as u64 }
+                } else if torn {
+                    let reason = format!("{err} in a segment that is not the last");
+                    ScanEnd::Corrupt { offset: offset as u64, reason }
+                } else {
+                    ScanEnd::Corrupt {
+                        offset: offset as u64,
+                        reason: format!("{err} in a batch written whole"),
+                    }
+                };
                 return scan;
             }
         };
@@ -195,39 +263,47 @@ pub fn data_len(bytes: &[u8]) -> usize {
     bytes[..end].iter().rposition(|byte| *byte != 0).map_or(0, |at| at + 1)
 }
 
-fn classify_failure(rest: &[u8], err: &DecodeError, offset: u64, is_last: bool) -> ScanEnd {
-    let torn = match err {
-        DecodeError::Truncated { .. } => !followed_by_later_batch(rest),
-        _ => cut_over_zeros(rest),
+/// Whether the first (up to 64) bytes where the next batch would start are the logical end: the
+/// end mark for this offset and seqno, or a prefix of it, and then only zeros (all zeros included).
+fn is_logical_end(head: &[u8], offset: u64, next_seqno: Seqno) -> bool {
+    let mark = end_mark(offset, next_seqno);
+    let same = head.iter().zip(mark.iter()).take_while(|(byte, expected)| byte == expected).count();
+    is_zero(&head[same..])
+}
+
+/// Whether the batch that fails to verify at the start of `rest` (its expected first seqno
+/// `next_seqno`, at `offset` of its segment) can be a write that stopped short, judged from its own
+/// bytes and the end of the file (see the module docs): its header is not all there or does not
+/// decode, with only zeros after it; or its bytes stop, with only zeros after them, before the
+/// end its header claims, or that end lies past the end of the file. Not if the file ends exactly
+/// where the batch does, nor if the batch verifies once its length field is taken to end at the
+/// end of the file.
+fn stops_short(rest: &[u8]) -> bool {
+    let header: BatchHeader = match decode_header(rest) {
+        Ok(header) => header,
+        Err(_) => return data_len(rest) <= HEADER_LEN,
     };
-    if torn && is_last {
-        ScanEnd::Torn { offset }
-    } else if torn {
-        ScanEnd::Corrupt { offset, reason: format!("{err} in a segment that is not the last") }
-    } else {
-        ScanEnd::Corrupt { offset, reason: err.to_string() }
-    }
-}
-
-/// Whether the batch at the start of `rest` stops short, over zeros: its last non-zero byte lies
-/// before the end its header claims (within the header if the header does not decode).
-fn cut_over_zeros(rest: &[u8]) -> bool {
-    let data = data_len(rest);
-    match decode_header(rest) {
-        Ok(header) => data < header.encoded_len(),
-        Err(_) => data <= HEADER_LEN,
-    }
-}
-
-/// Whether a verified batch with a later first seqno starts anywhere inside `rest`, whose own header
-/// claims to run past the end: then that claim is a damaged length, not a torn write.
-fn followed_by_later_batch(rest: &[u8]) -> bool {
-    let Ok(header) = decode_header(rest) else {
+    let claimed = header.encoded_len();
+    if claimed <= rest.len() && (rest.len() == claimed || data_len(rest) >= claimed) {
+        // Every byte of it is in the file, and no zeros follow it to the end of the file that a
+        // torn write would have left.
         return false;
-    };
-    (1..rest.len().saturating_sub(3)).any(|at| {
-        rest[at..at + 4] == MAGIC
-            && decode_batch(&rest[at..]).is_ok_and(|later| later.header.first_seqno > header.first_seqno)
+    }
+    !seals_as_whole(rest)
+}
+
+/// Whether anything written after the start of the failing batch at the start of `rest` (at
+/// `offset` of its segment, its expected first seqno `next_seqno`) shows that the batch was written
+/// whole: a verified batch of a later seqno, or a valid end mark for a later seqno, starting
+/// anywhere in it or after it. A write is one run of bytes that ends in its mark, so either was
+/// written after all of this batch's bytes.
+fn written_after(rest: &[u8], offset: u64, next_seqno: Seqno) -> bool {
+    let data = data_len(rest);
+    (1..data.saturating_sub(3)).any(|at| {
+        let bytes = &rest[at..];
+        (bytes[..4] == MAGIC && decode_batch(bytes).is_ok_and(|later| later.header.first_seqno > next_seqno))
+            || (bytes[..4] == END_MAGIC
+                && end_mark_at(bytes, offset + at as u64).is_some_and(|next| next > next_seqno))
     })
 }
 
@@ -334,6 +410,112 @@ mod tests {
                 assert_eq!(is_zero(&bytes), bytes.iter().all(|byte| *byte == 0));
                 assert_eq!(data_len(&bytes), if at < len { at + 1 } else { 0 });
             }
+        }
+    }
+
+    /// Two batches, the second ending in eight zero bytes, and what the writer leaves after them.
+    fn ending_in_zeros() -> (Vec<u8>, usize) {
+        let mut bytes = encode_batch(RecordKind::Signal, Term(1), Seqno(5), 3, &[7u8; 20]);
+        let second = bytes.len();
+        let mut payload = 1_000u64.to_le_bytes().to_vec();
+        payload.extend(42u64.to_le_bytes());
+        bytes.extend(encode_batch(RecordKind::ItemDelete, Term(2), Seqno(8), 1, &payload));
+        (bytes, second)
+    }
+
+    #[test]
+    fn the_end_mark_and_any_prefix_of_it_are_the_logical_end() {
+        let (whole, _) = ending_in_zeros();
+        let mark = end_mark(whole.len() as u64, Seqno(9));
+        for len in 0..=END_MARK_LEN {
+            for zeros in [0, 1, 100] {
+                let mut bytes = whole.clone();
+                bytes.extend(&mark[..len]);
+                bytes.resize(bytes.len() + zeros, 0);
+                for is_last in [true, false] {
+                    let scan = scan_segment(&bytes, Seqno(5), Term(0), is_last);
+                    assert_eq!(
+                        (scan.end, scan.valid_len),
+                        (ScanEnd::Clean, whole.len() as u64),
+                        "{len} {zeros}"
+                    );
+                }
+            }
+        }
+        // A mark for another place or another seqno is not the end; nor is anything after a mark.
+        for other in [end_mark(whole.len() as u64 + 1, Seqno(9)), end_mark(whole.len() as u64, Seqno(10))] {
+            let mut bytes = whole.clone();
+            bytes.extend(other);
+            assert!(matches!(scan_segment(&bytes, Seqno(5), Term(0), true).end, ScanEnd::Torn { .. }));
+        }
+        let mut bytes = whole.clone();
+        bytes.extend(mark);
+        bytes.resize(bytes.len() + 100, 0);
+        bytes.push(1);
+        let offset = whole.len() as u64;
+        assert_eq!(scan_segment(&bytes, Seqno(5), Term(0), true).end, ScanEnd::Torn { offset });
+        assert!(matches!(scan_segment(&bytes, Seqno(5), Term(0), false).end, ScanEnd::Corrupt { .. }));
+    }
+
+    #[test]
+    fn a_last_batch_written_whole_that_fails_is_corruption_whatever_it_ends_in() {
+        let (whole, second) = ending_in_zeros();
+        let with_mark = |bytes: &[u8], zeros: usize| {
+            let mut bytes = bytes.to_vec();
+            bytes.extend(end_mark(whole.len() as u64, Seqno(9)));
+            bytes.resize(bytes.len() + zeros, 0);
+            bytes
+        };
+        for bit in second * 8..whole.len() * 8 {
+            let mut flipped = whole.clone();
+            flipped[bit / 8] ^= 1 << (bit % 8);
+            // Followed by its end mark (with or without preallocated zeros), or cut right after it.
+            for bytes in [with_mark(&flipped, 0), with_mark(&flipped, 4096), flipped.clone()] {
+                let end = scan_segment(&bytes, Seqno(5), Term(0), true).end;
+                assert!(
+                    matches!(end, ScanEnd::Corrupt { offset, .. } if offset == second as u64),
+                    "bit {bit}: {end:?}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn a_write_torn_over_an_end_mark_is_torn() {
+        let (whole, second) = ending_in_zeros();
+        let old_mark = end_mark(second as u64, Seqno(8));
+        for keep in 1..whole.len() - second {
+            for zeros in [0usize, 4096] {
+                let mut bytes = whole[..second].to_vec();
+                bytes.extend(old_mark);
+                bytes.resize(bytes.len() + zeros, 0);
+                let reach = (second + keep).max(bytes.len());
+                bytes.resize(reach, 0);
+                bytes[second..second + keep].copy_from_slice(&whole[second..second + keep]);
+                let scan = scan_segment(&bytes, Seqno(5), Term(0), true);
+                let expected = if keep >= whole.len() - second - 7 && zeros > 0 {
+                    // Only the batch's own trailing zeros were not written: the preallocated ones
+                    // are the same bytes, and the batch is whole.
+                    ScanEnd::Clean
+                } else {
+                    ScanEnd::Torn { offset: second as u64 }
+                };
+                assert_eq!(scan.end, expected, "keep {keep} zeros {zeros}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_damaged_length_field_of_a_last_batch_is_corruption() {
+        let (whole, second) = ending_in_zeros();
+        for bit in 0..32 {
+            let mut bytes = whole.clone();
+            bytes[second + 28 + bit / 8] ^= 1 << (bit % 8);
+            let end = scan_segment(&bytes, Seqno(5), Term(0), true).end;
+            assert!(
+                matches!(end, ScanEnd::Corrupt { offset, .. } if offset == second as u64),
+                "bit {bit}: {end:?}"
+            );
         }
     }
 

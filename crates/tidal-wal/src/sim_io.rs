@@ -22,6 +22,9 @@ use std::time::Duration;
 
 use crate::io::{FileIo, WalFile};
 
+/// "Too many open files" (Linux and the BSDs).
+const EMFILE: i32 = 24;
+
 /// What a crash does to bytes written but not yet synced.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum CrashMode {
@@ -53,10 +56,15 @@ struct SimState {
     /// Bumped by every crash; handles of an older epoch fail.
     epoch: u64,
     fail_next_sync: bool,
+    /// The next directory sync fails (after opening the directory: an fsync error, not EMFILE).
+    fail_next_dir_sync: bool,
     fail_syncs: bool,
     fail_next_write: bool,
     /// While set, every write fails (a full disk: ENOSPC).
     fail_writes: bool,
+    /// While set, every call that needs a new file descriptor fails with EMFILE (see
+    /// [`SimIo::fail_opens`]).
+    fail_opens: bool,
     /// Mutating operations so far (writes, syncs, truncations, creations, renames, removals).
     ops: u64,
     /// Crash when `ops` reaches this count.
@@ -174,6 +182,7 @@ impl SimState {
         self.inodes.retain(|id, _| live.contains(id));
         self.epoch += 1;
         self.fail_next_sync = false;
+        self.fail_next_dir_sync = false;
         self.fail_syncs = false;
         self.fail_next_write = false;
         self.fail_writes = false;
@@ -182,6 +191,14 @@ impl SimState {
     fn take_sync_fault(&mut self) -> io::Result<()> {
         if self.fail_syncs || std::mem::take(&mut self.fail_next_sync) {
             return Err(io::Error::other("injected fsync failure"));
+        }
+        Ok(())
+    }
+
+    /// EMFILE while [`SimIo::fail_opens`] is set.
+    fn take_open_fault(&self) -> io::Result<()> {
+        if self.fail_opens {
+            return Err(io::Error::from_raw_os_error(EMFILE));
         }
         Ok(())
     }
@@ -208,6 +225,12 @@ impl SimIo {
         self.lock().fail_next_sync = true;
     }
 
+    /// The next directory sync fails (an I/O error of the fsync itself; data syncs are not
+    /// affected).
+    pub fn fail_next_dir_sync(&self) {
+        self.lock().fail_next_dir_sync = true;
+    }
+
     /// While `fail` is set, every data and directory sync fails.
     pub fn fail_syncs(&self, fail: bool) {
         self.lock().fail_syncs = fail;
@@ -221,6 +244,15 @@ impl SimIo {
     /// While `fail` is set, every `write_all` fails without writing anything (a full disk).
     pub fn fail_writes(&self, fail: bool) {
         self.lock().fail_writes = fail;
+    }
+
+    /// While `fail` is set, every call that opens a file or directory fails with EMFILE ("too many
+    /// open files": the process used up its descriptors), before it does anything: `open_append`
+    /// (creating or opening), the reads, and `sync_dir` (which opens the directory). Handles that
+    /// are already open keep working. Not cleared by a crash: descriptors are a process's, but the
+    /// knob is the test's to turn off.
+    pub fn fail_opens(&self, fail: bool) {
+        self.lock().fail_opens = fail;
     }
 
     /// Simulates a power loss and restart (see the module docs). Old handles fail from now on.
@@ -364,6 +396,7 @@ impl FileIo for SimIo {
 
     fn open_append(&self, path: &Path) -> io::Result<Box<dyn WalFile>> {
         let mut state = self.lock();
+        state.take_open_fault()?;
         let id = match state.entries.get(path) {
             Some(id) => *id,
             None => {
@@ -382,6 +415,7 @@ impl FileIo for SimIo {
     }
 
     fn read_all(&self, path: &Path) -> io::Result<Vec<u8>> {
+        self.lock().take_open_fault()?;
         self.file_bytes(path)
     }
 
@@ -408,11 +442,15 @@ impl FileIo for SimIo {
 
     fn sync_dir(&self, path: &Path) -> io::Result<()> {
         let mut state = self.lock();
+        state.take_open_fault()?;
         if !state.dirs.contains(path) {
             return Err(not_found(path));
         }
         state.tick()?;
         state.take_sync_fault()?;
+        if std::mem::take(&mut state.fail_next_dir_sync) {
+            return Err(io::Error::other("injected directory fsync failure"));
+        }
         let in_dir = |entry: &PathBuf| entry.parent() == Some(path);
         let current: Vec<(PathBuf, u64)> =
             state.entries.iter().filter(|(entry, _)| in_dir(entry)).map(|(p, id)| (p.clone(), *id)).collect();

@@ -555,7 +555,9 @@ impl Wal {
     }
 
     /// Deletes whole segments whose every seqno is below `horizon`, never the active one, after
-    /// recording the new purge point in `wal.meta`. A failed fsync of the meta file poisons the WAL.
+    /// recording the new purge point in `wal.meta`. A failed fsync of the meta file poisons the WAL;
+    /// a store that finds no file descriptor left fails the purge alone ([`Error::Fatal`] with
+    /// EMFILE as its cause, the WAL not poisoned).
     pub fn purge_below(&self, horizon: Seqno) -> Result<PurgeReport, Error> {
         let shared = self.shared();
         if shared.is_poisoned() {
@@ -581,7 +583,12 @@ impl Wal {
         meta.purged = TermSeqno { term: meta.term_at(purged_seqno), seqno: purged_seqno };
         if let Err(err) = meta.store(shared.io.as_ref(), &shared.config.dir) {
             tracing::error!("failed to {err:#}");
-            shared.poison();
+            if !err.is_out_of_descriptors() {
+                shared.poison();
+            }
+            // Out of file descriptors, nothing was fsynced: the purge changed nothing that
+            // matters (a new `wal.meta` that reaches the disk anyway only has the next open remove
+            // segments below a horizon that was already allowed). Try again later.
             return Err(err);
         }
         log.meta = meta;

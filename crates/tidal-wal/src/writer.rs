@@ -13,6 +13,14 @@
 //! - A failed write or fsync poisons the WAL for good: the drain's completions get the error, every
 //!   later request gets [`Error::Poisoned`], and nothing is ever retried (after a failed fsync the
 //!   kernel may have dropped the pages; a later success would prove nothing).
+//! - A failure BEFORE any byte of a batch reached a file does not poison (issue 37, finding 11;
+//!   decisions/058): getting the next segment at a rotation (creating it, renaming the prepared one
+//!   into place, or opening the directory to fsync its name, e.g. EMFILE) fails the requests that
+//!   needed it with [`Error::Io`] and leaves the writer on its sealed segment, which no batch is
+//!   written into any more: the next request tries the rotation again. Preparing the next segment
+//!   while idle never poisons either, and starts over after the next rotation. Recording a new
+//!   term in `wal.meta` after the fsync, with no file descriptor left for it, is logged, not fatal
+//!   (the segments hold the term; recovery rebuilds the retained range's history from them).
 //! - The logged time is `max(clock, previous batch's time)`, so it never goes backwards in seqno
 //!   order, whatever the clock does.
 //! - Segments rotate only at batch boundaries; the directory is fsynced after a segment is created,
@@ -29,7 +37,10 @@
 //! # Preallocated segments (decisions/017)
 //!
 //! The active segment is written with zeros and fsynced before use; batches overwrite it in place at
-//! the logical end (`active_info.bytes`, kept in memory; the file is longer). An fdatasync then
+//! the logical end (`active_info.bytes`, kept in memory; the file is longer). Each drain's write
+//! ends with the segment's end mark right after its last batch (decisions/058), which the next
+//! drain's write starts over; preallocated or not, the active segment's file is longer than its
+//! logical length by at least the mark, and a seal or a clean shutdown cuts it off. An fdatasync then
 //! flushes data blocks only, with no file-size change to commit through the journal. The NEXT
 //! segment is prepared as `segment.prep`: completely at open, before the writer takes requests;
 //! after each rotation while the queue is empty, one chunk of zeros (and its fdatasync) at a time,
@@ -177,10 +188,14 @@ const PREP_IDLE_STEP_LEN: usize = 128 * 1024;
 /// The next segment's preparation: `segment.prep` while it is filled, `segment.ready` once
 /// complete (decisions/033).
 pub(crate) enum Prep {
-    /// Preallocation is off, or gave up after an I/O error.
+    /// Preallocation is off.
     Off,
     /// Nothing prepared yet; start when idle.
     Wanted,
+    /// The last attempt failed (an I/O error: out of file descriptors, a full disk); nothing is
+    /// prepared. Not retried while idle (no loop of failing attempts): the next rotation starts an
+    /// empty segment and preparation starts over after it.
+    Failed,
     /// Zeros written up to `len` of `target`; the last chunk fsynced.
     Filling { file: Box<dyn WalFile>, len: u64, target: u64 },
     /// Written with zeros and fsynced, and named `segment.ready`; the next rotation takes it.
@@ -226,6 +241,38 @@ struct Flushed {
     term_starts: Vec<TermSeqno>,
     /// Callbacks of the replicated requests sequenced in this drain, run once it is written.
     on_written: Vec<WrittenCallback>,
+}
+
+/// Why sequencing a drain stopped.
+enum Stop {
+    /// A write or fsync failed (bytes may have reached a file, or not reached it durably): the
+    /// drain fails and the WAL is poisoned.
+    Fatal(Error),
+    /// The next segment could not be had before any byte of the next batch was written (issue 37,
+    /// finding 11: a file descriptor shortage must not poison the WAL). The request and the rest
+    /// of the drain fail with the error, what the drain wrote before stays and is announced, and
+    /// the WAL takes later requests as usual.
+    Retry(Error),
+}
+
+impl Stop {
+    fn retry(err: Error) -> Stop {
+        Stop::Retry(err)
+    }
+}
+
+impl From<Error> for Stop {
+    fn from(err: Error) -> Stop {
+        Stop::Fatal(err)
+    }
+}
+
+/// How to take a new segment's name back when its directory fsync could not start.
+enum Undo {
+    /// Rename it back to `segment.ready` (this path).
+    Rename(PathBuf),
+    /// Remove the empty file just created.
+    Remove,
 }
 
 /// Fails completions if the writer thread unwinds, so nobody waits forever.
@@ -339,8 +386,9 @@ impl Writer {
     }
 
     /// One step of preparing the next segment: create it, or write (and fsync) `step_len` zeros.
-    /// An I/O error gives preallocation up for this process (rotations then create empty segments);
-    /// it never poisons the WAL: no batch is at stake.
+    /// An I/O error gives this preparation up ([`Prep::Failed`]: the next rotation creates an empty
+    /// segment, and preparation starts over after it); it never poisons the WAL: no batch is at
+    /// stake.
     fn prep_step(&mut self, step_len: usize) {
         let dir = self.shared.config.dir.clone();
         let path = dir.join(PREP_FILE_NAME);
@@ -379,8 +427,9 @@ impl Writer {
                 self.shared.set_prep_pending(self.prep.is_pending());
             }
             Err(err) => {
+                self.prep = Prep::Failed;
                 self.shared.set_prep_pending(false);
-                tracing::error!(path = %path.display(), "failed to prepare the next WAL segment, preallocation is off until restart: {err}");
+                tracing::error!(path = %path.display(), "failed to prepare the next WAL segment; trying again after the next rotation: {err}");
                 // Best effort: recovery removes it anyway.
                 let _ = io.remove_file(&path);
             }
@@ -499,26 +548,44 @@ impl Writer {
             on_written: Vec::new(),
         };
         let mut buf = Vec::with_capacity(works.iter().map(Work::encoded_len).sum());
+        // Set once a rotation failed without poisoning: the rest of the drain fails with it.
+        let mut stopped: Option<Error> = None;
         for work in works {
+            if let Some(err) = &stopped {
+                flushed.outcomes.push(Err(err.clone()));
+                continue;
+            }
             if let Err(refusal) = self.check_fits(&work, term) {
                 flushed.outcomes.push(Err(refusal));
                 continue;
             }
             let outcome = match work {
-                Work::Append(request) => self.sequence_append(request, term, &mut buf, &mut flushed)?,
+                Work::Append(request) => self.sequence_append(request, term, &mut buf, &mut flushed),
                 Work::Replicated(batches, on_written) => {
-                    let outcome = self.sequence_replicated(batches, &mut buf, &mut flushed)?;
-                    flushed.on_written.extend(on_written);
+                    let outcome = self.sequence_replicated(batches, &mut buf, &mut flushed);
+                    if outcome.is_ok() {
+                        flushed.on_written.extend(on_written);
+                    }
                     outcome
                 }
                 Work::Truncate(_) => unreachable!("next_drain takes a truncation alone"),
             };
-            flushed.outcomes.push(Ok(outcome));
+            match outcome {
+                Ok(outcome) => flushed.outcomes.push(Ok(outcome)),
+                Err(Stop::Fatal(err)) => return Err(err),
+                Err(Stop::Retry(err)) => {
+                    tracing::error!(
+                        "failed to get the next WAL segment; failing the writes that need it: {err:#}"
+                    );
+                    flushed.outcomes.push(Err(err.clone()));
+                    stopped = Some(err);
+                }
+            }
         }
         if flushed.batches.is_empty() {
             return Ok(flushed);
         }
-        self.write_pending(&mut buf)?;
+        self.write_pending(&mut buf, true)?;
         self.hook.written(&flushed.batches);
         for on_written in flushed.on_written.drain(..) {
             on_written();
@@ -535,7 +602,7 @@ impl Writer {
     }
 
     /// Rotates first if the active segment is full. Called before each batch.
-    fn rotate_if_full(&mut self, buf: &mut Vec<u8>, flushed: &mut Flushed) -> Result<(), Error> {
+    fn rotate_if_full(&mut self, buf: &mut Vec<u8>, flushed: &mut Flushed) -> Result<(), Stop> {
         let pending = self.active_info.bytes + buf.len() as u64;
         if pending > 0 && pending >= self.shared.config.segment_bytes_max {
             self.rotate(buf, flushed)?;
@@ -572,7 +639,7 @@ impl Writer {
         term: Term,
         buf: &mut Vec<u8>,
         flushed: &mut Flushed,
-    ) -> Result<Outcome, Error> {
+    ) -> Result<Outcome, Stop> {
         self.rotate_if_full(buf, flushed)?;
         let first = self.next_seqno;
         let last = first.add(u64::from(request.event_count) - 1);
@@ -588,13 +655,14 @@ impl Writer {
     }
 
     /// Replicated batches, copied byte for byte. `check_fits` passed; `submit_replicated` checked
-    /// that they are contiguous with non-decreasing terms.
+    /// that they are contiguous with non-decreasing terms. A [`Stop::Retry`] at a rotation between
+    /// two of them leaves the ones before it written (and the caller announces them).
     fn sequence_replicated(
         &mut self,
         batches: Vec<Batch>,
         buf: &mut Vec<u8>,
         flushed: &mut Flushed,
-    ) -> Result<Outcome, Error> {
+    ) -> Result<Outcome, Stop> {
         let (Some(head), Some(tail)) = (batches.first(), batches.last()) else {
             unreachable!("check_fits refuses an empty replicated request");
         };
@@ -633,14 +701,23 @@ impl Writer {
         flushed.batches.push(batch.clone());
     }
 
-    /// Writes the drain's bytes at the logical end of the active segment (over preallocated zeros).
-    fn write_pending(&mut self, buf: &mut Vec<u8>) -> Result<(), Error> {
+    /// Writes the drain's bytes at the logical end of the active segment (over preallocated zeros),
+    /// with `end_mark`, in the same write, the end mark after them (decisions/058): a write that
+    /// reached its mark wrote every batch before it, which is how recovery tells a damaged last
+    /// batch from a torn one. The next write starts over the mark. A rotation writes none (its seal
+    /// would cut it).
+    fn write_pending(&mut self, buf: &mut Vec<u8>, end_mark: bool) -> Result<(), Error> {
         let path = &self.active_info.path;
+        let batches_len = buf.len() as u64;
+        if end_mark {
+            let at = self.active_info.bytes + batches_len;
+            buf.extend_from_slice(&crate::segment::end_mark(at, self.next_seqno));
+        }
         self.active
             .write_all_at(self.active_info.bytes, buf)
             .map_err(|err| Error::fatal("write segment", path, err))?;
-        self.active_info.bytes += buf.len() as u64;
-        self.active_len = self.active_len.max(self.active_info.bytes);
+        self.active_len = self.active_len.max(self.active_info.bytes + buf.len() as u64);
+        self.active_info.bytes += batches_len;
         buf.clear();
         Ok(())
     }
@@ -656,8 +733,16 @@ impl Writer {
 
     /// Closes the active segment (write + fsync what is pending) and starts the next one at
     /// `self.next_seqno`, fsyncing the directory so the new file survives a crash.
-    fn rotate(&mut self, buf: &mut Vec<u8>, flushed: &mut Flushed) -> Result<(), Error> {
-        self.write_pending(buf)?;
+    ///
+    /// The old segment is sealed first: its bytes written, cut to its batches and fsynced (a
+    /// failure there is fatal: bytes may have reached the file). Getting the next segment comes
+    /// after, and touches no byte of any batch: if its file cannot be created, or the prepared one
+    /// renamed into place, or the directory opened to fsync the new name (no file descriptor
+    /// left), nothing is changed (a new name is taken back) and the error is [`Stop::Retry`]. The
+    /// writer then stays on the sealed segment and writes no batch into it: the next batch
+    /// rotates again (the segment is still full).
+    fn rotate(&mut self, buf: &mut Vec<u8>, flushed: &mut Flushed) -> Result<(), Stop> {
+        self.write_pending(buf, false)?;
         if self.active_len > self.active_info.bytes {
             // Sealed: no zeros after the last batch. The fsync below makes the cut durable with the
             // data, before the next segment exists.
@@ -670,31 +755,59 @@ impl Writer {
         self.sync_active()?;
         let dir = self.shared.config.dir.clone();
         let path: PathBuf = dir.join(segment_file_name(self.next_seqno));
-        let (file, len) = match std::mem::replace(&mut self.prep, Prep::Off) {
+        let io = self.shared.io.clone();
+        let prepared = std::mem::replace(&mut self.prep, Prep::Off);
+        let unprepared = !matches!(prepared, Prep::Off | Prep::Ready { .. });
+        // The next segment's file and length, and its prepared state if the rotation must be undone.
+        let (file, len, undo) = match prepared {
             Prep::Ready { file, len } => {
                 let ready = dir.join(READY_FILE_NAME);
-                self.shared
-                    .io
-                    .rename(&ready, &path)
-                    .map_err(|err| Error::fatal("rename prepared segment", &path, err))?;
+                if let Err(err) = io.rename(&ready, &path) {
+                    // Nothing renamed. Start the preparation over (the file may be gone); the next
+                    // attempt creates an empty segment if none is ready by then.
+                    self.prep = Prep::Wanted;
+                    self.shared.set_prep_pending(true);
+                    return Err(Stop::retry(Error::io("rename prepared segment", &path, err)));
+                }
                 self.prep = Prep::Wanted;
-                (file, len)
+                (file, len, Undo::Rename(ready))
             }
             other => {
-                if !matches!(other, Prep::Off) {
-                    self.shared.stats.rotations_unprepared.fetch_add(1, Ordering::Relaxed);
-                }
-                self.prep = other;
-                let file = self
-                    .shared
-                    .io
+                self.prep = match other {
+                    Prep::Failed => Prep::Wanted,
+                    other => other,
+                };
+                self.shared.set_prep_pending(self.prep.is_pending());
+                let file = io
                     .open_append(&path)
-                    .map_err(|err| Error::fatal("create segment", &path, err))?;
-                (file, 0)
+                    .map_err(|err| Stop::retry(Error::io("create segment", &path, err)))?;
+                (file, 0, Undo::Remove)
             }
         };
         self.shared.set_prep_pending(self.prep.is_pending());
-        self.shared.io.sync_dir(&dir).map_err(|err| Error::fatal("fsync WAL directory", &dir, err))?;
+        if let Err(err) = io.sync_dir(&dir) {
+            if !crate::io::is_out_of_descriptors(&err) {
+                return Err(Stop::Fatal(Error::fatal("fsync WAL directory", &dir, err)));
+            }
+            // The directory could not even be opened: nothing was fsynced. Take the new name back
+            // (a crash meanwhile may leave it, empty: recovery reads it as an empty last segment).
+            match undo {
+                Undo::Rename(ready) => {
+                    io.rename(&path, &ready)
+                        .map_err(|err| Error::fatal("rename prepared segment back", &ready, err))?;
+                    self.prep = Prep::Ready { file, len };
+                }
+                Undo::Remove => {
+                    drop(file);
+                    io.remove_file(&path).map_err(|err| Error::fatal("remove new segment", &path, err))?;
+                }
+            }
+            self.shared.set_prep_pending(self.prep.is_pending());
+            return Err(Stop::retry(Error::io("fsync WAL directory", &dir, err)));
+        }
+        if unprepared {
+            self.shared.stats.rotations_unprepared.fetch_add(1, Ordering::Relaxed);
+        }
         self.active = file;
         self.active_len = len;
         let closed = std::mem::replace(
@@ -708,12 +821,23 @@ impl Writer {
     }
 
     /// After the fsync: records new terms in `wal.meta`, then publishes segments, index and frontier.
+    ///
+    /// A store that fails for want of a file descriptor (nothing of it was fsynced) is not fatal:
+    /// the batches are durable, the term history stays right in memory, and on disk the retained
+    /// range's history is never read from `wal.meta` (recovery rebuilds it from the segments; a
+    /// purge or a truncation stores the whole history again before it relies on the file).
     fn publish(&mut self, flushed: &Flushed) -> Result<(), Error> {
         let mut log = self.shared.lock_log();
         if !flushed.term_starts.is_empty() {
             let mut meta = log.meta.clone();
             meta.term_history.extend_from_slice(&flushed.term_starts);
-            meta.store(self.shared.io.as_ref(), &self.shared.config.dir)?;
+            match meta.store(self.shared.io.as_ref(), &self.shared.config.dir) {
+                Ok(()) => {}
+                Err(err) if err.is_out_of_descriptors() => {
+                    tracing::error!(term_starts = ?flushed.term_starts, "could not record new terms in wal.meta (the segments hold them; the next store or a recovery writes them): {err:#}");
+                }
+                Err(err) => return Err(err),
+            }
             log.meta = meta;
         }
         for info in flushed.closed_segments.iter().chain(std::iter::once(&self.active_info)) {

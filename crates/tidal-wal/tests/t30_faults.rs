@@ -260,3 +260,188 @@ fn strangers_in_the_directory_are_ignored() {
     assert_eq!(read_all(&wal, 1), batches);
     assert!(io.file_bytes(&dir().join("wal.meta.tmp")).is_err(), "leftover tmp is removed");
 }
+
+/// EMFILE ("too many open files"), as an `io::Error` carries it.
+const EMFILE: i32 = 24;
+
+fn is_emfile(err: &Error, op: &str) -> bool {
+    matches!(err, Error::Io { op: got, source, .. } if *got == op && source.raw_os_error() == Some(EMFILE))
+}
+
+/// Issue 37, finding 11: with preallocation off a rotation creates the next segment. A creation
+/// that fails for want of a file descriptor touched no byte of any batch: the requests that needed
+/// the new segment fail with the error, the WAL is NOT poisoned, and once descriptors are free
+/// again appends go on at the next seqno and recovery finds one contiguous log.
+#[test]
+fn an_emfile_when_creating_a_segment_fails_the_writes_without_poisoning() {
+    let io = SimIo::new();
+    let mut config = small_config(200);
+    config.preallocate_bytes = 0;
+    let (wal, _, recorded) = open(&io, config.clone(), &clock());
+    wal.append_blocking(request(RecordKind::Signal, 1, &[1; 200])).unwrap();
+    io.fail_opens(true);
+    for attempt in 0..3 {
+        let err = wal.append_blocking(request(RecordKind::Signal, 1, b"needs a new segment")).unwrap_err();
+        assert!(is_emfile(&err, "create segment"), "attempt {attempt}: {err}");
+        assert!(!wal.is_poisoned(), "attempt {attempt}");
+        assert_eq!(wal.durable_seqno(), Seqno(1));
+    }
+    io.fail_opens(false);
+    for index in 0..6u8 {
+        let appended = wal.append_blocking(request(RecordKind::Signal, 1, &[index; 150])).unwrap();
+        assert_eq!(appended.first, Seqno(2 + u64::from(index)));
+    }
+    assert!(wal.stats().rotations >= 3);
+    let acked = recorded.batches();
+    assert_eq!(read_all(&wal, 1), acked);
+    drop(wal);
+    io.crash(CrashMode::LoseUnsynced);
+    let (wal, recovery, _) = open(&io, config, &clock());
+    assert_eq!(recovery.truncated, None);
+    assert_eq!(read_all(&wal, 1), acked);
+    assert_chain_from_one(&acked);
+}
+
+/// With preallocation on, a rotation renames the prepared `segment.ready` into place and fsyncs
+/// the directory, which needs a descriptor for the directory. EMFILE there: the rename is undone
+/// (no segment the log does not continue into stays behind), the writes fail, the WAL is not
+/// poisoned, and once the fault clears the rotation takes the prepared segment after all.
+#[test]
+fn an_emfile_when_naming_the_prepared_segment_fails_the_writes_without_poisoning() {
+    let io = SimIo::new();
+    let config = small_config(200);
+    let (wal, _, recorded) = open(&io, config.clone(), &clock());
+    wal.append_blocking(request(RecordKind::Signal, 1, &[1; 200])).unwrap();
+    assert!(wal.wait_segment_prepared(std::time::Duration::from_secs(30)));
+    let ready = dir().join("segment.ready");
+    io.fail_opens(true);
+    let err = wal.append_blocking(request(RecordKind::Signal, 1, b"needs a new segment")).unwrap_err();
+    assert!(is_emfile(&err, "fsync WAL directory"), "{err}");
+    assert!(!wal.is_poisoned());
+    assert!(io.file_bytes(&ready).is_ok(), "the prepared segment is put back");
+    assert_eq!(segment_paths(&io).len(), 1, "no second segment is left behind");
+    io.fail_opens(false);
+    let appended = wal.append_blocking(request(RecordKind::Signal, 1, b"after")).unwrap();
+    assert_eq!(appended.first, Seqno(2));
+    let stats = wal.stats();
+    assert_eq!((stats.rotations, stats.rotations_unprepared), (1, 0), "{stats:?}");
+    let acked = recorded.batches();
+    drop(wal);
+    io.crash(CrashMode::LoseUnsynced);
+    let (wal, _, _) = open(&io, config, &clock());
+    assert_eq!(read_all(&wal, 1), acked);
+    assert_chain_from_one(&acked);
+}
+
+/// A replicated request whose batches span a rotation that fails for want of a descriptor: the
+/// batches written before the rotation are durable and announced like any other (the hook saw
+/// them, readers and the frontier too), the request fails, the WAL goes on; a retry of the rest
+/// continues the log.
+#[test]
+fn a_rotation_that_fails_inside_a_replicated_request_keeps_and_announces_what_it_wrote() {
+    let io = SimIo::new();
+    let mut config = small_config(300);
+    config.preallocate_bytes = 0;
+    let (wal, _, recorded) = open(&io, config.clone(), &clock());
+    let batches: Vec<tidal_wal::Batch> = (1..=6u64)
+        .map(|seqno| {
+            let mut payload = (9_000 + seqno).to_le_bytes().to_vec();
+            payload.extend([seqno as u8; 40]);
+            tidal_wal::Batch::new(RecordKind::Signal, Term(1), Seqno(seqno), 1, &payload)
+        })
+        .collect();
+    io.fail_opens(true);
+    let err = wal.append_replicated_blocking(batches.clone()).unwrap_err();
+    assert!(is_emfile(&err, "create segment"), "{err}");
+    assert!(!wal.is_poisoned());
+    let written = wal.durable_seqno().get() as usize;
+    assert!((1..6).contains(&written), "the rotation came inside the request: {written}");
+    assert_eq!(recorded.batches(), batches[..written], "what was written is announced");
+    io.fail_opens(false);
+    assert_eq!(read_all(&wal, 1), batches[..written]);
+    wal.append_replicated_blocking(batches[written..].to_vec()).unwrap();
+    assert_eq!(read_all(&wal, 1), batches);
+    drop(wal);
+    io.crash(CrashMode::LoseUnsynced);
+    let (wal, _, _) = open(&io, config, &clock());
+    assert_eq!(read_all(&wal, 1), batches);
+}
+
+/// Preparing the next segment is retried after a failure (it was given up until a restart): an
+/// EMFILE while the writer prepares at start costs one unprepared rotation, and the segments
+/// after it are prepared again.
+#[test]
+fn a_failed_preparation_of_the_next_segment_is_tried_again() {
+    let io = SimIo::new();
+    let config = small_config(200);
+    let recovered = tidal_wal::Wal::recover(config.clone(), Arc::new(io.clone())).unwrap();
+    io.fail_opens(true);
+    let (wal, _) = recovered.start(clock(), Box::new(tidal_wal::NoopHook)).unwrap();
+    wal.append_blocking(request(RecordKind::Signal, 1, &[1; 200])).unwrap();
+    assert_eq!(wal.stats().segments_prepared, 0);
+    io.fail_opens(false);
+    for index in 0..4u8 {
+        wal.append_blocking(request(RecordKind::Signal, 1, &[index; 200])).unwrap();
+        assert!(wal.wait_segment_prepared(std::time::Duration::from_secs(30)));
+    }
+    let stats = wal.stats();
+    assert_eq!(stats.rotations, 4, "{stats:?}");
+    assert_eq!(stats.rotations_unprepared, 1, "only the first rotation found nothing prepared: {stats:?}");
+    assert!(stats.segments_prepared >= 4, "{stats:?}");
+    assert!(!wal.is_poisoned());
+}
+
+/// What stays fatal: a rotation whose directory fsync itself fails (not a descriptor shortage:
+/// the directory was opened) poisons, like any failed fsync.
+#[test]
+fn a_failed_directory_fsync_at_rotation_still_poisons() {
+    for preallocate in [true, false] {
+        let io = SimIo::new();
+        let mut config = small_config(200);
+        if !preallocate {
+            config.preallocate_bytes = 0;
+        }
+        let (wal, _, _) = open(&io, config, &clock());
+        wal.append_blocking(request(RecordKind::Signal, 1, &[1; 200])).unwrap();
+        assert!(wal.wait_segment_prepared(std::time::Duration::from_secs(30)));
+        io.fail_next_dir_sync();
+        let err = wal.append_blocking(request(RecordKind::Signal, 1, b"x")).unwrap_err();
+        assert!(matches!(&err, Error::Fatal { op: "fsync WAL directory", .. }), "{preallocate}: {err}");
+        assert!(wal.is_poisoned(), "{preallocate}");
+    }
+}
+
+/// A new term's first batch is written, fsynced and then recorded in `wal.meta`. With no file
+/// descriptor left for that file the batch is still durable and acknowledged, the WAL is not
+/// poisoned, and the term history is right in memory and after a restart (recovery rebuilds the
+/// retained range's history from the segments). A purge in the same state fails alone.
+#[test]
+fn a_new_term_or_a_purge_without_a_file_descriptor_does_not_poison() {
+    let (io, batches) = written(20);
+    // Larger segments from now on: the last one has room, so the appends below rotate nothing.
+    let config = small_config(4096);
+    let (wal, _, _) = open(&io, config.clone(), &clock());
+    let entry = |term, seqno| tidal_types::TermSeqno { term: Term(term), seqno: Seqno(seqno) };
+    io.fail_opens(true);
+    let err = wal.purge_below(Seqno(15)).unwrap_err();
+    assert!(
+        matches!(&err, Error::Fatal { op: "create meta file", source, .. } if source.raw_os_error() == Some(EMFILE)),
+        "{err}"
+    );
+    assert!(!wal.is_poisoned());
+    assert_eq!(wal.purged().seqno, Seqno(0), "the purge changed nothing");
+    wal.set_term(Term(2));
+    // No rotation: only the term's record in wal.meta needs a new file.
+    let appended = wal.append_blocking(request(RecordKind::Signal, 1, b"t2")).unwrap();
+    assert_eq!((appended.first, appended.term), (Seqno(21), Term(2)));
+    assert!(!wal.is_poisoned());
+    assert_eq!(wal.term_history(), vec![entry(1, 1), entry(2, 21)]);
+    io.fail_opens(false);
+    assert_eq!(read_all(&wal, 1)[..20], batches[..]);
+    assert!(wal.purge_below(Seqno(15)).unwrap().segments_removed > 0);
+    drop(wal);
+    io.crash(CrashMode::LoseUnsynced);
+    let (wal, recovery, _) = open(&io, config, &clock());
+    assert_eq!(recovery.durable, Seqno(21));
+    assert_eq!(wal.term_history(), vec![entry(1, 1), entry(2, 21)]);
+}

@@ -257,3 +257,24 @@ fn truncating_the_last_segment_anywhere_recovers_a_prefix_of_whole_batches() {
         }
     }
 }
+
+/// Issue 37, finding 10, on a stopped WAL (its last segment cut at its last batch, as the fixture
+/// is): a last batch whose payload ends in zero bytes (an item delete, an embedding ending in 0.0)
+/// with any one bit flipped, the file's length unchanged, is corruption named by file and offset,
+/// never a torn tail to cut. Every bit of the batch, header and payload.
+#[test]
+fn every_bit_flip_in_a_last_batch_that_ends_in_zeros_is_corruption() {
+    let config = small_config(300);
+    let mut flips = 0;
+    for (name, kind, body) in zero_ending_bodies() {
+        let io = wal_ending_in(&config, kind, &body, Left::Stopped);
+        let (path, bytes, span) = last_batch(&io);
+        assert_eq!(span.end, bytes.len(), "{name}: a stopped WAL's last segment ends at its last batch");
+        assert!(
+            span.start > 0 && bytes[span.end - 1] == 0,
+            "{name}: ends in zeros, not first in its segment"
+        );
+        flips += assert_every_flip_is_corruption(&snapshot(&io), &path, span, &config, name);
+    }
+    assert!(flips > 1_000, "{flips} flips");
+}

@@ -158,3 +158,28 @@ fn a_write_cut_anywhere_in_the_last_segment_over_zeros_recovers_a_prefix_of_whol
         }
     }
 }
+
+/// Issue 37, finding 10, after a power loss (or a SIGKILL) with the WAL open: a last batch whose
+/// payload ends in zero bytes (an item delete, an embedding ending in 0.0) with any one bit
+/// flipped, the file's length unchanged, is corruption named by file and offset, never a torn
+/// tail to cut: with the segment preallocated (zeros after the written end) and without.
+#[test]
+fn every_bit_flip_in_a_last_batch_that_ends_in_zeros_is_corruption_after_a_power_loss() {
+    let preallocated = small_config(300);
+    let mut appended = small_config(300);
+    appended.preallocate_bytes = 0;
+    let mut flips = 0;
+    for (layout, config) in [("preallocated", &preallocated), ("appended", &appended)] {
+        for (name, kind, body) in zero_ending_bodies() {
+            let io = wal_ending_in(config, kind, &body, Left::PowerLoss);
+            let (path, bytes, span) = last_batch(&io);
+            assert!(span.start > 0 && bytes[span.end - 1] == 0, "{layout} {name}");
+            if config.preallocate_len() > 0 {
+                assert!(bytes.len() >= 300, "{layout} {name}: the zeros are still there");
+            }
+            let label = format!("{layout} {name}");
+            flips += assert_every_flip_is_corruption(&snapshot(&io), &path, span, config, &label);
+        }
+    }
+    assert!(flips > 2_000, "{flips} flips");
+}

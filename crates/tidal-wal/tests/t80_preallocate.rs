@@ -15,6 +15,7 @@ use std::time::Duration;
 
 use common::*;
 use tidal_types::{RecordKind, Seqno, Term};
+use tidal_wal::segment::{end_mark, END_MARK_LEN};
 use tidal_wal::{Batch, CrashMode, ManualClock, NoopHook, SimIo, StdIo, Wal, WalConfig};
 
 const SEGMENT_BYTES_MAX: u64 = 1000;
@@ -77,13 +78,17 @@ fn the_active_segment_is_preallocated_and_sealed_segments_hold_no_zeros() {
         on_disk.extend(bytes);
     }
     let active_bytes = io.file_bytes(&active.path).unwrap();
-    // A segment rotates once it reaches its size, so its last batch may run past the zeros.
+    // A segment rotates once it reaches its size, so its last batch (and the end mark after it)
+    // may run past the zeros.
+    let end = active.bytes as usize + END_MARK_LEN;
     assert_eq!(
         active_bytes.len() as u64,
-        SEGMENT_BYTES_MAX.max(active.bytes),
+        SEGMENT_BYTES_MAX.max(end as u64),
         "the active segment keeps its zeros"
     );
-    assert!(active_bytes[active.bytes as usize..].iter().all(|byte| *byte == 0));
+    let next = recorded.batches().last().unwrap().last_seqno().next();
+    assert_eq!(active_bytes[active.bytes as usize..end], end_mark(active.bytes, next), "decisions/058");
+    assert!(active_bytes[end..].iter().all(|byte| *byte == 0));
     on_disk.extend(&active_bytes[..active.bytes as usize]);
     assert_eq!(on_disk, encoded(&recorded.batches()));
     assert_eq!(read_all(&wal, 1), recorded.batches());
@@ -269,10 +274,14 @@ fn real_files_are_preallocated_rotated_and_cut() {
     check(&wal);
     assert!(!temp.path().join("segment.ready").exists(), "not kept without preallocation");
     wal.append_blocking(request(RecordKind::Signal, 1, b"unpreallocated")).unwrap();
+    let logical = wal.list_segments().unwrap().last().unwrap().bytes;
     assert_eq!(
         std::fs::metadata(&active.path).unwrap().len(),
-        wal.list_segments().unwrap().last().unwrap().bytes
+        logical + END_MARK_LEN as u64,
+        "appended: the write ends with the end mark (decisions/058)"
     );
+    drop(wal);
+    assert_eq!(std::fs::metadata(&active.path).unwrap().len(), logical, "a clean shutdown cuts the mark");
 }
 
 #[test]
@@ -547,20 +556,166 @@ fn recovery_over_real_files_counts_the_zeros_of_the_last_segment_without_losing_
     assert_eq!(read_all(&wal, 1), before);
     drop(wal);
 
-    // The last batch torn (its second half lost), then zeros: cut at its start.
+    // The last batch's second half zeros in a file that ends where the batch does (a clean
+    // shutdown cut it there): every byte of the batch was written, so this is damage, not a torn
+    // write (decisions/058).
     let last_len = before.last().unwrap().encoded().len() as u64;
-    let file = std::fs::OpenOptions::new().write(true).open(&segment).unwrap();
-    std::os::unix::fs::FileExt::write_all_at(
-        &file,
-        &vec![0u8; (last_len / 2) as usize],
-        logical - last_len / 2,
-    )
-    .unwrap();
-    drop(file);
+    let zero_second_half = || {
+        let file = std::fs::OpenOptions::new().write(true).open(&segment).unwrap();
+        std::os::unix::fs::FileExt::write_all_at(
+            &file,
+            &vec![0u8; (last_len / 2) as usize],
+            logical - last_len / 2,
+        )
+        .unwrap();
+    };
+    let cut = std::fs::read(&segment).unwrap();
+    assert_eq!(cut.len() as u64, logical);
+    zero_second_half();
+    match Wal::open(config.clone(), Arc::new(StdIo), Arc::new(tidal_wal::SystemClock), Box::new(NoopHook)) {
+        Err(tidal_wal::Error::Corrupt { path, offset, .. }) => {
+            assert_eq!((path, offset), (segment.clone(), logical - last_len));
+        }
+        Err(other) => panic!("{other}"),
+        Ok(_) => panic!("a batch written whole with its second half zeroed was cut as torn"),
+    }
+
+    // The last batch torn (its second half never written), then preallocated zeros: cut at its
+    // start.
+    std::fs::write(&segment, &cut).unwrap();
+    pad(logical + (2 << 20) + 3);
+    zero_second_half();
     let file_len = std::fs::metadata(&segment).unwrap().len();
     let (wal, recovery) = open(&config);
     let torn = recovery.truncated.expect("the torn batch is cut");
     assert_eq!(torn.offset, logical - last_len);
     assert_eq!(torn.bytes_dropped, file_len - torn.offset);
     assert_eq!(read_all(&wal, 1), before[..before.len() - 1].to_vec());
+}
+
+/// Batches whose payloads (a logged time, then the body) end in zero bytes: the item delete and
+/// the embedding of issue 37, and one whose last 40 bytes are zeros.
+fn zero_ending_drain(first: u64) -> Vec<Batch> {
+    let mut bodies: Vec<(RecordKind, Vec<u8>)> =
+        zero_ending_bodies().into_iter().map(|(_, kind, body)| (kind, body)).collect();
+    let mut long_tail = b"a long run of zeros".to_vec();
+    long_tail.resize(long_tail.len() + 40, 0);
+    bodies.push((RecordKind::Signal, long_tail));
+    bodies
+        .into_iter()
+        .enumerate()
+        .map(|(index, (kind, body))| {
+            let seqno = first + index as u64;
+            let mut payload = (5_000 + seqno).to_le_bytes().to_vec();
+            payload.extend(body);
+            Batch::new(kind, Term(1), Seqno(seqno), 1, &payload)
+        })
+        .collect()
+}
+
+/// Acknowledged batches, then `drain` as one drain whose single write a power loss loses or tears
+/// (`keep` of its bytes reach the disk); then the segment as the crash left it, and the reopened
+/// WAL. With `zero_filled`, the torn write is instead given the file system's other face: the
+/// file's length covers the whole write, but what did not reach the disk reads as zeros.
+fn crash_during_a_drain(
+    config: &WalConfig,
+    mode: CrashMode,
+    drain: &[Batch],
+    zero_filled: bool,
+) -> (SimIo, Vec<u8>, Wal, tidal_wal::Recovery) {
+    let clock = Arc::new(ManualClock::new(1_000));
+    let segment = segment_path(Seqno(1));
+    let start = || {
+        let io = SimIo::new();
+        let (wal, _, _) = open(&io, config.clone(), &clock);
+        wal.append_replicated_blocking(batches(1, 3)).unwrap();
+        assert!(wal.wait_segment_prepared(PREPARED_WAIT));
+        (io, wal)
+    };
+    // How far the drain's write reaches in the file when nothing goes wrong.
+    let reached = {
+        let (io, wal) = start();
+        wal.append_replicated_blocking(drain.to_vec()).unwrap();
+        io.file_bytes(&segment).unwrap().len()
+    };
+    let (io, wal) = start();
+    io.crash_at_op(1, mode);
+    assert!(wal.append_replicated_blocking(drain.to_vec()).is_err());
+    assert!(!io.crash_pending());
+    drop(wal);
+    io.restart();
+    if zero_filled {
+        // What the torn write left, then zeros up to where the whole write would have reached.
+        let CrashMode::TornUnsynced { keep } = mode else { unreachable!() };
+        let logical = encoded(&batches(1, 3)).len();
+        let mut bytes = io.file_bytes(&segment).unwrap();
+        bytes.resize(bytes.len().max(reached), 0);
+        let from = (logical + keep).min(bytes.len());
+        bytes[from..].iter_mut().for_each(|byte| *byte = 0);
+        io.write_file(&segment, &bytes);
+    }
+    let on_disk = io.file_bytes(&segment).unwrap();
+    let (wal, recovery, _) = open(&io, config.clone(), &clock);
+    (io, on_disk, wal, recovery)
+}
+
+/// Issue 37, finding 10, the other side: real torn writes of batches that end in zeros are still
+/// torn tails, cut and repaired, wherever the write stops (every byte of it, and past it), over
+/// preallocated zeros, appended, and zero-filled by the file system. A batch survives exactly
+/// when all of its bytes are on disk (the zeros it ends in may be the disk's own); a torn tail is
+/// reported exactly when part of a batch is; and the log goes on over what the crash left.
+#[test]
+fn a_torn_write_of_batches_that_end_in_zeros_is_cut_wherever_it_stops() {
+    let acked = batches(1, 3);
+    let logical = encoded(&acked).len();
+    let drain = zero_ending_drain(4);
+    let drain_bytes = encoded(&drain);
+    let preallocated = small_config(4096);
+    let mut appended = small_config(4096);
+    appended.preallocate_bytes = 0;
+    let mut cases = Vec::new();
+    for (layout, config) in [("preallocated", &preallocated), ("appended", &appended)] {
+        cases.push((layout, config, CrashMode::LoseUnsynced, false));
+        for keep in 0..=drain_bytes.len() + 40 {
+            cases.push((layout, config, CrashMode::TornUnsynced { keep }, false));
+            cases.push((layout, config, CrashMode::TornUnsynced { keep }, true));
+        }
+    }
+    for (layout, config, mode, zero_filled) in cases {
+        let label = format!("{layout} {mode:?} zero-filled {zero_filled}");
+        let keep = match mode {
+            CrashMode::LoseUnsynced => 0,
+            CrashMode::TornUnsynced { keep } => keep,
+        };
+        let (io, on_disk, wal, recovery) = crash_during_a_drain(config, mode, &drain, zero_filled);
+        let mut end = logical;
+        let mut whole = 0;
+        for batch in &drain {
+            let bytes = batch.encoded();
+            if on_disk.get(end..end + bytes.len()) != Some(bytes) {
+                break;
+            }
+            end += bytes.len();
+            whole += 1;
+        }
+        let mut expected = acked.clone();
+        expected.extend_from_slice(&drain[..whole]);
+        assert_eq!(read_all(&wal, 1), expected, "{label}");
+        let part_of_a_batch = whole < drain.len() && logical + keep > end;
+        assert_eq!(
+            recovery.truncated.map(|torn| torn.offset),
+            part_of_a_batch.then_some(end as u64),
+            "{label}"
+        );
+        let after = wal.append_blocking(request(RecordKind::Control, 1, b"after")).unwrap();
+        assert_eq!(after.first, Seqno(4 + whole as u64), "{label}");
+        // A power loss with the WAL open, once more: nothing stale comes back.
+        io.crash(CrashMode::LoseUnsynced);
+        drop(wal);
+        let (wal, recovery, _) = open(&io, config.clone(), &Arc::new(ManualClock::new(2_000)));
+        let again = read_all(&wal, 1);
+        assert_eq!(again[..expected.len()], expected[..], "{label}");
+        assert_eq!(again.len(), expected.len() + 1, "{label}");
+        assert_eq!(recovery.truncated, None, "{label}");
+    }
 }

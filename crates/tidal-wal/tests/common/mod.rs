@@ -115,3 +115,114 @@ pub fn fixture_files() -> Vec<(String, Vec<u8>)> {
     files.sort();
     files
 }
+
+/// Bodies whose batch ends in zero bytes, the two cases of issue 37 (finding 10): an item delete
+/// (the item id as u64 LE, its high bytes zero) and an embedding whose last components are 0.0
+/// (item id u64, dimension u32, f32s LE).
+pub fn zero_ending_bodies() -> Vec<(&'static str, RecordKind, Vec<u8>)> {
+    let delete = 42u64.to_le_bytes().to_vec();
+    let mut embedding = 43u64.to_le_bytes().to_vec();
+    embedding.extend(4u32.to_le_bytes());
+    for component in [0.5f32, -1.25, 0.0, 0.0] {
+        embedding.extend(component.to_le_bytes());
+    }
+    vec![("delete", RecordKind::ItemDelete, delete), ("embedding", RecordKind::ItemEmbedding, embedding)]
+}
+
+/// Every file of a SimIo with its bytes as a reader sees them, sorted by path.
+pub fn snapshot(io: &SimIo) -> Vec<(PathBuf, Vec<u8>)> {
+    io.paths().into_iter().map(|path| (path.clone(), io.file_bytes(&path).unwrap())).collect()
+}
+
+/// A fresh SimIo holding `files`, every byte and entry durable.
+pub fn restore(files: &[(PathBuf, Vec<u8>)]) -> SimIo {
+    let io = SimIo::new();
+    for (path, bytes) in files {
+        io.write_file(path, bytes);
+    }
+    io
+}
+
+/// Start and end offsets of the whole, verified batches at the start of a segment's bytes, up to
+/// the first bytes that are not one (the end of the file, zeros, or whatever else follows).
+pub fn verified_spans(bytes: &[u8]) -> Vec<std::ops::Range<usize>> {
+    let mut spans = Vec::new();
+    let mut at = 0;
+    while let Ok(batch) = tidal_wal::decode_batch(&bytes[at..]) {
+        spans.push(at..at + batch.encoded.len());
+        at += batch.encoded.len();
+    }
+    spans
+}
+
+/// Flips, one at a time and each in a fresh copy of `files`, every bit of `span` of the segment
+/// `path` (the file's length unchanged), and checks that every open refuses the WAL as corruption
+/// of that segment at `span.start`: never a torn tail, never a WAL that opens. Returns the flips.
+pub fn assert_every_flip_is_corruption(
+    files: &[(PathBuf, Vec<u8>)],
+    path: &Path,
+    span: std::ops::Range<usize>,
+    config: &WalConfig,
+    label: &str,
+) -> u64 {
+    let clock = Arc::new(ManualClock::new(0));
+    let mut flips = 0;
+    for bit in span.start as u64 * 8..span.end as u64 * 8 {
+        let io = restore(files);
+        io.flip_bit(path, bit).unwrap();
+        let label = format!("{label}: flip of bit {bit} (byte {})", bit / 8);
+        match try_open(&io, config.clone(), &clock) {
+            Err(tidal_wal::Error::Corrupt { path: got, offset, reason }) => {
+                assert_eq!((got.as_path(), offset), (path, span.start as u64), "{label}: {reason}");
+            }
+            Err(other) => panic!("{label}: {other}"),
+            Ok((_, recovery, _)) => panic!("{label}: opened, torn tail {:?}", recovery.truncated),
+        }
+        flips += 1;
+    }
+    flips
+}
+
+/// How [`wal_ending_in`] leaves its WAL.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Left {
+    /// Shut down cleanly: the last segment is cut at its last batch.
+    Stopped,
+    /// A power loss with the WAL open, once everything was fsynced (a SIGKILL leaves the same).
+    PowerLoss,
+}
+
+/// A WAL in [`dir`] written with `config`: five 40-byte signal batches, then one batch of `kind`
+/// holding `body`, the last acknowledged write; left as `left` says. With 300-byte segments the
+/// last segment holds two batches before the last one.
+pub fn wal_ending_in(config: &WalConfig, kind: RecordKind, body: &[u8], left: Left) -> SimIo {
+    let io = SimIo::new();
+    let clock = Arc::new(ManualClock::new(1_732_900_000_000));
+    let (wal, _, _) = open(&io, config.clone(), &clock);
+    wal.set_term(tidal_types::Term(3));
+    for index in 0..5u8 {
+        clock.advance(1_000);
+        wal.append_blocking(request(RecordKind::Signal, 2, &[b'a' + index; 40])).unwrap();
+    }
+    clock.advance(1_000);
+    wal.append_blocking(request(kind, 1, body)).unwrap();
+    // The writer is quiet (nothing left to prepare) before the machine goes down.
+    assert!(wal.wait_segment_prepared(std::time::Duration::from_secs(30)));
+    match left {
+        Left::Stopped => wal.shutdown(),
+        Left::PowerLoss => {
+            io.crash_at_op(1, tidal_wal::CrashMode::LoseUnsynced);
+            drop(wal);
+            io.restart();
+        }
+    }
+    io
+}
+
+/// The last segment of a SimIo WAL in [`dir`], its bytes, and the span of its last whole batch.
+pub fn last_batch(io: &SimIo) -> (PathBuf, Vec<u8>, std::ops::Range<usize>) {
+    let path = segment_paths(io).pop().unwrap();
+    let bytes = io.file_bytes(&path).unwrap();
+    let span = verified_spans(&bytes).pop().unwrap();
+    (path, bytes, span)
+}
