@@ -21,7 +21,15 @@ async fn an_old_leader_whose_acknowledged_writes_were_lost_heals_by_snapshot() {
         .with_test_writer()
         .try_init();
     let root = tempfile::tempdir().unwrap();
-    let mut cluster = Cluster::new(root.path(), 3, Durability::Leader, |_| {});
+    // Leader mode acknowledges alone only within its lease (nine tenths of the minimum election
+    // timeout, decisions/057): long election timeouts give the old leader seconds in which its
+    // writes are acknowledged without any follower.
+    let mut cluster = Cluster::new(root.path(), 3, Durability::Leader, |config| {
+        if let Some(cluster) = config.cluster.as_mut() {
+            cluster.timing.election_min = std::time::Duration::from_secs(4);
+            cluster.timing.election_max = std::time::Duration::from_secs(6);
+        }
+    });
     cluster.start_all().await;
     cluster.put_acked(1, json!({"everyone": true})).await;
     let old = cluster.leader().await;
@@ -29,7 +37,7 @@ async fn an_old_leader_whose_acknowledged_writes_were_lost_heals_by_snapshot() {
     for f in &followers {
         cluster.stop(*f).await;
     }
-    // Leader durability: acknowledged by the old leader alone.
+    // Leader durability: acknowledged by the old leader alone, within its lease.
     for id in 100..106 {
         cluster.client(old).put_item(id, json!({"lost": id}), None).await.unwrap();
     }
