@@ -154,6 +154,12 @@ impl CrashPointIo {
         self.lock().armed = Some((op, k.max(1), mode, 0));
     }
 
+    /// Disarms a point not reached yet (a scripted plan armed it on several nodes; another one's
+    /// fired first).
+    pub fn disarm(&self) {
+        self.lock().armed = None;
+    }
+
     /// What happened, once the armed point was reached.
     pub fn fired(&self) -> Option<String> {
         self.lock().fired.clone()

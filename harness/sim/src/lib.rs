@@ -18,6 +18,7 @@ pub mod net;
 pub mod redeliver;
 pub mod regressions;
 pub mod rng;
+pub mod script;
 pub mod workload;
 
 use faults::{Classes, Counters, Fault, Kind, Plan, Swarm};
@@ -44,6 +45,9 @@ pub enum Faults {
     Classes(Classes),
     /// The later families' swarm draw.
     Swarm(Swarm),
+    /// A fixed script of steps resolved against roles at run time (`script.rs`): the same faults
+    /// for every seed, only the elections (and so the nodes the steps land on) differ.
+    Script(&'static [script::Step]),
 }
 
 /// A scenario: cluster shape, workload and which fault classes the seed may draw.
@@ -224,6 +228,25 @@ impl Scenario {
                 rotations_min: 6,
                 ..base.clone()
             },
+            // Scripted histories (`script.rs`): findings 1 and 3 of issue 37, one crash, partition,
+            // restart and heal after another, aimed at the roles as they turn out; one writer, so
+            // that a lost write is one batch. Each run checks that it reached its window.
+            Scenario {
+                name: "script-stale-gap",
+                faults: Faults::Script(script::STALE_GAP),
+                load: Duration::from_secs(16),
+                writes_max: 120,
+                writers: 1,
+                ..base.clone()
+            },
+            Scenario {
+                name: "script-resumed-term",
+                faults: Faults::Script(script::RESUMED_TERM),
+                load: Duration::from_secs(12),
+                writes_max: 90,
+                writers: 1,
+                ..base.clone()
+            },
             // Disk faults through SimIo: failed fsyncs (once, or stuck) and writes, a full disk (the
             // node must fail closed; a supervisor restarts it), bit flips and cut segments on a stopped
             // node (it must refuse to start), a cut tail (it must repair), clock skew.
@@ -398,6 +421,8 @@ pub struct SimulatedCluster {
     pub start_delays: Vec<Duration>,
     /// Each node's ship tap (duplicated and reordered delivery), when the run has one.
     pub redelivery: Vec<Option<redeliver::Redelivery>>,
+    /// Each node's watching control tap (scripted runs, `script.rs`).
+    pub observers: Vec<Option<script::Observer>>,
     /// Each node's injector for its data dir's small files (registered only by runs that draw
     /// file faults, see [`SimulatedCluster::register_file_faults`]).
     pub files: Vec<files::DataDirFaults>,
@@ -449,6 +474,7 @@ impl SimulatedCluster {
             segment_bytes_max: 16 * 1024,
             start_delays: vec![Duration::ZERO; nodes],
             redelivery: vec![None; nodes],
+            observers: vec![None; nodes],
             files: starts.iter().map(|starts| files::DataDirFaults::new(starts.clone())).collect(),
             starts,
             closing: (0..nodes).map(|_| Arc::default()).collect(),
@@ -482,7 +508,10 @@ impl SimulatedCluster {
                     .with_ship_tap(Arc::new(tap.clone()))
                     .with_control_tap(Arc::new(tap.clone())),
                 Some(tap) => net::connector().with_ship_tap(Arc::new(tap.clone())),
-                None => net::connector(),
+                None => match &self.observers[index] {
+                    Some(observer) => net::connector().with_control_tap(Arc::new(observer.clone())),
+                    None => net::connector(),
+                },
             },
             forward_writes: false,
             apply_probe: Some(Arc::new(self.points[index].clone())),
@@ -1122,6 +1151,17 @@ pub fn run(seed: u64, scenario: &Scenario) -> anyhow::Result<Outcome> {
     let plan = match scenario.faults {
         Faults::Classes(classes) => Plan::draw(&mut rng, classes, scenario.nodes, scenario.load),
         Faults::Swarm(swarm) => Plan::draw_swarm(&mut rng, swarm, scenario.nodes, scenario.load),
+        Faults::Script(_) => {
+            Plan { latency_max: Duration::from_millis(1), fail_rate: 0.0, windows: Vec::new() }
+        }
+    };
+    let mut script = match scenario.faults {
+        Faults::Script(steps) => {
+            cluster.observers =
+                cluster.starts.iter().map(|starts| Some(script::Observer::new(starts.clone()))).collect();
+            Some(script::ScriptRun::new(scenario.name, steps, scenario.nodes, seed))
+        }
+        _ => None,
     };
     // `TIDAL_SIM_REDELIVERY=0` turns duplicated and reordered delivery off (to compare a plant's
     // catch rate with and without it).
@@ -1235,7 +1275,7 @@ pub fn run(seed: u64, scenario: &Scenario) -> anyhow::Result<Outcome> {
         // one; the start-up election is not what they test).
         let anchored = match scenario.faults {
             Faults::Classes(_) => true,
-            Faults::Swarm(_) => shared.borrow().writing,
+            Faults::Swarm(_) | Faults::Script(_) => shared.borrow().writing,
         };
         if anchored {
             load_started.get_or_insert(now);
@@ -1255,6 +1295,17 @@ pub fn run(seed: u64, scenario: &Scenario) -> anyhow::Result<Outcome> {
         driver.bounce_due(&mut sim, now);
         let phase = shared.borrow().phase;
         match phase {
+            Phase::Load if load_started.is_some() && script.is_some() => {
+                if let Some(script) = &mut script {
+                    script.tick(&mut driver, &mut sim, &shared, now, offset);
+                }
+            }
+            // A script runs to its end before the heal.
+            Phase::HealRequested if script.as_ref().is_some_and(|script| !script.done) => {
+                if let Some(script) = &mut script {
+                    script.tick(&mut driver, &mut sim, &shared, now, offset);
+                }
+            }
             Phase::Load if load_started.is_some() => {
                 if let Some(window) = &active {
                     let end = window.at + window.length;

@@ -299,6 +299,12 @@ fn main() -> anyhow::Result<()> {
                     _ => "",
                 }
             );
+            if outcome.violations.is_empty() && std::env::var_os("TIDAL_SIM_STORY").is_some() {
+                // `TIDAL_SIM_STORY=1`: what the driver did, in passing runs too.
+                for line in &outcome.story {
+                    println!("    trace: {line}");
+                }
+            }
             let row = rows.entry(scenario.name).or_default();
             row.runs += 1;
             row.acked += outcome.acked;

@@ -96,6 +96,9 @@ pub struct Shared {
     pub counters_stale_source: u64,
     /// Feed entries compared (an empty feed compares little).
     pub counters_feed_items: u64,
+    /// While set, no write attempt starts (a scripted fault plan holds the client still between
+    /// two of its steps, `script.rs`); an attempt already sent runs to its answer.
+    pub writes_paused: bool,
 }
 
 impl Shared {
@@ -118,6 +121,7 @@ impl Shared {
             counters_feeds: 0,
             counters_stale_source: 0,
             counters_feed_items: 0,
+            writes_paused: false,
         }
     }
 }
@@ -249,6 +253,7 @@ async fn writer(workload: Workload, shared: Rc<RefCell<Shared>>, load_end: Insta
     let per_writer = (workload.writes_max / workload.writers.max(1) as u64).max(1);
     let interval = workload.load / u32::try_from(per_writer).unwrap_or(u32::MAX);
     while Instant::now() < load_end {
+        wait_unpaused(&shared).await;
         let next = Instant::now() + interval;
         let id = {
             let mut shared = shared.borrow_mut();
@@ -266,6 +271,14 @@ async fn writer(workload: Workload, shared: Rc<RefCell<Shared>>, load_end: Insta
             register_op(&workload, &shared, id, &mut thread).await;
         }
         tokio::time::sleep_until(next).await;
+    }
+}
+
+/// Returns once writes are not paused ([`Shared::writes_paused`]).
+async fn wait_unpaused(shared: &Rc<RefCell<Shared>>) {
+    while shared.borrow().writes_paused {
+        // Poll step of a wait on the driver's flag (the script's step deadlines bound it).
+        tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
 
@@ -288,6 +301,7 @@ async fn write_one(workload: &Workload, shared: &Rc<RefCell<Shared>>, id: u64) {
     let body = serde_json::to_vec(&body).unwrap_or_default();
     let headers = [("idempotency-key", format!("w{id}"))];
     for attempt in 0..WRITE_ATTEMPTS {
+        wait_unpaused(shared).await;
         let node = shared.borrow().leader_guess;
         shared.borrow_mut().stats.attempts += 1;
         let answer = request(&host(node), method, &path, Some(body.clone()), &headers, REQUEST_TIMEOUT).await;
