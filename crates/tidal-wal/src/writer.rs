@@ -235,7 +235,7 @@ impl Drop for PanicGuard {
     fn drop(&mut self) {
         if std::thread::panicking() {
             tracing::error!("the WAL writer thread panicked; the WAL is poisoned");
-            self.0.poison();
+            self.0.poison("the WAL writer thread panicked");
             let queued: Vec<Queued> = {
                 let mut queue = self.0.lock_queue();
                 queue.closed = true;
@@ -291,7 +291,7 @@ impl Writer {
                 }
                 Err(err) => {
                     tracing::error!("failed to {err:#}");
-                    self.shared.poison();
+                    self.shared.poison(&format!("failed to {err:#}"));
                     for done in dones {
                         done.fail(err.clone());
                     }
@@ -302,7 +302,7 @@ impl Writer {
         if !self.shared.is_poisoned() {
             if let Err(err) = self.trim_at_shutdown() {
                 tracing::error!("failed to {err:#}");
-                self.shared.poison();
+                self.shared.poison(&format!("failed to {err:#}"));
             }
         }
     }
