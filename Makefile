@@ -45,7 +45,7 @@ model-check:
 
 # The turmoil simulation (harness/sim): SEEDS seeds from FIRST over every scenario (or SCENARIO=name
 # or a comma list: steady, network, crash, chaos, leader-crash, partition-heal, follower-outage,
-# rotation, disk, register); one summary line per run, then fault totals and the last line
+# rotation, disk, register, fatal-handover); one summary line per run, then fault totals and the last line
 # `sim: <runs> runs, <failed> failed, <violations> violations`. A failing run prints its replay command.
 SEEDS ?= 8
 FIRST ?= 1

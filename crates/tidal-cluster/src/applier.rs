@@ -178,6 +178,8 @@ pub struct Applier {
     waiters: Arc<AppliedWaiters>,
     fatal: Arc<Mutex<Option<String>>>,
     thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+    /// Set by [`Applier::join`] before it tells the thread to stop: an end after it is no fault.
+    stopping: AtomicBool,
 }
 
 impl Applier {
@@ -200,16 +202,25 @@ impl Applier {
         let thread_fatal = fatal.clone();
         let told = Arc::new(Mutex::new((Seqno::ZERO, 0)));
         let thread_told = told.clone();
-        let thread = std::thread::Builder::new()
-            .name("tidal-applier".into())
-            .spawn(move || run(db, rx, &thread_told, publisher, thread_fatal, probe))?;
+        let thread = std::thread::Builder::new().name("tidal-applier".into()).spawn(move || {
+            // A panic is a fatal fault like a failed apply: recorded for the node to see.
+            let _guard = PanicGuard(thread_fatal.clone());
+            run(db, rx, &thread_told, publisher, thread_fatal, probe)
+        })?;
         let sender = ApplierSender {
             tx,
             cuts: Arc::new(AtomicU64::new(0)),
             told,
             commit_dropped: Arc::new(AtomicBool::new(false)),
         };
-        Ok((Applier { applied: applied_rx, waiters, fatal, thread: Mutex::new(Some(thread)) }, sender))
+        let applier = Applier {
+            applied: applied_rx,
+            waiters,
+            fatal,
+            thread: Mutex::new(Some(thread)),
+            stopping: AtomicBool::new(false),
+        };
+        Ok((applier, sender))
     }
 
     /// The applied frontier; closed (errors on wait) once the applier has stopped.
@@ -225,12 +236,31 @@ impl Applier {
 
     /// The error that stopped the applier, if any.
     pub fn fatal(&self) -> Option<String> {
-        self.fatal.lock().expect("fatal lock is never held across a panic").clone()
+        self.fatal.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
+    }
+
+    /// Why the applier stopped without being told to (a failed apply, a panic, or its thread ended
+    /// otherwise), if it did: the node's fatal fault. `None` while it runs and after [`join`].
+    ///
+    /// [`join`]: Applier::join
+    pub fn stopped(&self) -> Option<String> {
+        if let Some(fatal) = self.fatal() {
+            return Some(fatal);
+        }
+        if self.stopping.load(Ordering::SeqCst) {
+            return None;
+        }
+        let thread = self.thread.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        thread
+            .as_ref()
+            .is_some_and(|thread| thread.is_finished())
+            .then(|| "the applier thread ended while the node runs".to_string())
     }
 
     /// Stops the applier after everything queued before this call (shut the WAL down first, so its
     /// last drains are queued) and waits for the thread. Later sends are dropped.
     pub fn join(&self, own_sender: ApplierSender) {
+        self.stopping.store(true, Ordering::SeqCst);
         let _ = own_sender.tx.send(ApplierInput::Stop, |_| true);
         drop(own_sender);
         let thread = self.thread.lock().expect("applier lock is never held across a panic").take();
@@ -238,6 +268,19 @@ impl Applier {
             if thread.join().is_err() {
                 tracing::error!("applier thread panicked");
             }
+        }
+    }
+}
+
+/// Records a panic of the applier thread as its fatal error.
+struct PanicGuard(Arc<Mutex<Option<String>>>);
+
+impl Drop for PanicGuard {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            tracing::error!("the applier thread panicked; the node stops applying and acknowledging");
+            let mut fatal = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            fatal.get_or_insert_with(|| "the applier thread panicked".to_string());
         }
     }
 }
@@ -302,7 +345,7 @@ fn run(
             if let Err(error) = db.apply(front) {
                 let message = format!("apply of batch at seqno {} failed: {error}", front.first_seqno());
                 tracing::error!("{message}; the node stops applying and acknowledging");
-                *fatal.lock().expect("fatal lock is never held across a panic") = Some(message);
+                *fatal.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(message);
                 return;
             }
             if dies_at(ApplyPoint::BeforePublish, front) {

@@ -13,6 +13,7 @@ pub mod blocking;
 pub mod commit_state;
 pub mod control;
 pub mod decide;
+pub mod fatal;
 pub mod files;
 pub mod replica;
 pub mod ship_feed;
@@ -25,6 +26,7 @@ pub use applier::{
 };
 pub use commit_state::CommitState;
 pub use control::{ControlPlane, ControlTiming, TermGate};
+pub use fatal::{Fatal, FatalReason, FatalSource};
 pub use replica::{
     commit_hint, FollowerProgress, HealReport, InstallStats, MemberChange, MemberError, MemberReport,
     Members, NoticeStats, PeerReconcile, PromoteError, PromoteReport, PullStats, Replica, ReplicaHook,

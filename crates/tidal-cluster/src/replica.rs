@@ -279,6 +279,9 @@ pub struct ReplicaParts {
     /// Joining a running cluster: with nothing stored, wait to be added instead of writing the
     /// cluster file's membership as the first control entry.
     pub join: bool,
+    /// The node's fatal state: raised by a failed vote or a stopped control plane here; once
+    /// raised (by any source) the replica leaves office for good (`office.rs`).
+    pub fatal: crate::fatal::Fatal,
 }
 
 /// A cluster node's replication side.
@@ -351,6 +354,8 @@ pub struct Replica {
     leader_commit: Mutex<LeaderCommit>,
     /// Commit-notice counters (metrics): see [`NoticeStats`].
     notice_stats: [AtomicU64; 4],
+    /// The node's fatal state (see [`ReplicaParts::fatal`]).
+    fatal: crate::fatal::Fatal,
 }
 
 /// Commit notices (decisions/016), for metrics.
@@ -455,8 +460,10 @@ impl Replica {
         applied: watch::Receiver<Seqno>,
         gate: Arc<TermGate>,
     ) -> Result<Arc<Replica>, String> {
-        let ReplicaParts { spec, me, data_dir, store, timing, db, applier, snapshots, connector, join } =
-            parts;
+        let fatal = parts.fatal.clone();
+        let ReplicaParts {
+            spec, me, data_dir, store, timing, db, applier, snapshots, connector, join, ..
+        } = parts;
         spec.validate()?;
         spec.node(me).ok_or_else(|| format!("node {me} is not in the cluster file"))?;
         let members = Members::from_spec(&spec);
@@ -511,6 +518,7 @@ impl Replica {
             refusals: Mutex::new(BTreeMap::new()),
             leader_commit: Mutex::new(LeaderCommit::default()),
             notice_stats: Default::default(),
+            fatal,
         });
         // Losing office is synchronous with persisting a higher vote (PROTOCOL.md, "Losing office").
         let weak = Arc::downgrade(&replica);
@@ -668,12 +676,14 @@ impl Replica {
             self.gate.clone(),
             self.connector.clone(),
             !self.join,
+            self.fatal.clone(),
         )
         .await?;
         let control = Arc::new(control);
         if self.control.set(control.clone()).is_err() {
             return Err("replica started twice".into());
         }
+        tokio::spawn(self.clone().watch_fatal(control.clone()));
         tokio::spawn(self.clone().watch_control(control));
         tokio::spawn(self.clone().save_commit_hints());
         tokio::spawn(self.clone().reconcile_loop());

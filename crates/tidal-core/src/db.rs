@@ -212,6 +212,20 @@ enum Change<'a> {
     LeaderStart(Vec<u8>),
 }
 
+/// Why fjall refuses writes to `database` for good, if it does. fjall keeps its poisoned flag to
+/// itself; every write and `persist` answers [`fjall::Error::Poisoned`] once it is set, and a
+/// `persist(Buffer)` writes nothing but what its journal buffer holds, so it is the question.
+pub(crate) fn database_fault(database: &fjall::Database) -> Option<String> {
+    match database.persist(PersistMode::Buffer) {
+        Ok(()) => None,
+        Err(fjall::Error::Poisoned) => Some(
+            "fjall is poisoned: a journal write or fsync, or a background worker (flush, compaction), failed"
+                .into(),
+        ),
+        Err(error) => Some(format!("fjall refused to write its journal: {error}")),
+    }
+}
+
 impl TidalDb {
     /// The `raft` keyspace of this node's fjall database, where the control plane's store lived
     /// before it got a database of its own ([`crate::RaftStore::open_dir`]); read only to migrate.
@@ -490,6 +504,26 @@ impl TidalDb {
     #[doc(hidden)]
     pub fn simulate_crash(mut self) {
         self.flush_on_drop = false;
+    }
+
+    /// Why the engine refuses applies for good, if it does: a background flush failed (every later
+    /// apply fails), or fjall poisoned itself (a failed journal write or fsync, or a failed
+    /// background worker: fjall logs "Worker #N crashed" and refuses every write from then on).
+    /// The node asks periodically (a fatal fault: it must leave office and exit), so a failure
+    /// shows even while no apply comes. Takes fjall's journal lock for a moment: not on an async
+    /// worker.
+    pub fn fault(&self) -> Option<String> {
+        if let Err(error) = self.flush.check() {
+            return Some(error.to_string());
+        }
+        database_fault(&self.stores.database)
+    }
+
+    /// Makes the flusher's next commit fail with `reason`, as if fjall had refused it: the engine
+    /// then refuses applies ([`Error::FlushFailed`]). For tests.
+    #[doc(hidden)]
+    pub fn fail_next_flush(&self, reason: &str) {
+        self.flush.fail_next(reason);
     }
 
     /// Holds the flusher at `stage` of its next flush until the returned hold is dropped, so tests

@@ -189,6 +189,8 @@ struct Progress {
     failed: Option<String>,
     /// Set by a simulated crash: flushes not yet committed are dropped.
     abandoned: bool,
+    /// A failure a test injected into the next commit ([`FlushShared::fail_next`]).
+    injected: Option<String>,
     /// A test's hold, and whether the flusher is stopped at it.
     hold: Option<FlushStage>,
     parked: Option<FlushStage>,
@@ -279,6 +281,15 @@ impl FlushShared {
                 }
             }
         }
+    }
+
+    /// Makes the next flush's commit fail with `reason`, as if fjall had refused it (a test seam).
+    pub fn fail_next(&self, reason: &str) {
+        self.lock().injected = Some(reason.to_string());
+    }
+
+    fn take_injected(&self) -> Option<String> {
+        self.lock().injected.take()
     }
 
     /// Drops every flush not committed yet, as a crash would.
@@ -482,6 +493,9 @@ pub fn run<S>(context: FlusherContext<S>, frozen_overlays: Receiver<Arc<FrozenOv
         let mut writes = stores.database.batch();
         frozen.flush_into(&stores, &mut writes, &merges);
         let entries = writes.len() + ingested;
+        if let Some(reason) = shared.take_injected() {
+            return fail("commit", fjall::Error::Io(std::io::Error::other(reason)));
+        }
         if let Err(error) = writes.commit() {
             return fail("commit", error);
         }

@@ -60,7 +60,7 @@ pub use flusher::{DurableGate, FlushHold, FlushStage, GateWait};
 pub use flusher::{FlushStats, FLUSH_DURATION_BUCKETS_MS};
 pub use idempotency::{IdempotencyRecord, PRUNE_PER_APPLY_MAX};
 pub use negatives::{Actor, NegativesState, NEGATIVES_PER_USER_MAX};
-pub use raft_store::{RaftStore, RaftWrite};
+pub use raft_store::{RaftStep, RaftStore, RaftStoreFaults, RaftWrite};
 pub use ranked::{Ranked, RankedEntry, RANKED_LIMIT_MAX};
 pub use record::{
     decode_payload, encode_payload, records_fingerprint, ControlRecord, EncodedPayload, Envelope, Records,

@@ -415,3 +415,20 @@ fn empty_table_files(dir: &Path) -> Vec<std::path::PathBuf> {
 fn in_tables_dir(path: &Path) -> bool {
     path.parent().is_some_and(|parent| parent.ends_with("tables"))
 }
+
+#[test]
+fn a_failed_flush_is_the_engines_fault_until_a_restart() {
+    let log = workload();
+    let dir = tempfile::tempdir().unwrap();
+    let db = open_with(dir.path(), config());
+    apply_all(&db, &log.batches[..10]);
+    assert_eq!(db.fault(), None, "a sound engine reports no fault");
+    db.fail_next_flush("injected: no space left on device");
+    assert!(db.checkpoint().is_err());
+    let fault = db.fault().expect("the failed flush is not reported");
+    assert!(fault.contains("no space left on device"), "{fault}");
+    assert!(db.apply(&log.batches[10]).is_err(), "an apply after a failed flush must fail");
+    db.simulate_crash();
+    let db = open_with(dir.path(), config());
+    assert_eq!(db.fault(), None, "a restart clears it (the WAL is replayed)");
+}

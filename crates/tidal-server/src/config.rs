@@ -191,6 +191,7 @@ pub struct FileConfig {
     write_inflight_bytes_max: Option<usize>,
     wal_retention_bytes: Option<u64>,
     read_wait_ms_max: Option<u64>,
+    fatal_exit_grace_ms: Option<u64>,
     checkpoint_interval_ms: Option<u64>,
     engine_overlay_bytes_max: Option<usize>,
     signal_kinds: Option<BTreeMap<String, f64>>,
@@ -234,6 +235,9 @@ pub struct ServeConfig {
     pub read_wait_ms_max: u64,
     /// How often the engine state is checkpointed (fsynced) so the WAL can be purged.
     pub checkpoint_interval_ms: u64,
+    /// After a fatal storage fault (decisions/059) the node, out of office at once, keeps answering
+    /// `/healthz` and `/readyz` (503, with the reason) this long, then stops and exits non-zero.
+    pub fatal_exit_grace_ms: u64,
     /// Engine write-back overlay bound (decisions/003): larger = fewer, longer flushes.
     pub engine_overlay_bytes_max: usize,
     /// Signal kinds and their default weights.
@@ -264,6 +268,9 @@ pub struct NodeIo {
     /// Held until the node's engine is closed (harness/sim waits on its receiver after a crash, so
     /// a restart never finds the old instance's data dir still open); `None` in production.
     pub close_watch: Option<std::sync::mpsc::Sender<()>>,
+    /// Faults injected into the control plane's store (a failed vote fsync, say), as `wal_files`
+    /// injects the WAL's; `None` in production.
+    pub raft_faults: Option<std::sync::Arc<dyn tidal_core::RaftStoreFaults>>,
 }
 
 impl Default for NodeIo {
@@ -275,6 +282,7 @@ impl Default for NodeIo {
             forward_writes: true,
             apply_probe: None,
             close_watch: None,
+            raft_faults: None,
         }
     }
 }
@@ -363,6 +371,7 @@ impl ServeConfig {
             wal_retention_bytes: file.wal_retention_bytes.unwrap_or(1024 * 1024 * 1024),
             read_wait_ms_max: file.read_wait_ms_max.unwrap_or(10_000),
             checkpoint_interval_ms: file.checkpoint_interval_ms.unwrap_or(30_000),
+            fatal_exit_grace_ms: file.fatal_exit_grace_ms.unwrap_or(1_000),
             engine_overlay_bytes_max: file
                 .engine_overlay_bytes_max
                 .or_else(|| std::env::var("TIDAL_ENGINE_OVERLAY_BYTES_MAX").ok().and_then(|v| v.parse().ok()))

@@ -936,8 +936,13 @@ fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-async fn healthz() -> &'static str {
-    "ok\n"
+/// Liveness: 200 `ok` while the node runs; 503 with the reason once a fatal storage fault stopped
+/// it (decisions/059: it leaves office at once and exits shortly after, for a restart).
+async fn healthz(State(state): State<Arc<AppState>>) -> Response {
+    match state.node.fatal() {
+        Some(fatal) => ApiError::unavailable(ErrorCode::NotReady, fatal.to_string()).into_response(),
+        None => (StatusCode::OK, "ok\n").into_response(),
+    }
 }
 
 /// Default `max_lag_ms` of `/readyz` on a follower: how long it may go without hearing its leader.
@@ -945,7 +950,7 @@ const READY_MAX_LAG_MS_DEFAULT: u64 = 5_000;
 
 async fn readyz(State(state): State<Arc<AppState>>, RawQuery(query): RawQuery) -> Response {
     if let Some(why) = state.node.fatal() {
-        return ApiError::unavailable(ErrorCode::NotReady, why).into_response();
+        return ApiError::unavailable(ErrorCode::NotReady, why.to_string()).into_response();
     }
     let max_lag_ms = match query_u64(&query, "max_lag_ms") {
         Ok(value) => value.unwrap_or(READY_MAX_LAG_MS_DEFAULT),
@@ -1274,13 +1279,22 @@ async fn metrics(State(state): State<Arc<AppState>>) -> Response {
         "Engine checkpoint.",
         node.checkpoint_seqno() as f64,
     );
+    let fatal = node.fatal();
     render_single(
         &mut out,
         "tidal_up",
         "gauge",
         "1 while the node can take writes.",
-        f64::from(node.fatal().is_none()),
+        f64::from(fatal.is_none()),
     );
+    out.push_str(
+        "# HELP tidal_fatal 1 once a fatal storage fault stopped the node, by source (decisions/059): it leaves office and exits.\n",
+    );
+    out.push_str("# TYPE tidal_fatal gauge\n");
+    for source in tidal_cluster::FatalSource::ALL {
+        let raised = fatal.as_ref().is_some_and(|fatal| fatal.source == source);
+        out.push_str(&format!("tidal_fatal{{source=\"{source}\"}} {}\n", u8::from(raised)));
+    }
     render_single(
         &mut out,
         "tidal_uptime_seconds",

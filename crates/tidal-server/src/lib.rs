@@ -28,7 +28,7 @@ pub mod node;
 pub mod ops;
 
 use anyhow::Context;
-use std::future::Future;
+use std::future::{Future, IntoFuture};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -127,12 +127,48 @@ where
     let state = Arc::new(http::AppState { node: node.clone(), tokens, metrics: Default::default(), forward });
     let (checkpointer_stop, checkpointer_stopped) = tokio::sync::oneshot::channel();
     let checkpointer = spawn_checkpointer(node.clone(), checkpointer_stopped);
+    let (watchdog_stop, watchdog_stopped) = tokio::sync::oneshot::channel();
+    let watchdog = spawn_fatal_watchdog(node.clone(), watchdog_stopped);
     tracing::info!(addr = %listener.local_addr()?, data_dir = %config.data_dir.display(), "serving");
-    let served = axum::serve(listener, http::router(state)).with_graceful_shutdown(shutdown).await;
+    // The HTTP server stops at the caller's signal, or `fatal_exit_grace_ms` after a fatal fault
+    // (decisions/059: out of office at once, `/healthz` failing meanwhile).
+    let fatal = node.fatal_state().clone();
+    let grace = Duration::from_millis(config.fatal_exit_grace_ms);
+    let stop_serving = {
+        let fatal = fatal.clone();
+        async move {
+            tokio::select! {
+                () = shutdown => {}
+                reason = fatal.raised() => {
+                    tracing::error!("stopping in {grace:?} after a {reason}");
+                    tokio::time::sleep(grace).await;
+                }
+            }
+        }
+    };
+    let serving =
+        axum::serve(listener, http::router(state)).with_graceful_shutdown(stop_serving).into_future();
+    // After a fatal fault the connections get a bounded drain: the node exits whatever they do.
+    let drain_deadline = async {
+        let _ = fatal.raised().await;
+        tokio::time::sleep(grace + FATAL_HTTP_DRAIN).await;
+    };
+    let served = tokio::select! {
+        served = serving => served,
+        () = drain_deadline => {
+            tracing::warn!("HTTP connections still open {FATAL_HTTP_DRAIN:?} into the stop after a fatal fault; closing them");
+            Ok(())
+        }
+    };
     // Stopped, not aborted: an abort leaves a checkpoint in flight on its blocking thread, which
     // keeps the node (and its data dir) open past this function.
     let _ = checkpointer_stop.send(());
     let _ = checkpointer.await;
+    let _ = watchdog_stop.send(());
+    let _ = watchdog.await;
+    if let Some(fatal) = fatal.get() {
+        return Err(stop_after_fatal(node, rpc_stop, rpc_task, fatal).await);
+    }
     if let Some(replica) = node.replica() {
         replica.stop().await;
     }
@@ -146,12 +182,88 @@ where
         .await
         .context("shutdown task")?;
     let release = node.take_release();
+    let fatal = node.fatal_state().get();
     drop(node);
     if let Some(release) = release {
         wait_for_release(release, &config.data_dir).await;
     }
     served.context("HTTP server")?;
-    Ok(())
+    // A fault during the stop itself (the WAL's last fsync, say) is still one: exit non-zero.
+    match fatal {
+        Some(fatal) => Err(FatalExit(fatal).into()),
+        None => Ok(()),
+    }
+}
+
+/// How often the watchdog asks the sources no event reports (the engine's flusher, fjall's
+/// workers) whether they failed.
+const FATAL_POLL: Duration = Duration::from_millis(100);
+/// After a fatal fault and its grace, how long open HTTP connections may take to finish.
+const FATAL_HTTP_DRAIN: Duration = Duration::from_secs(2);
+/// How long each step of the stop after a fatal fault may take (openraft, the RPC server, the WAL
+/// and the applier): the node exits whatever is stuck on a failing disk.
+const FATAL_STOP_STEP: Duration = Duration::from_secs(5);
+
+/// What `run` returns after a fatal storage fault (decisions/059); `tidal serve` exits with
+/// [`FATAL_EXIT_CODE`] on it.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}; the node stopped (restart it: it recovers from what is on disk)")]
+pub struct FatalExit(pub tidal_cluster::FatalReason);
+
+/// The exit status of `tidal serve` after a fatal storage fault.
+pub const FATAL_EXIT_CODE: i32 = 3;
+
+/// The stop after a fatal fault: the replica is out of office already (`watch_fatal`); openraft
+/// and the RPC server stop, the WAL and the applier are stopped without writing anything more to
+/// the engine, each step bounded. The node is not waited for (the process exits).
+async fn stop_after_fatal(
+    node: Arc<node::Node>,
+    rpc_stop: tokio::sync::watch::Sender<bool>,
+    rpc_task: Option<tokio::task::JoinHandle<()>>,
+    fatal: tidal_cluster::FatalReason,
+) -> anyhow::Error {
+    if let Some(replica) = node.replica() {
+        if tokio::time::timeout(FATAL_STOP_STEP, replica.stop()).await.is_err() {
+            tracing::warn!("the control plane did not stop within {FATAL_STOP_STEP:?}");
+        }
+    }
+    let _ = rpc_stop.send(true);
+    if let Some(task) = rpc_task {
+        if tokio::time::timeout(FATAL_STOP_STEP, task).await.is_err() {
+            tracing::warn!("the replication server did not stop within {FATAL_STOP_STEP:?}");
+        }
+    }
+    let closing = node.clone();
+    let stopping = tokio::task::spawn_blocking(tidal_types::activity::carry_awaiting_threads(move || {
+        closing.stop_after_fatal()
+    }));
+    if tokio::time::timeout(FATAL_STOP_STEP, stopping).await.is_err() {
+        tracing::warn!("the WAL writer and the applier did not stop within {FATAL_STOP_STEP:?}");
+    }
+    tracing::error!("exiting after a {fatal}");
+    FatalExit(fatal).into()
+}
+
+/// Asks the node's fatal sources every [`FATAL_POLL`] (the cheap ones are asked at every request
+/// too, and the WAL, a vote and openraft raise it themselves) until stopped or a fault is raised.
+fn spawn_fatal_watchdog(
+    node: Arc<node::Node>,
+    mut stop: tokio::sync::oneshot::Receiver<()>,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        loop {
+            tokio::select! {
+                _ = tokio::time::sleep(FATAL_POLL) => {}
+                _ = &mut stop => return,
+            }
+            let asking = node.clone();
+            match tidal_cluster::blocking::blocking(move || asking.check_fatal()).await {
+                Ok(None) => {}
+                Ok(Some(_)) => return,
+                Err(error) => tracing::warn!("the fatal watchdog's check failed: {error}"),
+            }
+        }
+    })
 }
 
 /// How long a stopping node waits for the tasks that still hold it (a connection being torn down,

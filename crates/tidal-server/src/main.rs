@@ -124,7 +124,16 @@ fn main() -> anyhow::Result<()> {
     }
     .context("start tokio runtime")?;
     match cli.command {
-        Command::Serve(args) => runtime.block_on(serve(args)),
+        Command::Serve(args) => match runtime.block_on(serve(args)) {
+            Err(error) if error.downcast_ref::<tidal_server::FatalExit>().is_some() => {
+                // A fatal storage fault (decisions/059): the node left office and stopped; exit at
+                // once with its own status, for a supervisor to restart it (threads still stuck on
+                // a failing disk are not waited for).
+                eprintln!("Error: {error:#}");
+                std::process::exit(tidal_server::FATAL_EXIT_CODE);
+            }
+            served => served,
+        },
         Command::Bench(args) => runtime.block_on(bench::run(args)),
         Command::Gates(args) => {
             if !runtime.block_on(tidal_server::gates::run(args))? {

@@ -9,8 +9,11 @@
 //!
 //! Delicate:
 //! - Nothing is acknowledged before its fsync: the WAL calls completions only after it.
-//! - Apply errors are fatal for the node: the frontier stops, waiting writes fail with 503 and
-//!   `/readyz` fails. A restart replays the WAL from the engine's applied seqno.
+//! - Storage faults are fatal for the node (decisions/059): a poisoned WAL, a stopped applier, a
+//!   failed engine flush or fjall worker, a failed vote fsync or a stopped openraft raise the one
+//!   [`Fatal`] state. The replica then leaves office, waiting writes fail with 503, `/healthz` and
+//!   `/readyz` fail, and `run_on` exits with the reason. A restart replays the WAL from the
+//!   engine's applied seqno.
 //! - Memory is bounded: in-flight write bytes and requests are capped by semaphores (writers wait,
 //!   then get 503 `overloaded`), the WAL queue is capped, and the apply channel is bounded (the writer
 //!   thread waits for the applier rather than buffering without limit).
@@ -29,8 +32,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tidal_cluster::control::LogStore;
 use tidal_cluster::{
-    AppliedWaiter, Applier, ApplierSender, CommitOnFlush, CommitState, DurableFrontier, Reached, Replica,
-    ReplicaHook, ReplicaParts, ShipFeed, SnapshotPins, SnapshotSource, TermGate,
+    AppliedWaiter, Applier, ApplierSender, CommitOnFlush, CommitState, DurableFrontier, Fatal, FatalReason,
+    FatalSource, Reached, Replica, ReplicaHook, ReplicaParts, ShipFeed, SnapshotPins, SnapshotSource,
+    TermGate,
 };
 use tidal_core::{DecodedBatch, EngineConfig, Envelope, Records, TidalDb};
 use tidal_types::{ErrorCode, Seqno, Term, TermSeqno};
@@ -100,6 +104,10 @@ pub struct Node {
     /// Engine checkpoint: WAL purge never passes it.
     checkpoint_seqno: AtomicU64,
     replica: Option<Arc<Replica>>,
+    /// The control plane's store (asked for a poisoned database; the replica holds it too).
+    raft_store: tidal_core::RaftStore,
+    /// The node's one fatal state (see the module doc).
+    fatal: Fatal,
     started: Instant,
     _lock: File,
     /// Disconnects once this node (its data dir lock above) and its engine are both gone; see
@@ -199,6 +207,15 @@ impl Node {
             )),
         };
         let (wal, recovery) = recovered.start(config.io.wal_clock.clone(), hook).context("open WAL")?;
+        // A poisoned WAL is fatal for the node: raised from the thread that poisons it, before the
+        // failed writes are answered.
+        let fatal = Fatal::new();
+        wal.on_poison({
+            let fatal = fatal.clone();
+            move |reason| {
+                fatal.raise(FatalSource::Wal, reason);
+            }
+        });
         if cluster.is_some() {
             durable_gate.attach(wal.durable_view());
             db.set_durable_gate(durable_gate);
@@ -230,7 +247,8 @@ impl Node {
         // may hold an uncommitted tail that a new leader will quarantine, so it replays only up to
         // its saved commit hint; the rest is applied as the leader's commit frontier arrives.
         let raft_store = tidal_core::RaftStore::open_dir(&config.data_dir.join("raft"))
-            .context("open the control plane's store")?;
+            .context("open the control plane's store")?
+            .with_faults(config.io.raft_faults.clone());
         let moved = raft_store
             .migrate_from(&db.raft_store().context("open the engine's legacy raft keyspace")?)
             .context("move the control plane's store out of the engine's database")?;
@@ -266,13 +284,14 @@ impl Node {
                     spec: membership.spec,
                     me: membership.me,
                     data_dir: config.data_dir.clone(),
-                    store: raft_store,
+                    store: raft_store.clone(),
                     timing: membership.timing,
                     db: db.clone(),
                     applier: sender.clone(),
                     snapshots: Arc::new(snapshots),
                     connector: config.io.connector.clone(),
                     join: membership.join,
+                    fatal: fatal.clone(),
                 };
                 let replica =
                     Replica::new(parts, wal.clone(), commit, feed, applier.applied(), TermGate::new(term))
@@ -300,6 +319,8 @@ impl Node {
             inflight: Mutex::new(HashMap::new()),
             checkpoint_seqno: AtomicU64::new(checkpoint),
             replica,
+            raft_store,
+            fatal,
             started: Instant::now(),
             _lock: lock,
             release: Mutex::new(Some(release)),
@@ -345,12 +366,40 @@ impl Node {
         self.applied.borrow().get()
     }
 
-    /// The fatal error that stopped the node, if any.
-    pub fn fatal(&self) -> Option<String> {
-        if self.wal.is_poisoned() {
-            return Some("WAL is poisoned by a failed write or fsync; restart the node".into());
+    /// The fatal fault that stopped the node, if any. Looks at the sources that cost nothing to
+    /// ask (the WAL's poisoned flag, the applier) and raises what it finds; the others are asked by
+    /// [`Node::check_fatal`], periodically.
+    pub fn fatal(&self) -> Option<FatalReason> {
+        if self.fatal.is_raised() {
+            return self.fatal.get();
         }
-        self.applier.fatal()
+        if self.wal.is_poisoned() {
+            let why = self.wal.poison_reason().unwrap_or_else(|| "a write or fsync failed".into());
+            self.fatal.raise(FatalSource::Wal, format!("the WAL is poisoned: {why}"));
+        } else if let Some(why) = self.applier.stopped() {
+            self.fatal.raise(FatalSource::Applier, why);
+        }
+        self.fatal.get()
+    }
+
+    /// [`Node::fatal`], and also asks the engine (a failed background flush, a poisoned fjall) and
+    /// the control plane's store (a poisoned fjall). Blocking (it takes fjall's journal lock for a
+    /// moment): run it off the async workers.
+    pub fn check_fatal(&self) -> Option<FatalReason> {
+        if let Some(reason) = self.fatal() {
+            return Some(reason);
+        }
+        if let Some(why) = self.db.fault() {
+            self.fatal.raise(FatalSource::Engine, why);
+        } else if let Some(why) = self.raft_store.fault() {
+            self.fatal.raise(FatalSource::ControlPlane, format!("the control plane's store: {why}"));
+        }
+        self.fatal.get()
+    }
+
+    /// The node's fatal state (watch it to learn when the node must stop).
+    pub fn fatal_state(&self) -> &Fatal {
+        &self.fatal
     }
 
     /// Seconds since start.
@@ -450,7 +499,7 @@ impl Node {
             return Err(ApiError::internal("write admission closed"));
         };
         if let Some(fatal) = self.fatal() {
-            return Err(ApiError::unavailable(ErrorCode::NotReady, fatal));
+            return Err(ApiError::unavailable(ErrorCode::NotReady, fatal.to_string()));
         }
         // A cluster member writes only while it serves as leader; losing office fails the wait (the
         // outcome is unknown: the client retries with its Idempotency-Key).
@@ -536,7 +585,7 @@ impl Node {
             }
             Ok(Written::ApplierStopped) => Err(ApiError::unavailable(
                 ErrorCode::NotReady,
-                self.fatal().unwrap_or_else(|| "applier stopped".into()),
+                self.fatal().map_or_else(|| "applier stopped".into(), |fatal| fatal.to_string()),
             )),
             Ok(Written::Cut) => Err(ApiError::unavailable(
                 ErrorCode::NotReady,
@@ -567,7 +616,7 @@ impl Node {
         reached.map_err(|_| {
             ApiError::unavailable(
                 ErrorCode::NotReady,
-                self.fatal().unwrap_or_else(|| "applier stopped".into()),
+                self.fatal().map_or_else(|| "applier stopped".into(), |fatal| fatal.to_string()),
             )
         })
     }
@@ -600,6 +649,17 @@ impl Node {
             tracing::debug!(?report, "WAL purge");
         }
         Ok(())
+    }
+
+    /// After a fatal fault: stops taking writes, drains the WAL (a poisoned one fails what is
+    /// queued) and waits for the applier, but writes nothing more to the engine (no checkpoint, no
+    /// table flush: the disk just failed; a restart replays the WAL). Idempotent.
+    pub fn stop_after_fatal(&self) {
+        self.wal.shutdown();
+        let sender = self.applier_sender.lock().expect("sender lock is never held across a panic").take();
+        if let Some(sender) = sender {
+            self.applier.join(sender);
+        }
     }
 
     /// Stops taking writes, drains the WAL, waits for the applier, checkpoints. Idempotent.

@@ -40,6 +40,8 @@ pub(crate) struct Shared {
     /// Highest fsynced seqno.
     pub(crate) durable: AtomicU64,
     pub(crate) poisoned: AtomicBool,
+    /// Why the WAL was poisoned (the first failure), and who is told when it is.
+    pub(crate) poison: Mutex<PoisonState>,
     pub(crate) stats: StatsCounters,
     /// Bumped (under `log`) when a quarantine or reset starts and when it ends; a reader that sees it
     /// change under it stops with [`Error::TruncatedWhileReading`] instead of mixing two logs.
@@ -55,6 +57,16 @@ pub(crate) struct Shared {
     /// Counts the writer busy from a queued request until it waits again (the simulation's step
     /// barrier, decisions/051; counts nothing in production).
     pub(crate) handoff: tidal_types::activity::Handoff,
+}
+
+/// Called once, with the reason, when the WAL is poisoned (see [`crate::Wal::on_poison`]).
+pub(crate) type PoisonListener = Box<dyn Fn(&str) + Send + Sync>;
+
+/// The first failure that poisoned the WAL, and the listeners told of it.
+#[derive(Default)]
+pub(crate) struct PoisonState {
+    pub(crate) reason: Option<String>,
+    pub(crate) listeners: Vec<PoisonListener>,
 }
 
 /// Requests waiting for the writer.
@@ -190,11 +202,41 @@ impl Shared {
         }
     }
 
-    /// Marks the WAL poisoned and wakes the writer so it fails what is queued.
-    pub(crate) fn poison(&self) {
+    /// Marks the WAL poisoned and wakes the writer so it fails what is queued. The first call
+    /// records `reason` and tells the listeners ([`crate::Wal::on_poison`]), on this thread.
+    pub(crate) fn poison(&self, reason: &str) {
+        {
+            let mut poison = self.lock_poison();
+            if poison.reason.is_none() {
+                poison.reason = Some(reason.to_string());
+                // Set under the lock: a listener registered later sees the flag and the reason.
+                self.poisoned.store(true, Ordering::SeqCst);
+                for listener in &poison.listeners {
+                    listener(reason);
+                }
+            }
+        }
         self.poisoned.store(true, Ordering::SeqCst);
         self.set_prep_pending(false);
         self.queue_ready.notify_all();
         self.queue_space.notify_all();
+    }
+
+    /// Registers `listener` for the poisoning; called at once if the WAL is poisoned already.
+    pub(crate) fn on_poison(&self, listener: PoisonListener) {
+        let mut poison = self.lock_poison();
+        match &poison.reason {
+            Some(reason) => listener(reason),
+            None => poison.listeners.push(listener),
+        }
+    }
+
+    /// Why the WAL was poisoned, if it was.
+    pub(crate) fn poison_reason(&self) -> Option<String> {
+        self.lock_poison().reason.clone()
+    }
+
+    fn lock_poison(&self) -> MutexGuard<'_, PoisonState> {
+        self.poison.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 }

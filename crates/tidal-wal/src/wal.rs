@@ -51,7 +51,7 @@ use crate::quarantine::QuarantineReport;
 use crate::reader::{RawReader, WalReader};
 use crate::recovery::{recover, Recovered, Recovery};
 use crate::segment::SegmentInfo;
-use crate::shared::{Done, LogState, Queue, Queued, Shared, TruncateOp, Work};
+use crate::shared::{Done, LogState, PoisonState, Queue, Queued, Shared, TruncateOp, Work};
 use crate::stats::{StatsCounters, WalStats};
 use crate::writer::{
     AppendRequest, Appended, Completion, FlushedHook, Prep, ReplicatedAppended, ReplicatedCompletion, Writer,
@@ -152,6 +152,7 @@ impl Wal {
             term: AtomicU64::new(recovery.last_term.get()),
             durable: AtomicU64::new(recovery.durable.get()),
             poisoned: AtomicBool::new(false),
+            poison: Mutex::new(PoisonState::default()),
             stats: StatsCounters::default(),
             truncations: AtomicU64::new(0),
             verified_at_open: recovery.durable,
@@ -414,6 +415,17 @@ impl Wal {
         self.shared().is_poisoned()
     }
 
+    /// The failure that poisoned the WAL (the first one), if any.
+    pub fn poison_reason(&self) -> Option<String> {
+        self.shared().poison_reason()
+    }
+
+    /// Calls `listener` once with the reason when the WAL is poisoned (at once if it is already),
+    /// on the thread that poisons it (usually the writer's): it must not wait for anything.
+    pub fn on_poison(&self, listener: impl Fn(&str) + Send + Sync + 'static) {
+        self.shared().on_poison(Box::new(listener));
+    }
+
     /// The term history `[(term, first seqno of that term)]` (terms above 0 only).
     pub fn term_history(&self) -> Vec<TermSeqno> {
         self.shared().lock_log().meta.term_history.clone()
@@ -584,7 +596,7 @@ impl Wal {
         if let Err(err) = meta.store(shared.io.as_ref(), &shared.config.dir) {
             tracing::error!("failed to {err:#}");
             if !err.is_out_of_descriptors() {
-                shared.poison();
+                shared.poison(&format!("{err:#}"));
             }
             // Out of file descriptors, nothing was fsynced: the purge changed nothing that
             // matters (a new `wal.meta` that reaches the disk anyway only has the next open remove

@@ -282,7 +282,7 @@ impl Drop for PanicGuard {
     fn drop(&mut self) {
         if std::thread::panicking() {
             tracing::error!("the WAL writer thread panicked; the WAL is poisoned");
-            self.0.poison();
+            self.0.poison("the WAL writer thread panicked");
             let queued: Vec<Queued> = {
                 let mut queue = self.0.lock_queue();
                 queue.closed = true;
@@ -338,7 +338,7 @@ impl Writer {
                 }
                 Err(err) => {
                     tracing::error!("failed to {err:#}");
-                    self.shared.poison();
+                    self.shared.poison(&format!("failed to {err:#}"));
                     for done in dones {
                         done.fail(err.clone());
                     }
@@ -349,7 +349,7 @@ impl Writer {
         if !self.shared.is_poisoned() {
             if let Err(err) = self.trim_at_shutdown() {
                 tracing::error!("failed to {err:#}");
-                self.shared.poison();
+                self.shared.poison(&format!("failed to {err:#}"));
             }
         }
     }

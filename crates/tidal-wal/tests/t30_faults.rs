@@ -33,8 +33,11 @@ fn written(batches: u8) -> (SimIo, Vec<tidal_wal::Batch>) {
 fn a_failed_fsync_poisons_and_only_synced_data_comes_back() {
     let io = SimIo::new();
     let (wal, _, _) = open(&io, small_config(1 << 20), &clock());
+    let (told, heard) = std::sync::mpsc::channel();
+    wal.on_poison(move |reason| told.send(reason.to_string()).unwrap());
     wal.append_blocking(request(RecordKind::Signal, 2, b"kept")).unwrap();
     let before = read_all(&wal, 1);
+    assert!(heard.try_recv().is_err() && wal.poison_reason().is_none());
     {
         tracing::info!("phase: the failing drain's completion gets the fsync error");
         io.fail_next_sync();
@@ -42,6 +45,15 @@ fn a_failed_fsync_poisons_and_only_synced_data_comes_back() {
         assert!(matches!(&err, Error::Fatal { op: "fsync segment", .. }), "{err}");
         assert!(wal.is_poisoned());
         assert_eq!(wal.durable_seqno(), Seqno(2));
+    }
+    {
+        tracing::info!("phase: the listener was told once, before the completion, with the reason");
+        let reason = heard.try_recv().unwrap();
+        assert!(reason.contains("fsync segment"), "{reason}");
+        assert_eq!(wal.poison_reason(), Some(reason.clone()));
+        let (late, told_late) = std::sync::mpsc::channel();
+        wal.on_poison(move |reason| late.send(reason.to_string()).unwrap());
+        assert_eq!(told_late.try_recv().unwrap(), reason, "a late listener is told at once");
     }
     {
         tracing::info!("phase: every later submit is refused; nothing is retried");

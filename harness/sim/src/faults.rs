@@ -117,8 +117,9 @@ pub enum Fault {
     /// process keeps running and its state. Released after the window (a burst of stale messages).
     Pause { who: Who },
     /// The next fsync on the node fails (`stuck`: every fsync fails for the window). The node must
-    /// fail closed (its WAL poisons, nothing more is acked); a supervisor restarts it after the
-    /// window (power loss of its unsynced bytes: after a failed fsync nothing unsynced is trusted).
+    /// fail closed (its WAL poisons, nothing more is acked) and exit (a fatal fault, decisions/059);
+    /// a supervisor restarts it after the window (power loss of its unsynced bytes: after a failed
+    /// fsync nothing unsynced is trusted), unless the scenario has none (`Scenario::supervisor`).
     SyncFail { who: Who, stuck: bool },
     /// The next WAL write on the node fails; restarted after the window.
     WriteFail { who: Who },
@@ -251,6 +252,10 @@ pub enum Kind {
     TruncateTail,
     /// A node's clock off by up to a minute either way.
     ClockSkew,
+    /// Every fsync of the leader's WAL fails for the window (its WAL poisons: a fatal fault).
+    LeaderSyncFailStuck,
+    /// Every WAL write of the leader fails for the window (no space left: a fatal fault).
+    LeaderDiskFull,
 }
 
 /// How a swarm-drawn scenario's faults look.
@@ -437,6 +442,8 @@ fn draw_fault(rng: &mut Rng, kind: Kind, nodes: usize) -> Fault {
             let ms = i64::try_from(rng.range(1_000, 60_000)).unwrap_or(1_000);
             Fault::ClockSkew { who: any_node(rng, nodes), ms: if rng.chance(0.5) { ms } else { -ms } }
         }
+        Kind::LeaderSyncFailStuck => Fault::SyncFail { who: Who::Leader, stuck: true },
+        Kind::LeaderDiskFull => Fault::DiskFull { who: Who::Leader },
     }
 }
 

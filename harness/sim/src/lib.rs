@@ -102,7 +102,15 @@ pub struct Scenario {
     /// Whether the seed may fail writes, fsyncs and renames of the data dir's small files
     /// (`files.rs`; drawn per seed from a stream of its own).
     pub file_faults: bool,
+    /// Whether a supervisor restarts a node whose WAL failed (at the fault window's end). Without
+    /// one the node must leave office and exit by itself (decisions/059), another node must
+    /// acknowledge writes within [`FAILOVER_BOUND`], and the operator restarts it at the heal.
+    pub supervisor: bool,
 }
+
+/// How soon after a leader's WAL fails (the fault applied) another node must acknowledge a write
+/// when no supervisor restarts it (simulated time; decisions/059).
+pub const FAILOVER_BOUND: Duration = Duration::from_secs(5);
 
 const fn swarm(kinds: &'static [Kind], window_ms: (u64, u64), network_noise: bool) -> Faults {
     Faults::Swarm(Swarm { kinds, window_ms, gap_ms: (400, 1500), network_noise })
@@ -133,6 +141,7 @@ impl Scenario {
             embeddings: false,
             redelivery: false,
             file_faults: false,
+            supervisor: true,
         };
         vec![
             base.clone(),
@@ -271,6 +280,23 @@ impl Scenario {
                 segment_bytes_max: 4096,
                 item_pad: 100,
                 file_faults: true,
+                ..base.clone()
+            },
+            // The leader's WAL fails for good (every fsync, or every write: a full disk) and no
+            // supervisor restarts it: it must leave office and exit by itself, and another node
+            // must acknowledge writes within FAILOVER_BOUND (decisions/059). One fault window;
+            // the operator restarts the node at the heal.
+            Scenario {
+                name: "fatal-handover",
+                faults: Faults::Swarm(Swarm {
+                    kinds: &[Kind::LeaderSyncFailStuck, Kind::LeaderDiskFull],
+                    window_ms: (1500, 2500),
+                    gap_ms: (60_000, 60_000),
+                    network_noise: false,
+                }),
+                load: Duration::from_secs(5),
+                writes_max: 150,
+                supervisor: false,
                 ..base
             },
         ]
@@ -339,6 +365,10 @@ pub struct Outcome {
     pub crash_point_fired: Option<String>,
     /// Acknowledged writes lost (distinct ids named by invariant 1 violations).
     pub lost: u64,
+    /// Without a supervisor (`Scenario::supervisor`): simulated ms from the leader's WAL fault to
+    /// the first write another node acknowledged, and to the client's first status poll that saw
+    /// another node lead.
+    pub failover_ms: Option<(u64, Option<u64>)>,
 }
 
 impl Outcome {
@@ -363,7 +393,10 @@ impl Outcome {
             self.counters,
             self.simulated.as_secs_f64(),
             self.trace_hash,
-        )
+        ) + &self.failover_ms.map_or(String::new(), |(acked, led)| {
+            let led = led.map_or("-".to_string(), |ms| ms.to_string());
+            format!(" | failover: acked by another node after {acked} ms (a new leader seen after {led} ms)")
+        })
     }
 }
 
@@ -517,6 +550,7 @@ impl SimulatedCluster {
             apply_probe: Some(Arc::new(self.points[index].clone())),
             // Set per start, in `register`.
             close_watch: None,
+            raft_faults: None,
         };
         Ok(config)
     }
@@ -653,6 +687,31 @@ struct Driver<'a> {
     file_refusals: Vec<usize>,
     /// The file-fault window's state.
     file_window: FileWindow,
+    /// Per node: its WAL had a write or fsync fault injected since its last restart (a fatal exit
+    /// is then expected, decisions/059).
+    wal_faulted: Vec<bool>,
+    /// Whether a supervisor restarts a node whose WAL failed (`Scenario::supervisor`).
+    supervisor: bool,
+    /// Without a supervisor: the leader whose WAL failed, and what followed.
+    handover: Option<Handover>,
+    /// The node that answered the last acknowledged write.
+    last_acker: Option<usize>,
+}
+
+/// A leader's WAL failed with no supervisor to restart it (`Scenario::supervisor` false).
+struct Handover {
+    /// The faulted node.
+    node: usize,
+    /// When the fault was applied (simulated).
+    at: Duration,
+    /// Who answered the last acknowledged write before it (the leader, if the fault aimed right).
+    last_acker: Option<usize>,
+    /// When its `run_on` returned the fatal fault.
+    exited: Option<Duration>,
+    /// When another node first acknowledged a write after it.
+    first_other_ack: Option<Duration>,
+    /// When the client first saw another node lead (its status polls).
+    other_leader_seen: Option<Duration>,
 }
 
 impl Driver<'_> {
@@ -662,6 +721,7 @@ impl Driver<'_> {
 
     /// Power loss of `node`'s WAL disk and its process; restarted `RESTART_DELAY` after `now`.
     fn crash_and_restart(&mut self, sim: &mut turmoil::Sim<'_>, node: usize, mode: CrashMode, now: Duration) {
+        self.wal_faulted[node] = false;
         self.cluster.wal_io[node].crash(mode);
         self.crash_host(sim, node);
         self.bounces.push((now + RESTART_DELAY, node));
@@ -715,10 +775,26 @@ impl Driver<'_> {
                 }
                 sim.hold(host_name(who.node()), "client");
             }
-            Fault::SyncFail { who, stuck: false } => io(who.node()).fail_next_sync(),
-            Fault::SyncFail { who, stuck: true } => io(who.node()).fail_syncs(true),
-            Fault::WriteFail { who } => io(who.node()).fail_next_write(),
-            Fault::DiskFull { who } => io(who.node()).fail_writes(true),
+            Fault::SyncFail { who, .. } | Fault::WriteFail { who } | Fault::DiskFull { who } => {
+                let node = who.node();
+                match fault {
+                    Fault::SyncFail { stuck: false, .. } => io(node).fail_next_sync(),
+                    Fault::SyncFail { stuck: true, .. } => io(node).fail_syncs(true),
+                    Fault::WriteFail { .. } => io(node).fail_next_write(),
+                    _ => io(node).fail_writes(true),
+                }
+                self.wal_faulted[node] = true;
+                if !self.supervisor && self.handover.is_none() {
+                    self.handover = Some(Handover {
+                        node,
+                        at: now,
+                        last_acker: self.last_acker,
+                        exited: None,
+                        first_other_ack: None,
+                        other_leader_seen: None,
+                    });
+                }
+            }
             Fault::Corrupt { who, damage } => {
                 let node = who.node();
                 io(node).crash(CrashMode::LoseUnsynced);
@@ -791,11 +867,14 @@ impl Driver<'_> {
                 sim.release(host_name(who.node()), "client");
             }
             Fault::SyncFail { who, .. } | Fault::WriteFail { who } | Fault::DiskFull { who } => {
-                // The supervisor restarts the node (a poisoned WAL never recovers in place).
+                // The supervisor restarts the node (a poisoned WAL never recovers in place; the
+                // node exits by itself, decisions/059). Without one it stays down until the heal.
                 let io = &self.cluster.wal_io[who.node()];
                 io.fail_syncs(false);
                 io.fail_writes(false);
-                self.crash_and_restart(sim, who.node(), CrashMode::LoseUnsynced, now);
+                if self.supervisor {
+                    self.crash_and_restart(sim, who.node(), CrashMode::LoseUnsynced, now);
+                }
             }
             Fault::Corrupt { .. } => {
                 if let Some(damaged) = self.damaged.take() {
@@ -848,6 +927,20 @@ impl Driver<'_> {
                 // is what the node must do; the supervisor restarts it at the heal.
                 self.counters.bump("rename_fail_closed");
                 self.trace.push(format!("{} ms n{} failed closed: {error}", offset.as_millis(), node + 1));
+                continue;
+            }
+            if self.wal_faulted[*node] && error.contains("fatal storage fault (wal)") {
+                // Its WAL failed: it left office and exited (decisions/059). The supervisor restarts
+                // it at the window's end (or, without one, the operator at the heal).
+                self.counters.bump("fatal_exit");
+                self.trace.push(format!(
+                    "{} ms n{} exited on a fatal storage fault",
+                    offset.as_millis(),
+                    node + 1
+                ));
+                if let Some(handover) = self.handover.as_mut().filter(|handover| handover.node == *node) {
+                    handover.exited.get_or_insert(now);
+                }
                 continue;
             }
             if self.point_exit_ok == Some(*node) {
@@ -1245,6 +1338,10 @@ pub fn run(seed: u64, scenario: &Scenario) -> anyhow::Result<Outcome> {
         point_exit_ok: None,
         file_refusals: Vec::new(),
         file_window: FileWindow::default(),
+        wal_faulted: vec![false; scenario.nodes],
+        supervisor: scenario.supervisor,
+        handover: None,
+        last_acker: None,
     };
     if plan.fail_rate > 0.0 {
         driver.counters.bump("flaky_links");
@@ -1343,6 +1440,14 @@ pub fn run(seed: u64, scenario: &Scenario) -> anyhow::Result<Outcome> {
                     sim.repair(host_name(a), host_name(b));
                     sim.release(host_name(a), host_name(b));
                 }
+                if let Some(node) = driver.handover.as_ref().map(|handover| handover.node) {
+                    if !sim.is_host_running(host_name(node)) {
+                        // No supervisor: the operator restarts the node that exited (its disk as
+                        // after a power cycle: after a failed fsync nothing unsynced is trusted).
+                        driver.trace.push(format!("operator restarts n{}", node + 1));
+                        driver.crash_and_restart(&mut sim, node, CrashMode::LoseUnsynced, now);
+                    }
+                }
                 for node in 0..scenario.nodes {
                     sim.repair(host_name(node), "client");
                     sim.release(host_name(node), "client");
@@ -1385,8 +1490,20 @@ pub fn run(seed: u64, scenario: &Scenario) -> anyhow::Result<Outcome> {
             // Each new acknowledgement, stamped with the answering node's process start (right
             // after the step it came in, before the driver restarts anything).
             let shared = shared.borrow();
+            let stepped_to = sim.elapsed();
             for ack in shared.acks.iter().skip(ack_starts.len()) {
                 ack_starts.push(cluster.starts[ack.node].load(Ordering::SeqCst));
+                driver.last_acker = Some(ack.node);
+                if let Some(handover) = driver.handover.as_mut() {
+                    if ack.node != handover.node && handover.first_other_ack.is_none() {
+                        handover.first_other_ack = Some(stepped_to);
+                    }
+                }
+            }
+            if let (Some(handover), Some((_, leader))) = (driver.handover.as_mut(), shared.leader) {
+                if leader != handover.node && handover.other_leader_seen.is_none() {
+                    handover.other_leader_seen = Some(stepped_to);
+                }
             }
         }
         match stepped {
@@ -1405,6 +1522,14 @@ pub fn run(seed: u64, scenario: &Scenario) -> anyhow::Result<Outcome> {
     let offset = simulated - load_started.unwrap_or_default();
     driver.judge_exits(simulated, offset);
     let crash_point_fired = driver.point_node.and_then(|node| cluster.points[node].fired());
+    let failover_ms = driver.handover.as_ref().and_then(|handover| {
+        let since =
+            |at: Duration| u64::try_from(at.saturating_sub(handover.at).as_millis()).unwrap_or(u64::MAX);
+        handover.first_other_ack.map(|at| (since(at), handover.other_leader_seen.map(since)))
+    });
+    if let Some(handover) = &driver.handover {
+        check_handover(handover, &mut driver.counters, &mut driver.violations);
+    }
     for points in &cluster.points {
         for _ in 0..points.renames_failed() {
             driver.counters.bump("rename_fail");
@@ -1579,7 +1704,37 @@ pub fn run(seed: u64, scenario: &Scenario) -> anyhow::Result<Outcome> {
         story,
         crash_point_fired,
         lost,
+        failover_ms,
     })
+}
+
+/// Without a supervisor: the leader whose WAL failed exited by itself, and another node
+/// acknowledged a write within [`FAILOVER_BOUND`] of the fault (decisions/059).
+fn check_handover(handover: &Handover, counters: &mut Counters, violations: &mut Vec<String>) {
+    let name = handover.node + 1;
+    if handover.last_acker != Some(handover.node) {
+        violations.push(format!(
+            "fatal handover: n{name} was not the leader when its WAL failed (the last write was acknowledged by {:?})",
+            handover.last_acker.map(|node| format!("n{}", node + 1))
+        ));
+    }
+    match handover.exited {
+        Some(_) => counters.bump("fatal_handover_exited"),
+        None => violations.push(format!(
+            "fatal handover: n{name} did not exit after its WAL failed (a supervisor would never restart it)"
+        )),
+    }
+    match handover.first_other_ack {
+        Some(at) if at.saturating_sub(handover.at) <= FAILOVER_BOUND => counters.bump("fatal_handover_failed_over"),
+        Some(at) => violations.push(format!(
+            "fatal handover: the first write acknowledged by another node came {} ms after n{name}'s WAL failed (bound {} ms)",
+            at.saturating_sub(handover.at).as_millis(),
+            FAILOVER_BOUND.as_millis()
+        )),
+        None => violations.push(format!(
+            "fatal handover: no other node acknowledged a write after n{name}'s WAL failed"
+        )),
+    }
 }
 
 /// Acknowledged writes lost: the distinct ids invariant 1 violations name.

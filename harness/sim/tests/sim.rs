@@ -82,6 +82,7 @@ chunks! {
     disk_3: "disk", 41..61;
     disk_4: "disk", 61..71;
     register_1: "register", 1..21;
+    fatal_handover_1: "fatal-handover", 1..21;
 }
 
 /// A subset of the crash-point sweep (`make crash-sweep` runs k = 1, 2, 3, 5, 8): every reachable
@@ -129,8 +130,13 @@ fn regressions() {
 fn seeds_replay_to_the_same_trace() {
     // Chaos 13, 14 and 18 crash nodes whose tasks close their connections in task-number order:
     // they replayed to another trace before every run started the numbers at the same place.
-    let table: [(&str, &[u64]); 4] =
-        [("steady", &[1, 2]), ("chaos", &[1, 13, 14, 18]), ("disk", &[1, 2]), ("leader-crash", &[1, 2])];
+    let table: [(&str, &[u64]); 5] = [
+        ("steady", &[1, 2]),
+        ("chaos", &[1, 13, 14, 18]),
+        ("disk", &[1, 2]),
+        ("leader-crash", &[1, 2]),
+        ("fatal-handover", &[1]),
+    ];
     for (name, fixed) in table {
         let scenario = Scenario::named(name).expect("scenario exists");
         for seed in seeds(fixed.iter().copied()) {

@@ -71,7 +71,9 @@ pub struct ControlPlane {
 impl ControlPlane {
     /// Starts openraft over `store`. A node with nothing stored initializes the membership from the
     /// cluster file when `initialize` (every founding member writes the same first entry, so any of
-    /// them may do it); a joining node (`initialize` false) waits for the leader to add it.
+    /// them may do it); a joining node (`initialize` false) waits for the leader to add it. A vote
+    /// the store cannot persist raises `fatal`.
+    #[allow(clippy::too_many_arguments)]
     pub async fn start(
         me: u64,
         spec: &ClusterSpec,
@@ -80,6 +82,7 @@ impl ControlPlane {
         gate: Arc<TermGate>,
         connector: tidal_net::Connector,
         initialize: bool,
+        fatal: crate::fatal::Fatal,
     ) -> Result<ControlPlane, String> {
         let config = Config {
             cluster_name: spec.cluster_id.clone(),
@@ -95,7 +98,7 @@ impl ControlPlane {
         let fresh = LogStore::is_fresh(&store)?;
         let state = StateMachine::open(store.clone())?;
         let network = network::NetworkFactory::new(spec, connector);
-        let raft = Raft::new(me, Arc::new(config), network, LogStore::new(store, gate), state.clone())
+        let raft = Raft::new(me, Arc::new(config), network, LogStore::new(store, gate, fatal), state.clone())
             .await
             .map_err(|e| format!("start openraft: {e}"))?;
         tokio::spawn(campaign::spread_campaigns(raft.clone(), timing));

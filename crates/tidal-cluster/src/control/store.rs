@@ -9,6 +9,7 @@
 #![allow(clippy::result_large_err)]
 
 use super::types::{ControlCmd, NodeInfo, TypeConfig};
+use crate::fatal::{Fatal, FatalSource};
 use openraft::storage::{LogFlushed, RaftLogStorage, RaftStateMachine};
 use openraft::{
     Entry, EntryPayload, LogId, LogState, OptionalSend, RaftLogReader, RaftSnapshotBuilder, Snapshot,
@@ -114,12 +115,14 @@ fn encode<T: Serialize>(value: &T) -> StorageResult<Vec<u8>> {
 pub struct LogStore {
     store: RaftStore,
     gate: Arc<TermGate>,
+    fatal: Fatal,
 }
 
 impl LogStore {
-    /// A log store over `store`; votes go through `gate`.
-    pub fn new(store: RaftStore, gate: Arc<TermGate>) -> LogStore {
-        LogStore { store, gate }
+    /// A log store over `store`; votes go through `gate`; a vote that cannot be persisted raises
+    /// `fatal` (openraft's core then stops too).
+    pub fn new(store: RaftStore, gate: Arc<TermGate>, fatal: Fatal) -> LogStore {
+        LogStore { store, gate, fatal }
     }
 
     /// The persisted vote's term (0 before any vote).
@@ -194,10 +197,18 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         let bytes = encode(vote)?;
         let _term_lock = self.gate.lock().await;
         let store = self.store.clone();
-        crate::blocking::blocking(move || store.write(vec![RaftWrite::Put(KEY_VOTE.to_vec(), bytes)], true))
-            .await
-            .map_err(|e| StorageError::from(StorageIOError::write_vote(&e)))?
-            .map_err(|e| StorageError::from(StorageIOError::write_vote(&e)))?;
+        let saved = crate::blocking::blocking(move || {
+            store.write(vec![RaftWrite::Put(KEY_VOTE.to_vec(), bytes)], true).map_err(|e| e.to_string())
+        })
+        .await
+        .map_err(|e| e.to_string())
+        .and_then(|written| written);
+        if let Err(why) = saved {
+            // Fatal (PROTOCOL.md): after a failed fsync nothing says what the disk holds; the term is
+            // not raised (nothing is answered by it) and openraft's core stops on this error.
+            self.fatal.raise(FatalSource::Vote, format!("persist the vote {vote}: {why}"));
+            return Err(StorageIOError::write_vote(&std::io::Error::other(why)).into());
+        }
         self.gate.raise(Term(vote.leader_id.term));
         Ok(())
     }

@@ -16,6 +16,7 @@
 use super::{Replica, Role, HEARTBEAT_INTERVAL};
 use crate::control::{ControlCmd, ControlPlane};
 use crate::decide::{plan_office, transfer_target, OfficePlan, OwnLog, ProbeAnswer};
+use crate::fatal::FatalSource;
 use openraft::ServerState;
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
@@ -52,11 +53,20 @@ impl Replica {
             if *stopped.borrow() {
                 return;
             }
-            let (state, term, leader) = {
+            let (state, term, leader, core_failed) = {
                 let m = metrics.borrow_and_update();
                 self.adopt_membership(m.membership_config.membership());
-                (m.state, Term(m.current_term), m.current_leader)
+                let core_failed = match &m.running_state {
+                    Err(openraft::error::Fatal::Stopped) | Ok(()) => None,
+                    Err(error) => Some(error.to_string()),
+                };
+                (m.state, Term(m.current_term), m.current_leader, core_failed)
             };
+            if let Some(why) = core_failed {
+                // openraft stopped on an error (a failed store write: the vote, its log): this node
+                // no longer knows terms durably. Fatal; `watch_fatal` leaves office.
+                self.fatal.raise(FatalSource::ControlPlane, format!("openraft's core stopped: {why}"));
+            }
             let leading = state == ServerState::Leader && leader == Some(self.me.0);
             let office_term = self
                 .office
@@ -86,10 +96,38 @@ impl Replica {
             }
             known_leader = leader;
             tokio::select! {
-                changed = metrics.changed() => if changed.is_err() { return },
+                changed = metrics.changed() => if changed.is_err() {
+                    // openraft's core task ended (a panic ends it without a last report).
+                    if !*stopped.borrow() && !self.fatal.is_raised() {
+                        self.fatal.raise(FatalSource::ControlPlane, "openraft's core ended");
+                    }
+                    self.leave_office();
+                    return;
+                },
                 _ = stopped.changed() => {}
             }
         }
+    }
+
+    /// Once the node's fatal state is raised (by any source: the WAL, the applier, the engine, a
+    /// vote, openraft), leaves office for good at once (PROTOCOL.md, "Storage errors"): heartbeats
+    /// and campaigns off, ShipQueues parked, serving cleared, then openraft stopped, so this node
+    /// neither leads nor votes again; the voters' lease runs out and they elect another node. The
+    /// node exits shortly after (`tidal_server::run_on`).
+    pub(super) async fn watch_fatal(self: Arc<Self>, control: Arc<ControlPlane>) {
+        let mut stopped = self.stopped.subscribe();
+        let reason = tokio::select! {
+            reason = self.fatal.raised() => reason,
+            _ = stopped.wait_for(|stopped| *stopped) => return,
+        };
+        let runtime = control.raft().runtime_config();
+        runtime.heartbeat(false);
+        runtime.elect(false);
+        if self.commit.office().is_some() || self.is_leader() {
+            tracing::error!(source = %reason.source, "leaving office after a fatal fault: heartbeats off");
+        }
+        self.leave_office();
+        control.shutdown().await;
     }
 
     /// A higher term was persisted (under the term lock, before the vote is answered): stop
@@ -121,6 +159,10 @@ impl Replica {
     }
 
     fn start_office(self: &Arc<Self>, term: Term) {
+        if self.fatal.is_raised() {
+            // A node with a fatal fault never takes office (`watch_fatal`).
+            return;
+        }
         let (stop_tx, stop) = watch::channel(false);
         *self.office.lock().expect("office lock is never held across a panic") = Some((term, stop_tx));
         *self.role.lock().expect("role lock is never held across a panic") = Role::Candidate;

@@ -18,6 +18,9 @@ pub struct Member {
     task: Option<tokio::task::JoinHandle<anyhow::Result<()>>>,
 }
 
+/// A per-node configuration change (see [`Cluster::node_tweaks`]).
+pub type NodeTweak = std::sync::Arc<dyn Fn(&mut ServeConfig) + Send + Sync>;
+
 pub struct Cluster {
     pub spec: ClusterSpec,
     pub dirs: Vec<PathBuf>,
@@ -26,6 +29,9 @@ pub struct Cluster {
     /// and become members through `members add`.
     pub founders: usize,
     tweak: fn(&mut ServeConfig),
+    /// Per node, applied after `tweak` at every start: a test's own seams (a fault-injecting WAL
+    /// file system, a raft store injector, an apply probe) for that node.
+    pub node_tweaks: Vec<Option<NodeTweak>>,
     /// Every node's HTTP and RPC port, held while the cluster lives (see `tidal_procs::PortLease`).
     _ports: tidal_procs::PortLease,
 }
@@ -105,6 +111,7 @@ impl Cluster {
             members: (0..size).map(|_| None).collect(),
             founders: size as usize,
             tweak,
+            node_tweaks: (0..size).map(|_| None).collect(),
             _ports: ports,
         }
     }
@@ -142,6 +149,9 @@ impl Cluster {
             join,
         });
         (self.tweak)(&mut config);
+        if let Some(tweak) = &self.node_tweaks[index] {
+            tweak(&mut config);
+        }
         let client = Client::new(format!("http://{}", node.http), None);
         let deadline = tokio::time::Instant::now() + DEADLINE;
         // A node stopped in this same process has released its data dir when its `run` returned
@@ -183,6 +193,17 @@ impl Cluster {
         let mut member = self.members[index].take().unwrap();
         let _ = member.shutdown.take().unwrap().send(());
         member.task.take().unwrap().await.unwrap().unwrap();
+    }
+
+    /// Waits (up to [`DEADLINE`]) until node `index` exits by itself and returns what its `run`
+    /// returned; the node is no longer a running member afterwards.
+    pub async fn exited(&mut self, index: usize) -> anyhow::Result<()> {
+        let mut member = self.members[index].take().unwrap();
+        let task = member.task.take().unwrap();
+        match tokio::time::timeout(DEADLINE, task).await {
+            Ok(joined) => joined.unwrap(),
+            Err(_) => panic!("node {} did not exit within {DEADLINE:?}", self.spec.nodes[index].id),
+        }
     }
 
     pub fn client(&self, index: usize) -> &Client {
