@@ -8,5 +8,7 @@ pub mod ship;
 
 pub use commit::{commit_frontier, Quorum};
 pub use follower::{append_only, decide_ship, BatchMeta, Located, LogView, ShipMeta, Step, Verdict};
-pub use office::{answer_probe, divergence_point, plan_office, term_at, OfficePlan, OwnLog, ProbeAnswer};
+pub use office::{
+    answer_probe, divergence_point, plan_office, resumes_a_term, term_at, OfficePlan, OwnLog, ProbeAnswer,
+};
 pub use ship::{next_after, resume_after_gap, Reply};
