@@ -2,23 +2,42 @@
 //!
 //! Every decision goes through the production functions: a follower (and a new leader pulling)
 //! decides each message with `decide_ship`; a leader's commit is `commit_frontier` over a `Quorum`;
-//! taking office is `answer_probe` + `plan_office`. The model only performs what they return (append,
+//! taking office is `answer_probe` + `plan_office`, and `resumes_a_term` at its last step; a
+//! ShipQueue's next position is `next_after` of the follower's answer, and what its tail can ship
+//! after it is `ship_feed::tail_start`. The model only performs what they return (append,
 //! quarantine, fsync, send, apply), as the production receiver does, and chooses everything else
-//! nondeterministically: who wins which election, when a node fsyncs, crashes, ships what, and which
-//! message is delivered. Delicate:
+//! nondeterministically: who wins which election, when a node fsyncs, crashes, ships, pulls, and
+//! which message is delivered. Delicate:
 //! - a planted bug ([`Bugs`]) flips ONE rule by lying to or bypassing the core, never by editing it;
 //! - an action that changes nothing returns `None`, so stateright does not count it as a new state.
 //!
+//! The inputs are generated the way production generates them (issue 37; until then every ship
+//! carried the whole log after `(0, 0)`, a pull was one atomic copy, and a restarted leader came
+//! back in office only with a planted bug):
+//! - ships: each leader keeps, per follower, the ShipQueue's `after`: the tail's last position when
+//!   the term opens, then `next_after` of each answer (Gap and Diverged folded into the delivery,
+//!   Matched with the ack). A ship carries `prev = after` and the batches its bounded tail holds
+//!   after it ([`ReplicationModel::tail_batches`]; the tail restarts at the node's last position
+//!   at a restart and after a quarantine); when the tail cannot serve `after` the queue ships a
+//!   heartbeat from the tail's end and the follower is left to pull;
+//! - pulls: a check (the source's durable log holds the puller's last position, or the divergence
+//!   point), then, as a later step, a read of the source's durable log as it is THEN, which checks
+//!   `prev` again (`Wal::read_raw_after`). A follower pulls from the node openraft elected in its
+//!   term, also while that node is still taking office (a leader change);
+//! - restarts: openraft may put a restarted node whose vote names it leader back in office
+//!   ([`Action::Reelect`]); it takes office as after an election, and `resumes_a_term` makes it hand
+//!   the term over before it writes.
+//!
 //! The leader writes its log in parallel with replicating (Raft §10.2.1, decisions/023): a live ship
-//! carries its whole log, appends not yet fsynced included, so a follower may hold durably a batch
-//! that the leader's crash loses. Two rules keep that safe, and each has a planted bug:
+//! carries appends not yet fsynced, so a follower may hold durably a batch that the leader's crash
+//! loses. Two rules keep that safe, and each has a planted bug:
 //! - in quorum mode the leader's commit is `min(commit_frontier, own durable)`, never decreasing
 //!   ([`Bug::CommitPastOwnDurable`] drops the cap);
-//! - a restarted leader never takes office again in its term: it waits for an election of a higher
-//!   term ([`Bug::ResumeAfterRestart`] lets openraft put it back, as [`Action::Reelect`]). Resumed,
-//!   it could write another batch at a `(term, seqno)` it had shipped before the crash. The core
-//!   decides on `(term, seqno)` only and cannot tell the two apart; the model stamps each batch
-//!   with its writer process ([`crate::state::Batch`]) so that the properties can.
+//! - a restarted leader never resumes its term: it hands it over and waits for an election of a
+//!   higher term ([`Bug::ResumeAfterRestart`] has no guard, [`Bug::ResumeLostLeaderStart`] the guard
+//!   of a57b07b). Resumed, it could write another batch at a `(term, seqno)` it had shipped before
+//!   the crash. The core decides on `(term, seqno)` only and cannot tell the two apart; the model
+//!   stamps each batch with its writer process ([`crate::state::Batch`]) so that the properties can.
 //!
 //! Pulls (a syncing leader's, a follower's catch-up) serve the source's durable log only.
 //!
