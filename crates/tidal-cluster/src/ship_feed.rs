@@ -9,7 +9,7 @@
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
-use tidal_types::{Seqno, TermSeqno};
+use tidal_types::{Seqno, Term, TermSeqno};
 use tidal_wal::Batch;
 use tokio::sync::watch;
 
@@ -124,46 +124,82 @@ impl ShipFeed {
     /// batches, with the same term.
     pub fn holds(&self, position: TermSeqno) -> bool {
         let tail = self.lock();
-        if position == tail.base || position == tail.last {
-            return true;
-        }
-        if position.seqno <= tail.base.seqno || position.seqno >= tail.last.seqno {
-            return false;
-        }
-        let start = tail.batches.partition_point(|batch| batch.first_seqno() <= position.seqno);
-        let batch = &tail.batches[start - 1];
-        batch.last_seqno() == position.seqno && batch.term() == position.term
+        tail_start(position, tail.base, tail.last, |seqno| tail.batch_ending_at(seqno)) == TailStart::After
     }
 
     /// Batches after `after`, at most `bytes_max` bytes but always at least one batch if one is
-    /// available. Only for an `after` the tail holds, term included ([`ShipFeed::holds`]): the
-    /// batches then continue exactly the log the follower's prev check will compare against. Any
-    /// other position is `Unknown` (or `Rotated` below the tail), never a guess: a follower's own
-    /// last position that merely lines up with the tail's front would otherwise pass its own prev
-    /// check with batches of another log (decisions/057).
+    /// available. Only for an `after` the tail holds, term included ([`ShipFeed::holds`],
+    /// [`tail_start`]): the batches then continue exactly the log the follower's prev check will
+    /// compare against. Any other position is `Unknown` (or `Rotated` below the tail), never a
+    /// guess: a follower's own last position that merely lines up with the tail's front would
+    /// otherwise pass its own prev check with batches of another log (decisions/057).
     pub fn read_after(&self, after: TermSeqno, bytes_max: usize) -> TailRead {
         let tail = self.lock();
-        if after == tail.last {
-            return TailRead::Batches(Vec::new());
+        match tail_start(after, tail.base, tail.last, |seqno| tail.batch_ending_at(seqno)) {
+            TailStart::After => {
+                // Batches are contiguous: the first one after `after` by binary search (none when
+                // `after` is the tail's last position).
+                let start = tail.batches.partition_point(|batch| batch.first_seqno() <= after.seqno);
+                TailRead::Batches(take(&tail.batches, start, bytes_max))
+            }
+            TailStart::Rotated { tail_first } => TailRead::Rotated { tail_first },
+            TailStart::Unknown => TailRead::Unknown,
         }
-        if after == tail.base {
-            return TailRead::Batches(take(&tail.batches, 0, bytes_max));
-        }
-        if after.seqno < tail.base.seqno {
-            return TailRead::Rotated { tail_first: tail.base.seqno.next() };
-        }
-        if after.seqno == tail.base.seqno || after.seqno >= tail.last.seqno {
-            // The base or the end with another term, or past our end: not our log.
-            return TailRead::Unknown;
-        }
-        // Strictly inside the tail (base < after < last), so `start >= 1`. Batches are contiguous:
-        // find the one starting right after `after` by binary search.
-        let start = tail.batches.partition_point(|batch| batch.first_seqno() <= after.seqno);
-        let previous = &tail.batches[start - 1];
-        if previous.last_seqno() != after.seqno || previous.term() != after.term {
-            return TailRead::Unknown;
-        }
-        TailRead::Batches(take(&tail.batches, start, bytes_max))
+    }
+}
+
+impl Tail {
+    /// The term of the tail's batch whose last seqno is `seqno`, if there is one.
+    fn batch_ending_at(&self, seqno: Seqno) -> Option<Term> {
+        let start = self.batches.partition_point(|batch| batch.first_seqno() <= seqno);
+        let batch = self.batches.get(start.checked_sub(1)?)?;
+        (batch.last_seqno() == seqno).then(|| batch.term())
+    }
+}
+
+/// Where a read of a tail after a position starts ([`tail_start`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TailStart {
+    /// The tail holds the position, term included: ship its batches after it (none if it is the
+    /// tail's last position).
+    After,
+    /// The position is below the tail's base: what follows it has fallen off the front.
+    Rotated {
+        /// First seqno the tail still holds.
+        tail_first: Seqno,
+    },
+    /// Not a position of the tail: its base or last seqno with another term, past its end, or not
+    /// the end of one of its batches with the same term.
+    Unknown,
+}
+
+/// [`ShipFeed::read_after`]'s rule as a pure function of the tail: `base` is the position right
+/// before its front batch, `last` its last position (`base` when empty), and `batch_ending_at(s)`
+/// the term of the tail's batch whose last seqno is `s` (asked only for `base < s < last`). A
+/// ship may carry `after` as its `prev` only when this answers [`TailStart::After`]: the tail then
+/// holds `after` with its term, so the follower's prev check compares its log with ours
+/// (decisions/057). The model check (tidal-model) drives this function with its leaders' tails.
+pub fn tail_start(
+    after: TermSeqno,
+    base: TermSeqno,
+    last: TermSeqno,
+    batch_ending_at: impl Fn(Seqno) -> Option<Term>,
+) -> TailStart {
+    if after == last || after == base {
+        return TailStart::After;
+    }
+    if after.seqno < base.seqno {
+        return TailStart::Rotated { tail_first: base.seqno.next() };
+    }
+    if after.seqno == base.seqno || after.seqno >= last.seqno {
+        // The base or the end with another term, or past our end: not our log.
+        return TailStart::Unknown;
+    }
+    // Strictly inside the tail (base < after < last).
+    if batch_ending_at(after.seqno) == Some(after.term) {
+        TailStart::After
+    } else {
+        TailStart::Unknown
     }
 }
 
@@ -183,7 +219,7 @@ fn take(batches: &VecDeque<Batch>, start: usize, bytes_max: usize) -> Vec<Batch>
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tidal_types::{RecordKind, Term};
+    use tidal_types::RecordKind;
 
     fn batch(first: u64, count: u32, term: u64) -> Batch {
         Batch::new(RecordKind::ItemMetadata, Term(term), Seqno(first), count, &[0u8; 100])
@@ -259,6 +295,30 @@ mod tests {
         assert_eq!(feed.read_after(at(1, 1), 1 << 20), TailRead::Rotated { tail_first: Seqno(4) });
         let TailRead::Batches(rest) = feed.read_after(at(1, 3), 1 << 20) else { panic!() };
         assert_eq!(rest.len(), 2);
+    }
+
+    /// The pure rule on its own, as the model check drives it: a tail `[(2,3) (3,4)]` after a base
+    /// `(1,2)`.
+    #[test]
+    fn tail_start_answers_after_only_for_positions_of_the_tail() {
+        let (base, last) = (at(1, 2), at(3, 4));
+        let ends = |seqno: Seqno| match seqno.get() {
+            3 => Some(Term(2)),
+            4 => Some(Term(3)),
+            _ => None,
+        };
+        for held in [at(1, 2), at(2, 3), at(3, 4)] {
+            assert_eq!(tail_start(held, base, last, ends), TailStart::After, "{held}");
+        }
+        assert_eq!(tail_start(at(1, 1), base, last, ends), TailStart::Rotated { tail_first: Seqno(3) });
+        assert_eq!(tail_start(at(0, 0), base, last, ends), TailStart::Rotated { tail_first: Seqno(3) });
+        for other in [at(2, 2), at(1, 3), at(2, 4), at(3, 5), at(4, 9)] {
+            assert_eq!(tail_start(other, base, last, ends), TailStart::Unknown, "{other}");
+        }
+        let empty = at(2, 7);
+        assert_eq!(tail_start(empty, empty, empty, |_| None), TailStart::After);
+        assert_eq!(tail_start(at(1, 7), empty, empty, |_| None), TailStart::Unknown, "finding 1: empty tail");
+        assert_eq!(tail_start(at(2, 6), empty, empty, |_| None), TailStart::Rotated { tail_first: Seqno(8) });
     }
 
     #[test]

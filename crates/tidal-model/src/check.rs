@@ -114,17 +114,36 @@ fn up_to_first_violation(
 }
 
 /// The bounded check run by `make test`: both durability modes on 3 nodes, small enough for the test
-/// profile (opt-level 1) on a slow machine.
+/// profile (opt-level 1) on a slow machine. Followers pull from their leader in one of them only:
+/// a single pull multiplies the states by about twenty.
 pub fn bounded() -> Vec<(&'static str, ReplicationModel)> {
     vec![
-        // With a crash: a leader ships its LeaderStart unsynced, a follower keeps it, the leader's
-        // crash loses it, and the leader of term 2 meets it (decisions/023).
-        ("3 nodes, quorum, 2 terms, LeaderStarts only, 1 crash", ReplicationModel::three(2, 0, Mode::Quorum)),
-        ("3 nodes, quorum, 1 term, 1 write, 1 crash", ReplicationModel::three(1, 1, Mode::Quorum)),
-        ("3 nodes, leader, 1 term, 1 write, 1 crash", ReplicationModel::three(1, 1, Mode::Leader)),
+        // A leader ships its LeaderStart unsynced, the leader of term 2 opens without it, and a
+        // follower that holds it is told Diverged and quarantines it.
         (
-            "3 nodes, quorum, 1 term, 1 write, 1 crash, commit notices",
-            ReplicationModel::three(1, 1, Mode::Quorum).with_notices(),
+            "3 nodes, quorum, 2 terms, LeaderStarts only, no crash",
+            ReplicationModel { max_crashes: 0, ..ReplicationModel::three(2, 0, Mode::Quorum) }
+                .without_leader_pulls(),
+        ),
+        // A one-batch tail: the LeaderStart falls off the front at the first write, and a follower
+        // that lacks it is nudged to pull; a crashed leader is put back in office and hands over.
+        (
+            "3 nodes, quorum, 1 term, 1 write, 1 crash, one-batch tail",
+            ReplicationModel::three(1, 1, Mode::Quorum).with_tail(1).without_leader_pulls(),
+        ),
+        (
+            "3 nodes, quorum, 1 term, LeaderStart only, 1 crash, 1 follower pull",
+            ReplicationModel::three(1, 0, Mode::Quorum),
+        ),
+        (
+            "3 nodes, leader, 1 term, 1 write, 1 crash",
+            ReplicationModel::three(1, 1, Mode::Leader).without_leader_pulls(),
+        ),
+        (
+            "3 nodes, quorum, 1 term, 1 write, no crash, commit notices",
+            ReplicationModel { max_crashes: 0, ..ReplicationModel::three(1, 1, Mode::Quorum) }
+                .with_notices()
+                .without_leader_pulls(),
         ),
     ]
 }
@@ -134,41 +153,65 @@ pub fn deep() -> Vec<(&'static str, ReplicationModel, Search)> {
     vec![
         (
             "3 nodes, quorum, 2 terms, 1 write, 1 crash",
-            ReplicationModel::three(2, 1, Mode::Quorum),
+            ReplicationModel::three(2, 1, Mode::Quorum).without_leader_pulls(),
             Search::Deep,
         ),
         (
-            "3 nodes, quorum, 3 terms, LeaderStarts only, no crash (capped at 8M generated states)",
-            ReplicationModel { max_crashes: 0, ..ReplicationModel::three(3, 0, Mode::Quorum) },
+            "3 nodes, quorum, 2 terms, LeaderStarts only, no crash, 1 follower pull",
+            ReplicationModel { max_crashes: 0, ..ReplicationModel::three(2, 0, Mode::Quorum) },
+            Search::Deep,
+        ),
+        // Issue 37's histories: three terms, two restarts, a partition (any message may be lost),
+        // a one-batch tail, a follower pull.
+        (
+            "3 nodes, quorum, 3 terms, LeaderStarts only, 2 crashes, 1 follower pull, one-batch tail (capped at 8M generated states)",
+            ReplicationModel { max_crashes: 2, ..ReplicationModel::three(3, 0, Mode::Quorum) }.with_tail(1),
             Search::DeepCapped(8_000_000),
         ),
         (
             "3 nodes, quorum, 2 terms, 1 write, 1 crash, commit notices (capped at 8M generated states)",
-            ReplicationModel::three(2, 1, Mode::Quorum).with_notices(),
+            ReplicationModel::three(2, 1, Mode::Quorum).with_notices().without_leader_pulls(),
             Search::DeepCapped(8_000_000),
         ),
         (
             "3 nodes, leader, 2 terms, 1 write, no crash",
-            ReplicationModel { max_crashes: 0, ..ReplicationModel::three(2, 1, Mode::Leader) },
+            ReplicationModel { max_crashes: 0, ..ReplicationModel::three(2, 1, Mode::Leader) }.without_leader_pulls(),
             Search::Deep,
         ),
         (
             "5 nodes + membership change, quorum, 2 terms, LeaderStarts only, no crash (capped at 3M generated states)",
-            ReplicationModel { max_crashes: 0, ..ReplicationModel::five(2, 0, Mode::Quorum) },
+            ReplicationModel { max_crashes: 0, ..ReplicationModel::five(2, 0, Mode::Quorum) }.without_leader_pulls(),
             Search::DeepCapped(3_000_000),
         ),
     ]
 }
 
+/// `TIDAL_MODEL_SEARCH` (`shortest`, `deep`, `deep:<generated states>`): overrides how a planted
+/// bug is searched (for tuning).
+fn search_override() -> Option<Search> {
+    let value = std::env::var("TIDAL_MODEL_SEARCH").ok()?;
+    match value.as_str() {
+        "shortest" => Some(Search::Shortest),
+        "deep" => Some(Search::Deep),
+        _ => value.strip_prefix("deep:").and_then(|n| n.parse().ok()).map(Search::DeepCapped),
+    }
+}
+
 /// Each planted bug with the smallest model that exposes it, and how to search it.
 pub fn planted(bug: Bug) -> (ReplicationModel, Search) {
     let model = match bug {
-        // Figure 8 of the Raft paper needs four terms: LeaderStarts are the only batches it needs.
+        // Figure 8 of the Raft paper needs four terms: LeaderStarts are the only batches it needs,
+        // and its schedule (n1, n2, n1, n2 win terms 1-4). With ships on write every ship ends
+        // with the leader's own LeaderStart, so every ack names a batch of its term and the
+        // relabelling never applies (that schedule explored completely: no violation); with ships
+        // of the durable log only (`TIDAL_SHIP_ON_WRITE=0`) a follower acks an older-term batch.
         Bug::CountOlderTerm => ReplicationModel {
             max_crashes: 0,
             learn_terms: false,
             ..ReplicationModel::three(4, 0, Mode::Quorum)
-        },
+        }
+        .with_durable_ships()
+        .with_winners(&[1, 2, 1, 2]),
         Bug::SkipDualCount => {
             ReplicationModel { max_crashes: 0, ..ReplicationModel::five(2, 1, Mode::Quorum) }
         }
@@ -199,6 +242,30 @@ pub fn planted(bug: Bug) -> (ReplicationModel, Search) {
         // One term of LeaderStart, one crash: a follower writes the committed LeaderStart, applies it
         // before its fsync, crashes, and keeps the applied frontier the WAL lost.
         Bug::PersistPastDurable => ReplicationModel::three(1, 0, Mode::Quorum),
+        // Issue 37, finding 1, with a one-batch tail: n3 led term 1 alone ((t1,1) on n3 only); n1
+        // leads terms 2 and 3 (LeaderStarts (t2,1), (t3,2)); its tail rotates to base (t2,1). n3
+        // answers Gap with (t1,1), which lines up with the front.
+        Bug::ShipFollowerPrev => ReplicationModel {
+            max_crashes: 0,
+            learn_terms: false,
+            ..ReplicationModel::three(3, 0, Mode::Quorum)
+        }
+        .with_tail(1)
+        .without_leader_pulls(),
+        // Issue 37, finding 2: n1 and n2 hold (t1,1), n3 (t2,1); n1, elected in term 3, passes
+        // n2's pull check, adopts n3's log ((t2,1), then its LeaderStart (t3,2)), and the reader
+        // opens after that. Twenty steps over three terms: too deep for a breadth-first search
+        // over every election, so the history's schedule is fixed (n1, n3, n1 win terms 1-3).
+        Bug::PullCheckThenRead => {
+            ReplicationModel { max_crashes: 0, ..ReplicationModel::three(3, 0, Mode::Quorum) }
+                .with_winners(&[1, 3, 1])
+        }
+        // Issue 37, finding 3: ResumeAfterRestart's history; the guard of a57b07b does not stop it
+        // because the crash took the LeaderStart (`write_leader_start` is true).
+        Bug::ResumeLostLeaderStart => {
+            ReplicationModel { learn_terms: false, ..ReplicationModel::three(1, 0, Mode::Quorum) }
+                .without_leader_pulls()
+        }
         Bug::AckBeforeFsync
         | Bug::NoTermRecheck
         | Bug::AcceptLowerTerm
@@ -208,5 +275,8 @@ pub fn planted(bug: Bug) -> (ReplicationModel, Search) {
     // Breadth first: the counterexample printed is a shortest one. Follower pulls multiply the
     // messages in flight: depth first finds that one sooner.
     let search = if bug == Bug::StalePullReplaces { Search::Deep } else { Search::Shortest };
-    (model.with_bugs(Bugs::one(bug)), search)
+    // Followers pulling from their leader matter to finding 2 only; the other planted bugs are
+    // searched without them (smaller models).
+    let model = if bug == Bug::PullCheckThenRead { model } else { model.without_leader_pulls() };
+    (model.with_bugs(Bugs::one(bug)), search_override().unwrap_or(search))
 }

@@ -11,7 +11,7 @@ use std::fmt::Write as _;
 use stateright::Model;
 use tidal_types::NodeId;
 
-use crate::model::{batch_label, Action, ReplicationModel};
+use crate::model::{batch_label, message_label, Action, ReplicationModel};
 use crate::state::{index, Message, ModelState, NodeState, Role};
 
 /// The node an action happens on.
@@ -22,17 +22,17 @@ pub fn actor(action: &Action) -> NodeId {
         | Action::Reelect { node }
         | Action::Fsync { node }
         | Action::Restart { node }
-        | Action::CatchUp { node, .. } => *node,
+        | Action::Pull { node, .. } => *node,
         Action::Probe { leader, .. }
         | Action::ClientWrite { leader }
         | Action::Ship { leader, .. }
         | Action::Notice { leader, .. }
-        | Action::Pull { leader, .. }
         | Action::BeginChange { leader }
         | Action::FinishChange { leader } => *leader,
         Action::Deliver(Message::Ship { to, .. } | Message::Ack { to, .. } | Message::Commit { to, .. }) => {
             *to
         }
+        Action::Deliver(Message::Pull { source, .. }) => *source,
     }
 }
 
@@ -44,6 +44,13 @@ pub fn node_summary(me: NodeId, node: &NodeState) -> String {
         Role::Syncing { term, .. } => format!("S{term}"),
         Role::Leader { term, serving, .. } => format!("L{term}{}", if *serving { "*" } else { "" }),
     };
+    let queues = match &node.role {
+        Role::Leader { after, .. } if !after.is_empty() => {
+            let after: Vec<String> = after.iter().map(|(n, p)| format!("{n}:{p}")).collect();
+            format!(" tail>{} after{{{}}}", node.tail_base, after.join(" "))
+        }
+        _ => String::new(),
+    };
     let mut wal = String::new();
     for (i, batch) in node.wal.iter().enumerate() {
         if i as u64 == node.durable.get() {
@@ -54,7 +61,7 @@ pub fn node_summary(me: NodeId, node: &NodeState) -> String {
     if node.durable.get() == node.wal.len() as u64 && !node.wal.is_empty() {
         wal.push('|');
     }
-    format!("{me} {role} {} [{}] c{} a{}", node.term, wal.trim_end(), node.commit, node.applied)
+    format!("{me} {role} {} [{}] c{} a{}{queues}", node.term, wal.trim_end(), node.commit, node.applied)
 }
 
 /// The whole cluster, one node per line.
@@ -87,6 +94,15 @@ pub fn worked_history(
         let node = actor(action);
         let line = model.format_action(action);
         let _ = writeln!(out, "{:>3}. {line:<72} → {}", n + 1, node_summary(node, &after.nodes[index(node)]));
+        // What a ShipQueue or a pull's reader put on the network (its prev is the point).
+        if matches!(action, Action::Ship { .. } | Action::Deliver(Message::Pull { .. })) {
+            let before: Vec<&Message> = window[0].0.network.messages().collect();
+            for message in after.network.messages().filter(|m| !before.contains(m)) {
+                if let Message::Ship { to, .. } = message {
+                    let _ = writeln!(out, "       sends {} to {to}", message_label(message));
+                }
+            }
+        }
     }
     if let Some((last, _)) = steps.last() {
         let _ = writeln!(out, "  final state:");

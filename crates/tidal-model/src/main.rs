@@ -6,7 +6,8 @@
 //! `--durable-ships` checks every model with live ships of the durable log only (the rule before
 //! decisions/023), to see which planted bugs need ships of unsynced batches; `--apply-after-fsync`
 //! checks every model with followers applying only after their own fsync (the rule before
-//! decisions/025).
+//! decisions/025); `--tail <batches>` and `--pulls <n>` set every model's ship-feed bound and
+//! follower-pull budget (for tuning).
 
 use tidal_model::check::{bounded, check, deep, planted, Search};
 use tidal_model::{Bug, Bugs, Mode, ReplicationModel};
@@ -16,8 +17,18 @@ fn main() {
     let named: Vec<&str> = args.windows(2).filter(|w| w[0] == "--bug").map(|w| w[1].as_str()).collect();
     let durable_ships = args.iter().any(|a| a == "--durable-ships");
     let apply_after_fsync = args.iter().any(|a| a == "--apply-after-fsync");
+    let flag = |name: &str| args.windows(2).find(|w| w[0] == name).and_then(|w| w[1].parse::<u8>().ok());
+    let (tail, pulls) = (flag("--tail"), flag("--pulls"));
     let variant = |model: ReplicationModel| {
         let model = if durable_ships { model.with_durable_ships() } else { model };
+        let model = match tail {
+            Some(batches) => model.with_tail(batches),
+            None => model,
+        };
+        let model = match pulls {
+            Some(max_pulls) => ReplicationModel { max_pulls, ..model },
+            None => model,
+        };
         if apply_after_fsync {
             model.with_apply_after_fsync()
         } else {

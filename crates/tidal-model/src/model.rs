@@ -2,23 +2,42 @@
 //!
 //! Every decision goes through the production functions: a follower (and a new leader pulling)
 //! decides each message with `decide_ship`; a leader's commit is `commit_frontier` over a `Quorum`;
-//! taking office is `answer_probe` + `plan_office`. The model only performs what they return (append,
+//! taking office is `answer_probe` + `plan_office`, and `resumes_a_term` at its last step; a
+//! ShipQueue's next position is `next_after` of the follower's answer, and what its tail can ship
+//! after it is `ship_feed::tail_start`. The model only performs what they return (append,
 //! quarantine, fsync, send, apply), as the production receiver does, and chooses everything else
-//! nondeterministically: who wins which election, when a node fsyncs, crashes, ships what, and which
-//! message is delivered. Delicate:
+//! nondeterministically: who wins which election, when a node fsyncs, crashes, ships, pulls, and
+//! which message is delivered. Delicate:
 //! - a planted bug ([`Bugs`]) flips ONE rule by lying to or bypassing the core, never by editing it;
 //! - an action that changes nothing returns `None`, so stateright does not count it as a new state.
 //!
+//! The inputs are generated the way production generates them (issue 37; until then every ship
+//! carried the whole log after `(0, 0)`, a pull was one atomic copy, and a restarted leader came
+//! back in office only with a planted bug):
+//! - ships: each leader keeps, per follower, the ShipQueue's `after`: the tail's last position when
+//!   the term opens, then `next_after` of each answer (Gap and Diverged folded into the delivery,
+//!   Matched with the ack). A ship carries `prev = after` and the batches its bounded tail holds
+//!   after it ([`ReplicationModel::tail_batches`]; the tail restarts at the node's last position
+//!   at a restart and after a quarantine); when the tail cannot serve `after` the queue ships a
+//!   heartbeat from the tail's end and the follower is left to pull;
+//! - pulls: a check (the source's durable log holds the puller's last position, or the divergence
+//!   point), then, as a later step, a read of the source's durable log as it is THEN, which checks
+//!   `prev` again (`Wal::read_raw_after`). A follower pulls from the node openraft elected in its
+//!   term, also while that node is still taking office (a leader change);
+//! - restarts: openraft may put a restarted node whose vote names it leader back in office
+//!   ([`Action::Reelect`]); it takes office as after an election, and `resumes_a_term` makes it hand
+//!   the term over before it writes.
+//!
 //! The leader writes its log in parallel with replicating (Raft §10.2.1, decisions/023): a live ship
-//! carries its whole log, appends not yet fsynced included, so a follower may hold durably a batch
-//! that the leader's crash loses. Two rules keep that safe, and each has a planted bug:
+//! carries appends not yet fsynced, so a follower may hold durably a batch that the leader's crash
+//! loses. Two rules keep that safe, and each has a planted bug:
 //! - in quorum mode the leader's commit is `min(commit_frontier, own durable)`, never decreasing
 //!   ([`Bug::CommitPastOwnDurable`] drops the cap);
-//! - a restarted leader never takes office again in its term: it waits for an election of a higher
-//!   term ([`Bug::ResumeAfterRestart`] lets openraft put it back, as [`Action::Reelect`]). Resumed,
-//!   it could write another batch at a `(term, seqno)` it had shipped before the crash. The core
-//!   decides on `(term, seqno)` only and cannot tell the two apart; the model stamps each batch
-//!   with its writer process ([`crate::state::Batch`]) so that the properties can.
+//! - a restarted leader never resumes its term: it hands it over and waits for an election of a
+//!   higher term ([`Bug::ResumeAfterRestart`] has no guard, [`Bug::ResumeLostLeaderStart`] the guard
+//!   of a57b07b). Resumed, it could write another batch at a `(term, seqno)` it had shipped before
+//!   the crash. The core decides on `(term, seqno)` only and cannot tell the two apart; the model
+//!   stamps each batch with its writer process ([`crate::state::Batch`]) so that the properties can.
 //!
 //! Pulls (a syncing leader's, a follower's catch-up) serve the source's durable log only.
 //!
@@ -38,15 +57,17 @@ use std::fmt;
 
 use stateright::{Model, Property};
 use tidal_cluster::decide::{
-    answer_probe, append_only, commit_frontier, decide_ship, divergence_point, plan_office, BatchMeta,
-    LogView, OfficePlan, OwnLog, ProbeAnswer, Quorum, ShipMeta, Step, Verdict,
+    answer_probe, append_only, commit_frontier, decide_ship, divergence_point, next_after, plan_office,
+    resumes_a_term, BatchMeta, LogView, OfficePlan, OwnLog, ProbeAnswer, Quorum, Reply, ShipMeta, Step,
+    Verdict,
 };
+use tidal_cluster::ship_feed::{tail_start, TailStart};
 use tidal_types::{NodeId, Seqno, Term, TermSeqno};
 
 use crate::properties;
 use crate::state::{
-    id, index, Acked, Batch, Broken, Committed, Config, History, LowerTermView, Message, ModelState, Network,
-    NodeState, NoticeState, PendingAck, Role,
+    id, index, Acked, Batch, Broken, Committed, Config, DurableView, History, LowerTermView, Message,
+    ModelState, Network, NodeState, NoticeState, PendingAck, Role,
 };
 
 /// Durability mode (PROTOCOL.md, "Committing and acknowledging").
@@ -89,9 +110,9 @@ pub enum Bug {
     /// position: with ships of unsynced batches, followers can match past the leader's fsync
     /// (decisions/023).
     CommitPastOwnDurable,
-    /// Openraft puts a restarted leader back in office in the same term, and it takes it: it may
-    /// write a batch at a `(term, seqno)` where it had shipped another one that its crash lost
-    /// (decisions/023).
+    /// Openraft puts a restarted leader back in office in the same term, and it takes it (no
+    /// guard at all): it may write a batch at a `(term, seqno)` where it had shipped another one
+    /// that its crash lost (decisions/023).
     ResumeAfterRestart,
     /// A follower that applies on write (decisions/025) takes, when it writes a live ship's
     /// batches, the ship's commit and the notices' commit of that term without capping them at
@@ -100,13 +121,30 @@ pub enum Bug {
     /// A restart keeps the applied frontier where it was, above the durable WAL: the engine
     /// persisted state the WAL lost (decisions/025 rule 3 broken).
     PersistPastDurable,
+    /// Finding 1 of issue 37 (a57b07b): a follower's `Gap` answer makes ITS last position the
+    /// ShipQueue's next `prev` (`ShipOutcome::Gap(last) => last`), and the ship feed ships its
+    /// front after any position that lines up with it (the old `read_after`: the `start == 0`
+    /// branch, and a heartbeat for any term at an empty tail's end), with no `holds(prev)` check
+    /// before the ship leaves. The follower's prev check then compares its log with itself.
+    ShipFollowerPrev,
+    /// Finding 2 of issue 37 (a57b07b): a pull checks that the source holds `prev`, and the reader
+    /// that opens later reads whatever follows `prev.seqno` in the source's log THEN, without
+    /// checking `prev` again (`read_raw_from` instead of `read_raw_after`): a quarantine and
+    /// refill in between pairs `prev` with batches of another log.
+    PullCheckThenRead,
+    /// Finding 3 of issue 37 (a57b07b): the office guard refuses a restored term only when the WAL
+    /// still holds a batch of it (`!write_leader_start && opened_term < term`); a crash that took
+    /// the term's LeaderStart itself lets the restored leader write a second one at the same
+    /// `(term, seqno)`. The rule is `resumes_a_term` (a term at or below the vote persisted at
+    /// process start is never resumed).
+    ResumeLostLeaderStart,
 }
 
 impl Bug {
-    /// Every planted bug, in PROTOCOL.md's order.
+    /// Every planted bug, in PROTOCOL.md's order, then issue 37's findings.
     /// [`Bug::StalePullReplaces`] is not in it: with follower pulls the smallest model that shows
     /// it is too large for the checker within minutes (decisions/019).
-    pub const ALL: [Bug; 13] = [
+    pub const ALL: [Bug; 16] = [
         Bug::AckBeforeFsync,
         Bug::NoTermRecheck,
         Bug::CountOlderTerm,
@@ -120,6 +158,9 @@ impl Bug {
         Bug::ResumeAfterRestart,
         Bug::NoticePastWritten,
         Bug::PersistPastDurable,
+        Bug::ShipFollowerPrev,
+        Bug::PullCheckThenRead,
+        Bug::ResumeLostLeaderStart,
     ];
 }
 
@@ -154,6 +195,12 @@ pub struct Bugs {
     pub notice_past_written: bool,
     /// See [`Bug::PersistPastDurable`].
     pub persist_past_durable: bool,
+    /// See [`Bug::ShipFollowerPrev`].
+    pub ship_follower_prev: bool,
+    /// See [`Bug::PullCheckThenRead`].
+    pub pull_check_then_read: bool,
+    /// See [`Bug::ResumeLostLeaderStart`].
+    pub resume_lost_leader_start: bool,
 }
 
 impl Bugs {
@@ -180,6 +227,9 @@ impl Bugs {
             Bug::ResumeAfterRestart => bugs.resume_after_restart = true,
             Bug::NoticePastWritten => bugs.notice_past_written = true,
             Bug::PersistPastDurable => bugs.persist_past_durable = true,
+            Bug::ShipFollowerPrev => bugs.ship_follower_prev = true,
+            Bug::PullCheckThenRead => bugs.pull_check_then_read = true,
+            Bug::ResumeLostLeaderStart => bugs.resume_lost_leader_start = true,
         }
         bugs
     }
@@ -205,10 +255,24 @@ pub struct ReplicationModel {
     pub learn_terms: bool,
     /// Leaders send commit notices (decisions/016) to any follower at any time.
     pub commit_notices: bool,
-    /// A follower may pull (catch up) from any node of its term that is not in office: a leader
-    /// hint that went stale (decisions/019). A pull from the node in office is not modelled apart:
-    /// the leader's ships do what its chunks do, and more (they are acked).
+    /// A follower may also pull (catch up) from any node of its term that is not in office: a
+    /// leader hint that went stale (decisions/019).
     pub follower_pulls: bool,
+    /// A follower may pull from the node openraft elected in its term, at any moment: when the
+    /// leader changes (even while that node is still taking office: probing, syncing), on a Gap
+    /// answer, when the leader's ShipQueue nudges it (its tail cannot serve the follower), or on an
+    /// operator's catchup. False: only a syncing leader pulls (a smaller model for planted bugs
+    /// that do not need it).
+    pub leader_pulls: bool,
+    /// Follower pulls at most, over the whole run (a syncing leader's pulls are not counted).
+    pub max_pulls: u8,
+    /// Who openraft elects in term 1, 2, ... (empty, or past its end: any voter). A bound for
+    /// planted bugs whose history is too deep to search over every election: it fixes who wins,
+    /// not with whose votes, nor anything else of the run.
+    pub winners: Vec<NodeId>,
+    /// The ship feed's bound in batches (`ShipFeed`'s `batches_max`): small, so that tails rotate
+    /// and restart at a node's restart point within a few steps.
+    pub tail_batches: u8,
     /// A leader's live ships carry its whole log, appends not yet fsynced included (it ships each
     /// group-commit drain once written, before its own fsync: decisions/023). False: only its
     /// durable log, the rule before; kept to show which planted bugs need the new rule.
@@ -241,11 +305,11 @@ pub enum Action {
         /// Term.
         term: Term,
     },
-    /// After a restart, openraft puts a node back in office in the same term. Only with the planted
-    /// bug `resume_after_restart`: the code refuses such an office and hands it over (heartbeats off,
-    /// the others elect a higher term), so without the bug a restarted leader waits for an [`Elect`].
-    ///
-    /// [`Elect`]: Action::Elect
+    /// After a restart, openraft puts a node whose persisted vote names it leader back in office in
+    /// the same term. It takes office as after an election (probe, sync); before it writes,
+    /// `resumes_a_term` decides: such a term is handed over (heartbeats off, the others elect a
+    /// higher term), never resumed. The planted bugs [`Bug::ResumeAfterRestart`] (no guard) and
+    /// [`Bug::ResumeLostLeaderStart`] (the guard of a57b07b) let it write.
     Reelect {
         /// Node.
         node: NodeId,
@@ -262,10 +326,12 @@ pub enum Action {
         /// Leader.
         leader: NodeId,
     },
-    /// The leader ships its whole log (prev `(0, 0)`), appends not yet fsynced included: it ships a
-    /// group-commit drain as soon as it is written, before its own fsync ([`ship_unsynced`]; without
-    /// it, its durable log). Any ship a ShipQueue would send after a Gap or Diverged has the same
-    /// effect on the follower, or none.
+    /// The leader's ShipQueue for `to` sends its next ship: `prev` is the queue's `after`, the
+    /// batches are what its bounded tail holds after it (appends not yet fsynced included with
+    /// [`ship_unsynced`]: the feed is pushed once a drain is written). When the tail cannot serve
+    /// `after` (`tail_start`: Rotated or Unknown) the queue nudges the follower to pull and ships a
+    /// heartbeat from the tail's last position instead. The follower's answer moves `after`
+    /// (`next_after`): Gap and Diverged at delivery, Matched with the ack after its fsync.
     ///
     /// [`ship_unsynced`]: ReplicationModel::ship_unsynced
     Ship {
@@ -281,18 +347,19 @@ pub enum Action {
         /// Follower.
         to: NodeId,
     },
-    /// The source of a syncing leader serves its whole durable log as one pulled chunk (a pull never
-    /// serves unsynced batches: production's `serve_pull` reads durable batches only).
+    /// `node` pulls from `source` (a syncing leader from the log it adopts; a follower from the
+    /// node openraft elected in its term, or with [`follower_pulls`] from a stale leader hint):
+    /// it asks after its last durable position, and `source` checks that its durable log holds
+    /// it (`serve_pull`'s first check); if not, the puller asks again after the divergence point
+    /// computed from the source's term history (`pull_from`'s retry). The checked pull is left as
+    /// a [`Message::Pull`]: its reader opens later, when that message is delivered, and reads
+    /// the source's durable log as it is then (a pull never serves unsynced batches).
+    ///
+    /// [`follower_pulls`]: ReplicationModel::follower_pulls
     Pull {
-        /// Syncing leader.
-        leader: NodeId,
-    },
-    /// A follower pulls from `source`, a node of its term not in office (a stale leader hint): the
-    /// source serves its whole durable log as one chunk (durable batches only, as any pull).
-    CatchUp {
-        /// Follower.
+        /// The node pulling.
         node: NodeId,
-        /// Source.
+        /// The node serving.
         source: NodeId,
     },
     /// A message is delivered (and stays on the network).
@@ -332,6 +399,10 @@ impl ReplicationModel {
             learn_terms: true,
             commit_notices: false,
             follower_pulls: false,
+            leader_pulls: true,
+            max_pulls: 1,
+            winners: Vec::new(),
+            tail_batches: 2,
             ship_unsynced: true,
             apply_on_write: true,
             bugs: Bugs::default(),
@@ -355,6 +426,21 @@ impl ReplicationModel {
             membership_change: true,
             ..ReplicationModel::three(max_term, max_writes, mode)
         }
+    }
+
+    /// The same model without followers pulling from their leader (only syncing leaders pull).
+    pub fn without_leader_pulls(self) -> ReplicationModel {
+        ReplicationModel { leader_pulls: false, ..self }
+    }
+
+    /// The same model with openraft electing `winners` in terms 1, 2, ... (node numbers).
+    pub fn with_winners(self, winners: &[u64]) -> ReplicationModel {
+        ReplicationModel { winners: winners.iter().map(|n| NodeId(*n)).collect(), ..self }
+    }
+
+    /// The same model with a ship feed of `batches` batches at most.
+    pub fn with_tail(self, batches: u8) -> ReplicationModel {
+        ReplicationModel { tail_batches: batches.max(1), ..self }
     }
 
     /// The same model with live ships of the durable log only (the rule before decisions/023).
@@ -423,6 +509,7 @@ impl Model for ReplicationModel {
             last_term: Term(0),
             writes: 0,
             crashes: 0,
+            pulls: 0,
             config: if self.membership_change { Config::Old } else { Config::Static },
             history: History::default(),
         }]
@@ -440,13 +527,15 @@ impl Model for ReplicationModel {
                 actions.push(Action::Restart { node: me });
             }
             match &node.role {
-                Role::Follower if self.follower_pulls => {
+                Role::Follower if state.pulls < self.max_pulls => {
                     for j in (0..self.node_count).filter(|j| *j != i) {
                         let source = &state.nodes[j];
                         let in_office =
                             matches!(source.role, Role::Leader { term, .. } if term == source.term);
-                        if source.term == node.term && !in_office {
-                            actions.push(Action::CatchUp { node: me, source: id(j) });
+                        let elected_here = node.term > Term(0) && source.office_term() == Some(node.term);
+                        let stale_hint = source.term == node.term && !in_office;
+                        if (self.leader_pulls && elected_here) || (self.follower_pulls && stale_hint) {
+                            actions.push(Action::Pull { node: me, source: id(j) });
                         }
                     }
                 }
@@ -456,7 +545,13 @@ impl Model for ReplicationModel {
                         actions.push(Action::Probe { leader: me, target: id(j) });
                     }
                 }
-                Role::Syncing { .. } => actions.push(Action::Pull { leader: me }),
+                Role::Syncing { term, source, .. } => {
+                    // The source serves only a pull of its own term (a lower one is fenced, a higher
+                    // one waits).
+                    if state.nodes[index(*source)].term == *term {
+                        actions.push(Action::Pull { node: me, source: *source });
+                    }
+                }
                 Role::Leader { serving, .. } => {
                     if *serving && state.writes < self.max_writes {
                         actions.push(Action::ClientWrite { leader: me });
@@ -504,15 +599,27 @@ impl Model for ReplicationModel {
                 let message = Message::Commit { from: leader, to, term: node.term, commit: node.commit };
                 next.network.send(message)
             }
-            Action::Pull { leader } => self.pull(&mut next, leader),
-            Action::CatchUp { node, source } => {
-                let message = ship_message(self.node(&next, source), source, node, true, false);
-                next.network.send(message)
+            Action::Pull { node, source } => self.pull(&mut next, node, source),
+            Action::Deliver(message) => {
+                // A checked pull opens one reader, and each chunk of its stream is taken once:
+                // both leave the network when delivered (ships, acks and notices stay, so that
+                // they can be delivered again, like a resent request).
+                let once = matches!(message, Message::Pull { .. } | Message::Ship { pull: true, .. });
+                if once {
+                    next.network.remove(&message);
+                }
+                self.deliver(&mut next, message) || once
             }
-            Action::Deliver(message) => self.deliver(&mut next, message),
             Action::Fsync { node } => self.fsync(&mut next, node),
             Action::Restart { node } => {
                 next.crashes += 1;
+                // The process's pull streams die with it: the readers it serves, and the pulls it
+                // made (their chunks never reach the new process).
+                next.network.retain(|message| match message {
+                    Message::Pull { source, to, .. } => *source != node && *to != node,
+                    Message::Ship { to, pull: true, .. } => *to != node,
+                    _ => true,
+                });
                 restart(&mut next.nodes[index(node)], self.bugs.persist_past_durable)
             }
             Action::BeginChange { leader } => {
@@ -521,6 +628,10 @@ impl Model for ReplicationModel {
             }
             Action::FinishChange { leader } => self.finish_change(&mut next, leader),
         };
+        for node in &mut next.nodes {
+            node.tail_base = self.tail_base(node);
+        }
+        self.forget_dead_messages(&mut next);
         (changed && next != *state).then_some(next)
     }
 
@@ -534,12 +645,28 @@ impl Model for ReplicationModel {
 }
 
 impl ReplicationModel {
+    /// Drops the messages whose delivery can no longer change anything: a ship, chunk, ack or
+    /// commit notice of a term below its receiver's persisted term (fenced, or for no office: a
+    /// node never holds office in a term below its own again). A pure reduction: states that
+    /// differ only by such messages behave alike. Not with [`Bug::AcceptLowerTerm`], which takes
+    /// lower-term ships.
+    fn forget_dead_messages(&self, state: &mut ModelState) {
+        let terms: Vec<Term> = state.nodes.iter().map(|n| n.term).collect();
+        let accept_lower_term = self.bugs.accept_lower_term;
+        state.network.retain(|message| match message {
+            Message::Ship { to, term, .. } => accept_lower_term || *term >= terms[index(*to)],
+            Message::Ack { to, term, .. } | Message::Commit { to, term, .. } => *term >= terms[index(*to)],
+            Message::Pull { .. } => true,
+        });
+    }
+
     fn election_actions(&self, state: &ModelState, actions: &mut Vec<Action>) {
         let term = Term(state.last_term.get() + 1);
         if term.get() <= self.max_term {
             let electorate = self.electorate(state.config);
             let majority = electorate.len() / 2 + 1;
-            for candidate in &electorate {
+            let scheduled = self.winners.get(usize::try_from(term.get()).unwrap_or(0).wrapping_sub(1));
+            for candidate in electorate.iter().filter(|c| scheduled.is_none_or(|w| w == *c)) {
                 let others: Vec<NodeId> = electorate.iter().copied().filter(|v| v != candidate).collect();
                 for voters in subsets(&others, majority - 1) {
                     let mut voters = voters;
@@ -555,11 +682,7 @@ impl ReplicationModel {
                     actions.push(Action::LearnTerm { node: id(i), term: Term(term) });
                 }
             }
-            if self.bugs.resume_after_restart
-                && node.role == Role::Follower
-                && node.elected == Some(node.term)
-                && node.term > Term(0)
-            {
+            if node.role == Role::Follower && node.elected == Some(node.term) && node.term > Term(0) {
                 actions.push(Action::Reelect { node: id(i) });
             }
         }
@@ -630,7 +753,7 @@ impl ReplicationModel {
             OfficePlan::Open { write_leader_start, .. } => self.open(state, leader, term, write_leader_start),
             OfficePlan::Sync { source, target, quarantine_from, needs_snapshot, pull_from } => {
                 if let Some(from) = quarantine_from {
-                    self.quarantine(state, leader, from);
+                    self.quarantine(state, leader, from, term);
                 }
                 let node = &mut state.nodes[index(leader)];
                 if needs_snapshot {
@@ -643,19 +766,41 @@ impl ReplicationModel {
         true
     }
 
-    /// Taking office step 4: LeaderStart (unless the WAL already holds a batch of the term).
+    /// Taking office step 4: unless the term would be resumed across a restart (then handed
+    /// over), LeaderStart (unless the WAL already holds a batch of the term), and the ShipQueues
+    /// start at the tail's last position.
     fn open(&self, state: &mut ModelState, leader: NodeId, term: Term, write_leader_start: bool) {
         let node = &mut state.nodes[index(leader)];
+        let resumes = if self.bugs.resume_after_restart {
+            false
+        } else if self.bugs.resume_lost_leader_start {
+            // a57b07b's guard: only a WAL holding a batch of the term this process never opened.
+            !write_leader_start && node.opened < term
+        } else {
+            resumes_a_term(term, node.boot_term, write_leader_start, node.opened.get())
+        };
+        if resumes {
+            // Handed over: heartbeats off, the others elect a higher term. openraft restores this
+            // office only at a restart, and refusing again changes nothing: it is not offered again.
+            node.role = Role::Follower;
+            node.elected = None;
+            state.history.handed_over = true;
+            return;
+        }
+        node.opened = node.opened.max(term);
         if write_leader_start {
             node.wal.push(Batch::new(term, node.incarnation));
         }
         let start = node.wal.iter().position(|b| b.term == term).map_or(node.len(), |i| Seqno(i as u64 + 1));
+        let tail_last = self.tail_last(node);
+        let after = (0..self.node_count).map(id).filter(|n| *n != leader).map(|n| (n, tail_last)).collect();
         node.role = Role::Leader {
             term,
             start,
             serving: self.bugs.serve_before_leader_start,
             matched: BTreeMap::new(),
             waiting: BTreeSet::new(),
+            after,
         };
         if self.bugs.serve_before_leader_start {
             state.history.served_by.insert(leader);
@@ -672,26 +817,168 @@ impl ReplicationModel {
         true
     }
 
+    /// The last seqno of `node`'s ship feed: its written log, or its durable one without ships on
+    /// write (never below the base: a reset above the durable log leaves an empty tail).
+    fn tail_end(&self, node: &NodeState) -> Seqno {
+        let end = if self.ship_unsynced { node.len() } else { node.durable };
+        end.max(node.tail_base)
+    }
+
+    /// The feed's base once batches past the bound have fallen off its front.
+    fn tail_base(&self, node: &NodeState) -> Seqno {
+        let end = self.tail_end(node);
+        node.tail_base.max(Seqno(end.get().saturating_sub(u64::from(self.tail_batches))))
+    }
+
+    /// The feed's last position (`ShipFeed::last`).
+    fn tail_last(&self, node: &NodeState) -> TermSeqno {
+        node.position(self.tail_end(node))
+    }
+
+    /// Whether `node`'s feed ships its batches after `after` (`tail_start` answers `After`), or
+    /// with [`Bug::ShipFollowerPrev`] a57b07b's `read_after` would have.
+    fn tail_serves(&self, node: &NodeState, after: TermSeqno) -> bool {
+        let (base, end) = (self.tail_base(node), self.tail_end(node));
+        let last = node.position(end);
+        if self.bugs.ship_follower_prev {
+            return old_read_after_ships(after, base, last, |seqno| node.term_at(seqno));
+        }
+        let base = node.position(base);
+        let within =
+            |seqno: Seqno| if seqno > base.seqno && seqno <= end { node.term_at(seqno) } else { None };
+        tail_start(after, base, last, within) == TailStart::After
+    }
+
+    /// The ShipQueue's next ship (PROTOCOL.md, "Shipping"; `Replica::ship_queue`).
     fn ship(&self, state: &mut ModelState, leader: NodeId, to: NodeId) -> bool {
-        let node = self.node(state, leader);
-        let message = ship_message(node, leader, to, false, self.ship_unsynced);
+        let tail_last = self.tail_last(self.node(state, leader));
+        let node = &mut state.nodes[index(leader)];
+        let Role::Leader { after: queue, .. } = &mut node.role else { return false };
+        let after = queue.get(&to).copied().unwrap_or(tail_last);
+        let node = &state.nodes[index(leader)];
+        let (prev, upto) = if self.tail_serves(node, after) {
+            (after, self.tail_end(node))
+        } else {
+            // Rotated or Unknown: nudge the follower to pull (it may, any time: Action::Pull) and
+            // ship a heartbeat from the tail's end, so that its answer says where it is.
+            (tail_last, tail_last.seqno)
+        };
+        let batches = (prev.seqno.get() + 1..=upto.get())
+            .filter_map(|s| Some((Seqno(s), node.batch_at(Seqno(s))?)))
+            .collect();
+        let message = Message::Ship {
+            from: leader,
+            to,
+            term: node.term,
+            prev,
+            batches,
+            commit: node.commit,
+            pull: false,
+            leader: true,
+        };
+        let held = node.holds_position(prev, node.len());
+        let mut changed = false;
+        if let Role::Leader { after: queue, .. } = &mut state.nodes[index(leader)].role {
+            changed = queue.insert(to, prev) != Some(prev);
+        }
+        if !held {
+            // Production checks `holds(prev)` before every ship and counts a miss (`unheld_prev`):
+            // never reached by its rules. a57b07b had no check: the planted bug sends it.
+            state.history.broken.insert(Broken::UnheldPrev(leader));
+            if !self.bugs.ship_follower_prev {
+                return true;
+            }
+        }
+        state.network.send(message) || changed
+    }
+
+    /// A pull's first step: `node` asks `source` after its last durable position; `source` checks
+    /// that its durable log holds it (or, on Diverged, the puller asks again after the divergence
+    /// point). The reader opens later ([`Message::Pull`]).
+    fn pull(&self, state: &mut ModelState, me: NodeId, source: NodeId) -> bool {
+        let node = self.node(state, me);
+        if node.role == Role::Follower {
+            state.pulls += 1;
+        }
+        let node = self.node(state, me);
+        let source_node = self.node(state, source);
+        let from = node.durable_last();
+        let prev = if source_node.holds_position(from, source_node.durable) {
+            from
+        } else {
+            // Diverged: the source answers its term history; the puller pulls again from the
+            // divergence point (`pull_from`) unless it applied past it (then only the source's
+            // snapshot repairs it: not modelled for pulls, the pull ends).
+            let history = source_node.history(source_node.durable);
+            let theirs =
+                TermSeqno { term: history.last().map_or(Term(0), |e| e.term), seqno: Seqno(u64::MAX) };
+            let point = divergence_point(&node.history(node.durable), from, &history, theirs);
+            if node.applied > point.seqno || !source_node.holds_position(point, source_node.durable) {
+                return false;
+            }
+            point
+        };
+        let leader = matches!(source_node.role, Role::Leader { term, .. } if term == source_node.term);
+        let message = Message::Pull {
+            source,
+            to: me,
+            term: source_node.term,
+            prev,
+            commit: source_node.commit,
+            leader,
+        };
         state.network.send(message)
     }
 
-    fn pull(&self, state: &mut ModelState, leader: NodeId) -> bool {
-        let Role::Syncing { term, source, .. } = self.node(state, leader).role else { return false };
-        let source_node = self.node(state, source);
-        // The source serves only a pull of its own term (a lower one is fenced, a higher one waits).
-        if source_node.term != term {
+    /// A pull's second step: the reader opens on the source's durable log as it is now and sends
+    /// what follows `prev` (`Wal::read_raw_after` checks that the log still holds `prev`: a
+    /// quarantine and refill since the check answers Diverged; [`Bug::PullCheckThenRead`] reads
+    /// from `prev.seqno + 1` whatever the log holds there).
+    fn serve_pull(&self, state: &mut ModelState, pull: &Message) -> bool {
+        let Message::Pull { source, to, term, prev, commit, leader } = *pull else { return false };
+        let node = self.node(state, source);
+        let held = node.holds_position(prev, node.durable);
+        if !held && !self.bugs.pull_check_then_read {
+            // Diverged at the open: the puller pulls again later.
+            state.history.pull_prev_gone = true;
+            return true;
+        }
+        let batches: Vec<(Seqno, Batch)> = (prev.seqno.get() + 1..=node.durable.get())
+            .filter_map(|s| Some((Seqno(s), node.batch_at(Seqno(s))?)))
+            .collect();
+        if batches.is_empty() {
+            // Nothing to serve: the stream ends without a chunk.
             return false;
         }
-        let message = ship_message(source_node, source, leader, true, false);
-        state.network.send(message)
+        if !held {
+            state.history.broken.insert(Broken::UnheldPrev(source));
+        }
+        let chunk = Message::Ship { from: source, to, term, prev, batches, commit, pull: true, leader };
+        state.network.send(chunk)
+    }
+
+    /// The follower's answer to a live ship moves the leader's ShipQueue (`Replica::on_answer`):
+    /// `next_after` over the leader's durable log, or with [`Bug::ShipFollowerPrev`] a Gap's
+    /// follower position as it is. Only the queue of the ship's term, while it runs.
+    fn answer(&self, state: &mut ModelState, leader: NodeId, follower: NodeId, term: Term, reply: &Reply) {
+        let node = &state.nodes[index(leader)];
+        let Role::Leader { term: office, after: queue, .. } = &node.role else { return };
+        if *office != term || node.term != term {
+            return;
+        }
+        let after = queue.get(&follower).copied().unwrap_or_default();
+        let next = match reply {
+            Reply::Gap(last) if self.bugs.ship_follower_prev => *last,
+            _ => next_after(reply, after, &DurableView(node), &node.history(node.durable)),
+        };
+        if let Role::Leader { after: queue, .. } = &mut state.nodes[index(leader)].role {
+            queue.insert(follower, next);
+        }
     }
 
     fn deliver(&self, state: &mut ModelState, message: Message) -> bool {
         match message {
-            Message::Ship { from, to, term, prev, batches, commit, pull } => {
+            Message::Ship { from, to, term, prev, batches, commit, pull, leader } => {
                 let meta = ShipMeta {
                     term,
                     prev,
@@ -701,8 +988,9 @@ impl ReplicationModel {
                         .collect(),
                     commit,
                 };
-                self.receive(state, from, to, &meta, &batches, pull)
+                self.receive(state, from, to, &meta, &batches, pull, leader)
             }
+            pull @ Message::Pull { .. } => self.serve_pull(state, &pull),
             Message::Ack { from, to, term, matched } => self.receive_ack(state, from, to, term, matched),
             Message::Commit { to, term, commit, .. } => self.receive_notice(state, to, term, commit),
         }
@@ -727,7 +1015,10 @@ impl ReplicationModel {
     }
 
     /// The follower's receive path: decide_ship (on `(term, seqno)` only, as production), perform
-    /// (an append copies the batch, writer included), keep the ack for after the fsync.
+    /// (an append copies the batch, writer included), keep the ack for after the fsync. A live
+    /// ship's Gap or Diverged answer moves the leader's ShipQueue at once (the answer's receipt is
+    /// folded into the delivery, like a probe's); its Matched answer comes with the ack.
+    #[allow(clippy::too_many_arguments)]
     fn receive(
         &self,
         state: &mut ModelState,
@@ -736,12 +1027,15 @@ impl ReplicationModel {
         ship: &ShipMeta,
         batches: &[(Seqno, Batch)],
         pull: bool,
+        names_leader: bool,
     ) -> bool {
         let node = self.node(state, to);
-        // A chunk to a syncing leader from its source is the log it adopts; any other chunk is a
-        // follower's catch-up from a node not in office, which may append but not replace.
+        // A chunk to a syncing leader from its source is the log it adopts; a chunk to a follower
+        // may replace its batches only if it names its sender as the leader of its term
+        // (`Origin::Pull`, authoritative), else only append. A node taking or holding office
+        // takes no other chunk.
         let adopting = matches!(node.role, Role::Syncing { source, .. } if source == from);
-        if pull && !adopting && !(self.follower_pulls && node.role == Role::Follower) {
+        if pull && !adopting && node.role != Role::Follower {
             return false;
         }
         let verdict = if self.bugs.accept_lower_term && ship.term < node.term {
@@ -749,8 +1043,24 @@ impl ReplicationModel {
         } else {
             decide_ship(node, ship, self.quorum_mode())
         };
+        if !pull {
+            let reply = match &verdict {
+                Verdict::Gap { last } => Some(Reply::Gap(*last)),
+                // Production decides on its durable log (it holds the term lock across the fsync):
+                // the model's receiver decides on its written log, and answers with it.
+                Verdict::Diverged => {
+                    Some(Reply::Diverged { history: node.history(node.len()), durable: node.len() })
+                }
+                _ => None,
+            };
+            if let Some(reply) = reply {
+                self.answer(state, from, to, ship.term, &reply);
+                return true;
+            }
+        }
+        let authoritative = !pull || adopting || names_leader;
         let verdict =
-            if pull && !adopting && !self.bugs.stale_pull_replaces { append_only(verdict) } else { verdict };
+            if !authoritative && !self.bugs.stale_pull_replaces { append_only(verdict) } else { verdict };
         let (steps, matched, commit) = match verdict {
             Verdict::Accept { steps, matched, commit_now, commit } => {
                 // The code's WAL view holds only durable batches when the receiver decides (it waits
@@ -765,6 +1075,15 @@ impl ReplicationModel {
                 }
                 (steps, matched, commit)
             }
+            // A chunk that may not replace our batches (its sender did not hold office in its
+            // term) halts us all the same when it conflicts at or below our commit frontier:
+            // `append_only` keeps decide_ship's Halt. Such a chunk says nothing about the leader's
+            // log (its sender may hold an uncommitted suffix of an older term), so this halt is
+            // not a protocol violation but a refusal taken for one: recorded apart (a finding of
+            // this model, decisions/006), not as a broken rule.
+            Verdict::Halt { .. } if !authoritative => {
+                return state.history.broken.insert(Broken::HaltedOnChunk(to));
+            }
             Verdict::Halt { .. } => return state.history.broken.insert(Broken::Halted(to)),
             Verdict::Fenced { .. }
             | Verdict::NotYet { .. }
@@ -775,7 +1094,7 @@ impl ReplicationModel {
         for step in steps {
             match step {
                 Step::Skip(_) => {}
-                Step::QuarantineFrom(seqno) => self.quarantine(state, to, seqno),
+                Step::QuarantineFrom(seqno) => self.quarantine(state, to, seqno, ship.term),
                 Step::Append(i) => {
                     let node = &mut state.nodes[index(to)];
                     assert_eq!(node.len().next(), ship.batches[i].first, "append must be contiguous");
@@ -814,6 +1133,8 @@ impl ReplicationModel {
         matched: TermSeqno,
     ) -> bool {
         let count_older_term = self.bugs.count_older_term;
+        // The answer of a ship accepted and fsynced: the ShipQueue moves on after it.
+        self.answer(state, to, from, term, &Reply::Matched(matched));
         let node = &mut state.nodes[index(to)];
         let Role::Leader { term: leader_term, matched: matched_by, .. } = &mut node.role else {
             return false;
@@ -824,7 +1145,8 @@ impl ReplicationModel {
         let position = if count_older_term { TermSeqno { term, seqno: matched.seqno } } else { matched };
         let entry = matched_by.entry(from).or_default();
         if position <= *entry {
-            return false;
+            // Whether the queue moved is decided by comparing the states.
+            return true;
         }
         *entry = position;
         self.advance_leader(state, to);
@@ -985,19 +1307,33 @@ impl ReplicationModel {
         }
     }
 
-    /// Moves `node`'s WAL from `from` on into quarantine.
-    fn quarantine(&self, state: &mut ModelState, me: NodeId, from: Seqno) {
+    /// Moves `node`'s WAL from `from` on into quarantine, for a message (or an office) of `term`.
+    ///
+    /// Recorded as broken: quarantining a batch that a leader of `term` or an earlier term counted
+    /// as committed (the leader of `term` holds all of those, so nothing of `term` conflicts with
+    /// them). A batch committed by a LATER term's leader may be quarantined by a node still in an
+    /// earlier term, when a ship of that term reaches it (Raft allows it: the node's own commit
+    /// frontier is below it, and the batch stays on the majority that committed it); that node
+    /// gets it back from the later leader.
+    fn quarantine(&self, state: &mut ModelState, me: NodeId, from: Seqno, term: Term) {
         let node = &mut state.nodes[index(me)];
         for seqno in from.get()..=node.len().get() {
             let position = node.position(Seqno(seqno));
             let Some(batch) = node.batch_at(Seqno(seqno)) else { continue };
-            if state.history.committed.iter().any(|c| c.position == position && c.writer == batch.writer) {
+            if state
+                .history
+                .committed
+                .iter()
+                .any(|c| c.position == position && c.writer == batch.writer && c.by <= term)
+            {
                 state.history.broken.insert(Broken::QuarantinedCommitted(me, position));
             }
         }
         let keep = Seqno(from.get().saturating_sub(1));
         node.wal.truncate(usize::try_from(keep.get()).unwrap_or(0));
         node.durable = node.durable.min(keep);
+        // The ship feed restarts at the log's new end (`feed.reset(wal.last_position())`).
+        node.tail_base = keep;
         state.history.quarantined = true;
         if self.mode == Mode::Leader && node.applied > keep {
             // Our state holds data that no longer exists: install the new log's snapshot at `keep`.
@@ -1076,6 +1412,11 @@ fn restart(node: &mut NodeState, persist_past_durable: bool) -> bool {
         node.incarnation = node.incarnation.saturating_add(1);
     }
     node.wal.truncate(usize::try_from(node.durable.get()).unwrap_or(0));
+    // A new process: its ship feed starts at the WAL's last durable position; it remembers the
+    // vote it found persisted, and has opened no term yet.
+    node.tail_base = node.durable;
+    node.boot_term = node.term;
+    node.opened = Term(0);
     if !persist_past_durable {
         node.applied = node.applied.min(node.durable);
     }
@@ -1086,19 +1427,28 @@ fn restart(node: &mut NodeState, persist_past_durable: bool) -> bool {
     true
 }
 
-/// A ship (or pulled chunk) of `node`'s whole durable log, or with `unsynced` of its whole log.
-fn ship_message(node: &NodeState, sender: NodeId, to: NodeId, pull: bool, unsynced: bool) -> Message {
-    let upto = if unsynced { node.len() } else { node.durable };
-    let batches = (1..=upto.get()).filter_map(|s| Some((Seqno(s), node.batch_at(Seqno(s))?))).collect();
-    Message::Ship {
-        from: sender,
-        to,
-        term: node.term,
-        prev: TermSeqno::default(),
-        batches,
-        commit: node.commit,
-        pull,
+/// a57b07b's `ShipFeed::read_after` (the planted bug [`Bug::ShipFollowerPrev`]): whether it
+/// shipped the tail's batches after `after` (none at its end) from a tail of single-seqno batches
+/// `base + 1 ..= last.seqno`. Its `start == 0` branch shipped the front after any position whose
+/// seqno lines up with it ("let the follower's prev check decide"), and an empty tail answered a
+/// heartbeat at its end for a position of any term.
+fn old_read_after_ships(
+    after: TermSeqno,
+    base: Seqno,
+    last: TermSeqno,
+    term_at: impl Fn(Seqno) -> Option<Term>,
+) -> bool {
+    let empty = last.seqno == base;
+    if after.seqno == last.seqno {
+        return after.term == last.term || empty;
     }
+    if empty || after.seqno < base {
+        return false;
+    }
+    if after.seqno == base {
+        return true;
+    }
+    after.seqno < last.seqno && term_at(after.seqno) == Some(after.term)
 }
 
 /// The planted bug `choose_by_commit`: adopt the answering node with the greatest commit frontier.
@@ -1165,19 +1515,14 @@ impl fmt::Display for Action {
             Action::Reelect { node } => write!(f, "{node}: back in office in the same term"),
             Action::Probe { leader, target } => write!(f, "{leader}: probes {target}"),
             Action::ClientWrite { leader } => write!(f, "{leader}: client write appended"),
-            Action::Ship { leader, to } => write!(f, "{leader}: ships its log to {to}"),
+            Action::Ship { leader, to } => write!(f, "{leader}: its ShipQueue for {to} ships"),
             Action::Notice { leader, to } => write!(f, "{leader}: sends its commit frontier to {to}"),
-            Action::Pull { leader } => write!(f, "{leader}: pulls from its source"),
-            Action::CatchUp { node, source } => write!(f, "{node}: catches up from {source} (not in office)"),
-            Action::Deliver(Message::Ship { from, to, term, prev, batches, commit, pull }) => {
-                let batches: Vec<String> =
-                    batches.iter().map(|(seqno, b)| format!("{seqno}:{}", batch_label(b))).collect();
-                let kind = if *pull { "chunk" } else { "ship" };
-                write!(
-                    f,
-                    "{to}: gets {kind} from {from} {{{term}, prev {prev}, [{}], commit {commit}}}",
-                    batches.join(" ")
-                )
+            Action::Pull { node, source } => write!(f, "{node}: pulls from {source}, which checks the prev"),
+            Action::Deliver(Message::Pull { source, to, prev, .. }) => {
+                write!(f, "{source}: opens the reader of {to}'s pull after {prev}")
+            }
+            Action::Deliver(message @ Message::Ship { from, to, .. }) => {
+                write!(f, "{to}: gets {} from {from}", message_label(message))
             }
             Action::Deliver(Message::Ack { from, to, term, matched }) => {
                 write!(f, "{to}: gets ack from {from} {{{term}, matched {matched}}}")
@@ -1190,6 +1535,21 @@ impl fmt::Display for Action {
             Action::BeginChange { leader } => write!(f, "{leader}: decides on the membership change"),
             Action::FinishChange { leader } => write!(f, "{leader}: new configuration committed"),
         }
+    }
+}
+
+/// A ship or chunk as the histories print it: `ship {t3, prev (t2, 1), [2:t3], commit 0}`.
+pub fn message_label(message: &Message) -> String {
+    match message {
+        Message::Ship { term, prev, batches, commit, pull, .. } => {
+            let batches: Vec<String> =
+                batches.iter().map(|(seqno, b)| format!("{seqno}:{}", batch_label(b))).collect();
+            let kind = if *pull { "chunk" } else { "ship" };
+            format!("{kind} {{{term}, prev {prev}, [{}], commit {commit}}}", batches.join(" "))
+        }
+        Message::Ack { term, matched, .. } => format!("ack {{{term}, matched {matched}}}"),
+        Message::Commit { term, commit, .. } => format!("commit notice {{{term}, commit {commit}}}"),
+        Message::Pull { term, prev, .. } => format!("pull {{{term}, prev {prev}}}"),
     }
 }
 

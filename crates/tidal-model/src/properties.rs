@@ -14,7 +14,7 @@ use crate::model::{Mode, ReplicationModel};
 use crate::state::{id, Broken, ModelState, Role};
 
 /// Names of the safety properties (a discovery of one of these is a violation).
-pub const SAFETY: [&str; 13] = [
+pub const SAFETY: [&str; 14] = [
     NO_ACKED_WRITE_LOST,
     NO_COMMITTED_BATCH_LOST,
     LEADER_COMPLETENESS,
@@ -28,6 +28,7 @@ pub const SAFETY: [&str; 13] = [
     APPLIED_WRITTEN,
     APPLIED_IS_COMMITTED,
     QUARANTINE_UNCOMMITTED,
+    LEADER_HOLDS_PREV,
 ];
 
 /// Quorum mode: every acknowledged write is in the log of every leader of its term or later, at the
@@ -79,8 +80,19 @@ pub const APPLIED_WRITTEN: &str = "applied never exceeds the written log";
 /// a node applied is lost cluster-wide", the premise of applying before the follower's own fsync
 /// (decisions/025).
 pub const APPLIED_IS_COMMITTED: &str = "a node applies only batches a leader counted as committed (quorum)";
-/// Quorum mode: quarantine never moves a committed position, and no receiver halts for it.
+/// Quorum mode: a quarantine for a message (or an office) of term T never moves a position that a
+/// leader of term T or earlier counted as committed, and no receiver halts for it. (A node still in
+/// an earlier term may quarantine a batch that a LATER term's leader committed when a ship of its
+/// own term replaces it: its commit frontier is below that batch, which stays on the majority that
+/// committed it; Raft allows the same. Until issue 37 this property named every committed position;
+/// the model's capped three-term run never reached such a state.)
 pub const QUARANTINE_UNCOMMITTED: &str = "quarantine never touches a committed seqno (quorum)";
+
+/// No ship leaves a leader and no pulled chunk leaves its source with a `prev` that the sender's
+/// own log does not hold (the written log for a ship, the durable log for a chunk): the follower's
+/// prev check proves log matching only against a `prev` of the sender's log (issue 37, findings 1
+/// and 2; production checks it before every ship and counts a miss as `unheld_prev`).
+pub const LEADER_HOLDS_PREV: &str = "a leader ships and serves only a prev its own log holds";
 
 /// Reached: a client write is acknowledged.
 pub const SOMETIMES_ACKED: &str = "sometimes: a write is acknowledged";
@@ -92,6 +104,20 @@ pub const SOMETIMES_QUARANTINE: &str = "sometimes: a divergent suffix is quarant
 /// durable position (what `COMMIT_DURABLE` forbade before).
 pub const SOMETIMES_FOLLOWER_APPLIED_PAST_DURABLE: &str =
     "sometimes: a follower applies past its durable position";
+/// Reached: a node that openraft put back in office after a restart handed its term over instead
+/// of resuming it (`resumes_a_term`; issue 37, finding 3).
+pub const SOMETIMES_HANDED_OVER: &str = "sometimes: a restored office is handed over";
+/// Reached: a pull's reader opened after its source's log stopped holding the checked `prev` and
+/// answered Diverged (issue 37, finding 2: the window between the check and the read).
+pub const SOMETIMES_PULL_PREV_GONE: &str = "sometimes: a pull's prev leaves its source's log before the read";
+/// Reached (a finding of this model, issue 37; decisions/006): a follower halts on a pulled chunk
+/// from a node that did not hold office in the chunk's term. The follower pulled from a newly
+/// elected node while it was taking office; the chunk (of that node's log before it adopted
+/// another) is taken only after the follower committed the new leader's log, and it conflicts at
+/// or below that commit: decide_ship halts and `append_only` keeps the halt, where a refusal was
+/// due. Quorum mode must never halt (harness/sim's check): a stall, not a divergence.
+pub const SOMETIMES_HALT_ON_STALE_CHUNK: &str =
+    "sometimes: a follower halts on a chunk from a node not in office (finding)";
 /// Reached in leader mode only (PROTOCOL.md "leader mode loses an acknowledged tail").
 pub const SOMETIMES_LEADER_MODE_LOSS: &str = "sometimes: leader mode loses an acknowledged write";
 
@@ -134,11 +160,19 @@ pub fn all() -> Vec<Property<ReplicationModel>> {
                     .iter()
                     .any(|b| matches!(b, Broken::QuarantinedCommitted(..) | Broken::Halted(_)))
         }),
+        Property::always(LEADER_HOLDS_PREV, |_, s: &ModelState| {
+            !s.history.broken.iter().any(|b| matches!(b, Broken::UnheldPrev(_)))
+        }),
         Property::sometimes(SOMETIMES_ACKED, |_, s: &ModelState| !s.history.acked.is_empty()),
         Property::sometimes(SOMETIMES_LEADER_CHANGE, |_, s: &ModelState| s.history.served_by.len() >= 2),
         Property::sometimes(SOMETIMES_QUARANTINE, |_, s: &ModelState| s.history.quarantined),
         Property::sometimes(SOMETIMES_FOLLOWER_APPLIED_PAST_DURABLE, |_, s: &ModelState| {
             s.nodes.iter().any(|n| n.role == Role::Follower && n.applied > n.durable)
+        }),
+        Property::sometimes(SOMETIMES_HANDED_OVER, |_, s: &ModelState| s.history.handed_over),
+        Property::sometimes(SOMETIMES_PULL_PREV_GONE, |_, s: &ModelState| s.history.pull_prev_gone),
+        Property::sometimes(SOMETIMES_HALT_ON_STALE_CHUNK, |m: &ReplicationModel, s: &ModelState| {
+            m.mode == Mode::Quorum && s.history.broken.iter().any(|b| matches!(b, Broken::HaltedOnChunk(_)))
         }),
         Property::sometimes(SOMETIMES_LEADER_MODE_LOSS, |m: &ReplicationModel, s: &ModelState| {
             m.mode == Mode::Leader && !acked_writes_held(s)

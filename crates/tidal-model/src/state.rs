@@ -16,9 +16,10 @@ use tidal_types::{NodeId, Seqno, Term, TermSeqno};
 pub struct ModelState {
     /// Nodes, `nodes[i]` is `NodeId(i + 1)`.
     pub nodes: Vec<NodeState>,
-    /// Messages in flight, the last one sent on each link. Delivery leaves it here, so it can be
-    /// delivered again (duplication), after messages on other links (reordering), or never (loss); a
-    /// newer message on the same link replaces it.
+    /// Messages in flight, the last one sent on each link. Delivery leaves a ship, ack or notice
+    /// here, so it can be delivered again (duplication), after messages on other links
+    /// (reordering), or never (loss); a newer message on the same link replaces it. A checked pull
+    /// and a pulled chunk leave when delivered (one reader per check, each chunk taken once).
     pub network: Network,
     /// The highest term openraft has started (elections take terms in order).
     pub last_term: Term,
@@ -26,6 +27,8 @@ pub struct ModelState {
     pub writes: u8,
     /// Crash-and-restarts so far (bounded by the model).
     pub crashes: u8,
+    /// Follower pulls so far (bounded by the model).
+    pub pulls: u8,
     /// The membership configuration the data path is in.
     pub config: Config,
     /// History variables for the properties.
@@ -61,6 +64,17 @@ pub struct NodeState {
     /// Follower (in memory): the leader's commit notices and how far a live ship of that term
     /// matched: once written (decisions/025), or after its fsync (decisions/016, the rule before).
     pub notice: NoticeState,
+    /// The ship feed's base (in memory): the seqno right before the front of the node's bounded
+    /// tail (`ShipFeed`). The tail holds `wal[tail_base..]` up to its end (the written log, or
+    /// the durable one without ships on write), at most [`crate::ReplicationModel::tail_batches`]
+    /// batches: the base moves up as batches fall off the front (kept normalized after every
+    /// step), and is reset to the WAL's last position at a restart and after a quarantine.
+    pub tail_base: Seqno,
+    /// The vote persisted when this process started (`Replica::boot_term`): a term at or below it
+    /// is never resumed (`resumes_a_term`).
+    pub boot_term: Term,
+    /// The highest term this process opened as leader (`Replica::opened_term`; 0: none).
+    pub opened: Term,
 }
 
 /// One batch in a WAL or a message: the term of the leader that wrote it and which process of that
@@ -155,6 +169,11 @@ pub enum Role {
         matched: BTreeMap<NodeId, TermSeqno>,
         /// Client writes appended and not yet acknowledged.
         waiting: BTreeSet<Seqno>,
+        /// Per follower, the position its ShipQueue ships after next (`ShipQueue`'s `after`): the
+        /// tail's last position when the term opens, then `tidal_cluster::decide::next_after` of
+        /// each answer (Matched with the ack, Gap and Diverged at once), or the tail's last again
+        /// when the tail cannot serve it (the follower is nudged to pull).
+        after: BTreeMap<NodeId, TermSeqno>,
     },
 }
 
@@ -186,6 +205,7 @@ impl Network {
             Message::Ship { from, to, pull, .. } => (*from, *to, u8::from(*pull)),
             Message::Ack { from, to, .. } => (*from, *to, 0),
             Message::Commit { from, to, .. } => (*from, *to, 2),
+            Message::Pull { source, to, .. } => (*source, *to, 3),
         };
         self.0.insert(link, message.clone()) != Some(message)
     }
@@ -193,6 +213,16 @@ impl Network {
     /// Messages in flight.
     pub fn messages(&self) -> impl Iterator<Item = &Message> {
         self.0.values()
+    }
+
+    /// Removes `message` from its link.
+    pub fn remove(&mut self, message: &Message) {
+        self.0.retain(|_, m| m != message);
+    }
+
+    /// Keeps only the messages for which `keep` holds.
+    pub fn retain(&mut self, keep: impl Fn(&Message) -> bool) {
+        self.0.retain(|_, message| keep(message));
     }
 }
 
@@ -215,6 +245,27 @@ pub enum Message {
         commit: Seqno,
         /// A pulled chunk (not acked).
         pull: bool,
+        /// The chunk names its sender as the leader of `term` (it held office in that term when it
+        /// checked the pull; production's `Chunk::leader == source`): the receiver lets such a
+        /// chunk replace its batches, any other only append. Always true for a live ship.
+        leader: bool,
+    },
+    /// A pull that `source` has checked (its durable log held `prev` then) and whose reader has
+    /// not opened yet (production's `serve_pull` checks, then a spawned task opens the reader).
+    /// Its delivery is the reader opening on the source's log as it is THEN: it sends the chunk.
+    Pull {
+        /// The node serving the pull.
+        source: NodeId,
+        /// The node pulling.
+        to: NodeId,
+        /// The source's term at the check (the chunk's term).
+        term: Term,
+        /// The puller's position the check found in the source's log.
+        prev: TermSeqno,
+        /// The source's commit frontier at the check.
+        commit: Seqno,
+        /// The source held office in `term` at the check (see [`Message::Ship`]'s `leader`).
+        leader: bool,
     },
     /// A commit notice: the leader of `term` committed through `commit`.
     Commit {
@@ -251,6 +302,11 @@ pub struct History {
     pub served_by: BTreeSet<NodeId>,
     /// A divergent suffix was moved to quarantine.
     pub quarantined: bool,
+    /// A restarted node that openraft put back in office handed its term over (`resumes_a_term`).
+    pub handed_over: bool,
+    /// A pull's reader opened after its source's log stopped holding the checked `prev` (a
+    /// quarantine and refill in between) and answered Diverged (`Wal::read_raw_after`).
+    pub pull_prev_gone: bool,
     /// Rules broken at a transition.
     pub broken: BTreeSet<Broken>,
 }
@@ -288,6 +344,14 @@ pub enum Broken {
     QuarantinedCommitted(NodeId, TermSeqno),
     /// A receiver halted (decide_ship refused to quarantine at or below its commit).
     Halted(NodeId),
+    /// A follower halted on a pulled chunk from a node not in office in the chunk's term (which
+    /// may only append): decide_ship's Halt, kept by `append_only`. Not a broken rule of the
+    /// protocol (such a chunk never proves a conflict with the leader's log) but a halt it does
+    /// not call for: reported as reached, not as a violation (decisions/006).
+    HaltedOnChunk(NodeId),
+    /// A node sent a ship or served a pulled chunk whose `prev` its own log did not hold
+    /// (production counts it as `unheld_prev`: a bug).
+    UnheldPrev(NodeId),
 }
 
 impl NodeState {
@@ -304,6 +368,9 @@ impl NodeState {
             role: Role::Follower,
             unsynced: BTreeSet::new(),
             notice: NoticeState::default(),
+            tail_base: Seqno::ZERO,
+            boot_term: Term(0),
+            opened: Term(0),
         }
     }
 
@@ -326,6 +393,15 @@ impl NodeState {
     /// Whether the node holds `position` written by `writer` (the same batch, not only its position).
     pub fn holds(&self, position: TermSeqno, writer: u8) -> bool {
         self.batch_at(position.seqno) == Some(Batch::new(position.term, writer))
+    }
+
+    /// Whether the log up to `upto` holds `position` (term level, as production's `Wal::holds`):
+    /// `(0, 0)`, or a seqno at or below `upto` whose batch has `position.term`.
+    pub fn holds_position(&self, position: TermSeqno, upto: Seqno) -> bool {
+        if position.seqno == Seqno::ZERO {
+            return position.term == Term(0);
+        }
+        position.seqno <= upto && self.term_at(position.seqno) == Some(position.term)
     }
 
     /// The position of `seqno` (`(0, 0)` for seqno 0 or one not held).
@@ -384,6 +460,31 @@ impl LogView for NodeState {
     }
     fn commit(&self) -> Seqno {
         self.commit
+    }
+}
+
+/// A node's DURABLE log, as production's `WalView` sees it (WAL positions are durable ones): what a
+/// leader's ShipQueue computes its next position from (`next_after`).
+pub struct DurableView<'a>(pub &'a NodeState);
+
+impl LogView for DurableView<'_> {
+    fn term(&self) -> Term {
+        self.0.term
+    }
+    fn last(&self) -> TermSeqno {
+        self.0.durable_last()
+    }
+    fn locate(&self, seqno: Seqno) -> Located {
+        if seqno > self.0.durable {
+            return Located::Beyond;
+        }
+        self.0.locate(seqno)
+    }
+    fn snapshot_position(&self) -> Option<TermSeqno> {
+        None
+    }
+    fn commit(&self) -> Seqno {
+        self.0.commit
     }
 }
 

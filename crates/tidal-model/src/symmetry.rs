@@ -49,6 +49,7 @@ fn local_fingerprint(node: &NodeState) -> u64 {
     let mut hasher = DefaultHasher::new();
     (node.term, node.elected, node.incarnation, &node.wal, node.durable, node.commit, node.applied)
         .hash(&mut hasher);
+    (node.tail_base, node.boot_term, node.opened).hash(&mut hasher);
     std::mem::discriminant(&node.role).hash(&mut hasher);
     node.office_term().hash(&mut hasher);
     node.unsynced.len().hash(&mut hasher);
@@ -77,6 +78,8 @@ fn rename(state: &ModelState, permutation: &[usize]) -> ModelState {
             Broken::CommitDecreased(n) => Broken::CommitDecreased(map(n)),
             Broken::QuarantinedCommitted(n, p) => Broken::QuarantinedCommitted(map(n), p),
             Broken::Halted(n) => Broken::Halted(map(n)),
+            Broken::UnheldPrev(n) => Broken::UnheldPrev(map(n)),
+            Broken::HaltedOnChunk(n) => Broken::HaltedOnChunk(map(n)),
         })
         .collect();
     ModelState { nodes, network, history, ..state.clone() }
@@ -93,12 +96,13 @@ fn rename_node(node: &NodeState, map: &impl Fn(NodeId) -> NodeId) -> NodeState {
         Role::Syncing { term, source, target } => {
             Role::Syncing { term: *term, source: map(*source), target: *target }
         }
-        Role::Leader { term, start, serving, matched, waiting } => Role::Leader {
+        Role::Leader { term, start, serving, matched, waiting, after } => Role::Leader {
             term: *term,
             start: *start,
             serving: *serving,
             matched: rename_keys(matched, map),
             waiting: waiting.clone(),
+            after: rename_keys(after, map),
         },
     };
     let unsynced: BTreeSet<PendingAck> =
@@ -108,8 +112,11 @@ fn rename_node(node: &NodeState, map: &impl Fn(NodeId) -> NodeId) -> NodeState {
 
 fn rename_message(message: &Message, map: &impl Fn(NodeId) -> NodeId) -> Message {
     match message.clone() {
-        Message::Ship { from, to, term, prev, batches, commit, pull } => {
-            Message::Ship { from: map(from), to: map(to), term, prev, batches, commit, pull }
+        Message::Ship { from, to, term, prev, batches, commit, pull, leader } => {
+            Message::Ship { from: map(from), to: map(to), term, prev, batches, commit, pull, leader }
+        }
+        Message::Pull { source, to, term, prev, commit, leader } => {
+            Message::Pull { source: map(source), to: map(to), term, prev, commit, leader }
         }
         Message::Ack { from, to, term, matched } => {
             Message::Ack { from: map(from), to: map(to), term, matched }

@@ -4,7 +4,8 @@
 
 use tidal_model::check::{bounded, check, Search};
 use tidal_model::properties::{
-    SOMETIMES_ACKED, SOMETIMES_FOLLOWER_APPLIED_PAST_DURABLE, SOMETIMES_LEADER_CHANGE, SOMETIMES_QUARANTINE,
+    SOMETIMES_ACKED, SOMETIMES_FOLLOWER_APPLIED_PAST_DURABLE, SOMETIMES_HANDED_OVER, SOMETIMES_LEADER_CHANGE,
+    SOMETIMES_QUARANTINE,
 };
 
 #[test]
@@ -28,6 +29,7 @@ fn bounded_models_have_no_violation_and_reach_the_interesting_states() {
         SOMETIMES_LEADER_CHANGE,
         SOMETIMES_QUARANTINE,
         SOMETIMES_FOLLOWER_APPLIED_PAST_DURABLE,
+        SOMETIMES_HANDED_OVER,
     ] {
         assert!(reached.iter().any(|r| r == expected), "never reached \"{expected}\"");
     }

@@ -3,7 +3,9 @@
 #![allow(clippy::unwrap_used)]
 
 use tidal_model::check::{check, planted, Search};
-use tidal_model::properties::{APPLIED_WRITTEN, COMMIT_WRITTEN, SOMETIMES_FOLLOWER_APPLIED_PAST_DURABLE};
+use tidal_model::properties::{
+    APPLIED_WRITTEN, COMMIT_WRITTEN, LEADER_HOLDS_PREV, LOG_MATCHING, SOMETIMES_FOLLOWER_APPLIED_PAST_DURABLE,
+};
 use tidal_model::{Bug, Bugs, Mode, ReplicationModel};
 
 fn finds(bug: Bug) -> Vec<String> {
@@ -26,10 +28,9 @@ fn ack_without_term_recheck() {
     finds(Bug::NoTermRecheck);
 }
 
-/// Raft's figure 8 needs four terms: about 12 million states, two minutes in release. `make
-/// model-check` runs it (`tidal-model --deep`).
+/// Raft's figure 8: four terms with its election schedule, and ships of the durable log only
+/// (with ships on write every ack names a batch of the leader's own term).
 #[test]
-#[ignore = "minutes long: run by make model-check"]
 fn counting_an_older_term_batch() {
     finds(Bug::CountOlderTerm);
 }
@@ -120,11 +121,14 @@ fn persisting_applied_state_past_the_durable_wal() {
 
 /// PersistPastDurable with followers applying only after their own fsync (the rule before
 /// decisions/025), on a larger model than its planted one (two terms of LeaderStarts, one crash:
-/// leader changes included), explored completely: no violation, and no follower ever applies past
-/// its durable position. The cap at restart matters only because of applying on write.
+/// leader changes included; terms spread by votes only, a one-batch tail), explored completely:
+/// no violation, and no follower ever applies past its durable position. The cap at restart
+/// matters only because of applying on write.
 #[test]
 fn persisting_past_durable_is_harmless_when_followers_apply_after_their_fsync() {
-    let model = ReplicationModel::three(2, 0, Mode::Quorum)
+    let model = ReplicationModel { learn_terms: false, ..ReplicationModel::three(2, 0, Mode::Quorum) }
+        .without_leader_pulls()
+        .with_tail(1)
         .with_bugs(Bugs::one(Bug::PersistPastDurable))
         .with_apply_after_fsync();
     let report = check("PersistPastDurable, apply after fsync", model, Search::Deep, false);
@@ -135,4 +139,29 @@ fn persisting_past_durable_is_harmless_when_followers_apply_after_their_fsync() 
     assert!(report.violations.is_empty(), "PersistPastDurable is found with apply after fsync");
     assert!(report.states > 1_000, "only {} states", report.states);
     assert!(!report.reached.iter().any(|r| r == SOMETIMES_FOLLOWER_APPLIED_PAST_DURABLE));
+}
+
+/// Issue 37, finding 1: a Gap answer's position as the next `prev`, and the old tail rule that
+/// ships the front after any position lined up with it.
+#[test]
+fn shipping_after_the_followers_own_position() {
+    let broken = finds(Bug::ShipFollowerPrev);
+    assert!(broken.iter().any(|p| p == LEADER_HOLDS_PREV), "found by {broken:?}");
+}
+
+/// Issue 37, finding 2: a pull's reader that reads after `prev.seqno` without checking `prev` again.
+/// Twenty steps over three terms: about a million states, 40 s at opt-level 1, so `make
+/// model-check` runs it (`tidal-model --deep`); t30 replays its history in milliseconds.
+#[test]
+#[ignore = "40 s at opt-level 1: run by make model-check (t30 replays the history)"]
+fn reading_a_pull_without_checking_its_prev_again() {
+    let broken = finds(Bug::PullCheckThenRead);
+    assert!(broken.iter().any(|p| p == LEADER_HOLDS_PREV), "found by {broken:?}");
+}
+
+/// Issue 37, finding 3: the office guard of a57b07b, which a crash that took the LeaderStart passes.
+#[test]
+fn resuming_a_term_whose_leader_start_the_crash_took() {
+    let broken = finds(Bug::ResumeLostLeaderStart);
+    assert!(broken.iter().any(|p| p == LOG_MATCHING), "found by {broken:?}");
 }

@@ -9,6 +9,7 @@ pub mod ship;
 pub use commit::{commit_frontier, lease_holds, Quorum};
 pub use follower::{append_only, decide_ship, BatchMeta, Located, LogView, ShipMeta, Step, Verdict};
 pub use office::{
-    answer_probe, divergence_point, plan_office, term_at, transfer_target, OfficePlan, OwnLog, ProbeAnswer,
+    answer_probe, divergence_point, plan_office, resumes_a_term, term_at, transfer_target, OfficePlan,
+    OwnLog, ProbeAnswer,
 };
 pub use ship::{next_after, resume_after_gap, waits_before_next, Reply};

@@ -249,6 +249,18 @@ fn holds_term(history: &[TermSeqno], last: TermSeqno, term: Term) -> bool {
     last.term == term || runs(history, last).iter().any(|run| run.term == term)
 }
 
+/// Whether leading `term` now would resume a term an earlier process of this node led: `term` is at
+/// or below the vote this process found persisted at its start (`boot_term`; openraft's standard
+/// mode elects a node only in a term above every vote it persisted, so leading such a term is a
+/// restored election), or this process never opened `term` yet our log holds its LeaderStart.
+/// The second test was the only one until decisions/057: it missed a restart whose crash took the
+/// LeaderStart itself (shipped on write, never fsynced here). The office (`replica/office.rs`)
+/// hands such a term over; the model check (tidal-model) drives this function at every restored
+/// office.
+pub fn resumes_a_term(term: Term, boot_term: Term, write_leader_start: bool, opened_term: u64) -> bool {
+    term <= boot_term || (!write_leader_start && opened_term < term.get())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -485,5 +497,16 @@ mod tests {
         assert_eq!(transfer_target(me, &answers, &quorum), Some(NodeId(2)));
         answers.remove(&NodeId(2));
         assert_eq!(transfer_target(me, &answers, &quorum), None);
+    }
+
+    /// Finding 3 of the safety review: a restart whose crash took the term's LeaderStart from our
+    /// WAL (so `write_leader_start` is true) must still refuse the restored term.
+    #[test]
+    fn a_restored_term_is_refused_even_when_its_leader_start_was_lost() {
+        assert!(resumes_a_term(Term(3), Term(3), true, 0), "LeaderStart lost in the crash");
+        assert!(resumes_a_term(Term(3), Term(3), false, 0), "LeaderStart kept");
+        assert!(!resumes_a_term(Term(4), Term(3), true, 0), "a fresh election in this process");
+        assert!(!resumes_a_term(Term(4), Term(3), false, 4), "re-entering a term this process opened");
+        assert!(resumes_a_term(Term(4), Term(3), false, 0), "holds a LeaderStart it never wrote");
     }
 }

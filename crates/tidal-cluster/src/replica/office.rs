@@ -15,7 +15,7 @@
 
 use super::{Replica, Role, HEARTBEAT_INTERVAL};
 use crate::control::{ControlCmd, ControlPlane};
-use crate::decide::{plan_office, transfer_target, OfficePlan, OwnLog, ProbeAnswer};
+use crate::decide::{plan_office, resumes_a_term, transfer_target, OfficePlan, OwnLog, ProbeAnswer};
 use crate::fatal::FatalSource;
 use openraft::ServerState;
 use std::collections::BTreeMap;
@@ -470,37 +470,5 @@ impl Replica {
         let contents = format!("{} {}\n", term.get(), baseline.seqno.get());
         crate::files::write_then_rename(&path, contents.as_bytes())
             .map_err(|e| format!("persist {}: {e}", path.display()))
-    }
-}
-
-/// Whether leading `term` now would resume a term an earlier process of this node led: `term` is at
-/// or below the vote this process found persisted at its start (`boot_term`; openraft's standard
-/// mode elects a node only in a term above every vote it persisted, so leading such a term is a
-/// restored election), or this process never opened `term` yet our log holds its LeaderStart.
-/// The second test was the only one until decisions/057: it missed a restart whose crash took the
-/// LeaderStart itself (shipped on write, never fsynced here).
-pub(crate) fn resumes_a_term(
-    term: Term,
-    boot_term: Term,
-    write_leader_start: bool,
-    opened_term: u64,
-) -> bool {
-    term <= boot_term || (!write_leader_start && opened_term < term.get())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::resumes_a_term;
-    use tidal_types::Term;
-
-    /// Finding 3 of the safety review: a restart whose crash took the term's LeaderStart from our
-    /// WAL (so `write_leader_start` is true) must still refuse the restored term.
-    #[test]
-    fn a_restored_term_is_refused_even_when_its_leader_start_was_lost() {
-        assert!(resumes_a_term(Term(3), Term(3), true, 0), "LeaderStart lost in the crash");
-        assert!(resumes_a_term(Term(3), Term(3), false, 0), "LeaderStart kept");
-        assert!(!resumes_a_term(Term(4), Term(3), true, 0), "a fresh election in this process");
-        assert!(!resumes_a_term(Term(4), Term(3), false, 4), "re-entering a term this process opened");
-        assert!(resumes_a_term(Term(4), Term(3), false, 0), "holds a LeaderStart it never wrote");
     }
 }
