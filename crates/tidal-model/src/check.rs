@@ -51,6 +51,9 @@ pub enum Search {
     /// Depth first with symmetry reduction, stopping after this many generated states (repeats
     /// included): not exhaustive.
     DeepCapped(usize),
+    /// Breadth first without symmetry reduction, every path of at most this many steps: exhaustive
+    /// up to that depth (for bounds too large to explore completely).
+    Steps(usize),
 }
 
 /// Explores every state of `model` (within the bounds of `search`). With `stop_at_violation`
@@ -71,6 +74,8 @@ pub fn check(name: &str, model: ReplicationModel, search: Search, stop_at_violat
         Search::DeepCapped(states) => {
             Box::new(builder.symmetry_fn(representative).target_state_count(states).spawn_dfs().join())
         }
+        // stateright counts the initial state as depth 1.
+        Search::Steps(steps) => Box::new(builder.target_max_depth(steps + 1).spawn_bfs().join()),
     };
     let elapsed = started.elapsed();
     let mut violations = Vec::new();
@@ -161,12 +166,33 @@ pub fn deep() -> Vec<(&'static str, ReplicationModel, Search)> {
             ReplicationModel { max_crashes: 0, ..ReplicationModel::three(2, 0, Mode::Quorum) },
             Search::Deep,
         ),
-        // Issue 37's histories: three terms, two restarts, a partition (any message may be lost),
-        // a one-batch tail, a follower pull.
+        // Three terms with a crash, complete: the planted ShipFollowerPrev and ResumeLostLeaderStart
+        // are found in these bounds too (depth first, in 10 and 22 s).
         (
-            "3 nodes, quorum, 3 terms, LeaderStarts only, 2 crashes, 1 follower pull, one-batch tail (capped at 8M generated states)",
+            "3 nodes, quorum, 3 terms, LeaderStarts only, 1 crash, terms spread by votes only",
+            ReplicationModel { learn_terms: false, ..ReplicationModel::three(3, 0, Mode::Quorum) }
+                .without_leader_pulls(),
+            Search::Deep,
+        ),
+        // Issue 37, finding 1's bounds with today's rules: three terms, a one-batch tail.
+        (
+            "3 nodes, quorum, 3 terms, LeaderStarts only, no crash, terms spread by votes only, one-batch tail",
+            planted(Bug::ShipFollowerPrev).0.with_bugs(Bugs::default()),
+            Search::Deep,
+        ),
+        // Issue 37, finding 2's bounds with today's rules: three terms won by n1, n3, n1, a follower
+        // pull; every history of up to 24 steps (the finding's is 20).
+        (
+            "3 nodes, quorum, 3 terms won by n1, n3, n1, LeaderStarts only, no crash, 1 follower pull (every path of up to 24 steps)",
+            planted(Bug::PullCheckThenRead).0.with_bugs(Bugs::default()),
+            Search::Steps(24),
+        ),
+        // Issue 37's bounds: three terms, two restarts, a partition (any message may be lost), a
+        // one-batch tail, a follower pull.
+        (
+            "3 nodes, quorum, 3 terms, LeaderStarts only, 2 crashes, 1 follower pull, one-batch tail (capped at 30M generated states)",
             ReplicationModel { max_crashes: 2, ..ReplicationModel::three(3, 0, Mode::Quorum) }.with_tail(1),
-            Search::DeepCapped(8_000_000),
+            Search::DeepCapped(30_000_000),
         ),
         (
             "3 nodes, quorum, 2 terms, 1 write, 1 crash, commit notices (capped at 8M generated states)",
@@ -186,14 +212,15 @@ pub fn deep() -> Vec<(&'static str, ReplicationModel, Search)> {
     ]
 }
 
-/// `TIDAL_MODEL_SEARCH` (`shortest`, `deep`, `deep:<generated states>`): overrides how a planted
-/// bug is searched (for tuning).
+/// `TIDAL_MODEL_SEARCH` (`shortest`, `deep`, `deep:<generated states>`, `steps:<n>`): overrides
+/// how a planted bug is searched (for tuning).
 fn search_override() -> Option<Search> {
     let value = std::env::var("TIDAL_MODEL_SEARCH").ok()?;
+    let number = |prefix: &str| value.strip_prefix(prefix).and_then(|n| n.parse().ok());
     match value.as_str() {
         "shortest" => Some(Search::Shortest),
         "deep" => Some(Search::Deep),
-        _ => value.strip_prefix("deep:").and_then(|n| n.parse().ok()).map(Search::DeepCapped),
+        _ => number("deep:").map(Search::DeepCapped).or_else(|| number("steps:").map(Search::Steps)),
     }
 }
 

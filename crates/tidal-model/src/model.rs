@@ -1094,7 +1094,10 @@ impl ReplicationModel {
         for step in steps {
             match step {
                 Step::Skip(_) => {}
-                Step::QuarantineFrom(seqno) => self.quarantine(state, to, seqno, ship.term),
+                Step::QuarantineFrom(seqno) => {
+                    let term = state.nodes[index(to)].term;
+                    self.quarantine(state, to, seqno, term);
+                }
                 Step::Append(i) => {
                     let node = &mut state.nodes[index(to)];
                     assert_eq!(node.len().next(), ship.batches[i].first, "append must be contiguous");
@@ -1307,10 +1310,11 @@ impl ReplicationModel {
         }
     }
 
-    /// Moves `node`'s WAL from `from` on into quarantine, for a message (or an office) of `term`.
+    /// Moves `node`'s WAL from `from` on into quarantine; `term` is the node's persisted term (a
+    /// receiver's; a leader taking office: its office's).
     ///
     /// Recorded as broken: quarantining a batch that a leader of `term` or an earlier term counted
-    /// as committed (the leader of `term` holds all of those, so nothing of `term` conflicts with
+    /// as committed (the leader of `term` holds all of those, so nothing it ships conflicts with
     /// them). A batch committed by a LATER term's leader may be quarantined by a node still in an
     /// earlier term, when a ship of that term reaches it (Raft allows it: the node's own commit
     /// frontier is below it, and the batch stays on the majority that committed it); that node

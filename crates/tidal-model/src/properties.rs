@@ -80,12 +80,12 @@ pub const APPLIED_WRITTEN: &str = "applied never exceeds the written log";
 /// a node applied is lost cluster-wide", the premise of applying before the follower's own fsync
 /// (decisions/025).
 pub const APPLIED_IS_COMMITTED: &str = "a node applies only batches a leader counted as committed (quorum)";
-/// Quorum mode: a quarantine for a message (or an office) of term T never moves a position that a
-/// leader of term T or earlier counted as committed, and no receiver halts for it. (A node still in
-/// an earlier term may quarantine a batch that a LATER term's leader committed when a ship of its
-/// own term replaces it: its commit frontier is below that batch, which stays on the majority that
-/// committed it; Raft allows the same. Until issue 37 this property named every committed position;
-/// the model's capped three-term run never reached such a state.)
+/// Quorum mode: a node in term T never quarantines a position that a leader of term T or earlier
+/// counted as committed, and no receiver halts for it. (A node still in an earlier term may
+/// quarantine a batch that a LATER term's leader committed when a ship of its own term replaces
+/// it: its commit frontier is below that batch, which stays on the majority that committed it; Raft
+/// allows the same. Until issue 37 this property named every committed position; the model's
+/// capped three-term run never reached such a state.)
 pub const QUARANTINE_UNCOMMITTED: &str = "quarantine never touches a committed seqno (quorum)";
 
 /// No ship leaves a leader and no pulled chunk leaves its source with a `prev` that the sender's
