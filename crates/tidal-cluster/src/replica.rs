@@ -29,7 +29,7 @@ use crate::applier::{ApplierSender, DurableFrontier};
 use crate::commit_state::CommitState;
 use crate::control::{ControlPlane, ControlTiming, TermGate};
 use crate::decide::{
-    answer_probe, append_only, decide_ship, divergence_point, next_after, resume_after_gap,
+    answer_probe, append_only, decide_ship, divergence_point, next_after, replaced_from, resume_after_gap,
     waits_before_next, BatchMeta, Located, LogView, ProbeAnswer, Reply, ShipMeta, Step, Verdict,
 };
 use crate::ship_feed::{ShipFeed, TailRead};
@@ -1185,9 +1185,7 @@ impl Replica {
         };
         let verdict =
             decide_ship(&WalView { wal: &self.wal, commit: &self.commit, term }, &meta, self.quorum());
-        let replaces = matches!(&verdict, Verdict::Accept { steps, .. }
-            if steps.iter().any(|step| matches!(step, Step::QuarantineFrom(_))));
-        let stale_source = !authoritative && replaces;
+        let stale_source = !authoritative && replaced_from(&verdict).is_some();
         let verdict = if authoritative { verdict } else { append_only(verdict) };
         let outcome = match verdict {
             Verdict::Fenced { .. } => {
@@ -1216,7 +1214,7 @@ impl Replica {
                 self.count_refusal("overlap");
                 ShipOutcome::Refused(reason)
             }
-            Verdict::Halt { reason } => {
+            Verdict::Halt { reason, .. } => {
                 tracing::error!("receiver halted: {reason}");
                 self.count_refusal("halted");
                 *self.halted.lock().expect("halt lock is never held across a panic") = Some(reason.clone());

@@ -293,6 +293,14 @@ pub fn planted(bug: Bug) -> (ReplicationModel, Search) {
             ReplicationModel { learn_terms: false, ..ReplicationModel::three(1, 0, Mode::Quorum) }
                 .without_leader_pulls()
         }
+        // The model's own finding after issue 37's: n1 (t1) and n2 (t2) each hold their LeaderStart
+        // at 1; n1 wins term 3 and, while it takes office, serves n2's pull of its old (t1,1); n2
+        // commits n1's adopted log first, then the chunk arrives. The schedule is fixed (n1, n2, n1
+        // win terms 1-3), as for PullCheckThenRead.
+        Bug::HaltOnStaleChunk => {
+            ReplicationModel { max_crashes: 0, ..ReplicationModel::three(3, 0, Mode::Quorum) }
+                .with_winners(&[1, 2, 1])
+        }
         Bug::AckBeforeFsync
         | Bug::NoTermRecheck
         | Bug::AcceptLowerTerm
@@ -304,6 +312,7 @@ pub fn planted(bug: Bug) -> (ReplicationModel, Search) {
     let search = if bug == Bug::StalePullReplaces { Search::Deep } else { Search::Shortest };
     // Followers pulling from their leader matter to finding 2 only; the other planted bugs are
     // searched without them (smaller models).
-    let model = if bug == Bug::PullCheckThenRead { model } else { model.without_leader_pulls() };
+    let pulls = matches!(bug, Bug::PullCheckThenRead | Bug::HaltOnStaleChunk);
+    let model = if pulls { model } else { model.without_leader_pulls() };
     (model.with_bugs(Bugs::one(bug)), search_override().unwrap_or(search))
 }

@@ -138,13 +138,18 @@ pub enum Bug {
     /// `(term, seqno)`. The rule is `resumes_a_term` (a term at or below the vote persisted at
     /// process start is never resumed).
     ResumeLostLeaderStart,
+    /// Found by this model (issue 37, after the findings): a pulled chunk from a node that did not
+    /// hold office in its term, conflicting with the follower's log at or below its commit frontier,
+    /// halts the follower (decide_ship's Halt kept by `append_only`, 58e6e09) instead of being
+    /// refused like any other replacement from such a sender. Quorum mode must never halt.
+    HaltOnStaleChunk,
 }
 
 impl Bug {
     /// Every planted bug, in PROTOCOL.md's order, then issue 37's findings.
     /// [`Bug::StalePullReplaces`] is not in it: with follower pulls the smallest model that shows
     /// it is too large for the checker within minutes (decisions/019).
-    pub const ALL: [Bug; 16] = [
+    pub const ALL: [Bug; 17] = [
         Bug::AckBeforeFsync,
         Bug::NoTermRecheck,
         Bug::CountOlderTerm,
@@ -161,6 +166,7 @@ impl Bug {
         Bug::ShipFollowerPrev,
         Bug::PullCheckThenRead,
         Bug::ResumeLostLeaderStart,
+        Bug::HaltOnStaleChunk,
     ];
 }
 
@@ -201,6 +207,8 @@ pub struct Bugs {
     pub pull_check_then_read: bool,
     /// See [`Bug::ResumeLostLeaderStart`].
     pub resume_lost_leader_start: bool,
+    /// See [`Bug::HaltOnStaleChunk`].
+    pub halt_on_stale_chunk: bool,
 }
 
 impl Bugs {
@@ -230,6 +238,7 @@ impl Bugs {
             Bug::ShipFollowerPrev => bugs.ship_follower_prev = true,
             Bug::PullCheckThenRead => bugs.pull_check_then_read = true,
             Bug::ResumeLostLeaderStart => bugs.resume_lost_leader_start = true,
+            Bug::HaltOnStaleChunk => bugs.halt_on_stale_chunk = true,
         }
         bugs
     }
@@ -1059,8 +1068,13 @@ impl ReplicationModel {
             }
         }
         let authoritative = !pull || adopting || names_leader;
-        let verdict =
-            if !authoritative && !self.bugs.stale_pull_replaces { append_only(verdict) } else { verdict };
+        let restricted = !authoritative
+            && !self.bugs.stale_pull_replaces
+            && !(self.bugs.halt_on_stale_chunk && matches!(verdict, Verdict::Halt { .. }));
+        if restricted && matches!(verdict, Verdict::Halt { .. }) && matches!(append_only(verdict.clone()), Verdict::Refuse { .. }) {
+            state.history.stale_chunk_refused = true;
+        }
+        let verdict = if restricted { append_only(verdict) } else { verdict };
         let (steps, matched, commit) = match verdict {
             Verdict::Accept { steps, matched, commit_now, commit } => {
                 // The code's WAL view holds only durable batches when the receiver decides (it waits
@@ -1076,11 +1090,9 @@ impl ReplicationModel {
                 (steps, matched, commit)
             }
             // A chunk that may not replace our batches (its sender did not hold office in its
-            // term) halts us all the same when it conflicts at or below our commit frontier:
-            // `append_only` keeps decide_ship's Halt. Such a chunk says nothing about the leader's
-            // log (its sender may hold an uncommitted suffix of an older term), so this halt is
-            // not a protocol violation but a refusal taken for one: recorded apart (a finding of
-            // this model, decisions/006), not as a broken rule.
+            // term) says nothing about the leader's log: `append_only` refuses it even where it
+            // conflicts at or below our commit frontier. A halt on such a chunk (the planted bug
+            // HaltOnStaleChunk; or two logs in one term) is recorded apart from `Halted`.
             Verdict::Halt { .. } if !authoritative => {
                 return state.history.broken.insert(Broken::HaltedOnChunk(to));
             }

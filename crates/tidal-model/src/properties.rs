@@ -14,7 +14,7 @@ use crate::model::{Mode, ReplicationModel};
 use crate::state::{id, Broken, ModelState, Role};
 
 /// Names of the safety properties (a discovery of one of these is a violation).
-pub const SAFETY: [&str; 14] = [
+pub const SAFETY: [&str; 15] = [
     NO_ACKED_WRITE_LOST,
     NO_COMMITTED_BATCH_LOST,
     LEADER_COMPLETENESS,
@@ -29,6 +29,7 @@ pub const SAFETY: [&str; 14] = [
     APPLIED_IS_COMMITTED,
     QUARANTINE_UNCOMMITTED,
     LEADER_HOLDS_PREV,
+    NO_HALT_ON_STALE_CHUNK,
 ];
 
 /// Quorum mode: every acknowledged write is in the log of every leader of its term or later, at the
@@ -110,14 +111,17 @@ pub const SOMETIMES_HANDED_OVER: &str = "sometimes: a restored office is handed 
 /// Reached: a pull's reader opened after its source's log stopped holding the checked `prev` and
 /// answered Diverged (issue 37, finding 2: the window between the check and the read).
 pub const SOMETIMES_PULL_PREV_GONE: &str = "sometimes: a pull's prev leaves its source's log before the read";
-/// Reached (a finding of this model, issue 37; decisions/006): a follower halts on a pulled chunk
-/// from a node that did not hold office in the chunk's term. The follower pulled from a newly
-/// elected node while it was taking office; the chunk (of that node's log before it adopted
-/// another) is taken only after the follower committed the new leader's log, and it conflicts at
-/// or below that commit: decide_ship halts and `append_only` keeps the halt, where a refusal was
-/// due. Quorum mode must never halt (harness/sim's check): a stall, not a divergence.
-pub const SOMETIMES_HALT_ON_STALE_CHUNK: &str =
-    "sometimes: a follower halts on a chunk from a node not in office (finding)";
+/// Reached (issue 37; decisions/006): a follower refuses a pulled chunk from a node that did not
+/// hold office in the chunk's term where the chunk conflicts at or below its commit frontier. The
+/// follower pulled from a newly elected node while it was taking office; the chunk (of that node's
+/// log before it adopted another) arrives only after the follower committed the new leader's log.
+pub const SOMETIMES_STALE_CHUNK_REFUSED: &str =
+    "sometimes: a follower refuses a chunk from a node not in office below its commit";
+/// Always (both modes; found by this model, issue 37): a pulled chunk from a node that did not
+/// hold office in its term never halts its receiver. Such a chunk proves nothing about the leader's
+/// log (its sender may hold an uncommitted suffix of an older term), so a conflict with it is a
+/// refusal (`append_only`); a halt there stalls a follower for nothing, in quorum mode for good.
+pub const NO_HALT_ON_STALE_CHUNK: &str = "a chunk from a node not in office never halts its receiver";
 /// Reached in leader mode only (PROTOCOL.md "leader mode loses an acknowledged tail").
 pub const SOMETIMES_LEADER_MODE_LOSS: &str = "sometimes: leader mode loses an acknowledged write";
 
@@ -163,6 +167,9 @@ pub fn all() -> Vec<Property<ReplicationModel>> {
         Property::always(LEADER_HOLDS_PREV, |_, s: &ModelState| {
             !s.history.broken.iter().any(|b| matches!(b, Broken::UnheldPrev(_)))
         }),
+        Property::always(NO_HALT_ON_STALE_CHUNK, |_, s: &ModelState| {
+            !s.history.broken.iter().any(|b| matches!(b, Broken::HaltedOnChunk(_)))
+        }),
         Property::sometimes(SOMETIMES_ACKED, |_, s: &ModelState| !s.history.acked.is_empty()),
         Property::sometimes(SOMETIMES_LEADER_CHANGE, |_, s: &ModelState| s.history.served_by.len() >= 2),
         Property::sometimes(SOMETIMES_QUARANTINE, |_, s: &ModelState| s.history.quarantined),
@@ -171,9 +178,7 @@ pub fn all() -> Vec<Property<ReplicationModel>> {
         }),
         Property::sometimes(SOMETIMES_HANDED_OVER, |_, s: &ModelState| s.history.handed_over),
         Property::sometimes(SOMETIMES_PULL_PREV_GONE, |_, s: &ModelState| s.history.pull_prev_gone),
-        Property::sometimes(SOMETIMES_HALT_ON_STALE_CHUNK, |m: &ReplicationModel, s: &ModelState| {
-            m.mode == Mode::Quorum && s.history.broken.iter().any(|b| matches!(b, Broken::HaltedOnChunk(_)))
-        }),
+        Property::sometimes(SOMETIMES_STALE_CHUNK_REFUSED, |_, s: &ModelState| s.history.stale_chunk_refused),
         Property::sometimes(SOMETIMES_LEADER_MODE_LOSS, |m: &ReplicationModel, s: &ModelState| {
             m.mode == Mode::Leader && !acked_writes_held(s)
         }),

@@ -307,6 +307,9 @@ pub struct History {
     /// A pull's reader opened after its source's log stopped holding the checked `prev` (a
     /// quarantine and refill in between) and answered Diverged (`Wal::read_raw_after`).
     pub pull_prev_gone: bool,
+    /// A follower refused a pulled chunk from a node not in office that conflicted with its log at
+    /// or below its commit frontier (`append_only`; the planted bug HaltOnStaleChunk halts there).
+    pub stale_chunk_refused: bool,
     /// Rules broken at a transition.
     pub broken: BTreeSet<Broken>,
 }
@@ -345,9 +348,8 @@ pub enum Broken {
     /// A receiver halted (decide_ship refused to quarantine at or below its commit).
     Halted(NodeId),
     /// A follower halted on a pulled chunk from a node not in office in the chunk's term (which
-    /// may only append): decide_ship's Halt, kept by `append_only`. Not a broken rule of the
-    /// protocol (such a chunk never proves a conflict with the leader's log) but a halt it does
-    /// not call for: reported as reached, not as a violation (decisions/006).
+    /// may only append). Such a chunk never proves a conflict with the leader's log, so the halt
+    /// stalls a follower for nothing (a violation since issue 37; decisions/006).
     HaltedOnChunk(NodeId),
     /// A node sent a ship or served a pulled chunk whose `prev` its own log did not hold
     /// (production counts it as `unheld_prev`: a bug).

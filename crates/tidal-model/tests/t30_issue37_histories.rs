@@ -6,7 +6,9 @@
 #![allow(clippy::unwrap_used)]
 
 use stateright::Model;
-use tidal_model::properties::{LEADER_HOLDS_PREV, LOG_MATCHING, SAFETY, SOMETIMES_HALT_ON_STALE_CHUNK};
+use tidal_model::properties::{
+    LEADER_HOLDS_PREV, LOG_MATCHING, NO_HALT_ON_STALE_CHUNK, SAFETY, SOMETIMES_STALE_CHUNK_REFUSED,
+};
 use tidal_model::state::{Message, ModelState};
 use tidal_model::{Bug, Bugs, Mode, ReplicationModel};
 use tidal_types::{Seqno, Term, TermSeqno};
@@ -174,10 +176,11 @@ fn finding_3_a_restored_office_whose_leader_start_was_lost() {
 
 /// A finding of this model (decisions/006): n2 pulls from n1 while n1 is taking office in term 3;
 /// n1's reader serves its log of then ((t1,1)); n1 adopts n2's log, opens, and n2 commits (t3,2);
-/// the stale chunk then conflicts below n2's commit and decide_ship halts n2 (`append_only` keeps
-/// the Halt). Quorum mode must never halt. Pinned as reached until the rule changes.
+/// the stale chunk then conflicts below n2's commit. At 58e6e09 decide_ship halted n2 and
+/// `append_only` kept the Halt (the planted bug HaltOnStaleChunk): quorum mode halted for good. Now
+/// the chunk is refused and n2 goes on.
 #[test]
-fn a_chunk_from_a_node_taking_office_halts_a_follower_that_committed_since() {
+fn a_chunk_from_a_node_taking_office_is_refused_by_a_follower_that_committed_since() {
     let model = ReplicationModel { max_crashes: 0, ..ReplicationModel::three(3, 0, Mode::Quorum) };
     let steps = [
         "n1: elected, votes {n1,n3}",
@@ -204,14 +207,18 @@ fn a_chunk_from_a_node_taking_office_halts_a_follower_that_committed_since() {
         "n2: gets ship {t3, prev (t3, 2), [], commit 2}",
         "n2: gets chunk {t3, prev (t0, 0), [1:t1]",
     ];
+    let planted = ReplicationModel { bugs: Bugs::one(Bug::HaltOnStaleChunk), ..model.clone() };
+    let states = replay(&planted, &steps);
+    assert_eq!(broken(&planted, states.last().unwrap()), vec![NO_HALT_ON_STALE_CHUNK]);
     let states = replay(&model, &steps);
     let last = states.last().unwrap();
     assert_eq!(last.nodes[1].commit, Seqno(2));
+    assert!(last.history.stale_chunk_refused, "the stale chunk is refused");
     let reached = model
         .properties()
         .into_iter()
-        .find(|p| p.name == SOMETIMES_HALT_ON_STALE_CHUNK)
+        .find(|p| p.name == SOMETIMES_STALE_CHUNK_REFUSED)
         .map(|p| (p.condition)(&model, last));
     assert_eq!(reached, Some(true));
-    assert!(states.iter().all(|s| broken(&model, s).is_empty()), "a halt, not a broken safety property");
+    assert!(states.iter().all(|s| broken(&model, s).is_empty()), "no halt, no broken safety property");
 }

@@ -106,7 +106,9 @@ pub enum Verdict {
     },
     /// Accepting would break a safety rule; the receiver must stop loudly.
     Halt {
-        /// Why.
+        /// Which rule.
+        cause: HaltCause,
+        /// Why, with the positions.
         reason: String,
     },
     /// Advance commit to `commit_now` at once, perform `steps` in order, fsync, re-check the term,
@@ -123,6 +125,23 @@ pub enum Verdict {
         commit_now: Seqno,
         /// New commit frontier after the fsync: `max(ours, min(sender's, matched))`.
         commit: Seqno,
+    },
+}
+
+/// Why a message halts its receiver.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HaltCause {
+    /// A batch of the message starts where one of ours of the same term starts but ends elsewhere:
+    /// batches of one term are byte-identical on every node, so two logs hold that term. Whoever
+    /// sent it, log matching is broken.
+    OneTermTwoLogs,
+    /// The message conflicts with our log at or below our commit frontier: accepting it would
+    /// quarantine committed (maybe applied) batches. From a sender whose log is the leader's, a
+    /// protocol bug in quorum mode and a lost acknowledged tail in leader mode; from a sender that
+    /// did not hold office in its term, no proof of anything ([`append_only`] refuses it).
+    ReplacesCommitted {
+        /// The first of our batches the message would replace.
+        at: Seqno,
     },
 }
 
@@ -202,6 +221,7 @@ pub fn decide_ship(log: &impl LogView, ship: &ShipMeta, quorum: bool) -> Verdict
             Located::In { term, first, last } if first == batch.first && term == batch.term => {
                 if last != batch.last {
                     return Verdict::Halt {
+                        cause: HaltCause::OneTermTwoLogs,
                         reason: format!(
                             "our batch at {} of term {term} ends at {last}, the sender's at {}: one term, two logs",
                             batch.first, batch.last
@@ -222,6 +242,7 @@ pub fn decide_ship(log: &impl LogView, ship: &ShipMeta, quorum: bool) -> Verdict
                         "leader mode lost them; install a snapshot"
                     };
                     return Verdict::Halt {
+                        cause: HaltCause::ReplacesCommitted { at: batch.first },
                         reason: format!(
                             "would quarantine committed seqno {} (commit {}) held with term {term}, sender has {}: {why}",
                             batch.first,
@@ -260,29 +281,40 @@ pub fn decide_ship(log: &impl LogView, ship: &ShipMeta, quorum: bool) -> Verdict
 
 /// Restricts a verdict for a message whose sender may not hold the log of the message's term: a
 /// pulled chunk from a node that is not in office in that term (a follower, or a deposed leader whose
-/// leader hint is stale). Such a node may still hold an uncommitted suffix of an older term that the
-/// leader has not replaced on it yet. Its chunk may add batches past our log (commit from it is capped
-/// by the sender's commit, and what the sender committed is the leader's log), but it must never
-/// replace ours: the batches it would quarantine may be the leader's, acked by us and counted toward
-/// commit (and, with commit notices, covered by `matched`). Found by the simulation (chaos 114,
-/// decisions/019). Only the leader's ships, a pull from the node in office, and the pull of a leader
-/// adopting the log it chose (taking office, step 3) may quarantine.
+/// leader hint is stale, or a node still taking office). Such a node may still hold an uncommitted
+/// suffix of an older term that the leader has not replaced on it yet. Its chunk may add batches
+/// past our log (commit from it is capped by the sender's commit, and what the sender committed is
+/// the leader's log), but it must never replace ours: the batches it would quarantine may be the
+/// leader's, acked by us and counted toward commit (and, with commit notices, covered by `matched`).
+/// Found by the simulation (chaos 114, decisions/019). Only the leader's ships, a pull from the node
+/// in office, and the pull of a leader adopting the log it chose (taking office, step 3) may
+/// quarantine.
+///
+/// The same holds where the chunk conflicts at or below our commit frontier: from such a sender the
+/// conflict proves nothing about the leader's log, so it is refused like any other replacement, not
+/// a halt (found by the model check, issue 37: a follower pulled from a node taking office, committed
+/// the new leader's log, then got the node's pre-adoption chunk). A batch of one term with other
+/// boundaries still halts: that is two logs in one term whoever sends it.
 pub fn append_only(verdict: Verdict) -> Verdict {
+    match replaced_from(&verdict) {
+        Some(seqno) => Verdict::Refuse {
+            reason: format!("a chunk from a node not in office in its term would replace our batches from {seqno}"),
+        },
+        None => verdict,
+    }
+}
+
+/// Where the verdict would replace our log: the first quarantined seqno of an acceptance, or the
+/// conflicting committed seqno of a [`HaltCause::ReplacesCommitted`] halt. A chunk whose sender may
+/// not hold its term's log is refused exactly when this is `Some` ([`append_only`]).
+pub fn replaced_from(verdict: &Verdict) -> Option<Seqno> {
     match verdict {
-        Verdict::Accept { ref steps, .. } => {
-            match steps.iter().find_map(|step| match step {
-                Step::QuarantineFrom(seqno) => Some(*seqno),
-                _ => None,
-            }) {
-                Some(seqno) => Verdict::Refuse {
-                    reason: format!(
-                        "a chunk from a node not in office in its term would replace our batches from {seqno}"
-                    ),
-                },
-                None => verdict,
-            }
-        }
-        other => other,
+        Verdict::Accept { steps, .. } => steps.iter().find_map(|step| match step {
+            Step::QuarantineFrom(seqno) => Some(*seqno),
+            _ => None,
+        }),
+        Verdict::Halt { cause: HaltCause::ReplacesCommitted { at }, .. } => Some(*at),
+        _ => None,
     }
 }
 
@@ -434,8 +466,11 @@ mod tests {
         // lost acknowledged writes that need a snapshot (decisions/006). Nothing is written.
         let l = log(2, vec![b(1, 100, 1), b(101, 105, 1)], 105);
         let s = ship(2, pos(1, 100), vec![b(101, 101, 2)], 101);
-        assert!(matches!(decide_ship(&l, &s, true), Verdict::Halt { .. }));
-        assert!(matches!(decide_ship(&l, &s, false), Verdict::Halt { .. }));
+        for quorum in [true, false] {
+            let verdict = decide_ship(&l, &s, quorum);
+            let cause = HaltCause::ReplacesCommitted { at: Seqno(101) };
+            assert!(matches!(verdict, Verdict::Halt { cause: c, .. } if c == cause), "{verdict:?}");
+        }
         // The same tail, uncommitted: quarantined and replaced in both modes.
         let l = log(2, vec![b(1, 100, 1), b(101, 105, 1)], 100);
         for quorum in [true, false] {
@@ -450,7 +485,11 @@ mod tests {
     fn a_batch_starting_inside_ours_refuses_the_whole_message() {
         let l = log(1, vec![b(1, 10, 1), b(11, 20, 1)], 0);
         let verdict = decide_ship(&l, &ship(1, pos(1, 10), vec![b(11, 15, 1)], 0), true);
-        assert!(matches!(verdict, Verdict::Halt { .. }), "same term, different boundaries: {verdict:?}");
+        let two_logs = matches!(verdict, Verdict::Halt { cause: HaltCause::OneTermTwoLogs, .. });
+        assert!(two_logs, "same term, different boundaries: {verdict:?}");
+        // Whoever sends it: two logs in one term is never a mere refusal.
+        let verdict = append_only(decide_ship(&l, &ship(1, pos(1, 10), vec![b(11, 15, 1)], 0), true));
+        assert!(matches!(verdict, Verdict::Halt { cause: HaltCause::OneTermTwoLogs, .. }), "{verdict:?}");
         let l = log(2, vec![b(1, 10, 1), b(11, 20, 1)], 0);
         let verdict = decide_ship(&l, &ship(2, pos(1, 5), vec![b(6, 15, 2)], 0), true);
         assert!(matches!(verdict, Verdict::Refuse { .. }), "{verdict:?}");
@@ -495,5 +534,21 @@ mod tests {
         // Refusals pass through unchanged.
         let verdict = append_only(decide_ship(&l, &ship(2, pos(2, 9), vec![], 9), true));
         assert!(matches!(verdict, Verdict::Fenced { .. }), "{verdict:?}");
+    }
+
+    #[test]
+    fn a_chunk_from_a_node_not_in_office_that_conflicts_below_our_commit_is_refused_not_a_halt() {
+        // The model check's history (issue 37): we committed 1 of term 2 and 2 of term 3 (the new
+        // leader's log); a chunk served by that leader before it adopted term 2's log (while it was
+        // taking office) brings 1 of term 1.
+        let l = log(3, vec![b(1, 1, 2), b(2, 2, 3)], 2);
+        let stale = ship(3, pos(0, 0), vec![b(1, 1, 1)], 0);
+        for quorum in [true, false] {
+            let verdict = decide_ship(&l, &stale, quorum);
+            assert_eq!(replaced_from(&verdict), Some(Seqno(1)), "{verdict:?}");
+            assert!(matches!(verdict, Verdict::Halt { .. }), "from the leader it halts: {verdict:?}");
+            let verdict = append_only(verdict);
+            assert!(matches!(verdict, Verdict::Refuse { .. }), "from a node not in office: {verdict:?}");
+        }
     }
 }

@@ -7,7 +7,9 @@ pub mod office;
 pub mod ship;
 
 pub use commit::{commit_frontier, lease_holds, Quorum};
-pub use follower::{append_only, decide_ship, BatchMeta, Located, LogView, ShipMeta, Step, Verdict};
+pub use follower::{
+    append_only, decide_ship, replaced_from, BatchMeta, HaltCause, Located, LogView, ShipMeta, Step, Verdict,
+};
 pub use office::{
     answer_probe, divergence_point, plan_office, resumes_a_term, term_at, transfer_target, OfficePlan,
     OwnLog, ProbeAnswer,
