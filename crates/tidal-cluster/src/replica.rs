@@ -350,6 +350,8 @@ pub struct Replica {
     writes_in_flight: Arc<std::sync::atomic::AtomicUsize>,
     /// Refused replication input by class (metrics): see [`Replica::refusals`].
     refusals: Mutex<BTreeMap<&'static str, u64>>,
+    /// Offices given up past the office deadline (metrics): see [`Replica::handovers`].
+    handovers: AtomicU64,
     /// Follower: the leader's commit notices and how far our log is known to match its log.
     leader_commit: Mutex<LeaderCommit>,
     /// Commit-notice counters (metrics): see [`NoticeStats`].
@@ -516,6 +518,7 @@ impl Replica {
             handing_to: AtomicU64::new(0),
             writes_in_flight: Arc::new(std::sync::atomic::AtomicUsize::new(0)),
             refusals: Mutex::new(BTreeMap::new()),
+            handovers: AtomicU64::new(0),
             leader_commit: Mutex::new(LeaderCommit::default()),
             notice_stats: Default::default(),
             fatal,
@@ -647,8 +650,15 @@ impl Replica {
     /// `diverged` (its `prev` is not in our log), `overlap` (a batch starting inside one of ours),
     /// `stale_source` (a pulled chunk from a node not in office would replace our batches),
     /// `halted` (it would quarantine committed seqnos), `append_failed` (our WAL refused it).
+    /// `stale_source` also covers such a chunk that conflicts at or below our commit frontier.
     pub fn refusals(&self) -> BTreeMap<&'static str, u64> {
         self.refusals.lock().expect("refusals lock is never held across a panic").clone()
+    }
+
+    /// How many offices this node gave up because it could not take them within the office deadline
+    /// (it asked the voter with the greatest log to stand instead; PROTOCOL.md, "Taking office").
+    pub fn handovers(&self) -> u64 {
+        self.handovers.load(Ordering::SeqCst)
     }
 
     fn count_refusal(&self, class: &'static str) {

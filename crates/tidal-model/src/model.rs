@@ -1071,7 +1071,10 @@ impl ReplicationModel {
         let restricted = !authoritative
             && !self.bugs.stale_pull_replaces
             && !(self.bugs.halt_on_stale_chunk && matches!(verdict, Verdict::Halt { .. }));
-        if restricted && matches!(verdict, Verdict::Halt { .. }) && matches!(append_only(verdict.clone()), Verdict::Refuse { .. }) {
+        if restricted
+            && matches!(verdict, Verdict::Halt { .. })
+            && matches!(append_only(verdict.clone()), Verdict::Refuse { .. })
+        {
             state.history.stale_chunk_refused = true;
         }
         let verdict = if restricted { append_only(verdict) } else { verdict };

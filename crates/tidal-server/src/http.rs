@@ -1125,6 +1125,13 @@ async fn metrics(State(state): State<Arc<AppState>>) -> Response {
             "Wall time of those pulls, from the request to the last chunk durable here.",
             pulls.seconds,
         );
+        render_single(
+            &mut out,
+            "tidal_office_handovers_total",
+            "counter",
+            "Offices this node won but could not take within the office deadline, and handed to the voter with the greatest log.",
+            replica.handovers() as f64,
+        );
         let refusals = replica.refusals();
         out.push_str(
             "# HELP tidal_replication_refusals_total Replication input this node refused, by reason (see docs/OPERATIONS.md).\n",

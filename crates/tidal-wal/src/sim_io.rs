@@ -24,6 +24,8 @@ use crate::io::{FileIo, WalFile};
 
 /// "Too many open files" (Linux and the BSDs).
 const EMFILE: i32 = 24;
+/// "Input/output error" (Linux errno 5): what a read of an unreadable sector returns.
+const EIO: i32 = 5;
 
 /// What a crash does to bytes written but not yet synced.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -65,6 +67,8 @@ struct SimState {
     /// While set, every call that needs a new file descriptor fails with EMFILE (see
     /// [`SimIo::fail_opens`]).
     fail_opens: bool,
+    /// While set, every read fails with EIO (see [`SimIo::fail_reads`]).
+    fail_reads: bool,
     /// Mutating operations so far (writes, syncs, truncations, creations, renames, removals).
     ops: u64,
     /// Crash when `ops` reaches this count.
@@ -255,6 +259,13 @@ impl SimIo {
         self.lock().fail_opens = fail;
     }
 
+    /// While `fail` is set, every read of a file's bytes fails with EIO (a disk that can no longer
+    /// read what it holds: a bad sector, a failing controller); writes and syncs go on. Not
+    /// cleared by a crash: the knob is the test's to turn off.
+    pub fn fail_reads(&self, fail: bool) {
+        self.lock().fail_reads = fail;
+    }
+
     /// Simulates a power loss and restart (see the module docs). Old handles fail from now on.
     pub fn crash(&self, mode: CrashMode) {
         self.lock().crash(mode);
@@ -415,7 +426,13 @@ impl FileIo for SimIo {
     }
 
     fn read_all(&self, path: &Path) -> io::Result<Vec<u8>> {
-        self.lock().take_open_fault()?;
+        {
+            let state = self.lock();
+            state.take_open_fault()?;
+            if state.fail_reads {
+                return Err(io::Error::from_raw_os_error(EIO));
+            }
+        }
         self.file_bytes(path)
     }
 

@@ -457,3 +457,30 @@ fn a_new_term_or_a_purge_without_a_file_descriptor_does_not_poison() {
     assert_eq!(recovery.durable, Seqno(21));
     assert_eq!(wal.term_history(), vec![entry(1, 1), entry(2, 21)]);
 }
+
+/// A disk that cannot read what it holds (EIO: a bad sector, a failing controller) fails the
+/// readers (a pull a peer is served, a catch-up), not the log: appends go on, nothing is poisoned,
+/// and once reads work again the readers see one contiguous log. A leader taking office relies on
+/// it: its source's failing pull must not take the source down with it (issue 37, finding 7).
+#[test]
+fn an_unreadable_disk_fails_the_readers_and_not_the_log() {
+    let io = SimIo::new();
+    let (wal, _, recorded) = open(&io, small_config(200), &clock());
+    wal.set_term(Term(1));
+    for index in 0..4u8 {
+        wal.append_blocking(request(RecordKind::Signal, 1, &[index; 40])).unwrap();
+    }
+    io.fail_reads(true);
+    let failed = wal.read_from(Seqno(1)).and_then(|mut reader| reader.next().transpose());
+    assert!(failed.is_err(), "a read of an unreadable disk must fail: {failed:?}");
+    let prev = tidal_types::TermSeqno { term: Term(1), seqno: Seqno(1) };
+    let raw = wal.read_raw_after(prev).and_then(|mut reader| reader.next_run(1 << 20).map(|_| ()));
+    assert!(raw.is_err(), "a pull's reader of an unreadable disk must fail");
+    let appended = wal.append_blocking(request(RecordKind::Signal, 1, b"while reads fail")).unwrap();
+    assert_eq!(appended.first, Seqno(5));
+    assert!(!wal.is_poisoned());
+    io.fail_reads(false);
+    let acked = recorded.batches();
+    assert_eq!(read_all(&wal, 1), acked);
+    assert_chain_from_one(&acked);
+}

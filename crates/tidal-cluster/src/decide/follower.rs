@@ -298,7 +298,9 @@ pub fn decide_ship(log: &impl LogView, ship: &ShipMeta, quorum: bool) -> Verdict
 pub fn append_only(verdict: Verdict) -> Verdict {
     match replaced_from(&verdict) {
         Some(seqno) => Verdict::Refuse {
-            reason: format!("a chunk from a node not in office in its term would replace our batches from {seqno}"),
+            reason: format!(
+                "a chunk from a node not in office in its term would replace our batches from {seqno}"
+            ),
         },
         None => verdict,
     }

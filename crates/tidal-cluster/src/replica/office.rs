@@ -372,6 +372,7 @@ impl Replica {
     /// needs no pull); the caller then switches our heartbeats off either way, so if the request
     /// fails the voters' lease runs out and they elect without us. Returns why we gave up.
     async fn hand_over(&self, term: Term) -> String {
+        self.handovers.fetch_add(1, Ordering::SeqCst);
         let answers = self.probe_all(term).await;
         let Some(target) = transfer_target(self.me, &answers, &self.commit.quorum()) else {
             return format!(
