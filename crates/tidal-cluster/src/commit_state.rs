@@ -1,8 +1,8 @@
 //! The commit frontier of a node, and on the leader the `matched` positions it is computed from.
 //!
 //! Delicate:
-//! - Only positions acknowledged IN THE CURRENT TERM count (PROTOCOL.md); the leader's own matched
-//!   is its durable position, recorded by the WAL hook after each fsync.
+//! - Only positions acknowledged IN THE CURRENT TERM count (PROTOCOL.md, "Quorum mode"); the
+//!   leader's own matched is its durable position, recorded by the WAL hook after each fsync.
 //! - The leader's commit never passes its own durable position: followers may hold and ack a drain
 //!   the leader shipped before its own fsync (decisions/023), which a crash of the leader can lose.
 //! - The frontier never decreases; each advance is handed to the applier (which applies nothing
@@ -42,7 +42,8 @@ pub struct CommitState {
     commit: watch::Sender<Seqno>,
     applier: ApplierSender,
     /// Leader mode: how long a majority's contact lets this leader commit (acknowledge) on its own
-    /// durable position (PROTOCOL.md; shorter than the minimum election timeout). `None`: no lease
+    /// durable position (PROTOCOL.md, "The leader-mode lease": shorter than the minimum election
+    /// timeout). `None`: no lease
     /// (quorum mode, where a majority's fsync is the proof).
     lease: Option<Duration>,
 }

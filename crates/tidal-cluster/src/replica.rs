@@ -13,8 +13,9 @@
 //! Delicate: the term lock ([`TermGate`]) serializes decide → append → fsync → ack with persisting a
 //! vote and answering a probe, so the log view the decision sees is exactly the durable log (the
 //! WAL's positions are durable-only) and an ack always names the term it was appended in. It is held
-//! across the fsync (simpler than PROTOCOL.md's release-and-re-check, and equally safe: no vote can
-//! slip between the append and the ack).
+//! across the fsync (simpler than releasing it for the fsync and re-checking the term after, the
+//! first design, and equally safe: no vote can slip between the append and the ack; PROTOCOL.md,
+//! "The term lock").
 
 mod members;
 mod office;

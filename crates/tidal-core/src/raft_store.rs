@@ -1,7 +1,7 @@
 //! The control plane's durable store: a small fjall database of its own (`DATA_DIR/raft`), holding
-//! openraft's vote, log and state-machine snapshot, and the commit hint (DESIGN.md, "Control
-//! plane": openraft's storage is a fjall-backed store that tidal-core exposes and tidal-cluster
-//! adapts).
+//! openraft's vote, log and state-machine snapshot, and the commit hint (openraft's storage is a
+//! fjall-backed store that tidal-core exposes and tidal-cluster adapts; the vote's rules are in
+//! PROTOCOL.md, "The term lock").
 //!
 //! Its own database, not a keyspace of the engine's: openraft calls the store inline on its core
 //! task, and a keyspace in the engine's database shared that database's journal and write stalls

@@ -146,7 +146,7 @@ pub enum Bug {
 }
 
 impl Bug {
-    /// Every planted bug, in PROTOCOL.md's order, then issue 37's findings.
+    /// Every planted bug, in PROTOCOL.md's order ("The planted violations"), then issue 37's findings.
     /// [`Bug::StalePullReplaces`] is not in it: with follower pulls the smallest model that shows
     /// it is too large for the checker within minutes (decisions/019).
     pub const ALL: [Bug; 17] = [

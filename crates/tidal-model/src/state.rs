@@ -59,7 +59,8 @@ pub struct NodeState {
     pub applied: Seqno,
     /// What the node is doing.
     pub role: Role,
-    /// Accepted messages waiting for the fsync before their ack (PROTOCOL.md shipping step 4).
+    /// Accepted messages waiting for the fsync before their ack (PROTOCOL.md, "Shipping and
+    /// pulling", step 4).
     pub unsynced: BTreeSet<PendingAck>,
     /// Follower (in memory): the leader's commit notices and how far a live ship of that term
     /// matched: once written (decisions/025), or after its fsync (decisions/016, the rule before).

@@ -323,8 +323,8 @@ async fn read_barrier(state: &AppState, query: &Option<String>) -> AppResult<u64
     match query_param(query, "consistency") {
         None | Some("applied") => {}
         Some("linearizable") => {
-            // ReadIndex (PROTOCOL.md): a follower forwarded this read to the leader already; here
-            // the leader confirms it still leads and waits until it has applied the read index.
+            // ReadIndex (PROTOCOL.md, "Reads"): a follower forwarded this read to the leader already;
+            // here the leader confirms it still leads and waits until it has applied the read index.
             let index = match node.replica() {
                 Some(replica) => replica
                     .read_index()

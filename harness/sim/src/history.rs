@@ -1,7 +1,7 @@
-//! The client history of register keys and its linearizability check (DESIGN.md invariant 1's
-//! read side; issue 5, item 6), with stateright's `LinearizabilityTester` over its register
-//! semantics, one tester per key (linearizability is local: a history is linearizable iff each
-//! key's is).
+//! The client history of register keys and its linearizability check (the read side of invariant 1
+//! in PROTOCOL.md, "Invariants the simulation checks"; issue 5, item 6), with stateright's
+//! `LinearizabilityTester` over its register semantics, one tester per key (linearizability is
+//! local: a history is linearizable iff each key's is).
 //!
 //! An operation is invoked before its first request is sent and returns after its final answer:
 //! - a write acknowledged (2xx) returns `WriteOk`; a write whose outcome is unknown (503, 504,

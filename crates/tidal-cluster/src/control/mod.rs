@@ -1,4 +1,4 @@
-//! The control plane: openraft decides terms and membership (DESIGN.md, "Control plane").
+//! The control plane: openraft decides terms and membership (PROTOCOL.md, "Taking office").
 //!
 //! openraft's log holds only control entries (membership, `LeaderStart`); the data rides the WAL.
 //! Its storage is the node's fjall `raft` keyspace ([`store`]), its network the replication

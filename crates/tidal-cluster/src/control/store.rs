@@ -204,8 +204,9 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         .map_err(|e| e.to_string())
         .and_then(|written| written);
         if let Err(why) = saved {
-            // Fatal (PROTOCOL.md): after a failed fsync nothing says what the disk holds; the term is
-            // not raised (nothing is answered by it) and openraft's core stops on this error.
+            // Fatal (PROTOCOL.md, "Storage errors"): after a failed fsync nothing says what the disk
+            // holds; the term is not raised (nothing is answered by it) and openraft's core stops on
+            // this error.
             self.fatal.raise(FatalSource::Vote, format!("persist the vote {vote}: {why}"));
             return Err(StorageIOError::write_vote(&std::io::Error::other(why)).into());
         }
@@ -430,7 +431,7 @@ mod tests {
     use openraft::Vote;
 
     /// The replication protocol names a batch by (term, seqno) and relies on ONE leader per term
-    /// (PROTOCOL.md, log matching). openraft's default mode orders votes by (term, node id), so a
+    /// (PROTOCOL.md, "Log matching"). openraft's default mode orders votes by (term, node id), so a
     /// voter that granted T1-N1 would then grant T1-N2 and two leaders would write different
     /// batches at the same (term, seqno); the simulation found exactly that (decisions/008). The
     /// `single-term-leader` feature gives the standard rule; this test breaks if it is dropped.

@@ -16,8 +16,8 @@ use tidal_types::{NodeId, Seqno, Term, TermSeqno};
 
 use super::commit::Quorum;
 
-/// A node's answer to a probe of term `probe_term` (PROTOCOL.md step 2). Answered with the DURABLE
-/// last position.
+/// A node's answer to a probe of term `probe_term` (PROTOCOL.md, "Taking office",
+/// step 2). Answered with the DURABLE last position.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum ProbeAnswer {
     /// Our term is below the probe's: openraft has not told us yet; the prober retries.

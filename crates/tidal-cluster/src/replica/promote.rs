@@ -283,9 +283,10 @@ impl Replica {
         control.raft().trigger().elect().await.map_err(|e| format!("openraft: {e}"))
     }
 
-    /// The read index of a linearizable read (ReadIndex, PROTOCOL.md): the commit frontier when the
-    /// read arrived, returned once a quorum has confirmed this node still leads that term. Reading
-    /// the applied state at or after it observes every write acknowledged before the read began.
+    /// The read index of a linearizable read (ReadIndex; PROTOCOL.md, "Reads"): the commit frontier
+    /// when the read arrived, returned once a quorum has confirmed this node still leads that term.
+    /// Reading the applied state at or after it observes every write acknowledged before the read
+    /// began.
     pub async fn read_index(&self) -> Result<Seqno, String> {
         let control = self.control.get().ok_or("the control plane has not started yet")?;
         let Some(term) = *self.serving.borrow() else {

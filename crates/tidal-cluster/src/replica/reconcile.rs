@@ -1,4 +1,4 @@
-//! Hard-negatives anti-entropy (DESIGN.md: the one piece of data outside the log).
+//! Hard-negatives anti-entropy (the one piece of data outside the log; docs/glossary.md).
 //!
 //! Hard negatives are an ORSWOT CRDT accepted on any node. Every [`RECONCILE_INTERVAL`] (and on
 //! `POST /cluster/reconcile`) a node compares its negatives digest with each peer's and, where they
