@@ -9,11 +9,11 @@
 //!   above it) and published to the ShipQueues (which carry it to followers).
 
 use crate::applier::ApplierSender;
-use crate::decide::{commit_frontier, lease_holds, Quorum};
 use crate::spec::Durability;
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 use std::time::Duration;
+use tidal_protocol::{commit_frontier, lease_holds, Quorum};
 use tidal_types::{NodeId, Seqno, Term, TermSeqno};
 use tokio::sync::watch;
 // tokio's clock: simulated under turmoil, std's in production.
@@ -218,7 +218,9 @@ impl CommitState {
 
     fn contact_within(&self, matched: &Matched, within: Duration) -> bool {
         let quorum = self.quorum.lock().expect("quorum lock is never held across a panic");
-        lease_holds(&quorum, self.me, &matched.contacts, Instant::now(), within)
+        let now = Instant::now();
+        let ages = matched.contacts.iter().map(|(node, sent)| (*node, now.saturating_duration_since(*sent)));
+        lease_holds(&quorum, self.me, ages, within)
     }
 
     /// Follower: the leader's commit frontier, already capped at what this node holds.

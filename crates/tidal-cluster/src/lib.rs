@@ -1,9 +1,9 @@
 //! Tidal replication.
 //!
-//! - `decide`: the I/O-free decision core (the follower's acceptance rules, the leader's commit rule,
-//!   taking office) from PROTOCOL.md, as functions from state and message to a verdict. The
-//!   receiver, ShipQueues and the office runtime call these functions and only perform what they
-//!   decide (append, fsync, send, apply); the model check (crates/tidal-model) drives the same ones.
+//! The decisions are not here: they are pure functions in `tidal-protocol` (the follower's
+//! acceptance rules, the leader's commit rule, taking office, what a ShipQueue sends next). The
+//! receiver, ShipQueues and the office runtime of this crate call them and only perform what they
+//! decide (append, fsync, send, apply); the model check (crates/tidal-model) drives the same ones.
 //! - `control`: openraft (terms, votes, membership) over fjall and the replication transport.
 //! - `replica`: one node's replication side (ShipQueues, receiver, pull, office).
 #![deny(missing_docs)]
@@ -12,7 +12,6 @@ pub mod applier;
 pub mod blocking;
 pub mod commit_state;
 pub mod control;
-pub mod decide;
 pub mod fatal;
 pub mod files;
 pub mod replica;

@@ -29,10 +29,6 @@ pub use reconcile::{PeerReconcile, RECONCILE_INTERVAL};
 use crate::applier::{ApplierSender, DurableFrontier};
 use crate::commit_state::CommitState;
 use crate::control::{ControlPlane, ControlTiming, TermGate};
-use crate::decide::{
-    answer_probe, append_only, decide_ship, divergence_point, next_after, replaced_from, resume_after_gap,
-    waits_before_next, BatchMeta, Located, LogView, ProbeAnswer, Reply, ShipMeta, Step, Verdict,
-};
 use crate::ship_feed::{ShipFeed, TailRead};
 use crate::snapshot::{
     fetch_snapshot, install_fetched, FetchOutcome, InstallOutcome, SnapshotPins, SnapshotSource,
@@ -43,6 +39,11 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use std::time::Duration;
+use tidal_protocol::{
+    answer_probe, append_only, decide_ship, divergence_point, next_after, repairs_a_halt, replaced_from,
+    resume_after_gap, waits_before_next, BatchMeta, Located, LogView, ProbeAnswer, Reply, ShipMeta, Step,
+    Verdict,
+};
 // tokio's clock, not std's: the same instant in production (tokio reads std's clock), and the
 // simulated clock under turmoil, so heartbeat pacing, pull and install rate limits and the
 // promote/membership deadlines follow simulated time there (decisions/008, "Determinism").
@@ -1684,14 +1685,6 @@ impl Replica {
         });
         Ok(Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx)))
     }
-}
-
-/// Whether a halted receiver repairs itself from the sender's snapshot: in leader mode a halt means
-/// the leader's durability lost batches we had committed, which only its state repairs; the sender
-/// must hold office (it names itself leader). In quorum mode a halt is a protocol violation and
-/// stays, loudly, for a person to look at.
-fn repairs_a_halt(quorum: bool, names_leader: bool) -> bool {
-    !quorum && names_leader
 }
 
 /// How a pull's reader started.

@@ -9,6 +9,7 @@
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
+use tidal_protocol::{tail_start, TailStart};
 use tidal_types::{Seqno, Term, TermSeqno};
 use tidal_wal::Batch;
 use tokio::sync::watch;
@@ -157,52 +158,6 @@ impl Tail {
     }
 }
 
-/// Where a read of a tail after a position starts ([`tail_start`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum TailStart {
-    /// The tail holds the position, term included: ship its batches after it (none if it is the
-    /// tail's last position).
-    After,
-    /// The position is below the tail's base: what follows it has fallen off the front.
-    Rotated {
-        /// First seqno the tail still holds.
-        tail_first: Seqno,
-    },
-    /// Not a position of the tail: its base or last seqno with another term, past its end, or not
-    /// the end of one of its batches with the same term.
-    Unknown,
-}
-
-/// [`ShipFeed::read_after`]'s rule as a pure function of the tail: `base` is the position right
-/// before its front batch, `last` its last position (`base` when empty), and `batch_ending_at(s)`
-/// the term of the tail's batch whose last seqno is `s` (asked only for `base < s < last`). A
-/// ship may carry `after` as its `prev` only when this answers [`TailStart::After`]: the tail then
-/// holds `after` with its term, so the follower's prev check compares its log with ours
-/// (decisions/057). The model check (tidal-model) drives this function with its leaders' tails.
-pub fn tail_start(
-    after: TermSeqno,
-    base: TermSeqno,
-    last: TermSeqno,
-    batch_ending_at: impl Fn(Seqno) -> Option<Term>,
-) -> TailStart {
-    if after == last || after == base {
-        return TailStart::After;
-    }
-    if after.seqno < base.seqno {
-        return TailStart::Rotated { tail_first: base.seqno.next() };
-    }
-    if after.seqno == base.seqno || after.seqno >= last.seqno {
-        // The base or the end with another term, or past our end: not our log.
-        return TailStart::Unknown;
-    }
-    // Strictly inside the tail (base < after < last).
-    if batch_ending_at(after.seqno) == Some(after.term) {
-        TailStart::After
-    } else {
-        TailStart::Unknown
-    }
-}
-
 fn take(batches: &VecDeque<Batch>, start: usize, bytes_max: usize) -> Vec<Batch> {
     let mut out = Vec::new();
     let mut bytes = 0;
@@ -295,30 +250,6 @@ mod tests {
         assert_eq!(feed.read_after(at(1, 1), 1 << 20), TailRead::Rotated { tail_first: Seqno(4) });
         let TailRead::Batches(rest) = feed.read_after(at(1, 3), 1 << 20) else { panic!() };
         assert_eq!(rest.len(), 2);
-    }
-
-    /// The pure rule on its own, as the model check drives it: a tail `[(2,3) (3,4)]` after a base
-    /// `(1,2)`.
-    #[test]
-    fn tail_start_answers_after_only_for_positions_of_the_tail() {
-        let (base, last) = (at(1, 2), at(3, 4));
-        let ends = |seqno: Seqno| match seqno.get() {
-            3 => Some(Term(2)),
-            4 => Some(Term(3)),
-            _ => None,
-        };
-        for held in [at(1, 2), at(2, 3), at(3, 4)] {
-            assert_eq!(tail_start(held, base, last, ends), TailStart::After, "{held}");
-        }
-        assert_eq!(tail_start(at(1, 1), base, last, ends), TailStart::Rotated { tail_first: Seqno(3) });
-        assert_eq!(tail_start(at(0, 0), base, last, ends), TailStart::Rotated { tail_first: Seqno(3) });
-        for other in [at(2, 2), at(1, 3), at(2, 4), at(3, 5), at(4, 9)] {
-            assert_eq!(tail_start(other, base, last, ends), TailStart::Unknown, "{other}");
-        }
-        let empty = at(2, 7);
-        assert_eq!(tail_start(empty, empty, empty, |_| None), TailStart::After);
-        assert_eq!(tail_start(at(1, 7), empty, empty, |_| None), TailStart::Unknown, "finding 1: empty tail");
-        assert_eq!(tail_start(at(2, 6), empty, empty, |_| None), TailStart::Rotated { tail_first: Seqno(8) });
     }
 
     #[test]

@@ -4,7 +4,7 @@
 //! decides each message with `decide_ship`; a leader's commit is `commit_frontier` over a `Quorum`;
 //! taking office is `answer_probe` + `plan_office`, and `resumes_a_term` at its last step; a
 //! ShipQueue's next position is `next_after` of the follower's answer, and what its tail can ship
-//! after it is `ship_feed::tail_start`. The model only performs what they return (append,
+//! after it is `tidal_protocol::tail_start`. The model only performs what they return (append,
 //! quarantine, fsync, send, apply), as the production receiver does, and chooses everything else
 //! nondeterministically: who wins which election, when a node fsyncs, crashes, ships, pulls, and
 //! which message is delivered. Delicate:
@@ -56,12 +56,12 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 
 use stateright::{Model, Property};
-use tidal_cluster::decide::{
+use tidal_protocol::{
     answer_probe, append_only, commit_frontier, decide_ship, divergence_point, next_after, plan_office,
     resumes_a_term, BatchMeta, LogView, OfficePlan, OwnLog, ProbeAnswer, Quorum, Reply, ShipMeta, Step,
     Verdict,
 };
-use tidal_cluster::ship_feed::{tail_start, TailStart};
+use tidal_protocol::{tail_start, TailStart};
 use tidal_types::{NodeId, Seqno, Term, TermSeqno};
 
 use crate::properties;
@@ -1068,13 +1068,11 @@ impl ReplicationModel {
             }
         }
         let authoritative = !pull || adopting || names_leader;
-        let restricted = !authoritative
-            && !self.bugs.stale_pull_replaces
-            && !(self.bugs.halt_on_stale_chunk && matches!(verdict, Verdict::Halt { .. }));
-        if restricted
-            && matches!(verdict, Verdict::Halt { .. })
-            && matches!(append_only(verdict.clone()), Verdict::Refuse { .. })
-        {
+        let halt = matches!(verdict, Verdict::Halt { .. });
+        // The planted bugs: a stale chunk replaces our batches, or its halt is kept.
+        let unrestricted = self.bugs.stale_pull_replaces || (self.bugs.halt_on_stale_chunk && halt);
+        let restricted = !authoritative && !unrestricted;
+        if restricted && halt && matches!(append_only(verdict.clone()), Verdict::Refuse { .. }) {
             state.history.stale_chunk_refused = true;
         }
         let verdict = if restricted { append_only(verdict) } else { verdict };

@@ -7,7 +7,7 @@
 use std::collections::BTreeSet;
 
 use stateright::Property;
-use tidal_cluster::decide::Quorum;
+use tidal_protocol::Quorum;
 use tidal_types::{NodeId, Term};
 
 use crate::model::{Mode, ReplicationModel};

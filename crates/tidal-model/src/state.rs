@@ -8,7 +8,7 @@
 //! what some leader declared committed, rules broken at a transition) is kept in [`History`].
 
 use std::collections::{BTreeMap, BTreeSet};
-use tidal_cluster::decide::{Located, LogView, ProbeAnswer};
+use tidal_protocol::{Located, LogView, ProbeAnswer};
 use tidal_types::{NodeId, Seqno, Term, TermSeqno};
 
 /// The whole cluster at one instant.
@@ -171,7 +171,7 @@ pub enum Role {
         /// Client writes appended and not yet acknowledged.
         waiting: BTreeSet<Seqno>,
         /// Per follower, the position its ShipQueue ships after next (`ShipQueue`'s `after`): the
-        /// tail's last position when the term opens, then `tidal_cluster::decide::next_after` of
+        /// tail's last position when the term opens, then `tidal_protocol::next_after` of
         /// each answer (Matched with the ack, Gap and Diverged at once), or the tail's last again
         /// when the tail cannot serve it (the follower is nudged to pull).
         after: BTreeMap<NodeId, TermSeqno>,

@@ -7,7 +7,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::hash::{DefaultHasher, Hash, Hasher};
 
-use tidal_cluster::decide::ProbeAnswer;
+use tidal_protocol::ProbeAnswer;
 use tidal_types::NodeId;
 
 use crate::state::{index, Acked, Broken, Config, Message, ModelState, Network, NodeState, PendingAck, Role};

@@ -269,7 +269,7 @@ impl Redelivery {
                     ShipOutcome::NotYet => "redelivered_not_yet",
                     ShipOutcome::Gap(_) => "redelivered_gap",
                     ShipOutcome::Diverged(_) => "redelivered_diverged",
-                    // A halt (decide/follower.rs): the copy would have made the follower drop
+                    // A halt (tidal-protocol's follower.rs): the copy would have made the follower drop
                     // committed batches, or one term has two logs. The driver makes it a violation.
                     ShipOutcome::Refused(reason)
                         if reason.contains("would quarantine committed") || reason.contains("two logs") =>

@@ -633,7 +633,7 @@ async fn check_converged(workload: &Workload, shared: &Rc<RefCell<Shared>>, posi
     // - invariant 2, "through the log only": a snapshot install is the one path that carries item
     //   data outside the log (scenarios with `heal_via_log`);
     // - no halted receiver: a follower halts when accepting a message would quarantine committed
-    //   batches or when one term has two logs, which quorum mode must never see (decide/follower.rs).
+    //   batches or when one term has two logs, which quorum mode must never see (tidal-protocol's follower.rs).
     for node in 0..workload.nodes {
         let answer = request(&host(node), "GET", "/metrics", None, &[], REQUEST_TIMEOUT).await;
         let text = answer.ok().map(|answer| String::from_utf8_lossy(&answer.body).into_owned());

@@ -18,13 +18,13 @@
 
 use super::Replica;
 use crate::control::NodeInfo;
-use crate::decide::Quorum;
 use crate::spec::{ClusterSpec, NodeSpec};
 use openraft::ChangeMembers;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
+use tidal_protocol::Quorum;
 // tokio's clock, not std's: the same instant in production (tokio reads std's clock), and the
 // simulated clock under turmoil, so heartbeat pacing, pull and install rate limits and the
 // promote/membership deadlines follow simulated time there (decisions/008, "Determinism").

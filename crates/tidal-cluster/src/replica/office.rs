@@ -15,7 +15,6 @@
 
 use super::{Replica, Role, HEARTBEAT_INTERVAL};
 use crate::control::{ControlCmd, ControlPlane};
-use crate::decide::{plan_office, resumes_a_term, transfer_target, OfficePlan, OwnLog, ProbeAnswer};
 use crate::fatal::FatalSource;
 use openraft::ServerState;
 use std::collections::BTreeMap;
@@ -24,6 +23,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tidal_core::{encode_payload, ControlRecord, Envelope, Records};
 use tidal_net::{Probe, ProbeOutcome};
+use tidal_protocol::{plan_office, resumes_a_term, transfer_target, OfficePlan, OwnLog, ProbeAnswer};
 use tidal_types::{Seqno, Term, TermSeqno};
 use tidal_wal::AppendRequest;
 use tokio::sync::watch;

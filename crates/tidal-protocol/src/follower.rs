@@ -320,6 +320,14 @@ pub fn replaced_from(verdict: &Verdict) -> Option<Seqno> {
     }
 }
 
+/// Whether a halted receiver repairs itself from the sender's snapshot: in leader mode a halt means
+/// the leader's durability lost batches we had committed, which only its state repairs; the sender
+/// must hold office (it names itself leader). In quorum mode a halt is a protocol violation and
+/// stays, loudly, for a person to look at.
+pub fn repairs_a_halt(quorum: bool, names_leader: bool) -> bool {
+    !quorum && names_leader
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -552,5 +560,13 @@ mod tests {
             let verdict = append_only(verdict);
             assert!(matches!(verdict, Verdict::Refuse { .. }), "from a node not in office: {verdict:?}");
         }
+    }
+
+    #[test]
+    fn only_a_leader_mode_halt_on_the_leaders_message_repairs_itself() {
+        assert!(repairs_a_halt(false, true), "leader mode, from the node in office: install its snapshot");
+        assert!(!repairs_a_halt(false, false), "leader mode, from a node not in office: proves nothing");
+        assert!(!repairs_a_halt(true, true), "quorum mode: a protocol violation stays for a person");
+        assert!(!repairs_a_halt(true, false));
     }
 }

@@ -51,22 +51,21 @@ fn majority_matched(voters: &[NodeId], matched: &BTreeMap<NodeId, TermSeqno>, te
     seqnos[voters.len() / 2]
 }
 
-/// Whether `me` still holds its lease at `now`: a majority of each voter set, `me` counted, answered
-/// a ship `me` SENT at most `lease` before `now` (`contacts`: the send time of each follower's last
-/// answered ship). A follower that answered a ship sent at `t` had not moved past our term by then,
-/// and no other leader can be elected sooner than the minimum election timeout after the majority's
-/// last contact: a lease shorter than that ends before another leader can acknowledge anything.
+/// Whether `me` still holds its lease: a majority of each voter set, `me` counted, answered a ship
+/// `me` SENT at most `lease` ago (`ages`: per follower, how long ago the ship of its last answer was
+/// sent). A follower that answered a ship sent at `t` had not moved past our term by then, and no
+/// other leader can be elected sooner than the minimum election timeout after the majority's last
+/// contact: a lease shorter than that ends before another leader can acknowledge anything.
 pub fn lease_holds(
     quorum: &Quorum,
     me: NodeId,
-    contacts: &BTreeMap<NodeId, tokio::time::Instant>,
-    now: tokio::time::Instant,
+    ages: impl IntoIterator<Item = (NodeId, std::time::Duration)>,
     lease: std::time::Duration,
 ) -> bool {
-    let fresh: BTreeSet<NodeId> = contacts
-        .iter()
-        .filter(|(_, sent)| now.saturating_duration_since(**sent) <= lease)
-        .map(|(node, _)| *node)
+    let fresh: BTreeSet<NodeId> = ages
+        .into_iter()
+        .filter(|(_, age)| *age <= lease)
+        .map(|(node, _)| node)
         .chain(std::iter::once(me))
         .collect();
     quorum.is_majority(&fresh)
@@ -172,17 +171,14 @@ mod tests {
     #[test]
     fn the_lease_needs_a_majority_of_recent_contacts() {
         let quorum = Quorum::single(vec![NodeId(1), NodeId(2), NodeId(3)]);
-        let start = tokio::time::Instant::now();
-        let lease = std::time::Duration::from_millis(270);
-        let mut contacts = BTreeMap::new();
-        assert!(!lease_holds(&quorum, NodeId(1), &contacts, start, lease), "alone: no majority");
-        contacts.insert(NodeId(2), start);
-        assert!(lease_holds(&quorum, NodeId(1), &contacts, start + lease, lease));
-        let later = start + lease + std::time::Duration::from_millis(1);
-        assert!(!lease_holds(&quorum, NodeId(1), &contacts, later, lease), "ran out");
-        contacts.insert(NodeId(3), start + std::time::Duration::from_millis(100));
-        assert!(lease_holds(&quorum, NodeId(1), &contacts, later, lease), "a later contact renews it");
+        let ms = std::time::Duration::from_millis;
+        let lease = ms(270);
+        assert!(!lease_holds(&quorum, NodeId(1), [], lease), "alone: no majority");
+        assert!(lease_holds(&quorum, NodeId(1), [(NodeId(2), lease)], lease));
+        assert!(!lease_holds(&quorum, NodeId(1), [(NodeId(2), ms(271))], lease), "ran out");
+        let renewed = [(NodeId(2), ms(271)), (NodeId(3), ms(171))];
+        assert!(lease_holds(&quorum, NodeId(1), renewed, lease), "a later contact renews it");
         let single = Quorum::single(vec![NodeId(1)]);
-        assert!(lease_holds(&single, NodeId(1), &BTreeMap::new(), later, lease), "one voter: always");
+        assert!(lease_holds(&single, NodeId(1), [], lease), "one voter: always");
     }
 }

@@ -1,0 +1,29 @@
+//! Tidal's replication protocol as decisions without I/O (docs/PROTOCOL.md). Each function takes
+//! what a node knows and a message, and returns what to do; it never performs it.
+//!
+//! - `follower`: what a follower does with a ship or a pulled chunk (`decide_ship`), which chunks
+//!   may only append (`append_only`), when a halted follower repairs itself;
+//! - `commit`: the leader's commit frontier and the leader-mode lease;
+//! - `office`: taking office (probe answers, the plan, the divergence point, whether a restored
+//!   term is resumed, whom to hand an office to);
+//! - `ship`: what a ShipQueue sends next after an answer, and where a read of its tail starts.
+//!
+//! `tidal-cluster` runs these decisions with real disks and sockets; `tidal-model` explores them
+//! exhaustively. This crate depends on `tidal-types` only, so both drive exactly the same code.
+#![deny(missing_docs)]
+
+pub mod commit;
+pub mod follower;
+pub mod office;
+pub mod ship;
+
+pub use commit::{commit_frontier, lease_holds, Quorum};
+pub use follower::{
+    append_only, decide_ship, repairs_a_halt, replaced_from, BatchMeta, HaltCause, Located, LogView,
+    ShipMeta, Step, Verdict,
+};
+pub use office::{
+    answer_probe, divergence_point, plan_office, resumes_a_term, term_at, transfer_target, OfficePlan,
+    OwnLog, ProbeAnswer,
+};
+pub use ship::{next_after, resume_after_gap, tail_start, waits_before_next, Reply, TailStart};
