@@ -40,9 +40,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use std::time::Duration;
 use tidal_protocol::{
-    answer_probe, append_only, decide_ship, divergence_point, next_after, repairs_a_halt, replaced_from,
-    resume_after_gap, waits_before_next, BatchMeta, Located, LogView, ProbeAnswer, Reply, ShipMeta, Step,
-    Verdict,
+    answer_probe, append_only, authority, decide_ship, divergence_point, next_after, repairs_a_halt,
+    replaced_from, resume_after_gap, waits_before_next, Authority, BatchMeta, Located, LogView, Origin,
+    ProbeAnswer, Reply, ShipMeta, Step, Verdict,
 };
 // tokio's clock, not std's: the same instant in production (tokio reads std's clock), and the
 // simulated clock under turmoil, so heartbeat pacing, pull and install rate limits and the
@@ -1167,20 +1167,8 @@ impl Replica {
                 };
             }
         }
-        // Does the sender hold the log of the message's term? The leader's ships do; so does a pull
-        // from the node in office (its chunks name it as the leader) and the pull of a leader adopting
-        // the log it chose. Any other chunk may carry an uncommitted suffix of an older term.
-        let authoritative = match origin {
-            Origin::Live | Origin::Adopting => true,
-            Origin::Pull(source) => ship.leader == source,
-        };
-        // The leader as this message names it: a live ship's sender, or the source of a pull that
-        // holds office (a chunk from any other node names a leader it only heard of).
-        let names_leader = match origin {
-            Origin::Live => true,
-            Origin::Pull(source) => ship.leader == source,
-            Origin::Adopting => false,
-        };
+        // Does the sender hold the log of the message's term, and does it name the leader?
+        let Authority { replaces: authoritative, names_leader } = authority(origin, ship.leader);
         if ship.term == term && ship.leader != self.me && names_leader {
             self.leader_hint.store(ship.leader.0, Ordering::SeqCst);
             *self.last_heard.lock().expect("heard lock is never held across a panic") = Some(Instant::now());
@@ -1560,7 +1548,7 @@ impl Replica {
                         baseline: chunk.baseline,
                         batches: pulled,
                     };
-                    let origin = if adopting { Origin::Adopting } else { Origin::Pull(source) };
+                    let origin = if adopting { Origin::Adopting } else { Origin::Pull { source } };
                     let taking = Instant::now();
                     let answer = self.receive_from(ship, origin).await;
                     took += taking.elapsed();
@@ -1710,17 +1698,6 @@ fn open_pull_reader(wal: &Wal, from: TermSeqno) -> PullStart {
         Err(tidal_wal::Error::Purged { .. }) => PullStart::Refused(ChunkOutcome::Purged(wal.purged())),
         Err(error) => PullStart::Failed(error.to_string()),
     }
-}
-
-/// Where a message the receive path takes comes from.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Origin {
-    /// A live ship from the leader's ShipQueue.
-    Live,
-    /// A chunk pulled from this node (its leader field says whether it holds office in the term).
-    Pull(NodeId),
-    /// A chunk of the log a new leader adopts while taking office.
-    Adopting,
 }
 
 /// How one pull ended.

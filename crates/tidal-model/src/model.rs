@@ -57,9 +57,9 @@ use std::fmt;
 
 use stateright::{Model, Property};
 use tidal_protocol::{
-    answer_probe, append_only, commit_frontier, decide_ship, divergence_point, next_after, plan_office,
-    resumes_a_term, BatchMeta, LogView, OfficePlan, OwnLog, ProbeAnswer, Quorum, Reply, ShipMeta, Step,
-    Verdict,
+    answer_probe, append_only, authority, commit_frontier, decide_ship, divergence_point, next_after,
+    plan_office, resumes_a_term, BatchMeta, LogView, OfficePlan, Origin, OwnLog, ProbeAnswer, Quorum, Reply,
+    ShipMeta, Step, Verdict,
 };
 use tidal_protocol::{tail_start, TailStart};
 use tidal_types::{NodeId, Seqno, Term, TermSeqno};
@@ -1067,7 +1067,14 @@ impl ReplicationModel {
                 return true;
             }
         }
-        let authoritative = !pull || adopting || names_leader;
+        // The chunk's leader field: its sender if it held office when it checked the pull, else
+        // a node it only heard of (no node, here).
+        let origin = match (pull, adopting) {
+            (false, _) => Origin::Live,
+            (true, true) => Origin::Adopting,
+            (true, false) => Origin::Pull { source: from },
+        };
+        let authoritative = authority(origin, if names_leader { from } else { NodeId(0) }).replaces;
         let halt = matches!(verdict, Verdict::Halt { .. });
         // The planted bugs: a stale chunk replaces our batches, or its halt is kept.
         let unrestricted = self.bugs.stale_pull_replaces || (self.bugs.halt_on_stale_chunk && halt);

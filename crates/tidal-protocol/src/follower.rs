@@ -9,7 +9,7 @@
 //! - in quorum mode quarantining at or below our commit frontier would drop committed data: that is
 //!   a protocol bug, so the verdict is Halt, loudly.
 
-use tidal_types::{Seqno, Term, TermSeqno};
+use tidal_types::{NodeId, Seqno, Term, TermSeqno};
 
 /// What the decision needs to know about the follower's log.
 pub trait LogView {
@@ -277,6 +277,44 @@ pub fn decide_ship(log: &impl LogView, ship: &ShipMeta, quorum: bool) -> Verdict
     let commit = std::cmp::max(log.commit(), std::cmp::min(ship.commit, matched.seqno));
     let commit_now = std::cmp::max(log.commit(), std::cmp::min(ship.commit, ship.prev.seqno));
     Verdict::Accept { steps, matched, commit_now, commit }
+}
+
+/// Where a message on the follower's one receive path comes from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Origin {
+    /// A live ship from the leader's ShipQueue.
+    Live,
+    /// A chunk pulled from `source` (its leader field says whether it holds office in the term).
+    Pull {
+        /// The node serving the pull.
+        source: NodeId,
+    },
+    /// A chunk of the log a new leader adopts while taking office (from the source it chose).
+    Adopting,
+}
+
+/// What a message may do to the receiver, by where it comes from ([`authority`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Authority {
+    /// Its sender holds the log of the message's term: it may quarantine and replace our batches
+    /// (else [`append_only`] restricts its verdict).
+    pub replaces: bool,
+    /// It names the leader of its term: its sender becomes our leader hint, and a leader-mode halt
+    /// on it repairs itself from the sender's snapshot ([`repairs_a_halt`]).
+    pub names_leader: bool,
+}
+
+/// The authority of a message from `origin` whose leader field is `leader`. The leader's ships hold
+/// the log of their term; so does a chunk from the node in office (it names itself as the leader),
+/// and the pull of a leader adopting the log it chose. Any other chunk may carry an uncommitted
+/// suffix of an older term (decisions/019). A chunk a leader adopts names no leader: the adopting
+/// node is the leader.
+pub fn authority(origin: Origin, leader: NodeId) -> Authority {
+    match origin {
+        Origin::Live => Authority { replaces: true, names_leader: true },
+        Origin::Pull { source } => Authority { replaces: leader == source, names_leader: leader == source },
+        Origin::Adopting => Authority { replaces: true, names_leader: false },
+    }
 }
 
 /// Restricts a verdict for a message whose sender may not hold the log of the message's term: a
@@ -568,5 +606,16 @@ mod tests {
         assert!(!repairs_a_halt(false, false), "leader mode, from a node not in office: proves nothing");
         assert!(!repairs_a_halt(true, true), "quorum mode: a protocol violation stays for a person");
         assert!(!repairs_a_halt(true, false));
+    }
+
+    #[test]
+    fn only_the_leaders_messages_and_the_adopted_log_may_replace() {
+        let (n1, n2) = (NodeId(1), NodeId(2));
+        assert_eq!(authority(Origin::Live, n1), Authority { replaces: true, names_leader: true });
+        let in_office = authority(Origin::Pull { source: n1 }, n1);
+        assert_eq!(in_office, Authority { replaces: true, names_leader: true });
+        let stale_hint = authority(Origin::Pull { source: n1 }, n2);
+        assert_eq!(stale_hint, Authority { replaces: false, names_leader: false });
+        assert_eq!(authority(Origin::Adopting, n2), Authority { replaces: true, names_leader: false });
     }
 }

@@ -19,8 +19,8 @@ pub mod ship;
 
 pub use commit::{commit_frontier, lease_holds, Quorum};
 pub use follower::{
-    append_only, decide_ship, repairs_a_halt, replaced_from, BatchMeta, HaltCause, Located, LogView,
-    ShipMeta, Step, Verdict,
+    append_only, authority, decide_ship, repairs_a_halt, replaced_from, Authority, BatchMeta, HaltCause,
+    Located, LogView, Origin, ShipMeta, Step, Verdict,
 };
 pub use office::{
     answer_probe, divergence_point, plan_office, resumes_a_term, term_at, transfer_target, OfficePlan,
