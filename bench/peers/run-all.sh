@@ -15,6 +15,9 @@ RUN_DIR="$ROOT/results/run-$(date -u +%Y%m%dT%H%M%SZ)"
 mkdir -p "$RUN_DIR"
 declare -a SUMMARY=()
 failed=0
+CURRENT=""
+# Ctrl-C or a TERM: stop the running peer (its script stops its servers), then leave.
+trap 'if [[ -n "$CURRENT" ]]; then kill -TERM "$CURRENT" 2>/dev/null; wait "$CURRENT" 2>/dev/null; fi; exit 130' INT TERM
 for peer in "${WANTED[@]}"; do
   if [[ ! -f "$ROOT/$peer/run.sh" ]]; then
     SUMMARY+=("| $peer | no such peer script | - |")
@@ -23,9 +26,13 @@ for peer in "${WANTED[@]}"; do
   fi
   printf '\n######## %s ########\n' "$peer"
   began=$SECONDS
-  # Not --foreground: on expiry the whole process group gets SIGTERM, servers included.
-  timeout "${PEER_TIMEOUT:-600}" bash "$ROOT/$peer/run.sh" 2>&1 | tee "$RUN_DIR/$peer.txt"
-  code=${PIPESTATUS[0]}
+  # timeout (not --foreground) signals its whole process group: the script and what it started.
+  # In the background so that a signal to this script reaches the trap above at once.
+  timeout "${PEER_TIMEOUT:-600}" bash "$ROOT/$peer/run.sh" > >(tee "$RUN_DIR/$peer.txt") 2>&1 &
+  CURRENT=$!
+  wait "$CURRENT"
+  code=$?
+  CURRENT=""
   ((code == 0)) || failed=1
   SUMMARY+=("| $peer | exit $code | $((SECONDS - began)) s |")
   sleep 2  # a breath between peers for writeback and the CPU

@@ -36,7 +36,11 @@ own() { OWNED_PIDS+=("$1:${2:-TERM}"); }  # own PID [SIGNAL] : stop it at exit w
 # halt PID [GRACE_SECONDS] [SIGNAL] : send SIGNAL (default TERM), wait up to GRACE, then SIGKILL.
 halt() {
   local pid="$1" grace="${2:-15}" sig="${3:-TERM}" waited=0
-  kill -0 "$pid" 2>/dev/null || return 0
+  if ! kill -0 "$pid" 2>/dev/null; then
+    wait "$pid" 2>/dev/null || true
+    disown_pid "$pid"
+    return 0
+  fi
   kill "-$sig" "$pid" 2>/dev/null || true
   while kill -0 "$pid" 2>/dev/null; do
     # a child of this shell stays a zombie until reaped: reap it if it has exited
@@ -50,13 +54,24 @@ halt() {
     waited=$((waited + 1))
   done
   wait "$pid" 2>/dev/null || true
+  disown_pid "$pid"
+}
+
+# disown_pid PID : forget PID (it is gone), so that the exit cleanup cannot signal a reused PID
+disown_pid() {
+  local kept=() entry
+  for entry in "${OWNED_PIDS[@]+"${OWNED_PIDS[@]}"}"; do
+    [[ "${entry%%:*}" == "$1" ]] || kept+=("$entry")
+  done
+  OWNED_PIDS=("${kept[@]+"${kept[@]}"}")
 }
 
 _peers_exit() {
-  local rc=$? i entry
+  local rc=$? i entry owned
   set +e
-  for ((i = ${#OWNED_PIDS[@]} - 1; i >= 0; i--)); do
-    entry="${OWNED_PIDS[$i]}"
+  owned=("${OWNED_PIDS[@]+"${OWNED_PIDS[@]}"}")
+  for ((i = ${#owned[@]} - 1; i >= 0; i--)); do
+    entry="${owned[$i]}"
     halt "${entry%%:*}" 20 "${entry##*:}"
   done
   if [[ -n "$SCRATCH" && -d "$SCRATCH" ]]; then
