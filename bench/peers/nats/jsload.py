@@ -39,14 +39,14 @@ async def make_stream(args):
             pass
         await js.add_stream(StreamConfig(name=args.name, subjects=[args.subjects], storage=StorageType.FILE,
                                          num_replicas=args.replicas, duplicate_window=120.0))
-        deadline = time.monotonic() + 30
+        give_up = time.monotonic() + 30
         while True:
             info = await js.stream_info(args.name)
             leader = info.cluster.leader if info.cluster else None
             if leader:
                 print(f"leader={leader} replicas={args.replicas}")
                 return
-            if time.monotonic() > deadline:
+            if time.monotonic() > give_up:
                 raise SystemExit("the stream has no leader after 30 s")
             await asyncio.sleep(0.1)
     finally:

@@ -6,12 +6,12 @@
 # is synced on a timer, and 2.9 has no setting to sync every message (that came in 2.10), so this
 # is the weakest ack of the peers.
 #   bash bench/peers/nats/run.sh            (about 1.5 min)
-# Env: NATS_SECONDS (per configuration, 8), MSG_BYTES (100), PORT_BASE (14301)
+# Env: NATS_SECONDS (per configuration, 8), MESSAGE_BYTES (100), PORT_BASE (14301)
 source "$(dirname "${BASH_SOURCE[0]}")/../lib/peers.sh"
 require nats-server
 require_venv
 NATS_SECONDS="${NATS_SECONDS:-8}"
-MSG_BYTES="${MSG_BYTES:-100}"
+MESSAGE_BYTES="${MESSAGE_BYTES:-100}"
 LOAD=("$PEERS_PY" "$PEERS_ROOT/nats/jsload.py")
 
 new_scratch nats
@@ -58,7 +58,7 @@ configuration() {  # configuration REPLICAS PUBLISHERS WINDOW MSG_ID(yes|no)
   [[ $msg_id == yes ]] && extra=(--msg-id)
   note "R$replicas, $publishers publisher(s) x $window in flight, Nats-Msg-Id $msg_id, leader $leader"
   line="$(timeout $((NATS_SECONDS + 60)) "${LOAD[@]}" publish --url "$url" --publishers "$publishers" \
-    --window "$window" --bytes "$MSG_BYTES" --seconds "$NATS_SECONDS" "${extra[@]}")"
+    --window "$window" --bytes "$MESSAGE_BYTES" --seconds "$NATS_SECONDS" "${extra[@]}")"
   echo "  $line"
   ROWS+=("| R$replicas file | $publishers | $window | $msg_id | $(field "$line" ops_per_s) | $(field "$line" p50_ms) | $(field "$line" p99_ms) | $(field "$line" max_ms) | $(field "$line" errors) |")
 }
@@ -70,7 +70,7 @@ configuration 3 50 1 yes
 configuration 1 1 256 no   # one replica: what replication costs
 
 echo
-echo "== nats-server $(nats-server --version | grep -o '[0-9][0-9.]*$') JetStream: 3 servers, file storage, ${MSG_BYTES} B messages, PubAck = stored (not fsynced) on a quorum ($(date -u +%FT%TZ)) =="
+echo "== nats-server $(nats-server --version | grep -o '[0-9][0-9.]*$') JetStream: 3 servers, file storage, ${MESSAGE_BYTES} B messages, PubAck = stored (not fsynced) on a quorum ($(date -u +%FT%TZ)) =="
 echo "| stream | publishers | in flight each | msg id | PubAcks/s | p50 ms | p99 ms | max ms | errors |"
 echo "|---|---:|---:|---|---:|---:|---:|---:|---:|"
 printf '%s\n' "${ROWS[@]}"

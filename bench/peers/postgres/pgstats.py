@@ -43,20 +43,22 @@ def lag(path):
             for name, value in zip(names, values):
                 if value:
                     series[name].append(float(value))
-    out = [f"samples={samples}"]
+    pairs = {"samples": samples}
     for name in names[:3]:
         xs = sorted(series[name])
-        out.append(f"{name}_n={len(xs)} {name}_p50_ms={quantile(xs, .5):.2f} {name}_p99_ms={quantile(xs, .99):.2f} "
-                   f"{name}_max_ms={(xs[-1] if xs else float('nan')):.2f}")
-    behind = sorted(series["bytes"])
-    out.append(f"bytes_behind_max={(behind[-1] if behind else float('nan')):.0f}")
-    print(" ".join(out))
+        pairs[f"{name}_n"] = len(xs)
+        pairs[f"{name}_p50_ms"] = f"{quantile(xs, .5):.2f}"
+        pairs[f"{name}_p99_ms"] = f"{quantile(xs, .99):.2f}"
+        pairs[f"{name}_max_ms"] = f"{(xs[-1] if xs else float('nan')):.2f}"
+    pairs["bytes_behind_max"] = f"{max(series['bytes'], default=float('nan')):.0f}"
+    print(" ".join(f"{key}={value}" for key, value in pairs.items()))
 
 
 if __name__ == "__main__":
-    if len(sys.argv) >= 3 and sys.argv[1] == "latency":
-        latency(sys.argv[2:])
-    elif len(sys.argv) == 3 and sys.argv[1] == "lag":
-        lag(sys.argv[2])
+    words = sys.argv[1:]
+    if words[:1] == ["latency"] and len(words) > 1:
+        latency(words[1:])
+    elif words[:1] == ["lag"] and len(words) == 2:
+        lag(words[1])
     else:
         sys.exit(__doc__)

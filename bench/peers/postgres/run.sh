@@ -9,7 +9,7 @@
 # pg_stat_replication is sampled for the replica's lag. Then the catch-up: the replica is stopped,
 # CATCHUP_TXNS transactions commit, it restarts; time until it replayed up to the primary's LSN.
 #   bash bench/peers/postgres/run.sh            (about 2.5 min)
-# Env: PG_SECONDS (per pgbench run, 10), CLIENT_COUNTS ("1 16 50"), MODES ("async sync"),
+# Env: PG_SECONDS (per pgbench run, 10), CLIENT_COUNTS ("1 16 50"), STANDBY_MODES ("async sync"),
 #      CATCHUP_TXNS (100000), PG_BIN (/usr/lib/postgresql/<newest>/bin), PORT_BASE (15501)
 source "$(dirname "${BASH_SOURCE[0]}")/../lib/peers.sh"
 require_venv
@@ -18,7 +18,7 @@ PG_BIN="${PG_BIN:-/usr/lib/postgresql/$(ls /usr/lib/postgresql 2>/dev/null | sor
 [[ -x "$PG_BIN/postgres" && -x "$PG_BIN/pgbench" ]] || fail "no postgres/pgbench in $PG_BIN; run bash $PEERS_ROOT/setup.sh"
 PG_SECONDS="${PG_SECONDS:-10}"
 CLIENT_COUNTS="${CLIENT_COUNTS:-1 16 50}"
-MODES="${MODES:-async sync}"
+STANDBY_MODES="${STANDBY_MODES:-async sync}"
 CATCHUP_TXNS="${CATCHUP_TXNS:-100000}"
 STATS=("$PEERS_PY" "$PEERS_ROOT/postgres/pgstats.py")
 
@@ -116,7 +116,7 @@ standby_names() {
   sql "$PRIMARY_PORT" "ALTER SYSTEM SET synchronous_standby_names = '$1'" >/dev/null
   sql "$PRIMARY_PORT" "SELECT pg_reload_conf()" >/dev/null
 }
-for mode in $MODES; do
+for mode in $STANDBY_MODES; do
   case "$mode" in
     async) standby_names "" ;;
     sync)

@@ -12,7 +12,7 @@
 #           CATCHUP_CASES: "restart:1mb" (stopped, restarted: Redis 7.0 then resyncs in full)
 #           and "pause:512mb" (SIGSTOPped and its link cut: a partial resync from the backlog).
 # Env: BENCH_SECONDS (8), CLIENTS (50), SIZES ("100"), PIPELINES ("1 16"), LAG_WRITES (1000),
-#      CATCHUP_RECORDS (100000), CATCHUP_BYTES (200), REPLICA_FSYNC (always), PORT_BASE (17101)
+#      CATCHUP_RECORDS (100000), RECORD_BYTES (200), REPLICA_FSYNC (always), PORT_BASE (17101)
 source "$(dirname "${BASH_SOURCE[0]}")/../lib/peers.sh"
 require redis-server redis-cli redis-benchmark
 require_venv
@@ -23,7 +23,7 @@ SIZES="${SIZES:-100}"
 PIPELINES="${PIPELINES:-1 16}"
 LAG_WRITES="${LAG_WRITES:-1000}"
 CATCHUP_RECORDS="${CATCHUP_RECORDS:-100000}"
-CATCHUP_BYTES="${CATCHUP_BYTES:-200}"
+RECORD_BYTES="${RECORD_BYTES:-200}"
 CATCHUP_CASES="${CATCHUP_CASES:-restart:1mb pause:512mb}"
 REPLICA_FSYNC="${REPLICA_FSYNC:-always}"
 PROBE=("$PEERS_PY" "$PEERS_ROOT/redis/probe.py")
@@ -133,7 +133,7 @@ fi
 
 catchup_case() {  # catchup_case HOW BACKLOG
   local how="$1" backlog="$2" name="catchup-$1" before after fill since result kind link
-  note "catch-up ($how, repl-backlog-size $backlog): replica 2 misses $CATCHUP_RECORDS XADDs of $CATCHUP_BYTES B"
+  note "catch-up ($how, repl-backlog-size $backlog): replica 2 misses $CATCHUP_RECORDS XADDs of $RECORD_BYTES B"
   cluster_up "$name"
   cli "${PORT[0]}" config set repl-backlog-size "$backlog" >/dev/null
   cli "${PORT[0]}" set peers:warm 1 >/dev/null
@@ -146,7 +146,7 @@ catchup_case() {  # catchup_case HOW BACKLOG
     cli "${PORT[0]}" client kill addr "$link" >/dev/null || true
     sleep 1
   fi
-  fill="$("${PROBE[@]}" fill --port "${PORT[0]}" --records "$CATCHUP_RECORDS" --bytes "$CATCHUP_BYTES")"
+  fill="$("${PROBE[@]}" fill --port "${PORT[0]}" --records "$CATCHUP_RECORDS" --bytes "$RECORD_BYTES")"
   echo "  $fill"
   since="$(date +%s.%N)"
   if [[ $how == restart ]]; then
@@ -167,7 +167,7 @@ catchup_case() {  # catchup_case HOW BACKLOG
     kind="unknown"
   fi
   echo "  resync: $kind ($before -> $after)"
-  CATCHUP_ROWS+=("| $how | $backlog | $CATCHUP_RECORDS x $CATCHUP_BYTES B | $(field "$fill" records_per_s) | $(field "$result" link_up_s) | $(field "$result" caught_up_s) | $(field "$result" caught_up) | $kind |")
+  CATCHUP_ROWS+=("| $how | $backlog | $CATCHUP_RECORDS x $RECORD_BYTES B | $(field "$fill" records_per_s) | $(field "$result" link_up_s) | $(field "$result" caught_up_s) | $(field "$result" caught_up) | $kind |")
   cluster_down
 }
 if wants catchup; then
