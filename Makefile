@@ -3,12 +3,13 @@ CARGO ?= cargo
 BENCH_SECONDS ?= 10
 # The binary cargo builds (CARGO_TARGET_DIR moves it).
 TIDAL ?= $(or $(CARGO_TARGET_DIR),target)/release/tidal
-# The peer anchors (read only; gates and bench-peers run a writable copy under ANCHORS_WORK).
-ANCHORS ?= ../shared/anchors
+# The peer scripts (bench/peers: Redis, PostgreSQL, NATS, etcd, the machine's limits). gates and
+# bench-peers run a writable copy, $(ANCHORS_WORK)/anchors, where their venv and results stay.
+ANCHORS ?= bench/peers
 ANCHORS_WORK ?= target/anchors-work
 REPORT_DIR ?= target/bench-report
 
-.PHONY: build run down single test fuzz model-check sim chaos crash-sweep sim-determinism verify fix lint bench bench-wal bench-feed bench-replay bench-cluster bench-quorum bench-peers gates demo clean
+.PHONY: build run down single test fuzz model-check sim chaos crash-sweep sim-determinism verify fix lint bench bench-wal bench-feed bench-replay bench-cluster bench-quorum bench-peers peers-work gates demo clean
 
 build:
 	$(CARGO) build --release --bin tidal
@@ -113,7 +114,7 @@ bench-quorum: build
 # `gate <name>: <figure> (goal <goal>) PASS|FAIL`, then a summary; non-zero exit on any FAIL.
 # Shorter knobs for a quick run: GATE_DOWN_SECONDS=60 GATE_FAILOVER_ROUNDS=5 GATE_SAMPLES=500 ...
 # (see `tidal gates --help`); GATES=heal-100k,failover runs a subset.
-gates: build
+gates: build peers-work
 	$(TIDAL) gates --anchors $(ANCHORS) --anchors-work $(ANCHORS_WORK) --results $(REPORT_DIR)/gates.txt
 
 # A guided tour: write, replicate, SIGKILL the leader, failover, restart, heal, equal digests.
@@ -122,9 +123,8 @@ demo: build
 
 # Tidal's cluster and the peers (Redis, PostgreSQL, NATS JetStream, etcd) in the same sitting, then
 # $(REPORT_DIR)/REPORT.md (table of ratios) and ratios.svg. About 20 min; apt/pip installs the peers.
-bench-peers: build
-	mkdir -p $(REPORT_DIR) $(ANCHORS_WORK)
-	test -f $(ANCHORS_WORK)/anchors/run-all.sh || { cp -r $(ANCHORS) $(ANCHORS_WORK)/ && chmod -R u+w $(ANCHORS_WORK)/anchors; }
+bench-peers: build peers-work
+	mkdir -p $(REPORT_DIR)
 	$(TIDAL) cluster down --dir $(REPORT_DIR)/cluster 2>/dev/null || true
 	rm -rf $(REPORT_DIR)/cluster
 	$(TIDAL) cluster up --dir $(REPORT_DIR)/cluster --port-base 27070
@@ -141,11 +141,15 @@ bench-peers: build
 	$(TIDAL) bench --url http://127.0.0.1:27070 --workload items --concurrency 50 --seconds $(BENCH_SECONDS) | tee $(REPORT_DIR)/tidal-bench-leader.md
 	$(TIDAL) cluster down --dir $(REPORT_DIR)/cluster-leader
 	-GATES=replication-lag,heal-100k GATE_DOWN_SECONDS=0 $(TIDAL) gates --anchors $(ANCHORS) --anchors-work $(ANCHORS_WORK) --results $(REPORT_DIR)/tidal-gates.txt
-	bash $(ANCHORS_WORK)/anchors/setup.sh
-	# setup.sh's `import redis` check passes inside the anchors folder (its redis/ script folder); check from /.
-	cd / && $(abspath $(ANCHORS_WORK))/anchors/.venv/bin/python -c 'import redis.client' || $(abspath $(ANCHORS_WORK))/anchors/.venv/bin/pip install -q 'redis>=5,<9'
-	bash $(ANCHORS_WORK)/anchors/run-all.sh redis postgres nats etcd
+	# A peer that fails leaves "-" in the report; its output is in the results folder.
+	-bash $(ANCHORS_WORK)/anchors/run-all.sh redis postgres nats etcd
 	python3 bench/peer_report.py --tidal-bench $(REPORT_DIR)/tidal-bench.md --tidal-leader-bench $(REPORT_DIR)/tidal-bench-leader.md --tidal-gates $(REPORT_DIR)/tidal-gates.txt --anchors $(ANCHORS_WORK)/anchors/results --out $(REPORT_DIR)
+
+# The writable copy of $(ANCHORS), refreshed from it on every use; its .venv and results/ stay.
+peers-work:
+	mkdir -p $(ANCHORS_WORK)/anchors
+	tar -C $(ANCHORS) --exclude=./.venv --exclude=./results --exclude=__pycache__ -cf - . | tar -C $(ANCHORS_WORK)/anchors -xf -
+	chmod -R u+w $(ANCHORS_WORK)/anchors
 
 bench-wal:
 	$(CARGO) run --release -p tidal-wal --example wal_bench -- --seconds 3

@@ -7,7 +7,8 @@ Inputs (all from the same `make bench-peers` run):
   --tidal-leader-bench FILE  (optional) `tidal bench` rows against a `--durability leader` cluster:
                        acknowledged after the leader's fsync, the promise Redis `appendfsync always`
                        with async replicas makes, so that row is set against Redis
-  --anchors DIR        the anchors' results folder; the newest run-*/ holding each peer is used
+  --anchors DIR        the peer scripts' results folder (bench/peers, in its writable copy);
+                       the newest run-*/ holding each peer is used
   --out DIR            where REPORT.md and ratios.svg go
 
 Every ratio is written so that > 1 means Tidal is ahead: throughput is Tidal / peer, latency,
@@ -56,12 +57,23 @@ def newest(anchors, peer):
 LEADER = " (leader durability)"
 
 
+def text_of(path):
+    """The file's text, or '' (with a note on stderr) when it is missing: its figures become "-"."""
+    try:
+        return pathlib.Path(path).read_text(errors="replace")
+    except FileNotFoundError:
+        print(f"peer_report: {path} is missing; its figures are shown as -", file=sys.stderr)
+        return ""
+
+
 def tidal_figures(bench_file, gates_file, leader_bench_file=None):
     figures = bench_figures(bench_file, "")
     if leader_bench_file:
         figures.update(bench_figures(leader_bench_file, LEADER))
     gates = {}
-    for line in pathlib.Path(gates_file).read_text().splitlines():
+    for line in text_of(gates_file).splitlines():
+        if not line.split():
+            continue
         name, *pairs = line.split()
         gates[name] = dict(pair.split("=", 1) for pair in pairs if "=" in pair)
     return figures, gates
@@ -70,7 +82,7 @@ def tidal_figures(bench_file, gates_file, leader_bench_file=None):
 def bench_figures(bench_file, suffix):
     """{(workload + suffix, clients): figures} from the rows `tidal bench` printed."""
     figures = {}
-    for line in pathlib.Path(bench_file).read_text().splitlines():
+    for line in text_of(bench_file).splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
         if len(cells) != 11 or cells[0] in ("workload",) or cells[0].startswith("-"):
             continue
@@ -217,7 +229,7 @@ def markdown(rows, sources, figures, gates):
             out.append(f"- {metric.split(',')[0]}: {note}.")
     out += ["- Tidal acks a write once a majority (2 of 3) fsynced it and the leader applied it (quorum durability),",
             "  except in the leader-fsync row.",
-            "- NATS 2.9 acks after a quorum stored the message WITHOUT fsync (see the anchors' RESULTS.md).", "",
+            "- NATS 2.9 acks after a quorum stored the message WITHOUT fsync (see bench/peers/README.md).", "",
             "Sources:", ""]
     for peer, path in sources.items():
         out.append(f"- {peer}: {path or 'not run / no result table'}")

@@ -7,7 +7,7 @@
 //!
 //! The gates reuse the other commands' code: the cluster is started, killed and restarted with
 //! `cluster_cmd`, load and latency come from `bench::measure`, failover rounds from
-//! `ops::failover_rounds`. The Redis anchor is the peer script in `../shared/anchors`, run from a
+//! `ops::failover_rounds`. The Redis anchor is the peer script in `bench/peers`, run from a
 //! writable copy in the same sitting.
 //!
 //! Delicate: the gates time real processes on a shared machine, so their figures are noisy; compare
@@ -63,14 +63,14 @@ pub struct GatesArgs {
     /// replication-lag: seconds of the maximum-rate probe.
     #[arg(long, env = "GATE_RATE_SECONDS", default_value_t = 10)]
     pub rate_seconds: u64,
-    /// replication-lag: lag samples (sequential writes, as the Redis anchor's LAG_N).
+    /// replication-lag: lag samples (sequential writes, as the Redis script's LAG_WRITES).
     #[arg(long, env = "GATE_LAG_SAMPLES", default_value_t = 1000)]
     pub lag_samples: u64,
     /// replication-lag: bound in seconds on the lag phase.
     #[arg(long, env = "GATE_LAG_SECONDS", default_value_t = 60)]
     pub lag_seconds: u64,
-    /// replication-lag: the peer anchors folder (read only; a writable copy is made under
-    /// --anchors-work). Without it the gate fails: there is nothing to compare with.
+    /// replication-lag: the peer scripts folder, bench/peers (read only; a writable copy is made
+    /// under --anchors-work). Without it the gate fails: there is nothing to compare with.
     #[arg(long, env = "GATE_ANCHORS")]
     pub anchors: Option<PathBuf>,
     /// Where the writable copy of the anchors lives (kept, so their setup runs once).
@@ -422,11 +422,12 @@ struct RedisLag {
 async fn redis_lag(anchors: &Path, work: &Path) -> anyhow::Result<RedisLag> {
     let copy = work.join("anchors");
     if !copy.join("redis").join("run.sh").exists() {
-        std::fs::create_dir_all(work).with_context(|| format!("create {}", work.display()))?;
+        // The folder's contents go to `<work>/anchors`, whatever the folder is named (bench/peers).
+        std::fs::create_dir_all(&copy).with_context(|| format!("create {}", copy.display()))?;
         let mut cp = std::process::Command::new("cp");
-        cp.arg("-r").arg(anchors).arg(work);
+        cp.arg("-r").arg(anchors.join(".")).arg(&copy);
         let copied = output(cp).await.context("run cp")?;
-        anyhow::ensure!(copied.status.success(), "cp -r {} {} failed", anchors.display(), work.display());
+        anyhow::ensure!(copied.status.success(), "cp -r {}/. {} failed", anchors.display(), copy.display());
         // The source may be read-only; the anchors write their venv, helpers and results in place.
         let mut chmod = std::process::Command::new("chmod");
         chmod.arg("-R").arg("u+w").arg(&copy);
@@ -481,9 +482,9 @@ async fn redis_lag(anchors: &Path, work: &Path) -> anyhow::Result<RedisLag> {
     })
 }
 
-/// Installs redis-py into the anchors' venv if it is missing. setup.sh checks for it with
-/// `python -c 'import redis'` from inside the anchors folder, where the `redis/` script folder
-/// itself satisfies that import, so on a fresh copy it never installs the client; check from `/`.
+/// Installs redis-py into the anchors' venv if it is missing. bench/peers/setup.sh installs it;
+/// this guards a copy whose setup checked with `python -c 'import redis'` from inside the folder,
+/// where the `redis/` script folder satisfies that import. The check here runs from `/`.
 async fn ensure_redis_py(copy: &Path) -> anyhow::Result<()> {
     let venv = std::fs::canonicalize(copy.join(".venv").join("bin")).context("find the anchors' venv")?;
     let mut check = std::process::Command::new(venv.join("python"));

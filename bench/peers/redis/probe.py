@@ -1,0 +1,203 @@
+#!/usr/bin/env python3
+"""Measurements redis/run.sh cannot make with redis-benchmark (redis-py; 127.0.0.1 only).
+
+  probe.py lag --primary P --replica R [--writes 1000] [--max-seconds 90]
+      For each of WRITES sequential writes: SET on the primary (its reply is the ack: with
+      appendfsync always the primary has fsynced its AOF), then GET on the replica until the
+      value shows: the time from ack to visible. Then as many SET + WAIT <all replicas> 1000.
+      Prints `kind=redis-lag ...` (tidal gates reads vis_after_ack_*, timeouts and
+      primary_cmds_per_s_during from it).
+  probe.py fill --port P [--records 100000] [--bytes 200] [--batch 500] [--max-seconds 180]
+      XADD RECORDS entries of BYTES bytes, BATCH per pipeline round trip.
+  probe.py catchup --primary P --replica R --since EPOCH [--max-seconds 300]
+      Waits until the replica's link is up and its offset reached the primary's; the seconds
+      from EPOCH (the replica's restart) to each.
+  probe.py drained --primary P --replicas R1,R2 [--max-seconds 120]
+      Seconds until every replica reached the primary's offset (after a load run).
+  probe.py counters --port P
+      The primary's resync counters and offset.
+Each prints one line of key=value pairs; every loop is bounded by count and time.
+"""
+import argparse
+import time
+
+import redis
+
+LOOPBACK = "127.0.0.1"
+
+
+def client(port, timeout=30.0):
+    return redis.Redis(host=LOOPBACK, port=port, socket_timeout=timeout, socket_connect_timeout=2)
+
+
+def quantile(sorted_values, q):
+    if not sorted_values:
+        return float("nan")
+    rank = -(-round(q * 1000) * len(sorted_values) // 1000)
+    return sorted_values[max(1, min(rank, len(sorted_values))) - 1]
+
+
+def ms(seconds):
+    return f"{seconds * 1000:.3f}"
+
+
+def lag(args):
+    primary, replica = client(args.primary), client(args.replica)
+    key = "peers:lag"
+    primary.set(key, 0)
+    commands_before = int(primary.info("stats")["total_commands_processed"])
+    began = time.monotonic()
+    stop_at = began + args.max_seconds
+    after_ack, from_send, slow = [], [], []
+    timeouts = reads = 0
+    for n in range(1, args.writes + 1):
+        if time.monotonic() > stop_at:
+            break
+        sent = time.monotonic()
+        primary.set(key, n)
+        acked = time.monotonic()
+        give_up = acked + 5.0
+        while True:
+            seen = replica.get(key)
+            reads += 1
+            now = time.monotonic()
+            if seen is not None and int(seen) >= n:
+                after_ack.append(now - acked)
+                from_send.append(now - sent)
+                if now - acked > 0.1:
+                    slow.append(f"{now - acked:.3f}s")
+                break
+            if now > give_up:
+                timeouts += 1
+                break
+    replicas = int(primary.info("replication")["connected_slaves"])
+    waited, short = [], 0
+    for n in range(len(after_ack)):
+        if time.monotonic() > stop_at:
+            break
+        sent = time.monotonic()
+        primary.set(key, -n)
+        confirmed = primary.execute_command("WAIT", replicas, 1000)
+        waited.append(time.monotonic() - sent)
+        short += int(confirmed) < replicas
+    elapsed = time.monotonic() - began
+    commands = int(primary.info("stats")["total_commands_processed"]) - commands_before
+    after_ack.sort()
+    from_send.sort()
+    waited.sort()
+    print(f"kind=redis-lag writes={len(after_ack)} timeouts={timeouts} "
+          f"vis_after_ack_p50_ms={ms(quantile(after_ack, .5))} vis_after_ack_p99_ms={ms(quantile(after_ack, .99))} "
+          f"vis_after_ack_max_ms={ms(after_ack[-1] if after_ack else float('nan'))} "
+          f"sent_to_visible_p50_ms={ms(quantile(from_send, .5))} sent_to_visible_p99_ms={ms(quantile(from_send, .99))} "
+          f"wait_all_n={len(waited)} wait_all_replicas={replicas} wait_all_p50_ms={ms(quantile(waited, .5))} "
+          f"wait_all_p99_ms={ms(quantile(waited, .99))} wait_all_short={short} "
+          f"primary_cmds_per_s_during={commands / elapsed:.0f} replica_reads={reads} "
+          f"slow_count={len(slow)} slow={','.join(slow[:8]) or '-'}")
+
+
+def fill(args):
+    primary = client(args.port)
+    body = b"r" * args.bytes
+    began = time.monotonic()
+    stop_at = began + args.max_seconds
+    done = 0
+    while done < args.records and time.monotonic() < stop_at:
+        batch = primary.pipeline(transaction=False)
+        count = min(args.batch, args.records - done)
+        for _ in range(count):
+            batch.xadd("peers:stream", {"b": body})
+        batch.execute()
+        done += count
+    elapsed = time.monotonic() - began
+    print(f"kind=redis-fill records={done} seconds={elapsed:.2f} records_per_s={done / elapsed:.0f} "
+          f"record_bytes={args.bytes} primary_offset={primary.info('replication')['master_repl_offset']}")
+
+
+def replica_state(replica):
+    """(link up?, replica offset or None); (False, None) while it cannot answer."""
+    try:
+        info = replica.info("replication")
+    except (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError):
+        return False, None
+    offset = info.get("slave_repl_offset")
+    return info.get("master_link_status") == "up", None if offset is None else int(offset)
+
+
+def catchup(args):
+    primary = client(args.primary)
+    replica = client(args.replica, timeout=5.0)
+    link_up_at = None
+    stop_at = time.time() + args.max_seconds
+    while time.time() < stop_at:
+        target = int(primary.info("replication")["master_repl_offset"])
+        up, offset = replica_state(replica)
+        now = time.time()
+        if up and link_up_at is None:
+            link_up_at = now
+        if up and offset is not None and offset >= target:
+            print(f"kind=redis-return caught_up=yes link_up_s={link_up_at - args.since:.2f} "
+                  f"caught_up_s={now - args.since:.2f} offset={offset}")
+            return
+        time.sleep(0.01)
+    print(f"kind=redis-return caught_up=no link_up_s={'-' if link_up_at is None else f'{link_up_at - args.since:.2f}'} "
+          f"caught_up_s=- offset={replica_state(replica)[1]}")
+
+
+def drained(args):
+    primary = client(args.primary)
+    replicas = [client(int(port), timeout=5.0) for port in args.replicas.split(",")]
+    target = int(primary.info("replication")["master_repl_offset"])
+    began = time.monotonic()
+    while time.monotonic() < began + args.max_seconds:
+        states = [replica_state(r) for r in replicas]
+        if all(up and offset is not None and offset >= target for up, offset in states):
+            print(f"kind=redis-drained drained=yes seconds={time.monotonic() - began:.2f}")
+            return
+        time.sleep(0.05)
+    print(f"kind=redis-drained drained=no seconds={time.monotonic() - began:.2f}")
+
+
+def counters(args):
+    primary = client(args.port)
+    stats, replication = primary.info("stats"), primary.info("replication")
+    print(f"sync_full={stats['sync_full']} sync_partial_ok={stats['sync_partial_ok']} "
+          f"sync_partial_err={stats['sync_partial_err']} offset={replication['master_repl_offset']} "
+          f"replicas={replication['connected_slaves']}")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    one = commands.add_parser("lag")
+    one.add_argument("--primary", type=int, required=True)
+    one.add_argument("--replica", type=int, required=True)
+    one.add_argument("--writes", type=int, default=1000)
+    one.add_argument("--max-seconds", type=float, default=90)
+    one.set_defaults(run=lag)
+    one = commands.add_parser("fill")
+    one.add_argument("--port", type=int, required=True)
+    one.add_argument("--records", type=int, default=100_000)
+    one.add_argument("--bytes", type=int, default=200)
+    one.add_argument("--batch", type=int, default=500)
+    one.add_argument("--max-seconds", type=float, default=180)
+    one.set_defaults(run=fill)
+    one = commands.add_parser("catchup")
+    one.add_argument("--primary", type=int, required=True)
+    one.add_argument("--replica", type=int, required=True)
+    one.add_argument("--since", type=float, required=True)
+    one.add_argument("--max-seconds", type=float, default=300)
+    one.set_defaults(run=catchup)
+    one = commands.add_parser("drained")
+    one.add_argument("--primary", type=int, required=True)
+    one.add_argument("--replicas", required=True)
+    one.add_argument("--max-seconds", type=float, default=120)
+    one.set_defaults(run=drained)
+    one = commands.add_parser("counters")
+    one.add_argument("--port", type=int, required=True)
+    one.set_defaults(run=counters)
+    args = parser.parse_args()
+    args.run(args)
+
+
+if __name__ == "__main__":
+    main()
