@@ -309,7 +309,9 @@ impl ScriptRun {
                 return;
             };
             let started = *self.started.get_or_insert(now);
-            let progress = self.step(step, driver, sim, shared, now, now - started, offset);
+            let progress = self
+                .try_step(step, driver, sim, shared, now, now - started, offset)
+                .unwrap_or_else(Progress::Fail);
             match progress {
                 Progress::Done => {
                     self.next += 1;
@@ -372,23 +374,6 @@ impl ScriptRun {
     fn bind(&mut self, driver: &mut Driver<'_>, slot: Slot, node: usize, offset: Duration, why: &str) {
         self.slots[slot] = Some(node);
         driver.trace.push(format!("{} ms script: slot {slot} = n{} ({why})", offset.as_millis(), node + 1));
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    fn step(
-        &mut self,
-        step: Step,
-        driver: &mut Driver<'_>,
-        sim: &mut turmoil::Sim<'_>,
-        shared: &Rc<RefCell<Shared>>,
-        now: Duration,
-        waited: Duration,
-        offset: Duration,
-    ) -> Progress {
-        match self.try_step(step, driver, sim, shared, now, waited, offset) {
-            Ok(progress) => progress,
-            Err(why) => Progress::Fail(why),
-        }
     }
 
     #[allow(clippy::too_many_arguments)]
