@@ -74,21 +74,6 @@ const PULL_CHUNKS_AHEAD: usize = 4;
 pub const HEARTBEAT_INTERVAL: Duration = Duration::from_millis(100);
 /// How long a commit notice may take: it is only worth anything while its ship is in flight.
 const NOTICE_TIMEOUT: Duration = Duration::from_millis(500);
-/// `TIDAL_COMMIT_NOTICES=0` turns the commit notices off (for A/B measurements; decisions/016).
-fn commit_notices_enabled() -> bool {
-    static ENABLED: OnceLock<bool> = OnceLock::new();
-    *ENABLED.get_or_init(|| std::env::var("TIDAL_COMMIT_NOTICES").map_or(true, |v| v != "0"))
-}
-
-/// Whether the leader feeds its ship tail when a drain is written, before its fsync, instead of after
-/// it, so followers fsync while the leader does (decisions/023). On by default since the ship
-/// streams (decisions/027); `TIDAL_SHIP_ON_WRITE=0` ships after the fsync instead (A/B, triage).
-/// The commit cap and the restart rule that make it safe hold either way (a node may restart with
-/// the other setting).
-fn ship_on_write() -> bool {
-    static ENABLED: OnceLock<bool> = OnceLock::new();
-    *ENABLED.get_or_init(|| std::env::var("TIDAL_SHIP_ON_WRITE").map_or(true, |v| v != "0"))
-}
 /// Retry backoff bounds for a ShipQueue whose follower does not answer.
 const BACKOFF_MIN: Duration = Duration::from_millis(20);
 const BACKOFF_MAX: Duration = Duration::from_secs(1);
@@ -163,13 +148,11 @@ impl FlushedHook for ReplicaHook {
                 self.deferred.extend_from_slice(batches);
             }
         }
-        // Shipped while our own fsync runs (decisions/023, 027; TIDAL_SHIP_ON_WRITE=0: after it). Safe
+        // Shipped while our own fsync runs (decisions/023, 027), so followers fsync while we do. Safe
         // because our commit never passes our own durable position (CommitState) and a restart never
         // resumes a term this node led before it (office.rs), so what a crash loses here was never
         // committed and is never written again with other contents under the same term.
-        if ship_on_write() {
-            self.feed.push(batches);
-        }
+        self.feed.push(batches);
     }
 
     fn flushed(&mut self, batches: &[Batch]) {
@@ -181,9 +164,6 @@ impl FlushedHook for ReplicaHook {
             self.applier.flushed(std::mem::take(&mut self.deferred));
         }
         self.applier.resend_commit();
-        if !ship_on_write() {
-            self.feed.push(batches);
-        }
         // While in office, the leader's own durable position counts as matched. CommitState ignores
         // it unless this node holds office in the batch's term (stepping down is synchronous with
         // persisting a higher vote, so a deposed leader never counts its own batches).
@@ -781,15 +761,13 @@ impl Replica {
         let mut fed = self.feed.subscribe();
         let mut commits = self.commit.subscribe();
         let (notices, notices_rx) = watch::channel(Seqno::ZERO);
-        if commit_notices_enabled() {
-            tokio::spawn(Replica::commit_notifier(
-                Arc::downgrade(&self),
-                follower,
-                peer.clone(),
-                term,
-                notices_rx,
-            ));
-        }
+        tokio::spawn(Replica::commit_notifier(
+            Arc::downgrade(&self),
+            follower,
+            peer.clone(),
+            term,
+            notices_rx,
+        ));
         // Optimistic start at our own end; a follower that lacks it answers Gap with its last.
         let mut after = self.feed.last();
         let mut sent_commit = Seqno::ZERO;
@@ -825,7 +803,7 @@ impl Replica {
                 }
             };
             let heartbeat_due = last_sent.elapsed() >= HEARTBEAT_INTERVAL;
-            if batches.is_empty() && !heartbeat_due && commit != sent_commit && commit_notices_enabled() {
+            if batches.is_empty() && !heartbeat_due && commit != sent_commit {
                 // Only the commit frontier moved: a quiet notice carries it, with no ship to answer
                 // (decisions/027). Lost with a broken stream, it rides the next ship or heartbeat.
                 match peer.commit_quiet(term, self.me, commit) {
@@ -908,7 +886,7 @@ impl Replica {
     ) -> Result<ShipAnswer, NetError> {
         let call = peer.ship(ship);
         tokio::pin!(call);
-        let mut watching = commit_notices_enabled();
+        let mut watching = true;
         loop {
             tokio::select! {
                 biased;

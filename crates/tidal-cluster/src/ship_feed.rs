@@ -1,11 +1,11 @@
 //! The ship feed: a bounded in-memory tail of the leader's flushed batches.
 //!
 //! The WAL writer pushes every drain here once it is written, just before its fsync (through its
-//! hook, decisions/023 and 027; with `TIDAL_SHIP_ON_WRITE=0`, once it is fsynced); one ShipQueue
+//! hook, decisions/023 and 027); one ShipQueue
 //! per follower reads from it. The tail is bounded by bytes and by batches (the oldest batches fall off):
 //! a follower that needs what the tail no longer holds is told `Rotated` and pulls from the leader's
 //! segments instead — the queue never reads disk. Delicate: the tail holds batches in seqno order,
-//! contiguous (`push` asserts it); unless `TIDAL_SHIP_ON_WRITE=0` the last ones may not be durable yet.
+//! contiguous (`push` asserts it); the last ones may not be durable yet.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
@@ -71,8 +71,8 @@ impl ShipFeed {
         self.tail.lock().expect("ship feed lock is never held across a panic")
     }
 
-    /// Appends batches (in seqno order, contiguous with what the tail holds): written ones, or
-    /// fsynced ones with `TIDAL_SHIP_ON_WRITE=0`.
+    /// Appends batches (in seqno order, contiguous with what the tail holds), once written (maybe not
+    /// yet fsynced).
     pub fn push(&self, batches: &[Batch]) {
         let mut tail = self.lock();
         for batch in batches {

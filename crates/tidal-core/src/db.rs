@@ -134,9 +134,6 @@ pub struct TidalDb {
     /// True during a startup replay: the overlay's bound on applies is off (its bound on bytes
     /// stays). See [`TidalDb::set_replaying`].
     replaying: AtomicBool,
-    /// False with `TIDAL_INGEST_SEEN=0`: a startup replay's flushes write the seen pairs through
-    /// the batch like the live path's, not by fjall's ingestion (decisions/054).
-    replay_ingests_seen: bool,
     /// The thread that folds half of each large signal batch during a startup replay
     /// (decisions/047); `None` otherwise. Only the applier's thread uses it.
     fold_helper: Mutex<Option<rayon_core::ThreadPool>>,
@@ -296,7 +293,6 @@ impl TidalDb {
             flush_on_drop: true,
             import_incomplete: AtomicBool::new(import_incomplete),
             replaying: AtomicBool::new(false),
-            replay_ingests_seen: std::env::var("TIDAL_INGEST_SEEN").map_or(true, |v| v != "0"),
             fold_helper: Mutex::new(None),
             close_watchers: Mutex::new(Vec::new()),
         })
@@ -316,19 +312,17 @@ impl TidalDb {
     /// (decisions/043).
     ///
     /// A replay also folds the two halves of each large signal batch on two threads
-    /// (decisions/047), unless the machine has one CPU or `TIDAL_PARALLEL_FOLD=0`; the helper
-    /// thread ends with the replay. And its flushes write the seen pairs as new tables by fjall's
-    /// ingestion, before the batch with the rest (decisions/054), unless `TIDAL_INGEST_SEEN=0`.
+    /// (decisions/047), unless the machine has one CPU; the helper thread ends with the replay. And
+    /// its flushes write the seen pairs as new tables by fjall's ingestion, before the batch with
+    /// the rest (decisions/054).
     pub fn set_replaying(&self, on: bool) {
         self.replaying.store(on, Ordering::Relaxed);
-        let wanted = on
-            && std::env::var("TIDAL_PARALLEL_FOLD").map_or(true, |v| v != "0")
-            && std::thread::available_parallelism().is_ok_and(|n| n.get() > 1);
+        let wanted = on && std::thread::available_parallelism().is_ok_and(|n| n.get() > 1);
         self.set_parallel_fold(wanted);
     }
 
-    /// Folds large signal batches on two threads (`true`) or one from now on, whatever the machine,
-    /// the environment and the replay say; for tests that compare the two.
+    /// Folds large signal batches on two threads (`true`) or one from now on, whatever the machine
+    /// and the replay say; for tests and benchmarks that compare the two.
     #[doc(hidden)]
     pub fn set_parallel_fold(&self, on: bool) {
         let helper = on.then(start_fold_helper).flatten();
@@ -904,7 +898,7 @@ impl TidalDb {
                 counters: counters.take_dirty(&mut state.index),
                 applied_seqno: applied,
                 last_time_ms: self.last_applied_time_ms(),
-                ingest_seen: self.replay_ingests_seen && self.replaying.load(Ordering::Relaxed),
+                ingest_seen: self.replaying.load(Ordering::Relaxed),
                 // Exact at `applied`: every apply that changes them holds the writer lock we hold.
                 items: self.items.load(Ordering::Relaxed),
                 users: self.users.load(Ordering::Relaxed),

@@ -231,7 +231,8 @@ pub fn planted(bug: Bug) -> (ReplicationModel, Search) {
         // and its schedule (n1, n2, n1, n2 win terms 1-4). With ships on write every ship ends
         // with the leader's own LeaderStart, so every ack names a batch of its term and the
         // relabelling never applies (that schedule explored completely: no violation); with ships
-        // of the durable log only (`TIDAL_SHIP_ON_WRITE=0`) a follower acks an older-term batch.
+        // of the durable log only (as before decisions/027; the model's `with_durable_ships`) a follower
+        // acks an older-term batch.
         Bug::CountOlderTerm => ReplicationModel {
             max_crashes: 0,
             learn_terms: false,

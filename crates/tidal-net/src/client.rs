@@ -53,13 +53,6 @@ pub enum NetError {
 
 type Client = ReplicationClient<InterceptedService<Channel, SecretAttach>>;
 
-/// Whether ships and commit notices go on streams (the default) or one call each
-/// (`TIDAL_SHIP_STREAM=0`: for comparison, or to rule the streams out when chasing a problem).
-fn streams_enabled() -> bool {
-    static ENABLED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ENABLED.get_or_init(|| std::env::var("TIDAL_SHIP_STREAM").map_or(true, |v| v != "0"))
-}
-
 /// A lazily connected peer.
 #[derive(Clone)]
 pub struct Peer {
@@ -116,9 +109,9 @@ impl Peer {
             client,
             cluster_id: cluster_id.to_string(),
             address: address.to_string(),
-            ships: std::sync::Arc::new(StreamPath::new(streams_enabled())),
-            notices: std::sync::Arc::new(StreamPath::new(streams_enabled())),
-            quiet_notices: std::sync::Arc::new(OneWayPath::new(streams_enabled())),
+            ships: std::sync::Arc::new(StreamPath::new()),
+            notices: std::sync::Arc::new(StreamPath::new()),
+            quiet_notices: std::sync::Arc::new(OneWayPath::new()),
             ship_tap: connector.ship_tap(),
             control_tap: connector.control_tap(),
         })

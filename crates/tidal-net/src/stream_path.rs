@@ -34,14 +34,14 @@ pub(crate) struct StreamPath<Req, Rep> {
 pub(crate) enum Exchanged<Rep> {
     /// The peer's reply.
     Reply(Rep),
-    /// The peer has no stream RPC (or streams are off): make a unary call instead.
+    /// The peer has no stream RPC: make a unary call instead.
     Unary,
 }
 
 impl<Req: Send + 'static, Rep> StreamPath<Req, Rep> {
-    /// A path that starts on a stream (`streams`), or on unary calls.
-    pub(crate) fn new(streams: bool) -> StreamPath<Req, Rep> {
-        StreamPath { link: tokio::sync::Mutex::new(None), unary: AtomicBool::new(!streams) }
+    /// A path that starts on a stream (unary calls once the peer turns out to have no stream RPC).
+    pub(crate) fn new() -> StreamPath<Req, Rep> {
+        StreamPath { link: tokio::sync::Mutex::new(None), unary: AtomicBool::new(false) }
     }
 
     /// Whether requests go as unary calls (no stream).
@@ -133,7 +133,7 @@ const ONE_WAY_QUEUE: usize = 64;
 /// Why a one-way request ([`crate::Peer::commit_quiet`]) was not sent.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum NotSent {
-    /// The peer has no stream for them (an older version, or streams are off): send them some
+    /// The peer has no stream for them (an older version): send them some
     /// other way.
     Unavailable,
     /// The stream's queue is full (the peer is not keeping up): dropped.
@@ -141,11 +141,11 @@ pub enum NotSent {
 }
 
 impl<Req: Send + 'static> OneWayPath<Req> {
-    /// A path that sends on a stream (`streams`), or refuses everything as `Unavailable`.
-    pub(crate) fn new(streams: bool) -> OneWayPath<Req> {
+    /// A path that sends on a stream (everything `Unavailable` once the peer turns out to have none).
+    pub(crate) fn new() -> OneWayPath<Req> {
         OneWayPath {
             link: std::sync::Mutex::new(None),
-            unavailable: std::sync::Arc::new(AtomicBool::new(!streams)),
+            unavailable: std::sync::Arc::new(AtomicBool::new(false)),
         }
     }
 

@@ -8,7 +8,7 @@
 //! Delicate:
 //! - Nothing is handed out (hook, completion, reader) before the fsync that covers it, with one
 //!   exception: [`FlushedHook::written`] sees a drain's batches once they are written, just before
-//!   its fsync (a cluster leader ships them from there unless `TIDAL_SHIP_ON_WRITE=0`, decisions/023, 027). Whoever takes them there
+//!   its fsync (a cluster leader ships them from there, decisions/023, 027). Whoever takes them there
 //!   must not treat them as durable: a failed fsync poisons the WAL and a crash may lose them.
 //! - A failed write or fsync poisons the WAL for good: the drain's completions get the error, every
 //!   later request gets [`Error::Poisoned`], and nothing is ever retried (after a failed fsync the
@@ -135,7 +135,7 @@ pub type WrittenCallback = Box<dyn FnOnce() + Send>;
 pub trait FlushedHook: Send + 'static {
     /// The batches of a drain, written to the segment but NOT yet fsynced, in seqno order: called
     /// just before the drain's fsync, once per drain that writes batches (a cluster member's applier
-    /// takes them here, decisions/025; unless `TIDAL_SHIP_ON_WRITE=0` the ship feed too, so followers
+    /// takes them here, decisions/025; a leader's ship feed too, so followers
     /// fsync while the leader does). Must never wait for anything that waits for this WAL's fsync. They are not durable: if the fsync fails, the WAL
     /// is poisoned and [`FlushedHook::flushed`] is never called for them; after a crash they may be
     /// gone. Batches a rotation inside the drain already fsynced are included.
