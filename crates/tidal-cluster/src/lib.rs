@@ -14,6 +14,7 @@ pub mod commit_state;
 pub mod control;
 pub mod fatal;
 pub mod files;
+pub mod refusal;
 pub mod replica;
 pub mod ship_feed;
 pub mod snapshot;
@@ -26,10 +27,11 @@ pub use applier::{
 pub use commit_state::CommitState;
 pub use control::{ControlPlane, ControlTiming, TermGate};
 pub use fatal::{Fatal, FatalReason, FatalSource};
+pub use refusal::Refusal;
 pub use replica::{
     commit_hint, FollowerProgress, HealReport, InstallStats, MemberChange, MemberError, MemberReport,
     Members, NoticeStats, PeerReconcile, PromoteError, PromoteReport, PullStats, Replica, ReplicaHook,
-    ReplicaParts, ReplicaService, Role, REFUSAL_CLASSES,
+    ReplicaParts, ReplicaService, Role,
 };
 pub use ship_feed::{ShipFeed, TailRead};
 pub use snapshot::{

@@ -29,6 +29,7 @@ pub use reconcile::{PeerReconcile, RECONCILE_INTERVAL};
 use crate::applier::{ApplierSender, DurableFrontier};
 use crate::commit_state::CommitState;
 use crate::control::{ControlPlane, ControlTiming, TermGate};
+use crate::refusal::Refusal;
 use crate::ship_feed::{ShipFeed, TailRead};
 use crate::snapshot::{
     fetch_snapshot, install_fetched, FetchOutcome, InstallOutcome, SnapshotPins, SnapshotSource,
@@ -85,26 +86,6 @@ const PULL_INTERVAL_MIN: Duration = Duration::from_millis(200);
 /// needing one (a leader purging faster than it can follow) does not cut and move the whole state
 /// in a loop.
 pub const SNAPSHOT_INSTALL_INTERVAL_MIN: Duration = Duration::from_secs(5);
-
-/// Every class of refused replication input [`Replica::refusals`] counts.
-pub const REFUSAL_CLASSES: [&str; 13] = [
-    "wrong_secret",
-    "wrong_cluster",
-    "malformed",
-    "stale_term",
-    "gap",
-    "diverged",
-    "overlap",
-    "stale_source",
-    "halted",
-    "append_failed",
-    // A ship, pull, snapshot, notice or election request from a node that is not a member.
-    "not_member",
-    // A ship or commit notice of our term from a node openraft's vote does not name its leader.
-    "not_leader",
-    // Sent, not received: a ship or pulled chunk of ours whose prev our log does not hold (a bug).
-    "unheld_prev",
-];
 
 /// The WAL hook of a cluster node.
 pub struct ReplicaHook {
@@ -331,7 +312,7 @@ pub struct Replica {
     /// Client writes between their admission and their WAL append (see `admit_write`).
     writes_in_flight: Arc<std::sync::atomic::AtomicUsize>,
     /// Refused replication input by class (metrics): see [`Replica::refusals`].
-    refusals: Mutex<BTreeMap<&'static str, u64>>,
+    refusals: Mutex<BTreeMap<Refusal, u64>>,
     /// Offices given up past the office deadline (metrics): see [`Replica::handovers`].
     handovers: AtomicU64,
     /// Follower: the leader's commit notices and how far our log is known to match its log.
@@ -633,7 +614,7 @@ impl Replica {
     /// `stale_source` (a pulled chunk from a node not in office would replace our batches),
     /// `halted` (it would quarantine committed seqnos), `append_failed` (our WAL refused it).
     /// `stale_source` also covers such a chunk that conflicts at or below our commit frontier.
-    pub fn refusals(&self) -> BTreeMap<&'static str, u64> {
+    pub fn refusals(&self) -> BTreeMap<Refusal, u64> {
         self.refusals.lock().expect("refusals lock is never held across a panic").clone()
     }
 
@@ -643,7 +624,7 @@ impl Replica {
         self.handovers.load(Ordering::SeqCst)
     }
 
-    fn count_refusal(&self, class: &'static str) {
+    fn count_refusal(&self, class: Refusal) {
         *self
             .refusals
             .lock()
@@ -829,7 +810,7 @@ impl Replica {
             if !self.holds(after) {
                 // Never reached by the rules above; if a regression gets here, the follower's prev
                 // check would pass a position we never wrote. Resume from our own log instead.
-                self.count_refusal("unheld_prev");
+                self.count_refusal(Refusal::UnheldPrev);
                 let resumed = resume_after_gap(after, &self.leader_view());
                 tracing::error!(%follower, prev = %after, %resumed, "a ship's prev is not in our log; not sent");
                 after = resumed;
@@ -1033,16 +1014,16 @@ impl Replica {
     /// openraft's vote names (the node we voted for or learned as leader of it). Another term's
     /// message is decided by the term check (fenced or not yet) as before. Err: the refusal class
     /// and why.
-    fn check_sender(&self, sender: NodeId, term: Term, ours: Term) -> Result<(), (&'static str, String)> {
+    fn check_sender(&self, sender: NodeId, term: Term, ours: Term) -> Result<(), (Refusal, String)> {
         if !self.is_member(sender) {
-            return Err(("not_member", format!("node {sender} is not a member of this cluster")));
+            return Err((Refusal::NotMember, format!("node {sender} is not a member of this cluster")));
         }
         if term != ours {
             return Ok(());
         }
         match self.vote_names(term) {
             Some(named) if named != sender => Err((
-                "not_leader",
+                Refusal::NotLeader,
                 format!("node {sender} sent as leader of term {term}, but our vote names node {named}"),
             )),
             _ => Ok(()),
@@ -1168,33 +1149,33 @@ impl Replica {
         let outcome = match verdict {
             Verdict::Fenced { .. } => {
                 tracing::info!(ship_term = %ship.term, %term, leader = %ship.leader, "refused a ship from an older term");
-                self.count_refusal("stale_term");
+                self.count_refusal(Refusal::StaleTerm);
                 ShipOutcome::Fenced
             }
             Verdict::NotYet { .. } => ShipOutcome::NotYet,
             Verdict::Gap { last } => {
-                self.count_refusal("gap");
+                self.count_refusal(Refusal::Gap);
                 self.clone().start_pull("gap");
                 ShipOutcome::Gap(last)
             }
             Verdict::Diverged => {
                 tracing::info!(prev = %ship.prev, "a ship's prev is not in our log: diverged");
-                self.count_refusal("diverged");
+                self.count_refusal(Refusal::Diverged);
                 ShipOutcome::Diverged(self.wal.term_history())
             }
             Verdict::Refuse { reason } if stale_source => {
                 tracing::info!(leader = %ship.leader, "refused a pulled chunk: {reason}");
-                self.count_refusal("stale_source");
+                self.count_refusal(Refusal::StaleSource);
                 ShipOutcome::Refused(reason)
             }
             Verdict::Refuse { reason } => {
                 tracing::warn!("refused a ship: {reason}");
-                self.count_refusal("overlap");
+                self.count_refusal(Refusal::Overlap);
                 ShipOutcome::Refused(reason)
             }
             Verdict::Halt { reason, .. } => {
                 tracing::error!("receiver halted: {reason}");
-                self.count_refusal("halted");
+                self.count_refusal(Refusal::Halted);
                 *self.halted.lock().expect("halt lock is never held across a panic") = Some(reason.clone());
                 if repairs_a_halt(self.quorum(), names_leader) {
                     // Leader mode lost batches we committed: only the leader's state brings us
@@ -1239,7 +1220,7 @@ impl Replica {
                     }
                     Err(reason) => {
                         tracing::warn!("could not take a ship: {reason}");
-                        self.count_refusal("append_failed");
+                        self.count_refusal(Refusal::AppendFailed);
                         ShipOutcome::Refused(reason)
                     }
                 }
@@ -1564,7 +1545,7 @@ impl Replica {
     /// Serves a pull: batches after `from`, from the WAL, in chunks.
     pub fn serve_pull(&self, pull: Pull) -> Result<ChunkStream, tonic::Status> {
         if !self.is_member(pull.node) {
-            self.count_refusal("not_member");
+            self.count_refusal(Refusal::NotMember);
             tracing::warn!(node = %pull.node, "refused a pull from a node that is not a member");
             return Err(tonic::Status::permission_denied(format!("node {} is not a member", pull.node)));
         }
@@ -1731,8 +1712,8 @@ impl tidal_net::Handler for ReplicaService {
         &self.0.spec.cluster_id
     }
 
-    fn refused(&self, class: &'static str) {
-        self.0.count_refusal(class);
+    fn refused(&self, why: tidal_net::ServiceRefusal) {
+        self.0.count_refusal(why.into());
     }
 
     async fn ship(&self, ship: Ship) -> Result<ShipAnswer, tonic::Status> {
@@ -1757,7 +1738,7 @@ impl tidal_net::Handler for ReplicaService {
 
     async fn snapshot(&self, request: SnapshotRequest) -> Result<SnapshotStream, tonic::Status> {
         if !self.0.is_member(request.node) {
-            self.0.count_refusal("not_member");
+            self.0.count_refusal(Refusal::NotMember);
             tracing::warn!(node = %request.node, "refused a snapshot to a node that is not a member");
             return Err(tonic::Status::permission_denied(format!("node {} is not a member", request.node)));
         }
@@ -1784,7 +1765,7 @@ impl tidal_net::Handler for ReplicaService {
         // (a stranger with the secret forced elections before decisions/057).
         let sender = crate::control::caller_of(&call)?;
         if !self.0.is_member(sender) {
-            self.0.count_refusal("not_member");
+            self.0.count_refusal(Refusal::NotMember);
             tracing::warn!(node = %sender, kind = %call.kind, "refused an openraft call from a node that is not a member");
             return Err(tonic::Status::permission_denied(format!("node {sender} is not a member")));
         }

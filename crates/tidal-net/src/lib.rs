@@ -22,7 +22,9 @@ pub use message::{
     join_batches, split_batches, Chunk, ChunkOutcome, Pull, Ship, ShipAnswer, ShipOutcome, WireError,
     MESSAGE_BATCH_BYTES_MAX,
 };
-pub use server::{serve, ChunkStream, Handler, NegativesPage, SnapshotStream, NEGATIVES_PAGE_MAX};
+pub use server::{
+    serve, ChunkStream, Handler, NegativesPage, ServiceRefusal, SnapshotStream, NEGATIVES_PAGE_MAX,
+};
 pub use snapshot_message::{
     SnapshotChunk, SnapshotRequest, SNAPSHOT_BYTES_MAX, SNAPSHOT_CHUNK_BYTES, SNAPSHOT_CHUNK_BYTES_MAX,
 };

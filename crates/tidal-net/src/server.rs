@@ -35,9 +35,8 @@ pub type NegativesPage = (Vec<u8>, Vec<(String, Vec<u8>)>);
 pub trait Handler: Send + Sync + 'static {
     /// The cluster this node belongs to.
     fn cluster_id(&self) -> &str;
-    /// A request refused before the handler saw it (`class`: `wrong_secret`, `wrong_cluster`,
-    /// `malformed`), for metrics. The service logs it.
-    fn refused(&self, _class: &'static str) {}
+    /// A request refused before the handler saw it, for metrics. The service logs it.
+    fn refused(&self, _why: ServiceRefusal) {}
     /// A ship (or heartbeat) from the leader.
     async fn ship(&self, ship: Ship) -> Result<ShipAnswer, Status>;
     /// A commit notice from the leader of `term` (sent while a ship to us is in flight): apply what
@@ -86,8 +85,16 @@ fn invalid(error: impl std::fmt::Display) -> Status {
     Status::invalid_argument(error.to_string())
 }
 
-/// Classes of requests refused by the service itself (see [`Handler::refused`]).
-pub const REFUSAL_CLASSES: [&str; 3] = ["wrong_secret", "wrong_cluster", "malformed"];
+/// Why the service itself refused a request, before its handler saw it ([`Handler::refused`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ServiceRefusal {
+    /// The call did not carry the cluster secret.
+    WrongSecret,
+    /// The request names another cluster.
+    WrongCluster,
+    /// The request could not be decoded, or is too large.
+    Malformed,
+}
 
 impl<H: Handler> Service<H> {
     fn check_cluster(&self, cluster_id: &str) -> Result<(), Status> {
@@ -99,7 +106,7 @@ impl<H: Handler> Service<H> {
                 self.handler.cluster_id()
             );
             tracing::warn!("refused an RPC: {reason}");
-            self.handler.refused("wrong_cluster");
+            self.handler.refused(ServiceRefusal::WrongCluster);
             Err(Status::permission_denied(reason))
         }
     }
@@ -146,7 +153,7 @@ impl<H: Handler> Service<H> {
     /// A request that did not decode (corrupt batch, bad field, oversize): logged and counted.
     fn malformed(&self, call: &str, error: impl std::fmt::Display) -> Status {
         tracing::warn!("refused a malformed {call} RPC: {error}");
-        self.handler.refused("malformed");
+        self.handler.refused(ServiceRefusal::Malformed);
         invalid(error)
     }
 }
@@ -340,7 +347,7 @@ where
     let intercepted = tonic::service::interceptor::InterceptedService::new(service, move |request| {
         check.check(request).inspect_err(|_| {
             tracing::warn!("refused an RPC without the cluster secret");
-            refusals.refused("wrong_secret");
+            refusals.refused(ServiceRefusal::WrongSecret);
         })
     });
     let serving = tonic::transport::Server::builder()

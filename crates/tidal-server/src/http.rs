@@ -1137,9 +1137,10 @@ async fn metrics(State(state): State<Arc<AppState>>) -> Response {
             "# HELP tidal_replication_refusals_total Replication input this node refused, by reason (see docs/OPERATIONS.md).\n",
         );
         out.push_str("# TYPE tidal_replication_refusals_total counter\n");
-        for class in tidal_cluster::REFUSAL_CLASSES {
-            let count = refusals.get(class).copied().unwrap_or(0);
-            out.push_str(&format!("tidal_replication_refusals_total{{reason=\"{class}\"}} {count}\n"));
+        for class in tidal_cluster::Refusal::ALL {
+            let count = refusals.get(&class).copied().unwrap_or(0);
+            let reason = class.as_str();
+            out.push_str(&format!("tidal_replication_refusals_total{{reason=\"{reason}\"}} {count}\n"));
         }
         let notices = replica.notice_stats();
         out.push_str(

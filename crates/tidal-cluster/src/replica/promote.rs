@@ -266,11 +266,11 @@ impl Replica {
         // Only the leader of our term may hand its office over (decisions/057): a stranger or a
         // member that does not lead would otherwise start elections at will.
         if !self.is_member(NodeId(leader)) {
-            self.count_refusal("not_member");
+            self.count_refusal(crate::Refusal::NotMember);
             return Err(format!("node {leader} is not a member of this cluster"));
         }
         if self.vote_names(Term(term)) != Some(NodeId(leader)) {
-            self.count_refusal("not_leader");
+            self.count_refusal(crate::Refusal::NotLeader);
             return Err(format!("node {leader} does not lead term {term} as far as this node knows"));
         }
         let mine = self.term().get();
