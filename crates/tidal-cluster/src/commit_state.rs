@@ -155,7 +155,12 @@ impl CommitState {
                 // before our fsync (decisions/023); a crash may lose them here, and a commit we
                 // announced must stay in our log.
                 let own = matched.positions.get(&self.me).map_or(Seqno::ZERO, |own| own.seqno);
-                majority.min(own).max(current)
+                let next = majority.min(own).max(current);
+                assert!(
+                    next == current || next <= own,
+                    "leader of {term}: commit {next} (was {current}) past our own durable {own}"
+                );
+                next
             }
         }
     }

@@ -1210,6 +1210,13 @@ impl Replica {
                 });
                 match self.perform(&ship, steps, on_written).await {
                     Ok(()) => {
+                        // We ack `matched`: the leader counts it toward commit. It must be in our
+                        // log, written and (perform waited for it) fsynced.
+                        let durable = self.wal.durable_seqno();
+                        assert!(
+                            matched.seqno <= durable,
+                            "acking {matched} past our durable seqno {durable} (term {term})"
+                        );
                         // Again here (idempotent), for a ship whose batches we all held already.
                         if live {
                             self.live_written(term, matched.seqno, commit);
