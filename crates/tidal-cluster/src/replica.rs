@@ -607,13 +607,7 @@ impl Replica {
         *self.pulls.lock().expect("pull stats lock is never held across a panic")
     }
 
-    /// Replication input this node refused, by class: `wrong_secret`, `wrong_cluster`, `malformed`
-    /// (refused by the RPC service: bad secret, another cluster, a corrupt or oversize message),
-    /// `stale_term` (a ship from an older term), `gap` (a ship after a seqno we lack: we pull),
-    /// `diverged` (its `prev` is not in our log), `overlap` (a batch starting inside one of ours),
-    /// `stale_source` (a pulled chunk from a node not in office would replace our batches),
-    /// `halted` (it would quarantine committed seqnos), `append_failed` (our WAL refused it).
-    /// `stale_source` also covers such a chunk that conflicts at or below our commit frontier.
+    /// Replication input this node refused, by class ([`Refusal`] says what each means).
     pub fn refusals(&self) -> BTreeMap<Refusal, u64> {
         self.refusals.lock().expect("refusals lock is never held across a panic").clone()
     }

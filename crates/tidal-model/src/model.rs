@@ -58,10 +58,9 @@ use std::fmt;
 use stateright::{Model, Property};
 use tidal_protocol::{
     answer_probe, append_only, authority, commit_frontier, decide_ship, divergence_point, next_after,
-    plan_office, resumes_a_term, BatchMeta, LogView, OfficePlan, Origin, OwnLog, ProbeAnswer, Quorum, Reply,
-    ShipMeta, Step, Verdict,
+    plan_office, resumes_a_term, tail_start, BatchMeta, LogView, OfficePlan, Origin, OwnLog, ProbeAnswer,
+    Quorum, Reply, ShipMeta, Step, TailStart, Verdict,
 };
-use tidal_protocol::{tail_start, TailStart};
 use tidal_types::{NodeId, Seqno, Term, TermSeqno};
 
 use crate::properties;
