@@ -12,6 +12,7 @@ pub mod applier;
 pub mod blocking;
 pub mod commit_state;
 pub mod control;
+pub mod error;
 pub mod fatal;
 pub mod files;
 pub mod refusal;
@@ -26,12 +27,13 @@ pub use applier::{
 };
 pub use commit_state::CommitState;
 pub use control::{ControlPlane, ControlTiming, TermGate};
+pub use error::RequestError;
 pub use fatal::{Fatal, FatalReason, FatalSource};
 pub use refusal::Refusal;
 pub use replica::{
-    commit_hint, FollowerProgress, HealReport, InstallStats, MemberChange, MemberError, MemberReport,
-    Members, NoticeStats, PeerReconcile, PromoteError, PromoteReport, PullStats, Replica, ReplicaHook,
-    ReplicaParts, ReplicaService, Role,
+    commit_hint, FollowerProgress, HealReport, InstallStats, MemberChange, MemberReport, Members,
+    NoticeStats, PeerReconcile, PromoteReport, PullStats, Replica, ReplicaHook, ReplicaParts, ReplicaService,
+    Role,
 };
 pub use ship_feed::{ShipFeed, TailRead};
 pub use snapshot::{

@@ -22,8 +22,8 @@ mod office;
 mod promote;
 mod reconcile;
 
-pub use members::{MemberChange, MemberError, MemberReport, Members};
-pub use promote::{PromoteError, PromoteReport, WriteTicket};
+pub use members::{MemberChange, MemberReport, Members};
+pub use promote::{PromoteReport, WriteTicket};
 pub use reconcile::{PeerReconcile, RECONCILE_INTERVAL};
 
 use crate::applier::{ApplierSender, DurableFrontier};

@@ -779,8 +779,8 @@ async fn post_promote(
     let node = query_u64(&query, "node")?.ok_or_else(|| ApiError::invalid("promote needs ?node=<id>"))?;
     let dry_run = query_param(&query, "dry_run") == Some("true");
     let report = replica.promote(tidal_types::NodeId(node), dry_run).await.map_err(|error| match error {
-        tidal_cluster::PromoteError::Invalid(why) => ApiError::invalid(why),
-        tidal_cluster::PromoteError::Unavailable(why) => ApiError::unavailable(ErrorCode::NotReady, why),
+        tidal_cluster::RequestError::Invalid(why) => ApiError::invalid(why),
+        tidal_cluster::RequestError::Unavailable(why) => ApiError::unavailable(ErrorCode::NotReady, why),
     })?;
     Ok(Json(serde_json::json!({
         "from": report.from.0,
@@ -868,8 +868,8 @@ async fn member_change(
         ApiError::unavailable(ErrorCode::NotReady, format!("membership change task failed: {e}"))
     })?;
     let report = report.map_err(|error| match error {
-        tidal_cluster::MemberError::Invalid(why) => ApiError::invalid(why),
-        tidal_cluster::MemberError::Unavailable(why) => ApiError::unavailable(ErrorCode::NotReady, why),
+        tidal_cluster::RequestError::Invalid(why) => ApiError::invalid(why),
+        tidal_cluster::RequestError::Unavailable(why) => ApiError::unavailable(ErrorCode::NotReady, why),
     })?;
     Ok(Json(serde_json::json!({
         "term": report.term.get(),

@@ -18,6 +18,7 @@
 
 use super::Replica;
 use crate::control::NodeInfo;
+use crate::error::RequestError;
 use crate::spec::{ClusterSpec, NodeSpec};
 use openraft::ChangeMembers;
 use std::collections::{BTreeMap, BTreeSet};
@@ -139,23 +140,6 @@ pub struct MemberReport {
     pub action: String,
 }
 
-/// Why a membership change did not happen.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum MemberError {
-    /// The request cannot succeed as asked.
-    Invalid(String),
-    /// Not now (not the leader, another change running, a learner still catching up); retry.
-    Unavailable(String),
-}
-
-impl std::fmt::Display for MemberError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            MemberError::Invalid(why) | MemberError::Unavailable(why) => f.write_str(why),
-        }
-    }
-}
-
 /// A peer handle for `node`, through this node's dial override if it has one.
 pub(super) fn connect(
     spec: &ClusterSpec,
@@ -264,8 +248,8 @@ impl Replica {
         self: &Arc<Self>,
         change: MemberChange,
         dry_run: bool,
-    ) -> Result<MemberReport, MemberError> {
-        use MemberError::{Invalid, Unavailable};
+    ) -> Result<MemberReport, RequestError> {
+        use RequestError::{Invalid, Unavailable};
         let started = Instant::now();
         let control = self
             .control
@@ -403,12 +387,12 @@ impl Replica {
     }
 
     /// Waits until `node` has matched, in `term`, the commit frontier as it stands at each check.
-    async fn wait_caught_up(&self, node: NodeId, term: Term, within: Duration) -> Result<(), MemberError> {
+    async fn wait_caught_up(&self, node: NodeId, term: Term, within: Duration) -> Result<(), RequestError> {
         let deadline = Instant::now() + within;
         let mut next_report = Instant::now() + PROGRESS_EVERY;
         loop {
-            if self.serving_term().map_err(MemberError::Unavailable)? != term {
-                return Err(MemberError::Unavailable(
+            if self.serving_term().map_err(RequestError::Unavailable)? != term {
+                return Err(RequestError::Unavailable(
                     "leadership moved while the learner caught up; retry on the new leader".into(),
                 ));
             }
@@ -420,7 +404,7 @@ impl Replica {
                 return Ok(());
             }
             if Instant::now() >= deadline {
-                return Err(MemberError::Unavailable(format!(
+                return Err(RequestError::Unavailable(format!(
                     "node {node} is a learner and still catching up (matched {matched} of commit {commit}); it keeps catching up: run the same members add again to make it a voter"
                 )));
             }
@@ -442,7 +426,7 @@ impl Replica {
         before: &Members,
         after: BTreeSet<NodeId>,
         change: ChangeMembers<u64, NodeInfo>,
-    ) -> Result<(), MemberError> {
+    ) -> Result<(), RequestError> {
         let mut joint = before.voter_sets.clone();
         joint.push(after.clone());
         self.quorum_pinned.store(true, Ordering::SeqCst);
@@ -453,8 +437,8 @@ impl Replica {
         let new_set = Quorum::single(after.iter().copied().collect());
         let deadline = Instant::now() + NEW_SET_DEADLINE;
         loop {
-            if self.serving_term().map_err(MemberError::Unavailable)? != term {
-                return Err(MemberError::Unavailable(
+            if self.serving_term().map_err(RequestError::Unavailable)? != term {
+                return Err(RequestError::Unavailable(
                     "leadership moved during the change; nothing was changed; retry on the new leader".into(),
                 ));
             }
@@ -464,14 +448,14 @@ impl Replica {
                 break;
             }
             if Instant::now() >= deadline {
-                return Err(MemberError::Unavailable(format!(
+                return Err(RequestError::Unavailable(format!(
                     "a majority of the new voter set {after:?} has not matched the commit frontier {commit} (it has {matched}); nothing was changed"
                 )));
             }
             tokio::time::sleep(CHANGE_POLL).await;
         }
         control.raft().change_membership(change, false).await.map_err(|e| {
-            MemberError::Unavailable(format!(
+            RequestError::Unavailable(format!(
                 "openraft did not commit the new configuration: {e}; `tidal status` shows where it stands, run the verb again to finish"
             ))
         })?;

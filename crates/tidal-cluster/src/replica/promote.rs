@@ -15,6 +15,7 @@
 //! - the target checks that the request's term is its own: a stale request starts nothing.
 
 use super::Replica;
+use crate::error::RequestError;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
@@ -55,23 +56,6 @@ pub struct PromoteReport {
     pub action: String,
 }
 
-/// Why `promote` did not hand over.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum PromoteError {
-    /// The request cannot succeed as asked (the target is not a voter).
-    Invalid(String),
-    /// Not now: this node does not lead, the target is silent, or the transfer failed; retry.
-    Unavailable(String),
-}
-
-impl std::fmt::Display for PromoteError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            PromoteError::Invalid(why) | PromoteError::Unavailable(why) => f.write_str(why),
-        }
-    }
-}
-
 /// Switches the leader's heartbeats back on when the transfer ends, however it ends.
 struct HeartbeatsOff<'a>(&'a openraft::Raft<crate::control::TypeConfig>);
 
@@ -107,8 +91,8 @@ impl Replica {
         self: &Arc<Self>,
         target: NodeId,
         dry_run: bool,
-    ) -> Result<PromoteReport, PromoteError> {
-        use PromoteError::{Invalid, Unavailable};
+    ) -> Result<PromoteReport, RequestError> {
+        use RequestError::{Invalid, Unavailable};
         let control = self
             .control
             .get()
