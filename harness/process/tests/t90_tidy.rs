@@ -81,3 +81,148 @@ fn every_cited_decision_record_exists() {
     }
     assert!(missing.is_empty(), "cited decision records that do not exist:\n{}", missing.join("\n"));
 }
+
+/// Production source files: every crate's `src/` (tests, benches, examples and the harness are
+/// tooling and excluded).
+fn production_sources() -> Vec<PathBuf> {
+    let mut files: Vec<PathBuf> = text_files()
+        .into_iter()
+        .filter(|path| path.extension().is_some_and(|ext| ext == "rs"))
+        .filter(|path| {
+            let relative = path.strip_prefix(root()).unwrap_or(path).to_string_lossy().replace('\\', "/");
+            let relative = relative.trim_start_matches("./");
+            relative.starts_with("crates/") && relative.contains("/src/")
+        })
+        .collect();
+    files.sort();
+    files
+}
+
+/// The functions of a rustfmt-formatted file with their length in lines: a function starts at a
+/// line whose code begins with `fn`, `pub fn`, `async fn` and the like, and ends at the first
+/// later line that is its indentation followed by `}`. `#[cfg(test)]` modules are skipped.
+fn functions(text: &str) -> Vec<(String, usize, usize)> {
+    let lines: Vec<&str> = text.lines().collect();
+    let mut found = Vec::new();
+    let mut index = 0;
+    while index < lines.len() {
+        let line = lines[index];
+        if line.trim_start() == "#[cfg(test)]" {
+            break; // test modules come last in this code base's files
+        }
+        let code = line.trim_start();
+        let words: Vec<&str> = code.split_whitespace().collect();
+        let fn_at = words.iter().position(|word| *word == "fn");
+        let is_fn = fn_at.is_some_and(|at| {
+            at + 1 < words.len()
+                && words[..at].iter().all(|word| {
+                    matches!(
+                        *word,
+                        "pub" | "pub(crate)" | "pub(super)" | "async" | "const" | "unsafe" | "extern"
+                    )
+                })
+        });
+        if let (true, Some(at)) = (is_fn, fn_at) {
+            let indent = &line[..line.len() - code.len()];
+            let name = words[at + 1].split(['(', '<']).next().unwrap_or_default().to_string();
+            let end = (index..lines.len())
+                .find(|&i| lines[i] == format!("{indent}}}") || lines[i].ends_with(';') && i == index);
+            if let Some(end) = end {
+                found.push((name, index + 1, end - index + 1));
+                index = end + 1;
+                continue;
+            }
+        }
+        index += 1;
+    }
+    found
+}
+
+/// Production functions longer than [`FUNCTION_LINES_MAX`] when the limit came in (issue 38), with
+/// their length then: each may only shrink, and leaves this list once it fits.
+const LONG_FUNCTIONS: &[(&str, &str, usize)] = &[
+    ("crates/tidal-cluster/src/replica/members.rs", "change_members", 141),
+    ("crates/tidal-cluster/src/replica/office.rs", "take_office", 156),
+    ("crates/tidal-cluster/src/replica/promote.rs", "promote", 132),
+    ("crates/tidal-cluster/src/replica.rs", "ship_queue", 122),
+    ("crates/tidal-cluster/src/replica.rs", "receive_from", 126),
+    ("crates/tidal-model/src/model.rs", "receive", 118),
+    ("crates/tidal-server/src/bench.rs", "drive", 132),
+    ("crates/tidal-server/src/demo.rs", "tour", 103),
+    ("crates/tidal-server/src/gates.rs", "replication_lag", 121),
+    ("crates/tidal-server/src/gates.rs", "heal", 119),
+    ("crates/tidal-server/src/http.rs", "metrics", 321),
+    ("crates/tidal-server/src/lib.rs", "run_on", 125),
+    ("crates/tidal-server/src/node.rs", "open", 194),
+    ("crates/tidal-server/src/node.rs", "write_inner", 109),
+    ("crates/tidal-server/src/node.rs", "replay", 116),
+];
+
+/// The longest a production function may be, in lines (issue 38; the aim is 70).
+const FUNCTION_LINES_MAX: usize = 100;
+
+#[test]
+fn no_production_function_grows_past_the_limit() {
+    let mut over = Vec::new();
+    for file in production_sources() {
+        let Ok(text) = std::fs::read_to_string(&file) else { continue };
+        let relative = file.strip_prefix(root()).unwrap_or(&file).to_string_lossy().into_owned();
+        for (name, line, length) in functions(&text) {
+            if length <= FUNCTION_LINES_MAX {
+                continue;
+            }
+            let allowed = LONG_FUNCTIONS
+                .iter()
+                .find(|(path, function, _)| relative.ends_with(path) && *function == name)
+                .map(|(_, _, then)| *then);
+            match allowed {
+                Some(then) if length <= then => {}
+                _ => {
+                    over.push(format!("{relative}:{line}: fn {name} is {length} lines (allowed {allowed:?})"))
+                }
+            }
+        }
+    }
+    assert!(
+        over.is_empty(),
+        "functions over {FUNCTION_LINES_MAX} lines (split them; a listed one may only shrink):\n{}",
+        over.join("\n")
+    );
+}
+
+/// The crates and files that may read the process environment: the binary's configuration and
+/// tooling, the model's and the simulation's switches, test harnesses. Library code takes what it
+/// needs as configuration (decisions/060).
+const ENV_READERS: &[&str] = &[
+    "crates/tidal-server/src/config.rs",
+    "crates/tidal-server/src/main.rs",
+    "crates/tidal-server/src/bench.rs",
+    "crates/tidal-server/src/gates.rs",
+    "crates/tidal-server/src/demo.rs",
+    "crates/tidal-server/src/ops.rs",
+    "crates/tidal-server/src/cluster_cmd.rs",
+    "crates/tidal-model/src/",
+];
+
+#[test]
+fn library_crates_read_no_environment() {
+    let mut found = Vec::new();
+    for file in production_sources() {
+        let relative = file.strip_prefix(root()).unwrap_or(&file).to_string_lossy().into_owned();
+        if ENV_READERS.iter().any(|allowed| relative.contains(allowed)) {
+            continue;
+        }
+        let Ok(text) = std::fs::read_to_string(&file) else { continue };
+        for (number, line) in text.lines().enumerate() {
+            let code = line.split("//").next().unwrap_or_default();
+            if code.contains("env::var") || code.contains("env!(\"TIDAL") {
+                found.push(format!("{relative}:{}: {}", number + 1, line.trim()));
+            }
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "library code reads the environment; make it configuration:\n{}",
+        found.join("\n")
+    );
+}
