@@ -995,205 +995,11 @@ async fn readyz(State(state): State<Arc<AppState>>, RawQuery(query): RawQuery) -
 async fn metrics(State(state): State<Arc<AppState>>) -> Response {
     let node = &state.node;
     let mut out = String::with_capacity(8192);
-    let wal = node.wal().stats();
-    // The last bucket of the WAL's histogram is a catch-all (u64::MAX): Prometheus' +Inf covers it.
-    let bounds_us = &tidal_wal::stats::FSYNC_LATENCY_BUCKETS_US;
-    let bounds_s: Vec<f64> = bounds_us[..bounds_us.len() - 1].iter().map(|us| *us as f64 / 1e6).collect();
-    render_histogram(
-        &mut out,
-        "tidal_wal_fsync_seconds",
-        "WAL fsync (fdatasync) latency.",
-        &bounds_s,
-        &wal.fsync_latency_us_buckets,
-        wal.fsync_latency_us_sum as f64 / 1e6,
-    );
-    let drain_bounds = &tidal_wal::stats::DRAIN_REQUESTS_BUCKETS;
-    let drain_bounds: Vec<f64> = drain_bounds[..drain_bounds.len() - 1].iter().map(|n| *n as f64).collect();
-    render_histogram(
-        &mut out,
-        "tidal_wal_drain_requests",
-        "Requests covered by one WAL group commit (one drain, one fsync).",
-        &drain_bounds,
-        &wal.drain_requests_buckets,
-        wal.drain_requests_sum as f64,
-    );
-    render_single(
-        &mut out,
-        "tidal_wal_gathers_total",
-        "counter",
-        "Times the WAL writer waited (bounded) for the writers of its last large drain (decisions/021).",
-        wal.gathers as f64,
-    );
-    render_single(
-        &mut out,
-        "tidal_wal_batches_total",
-        "counter",
-        "Batches written to the WAL.",
-        wal.batches as f64,
-    );
-    render_single(
-        &mut out,
-        "tidal_wal_bytes_total",
-        "counter",
-        "Bytes written to the WAL.",
-        wal.bytes as f64,
-    );
-    render_single(&mut out, "tidal_wal_fsyncs_total", "counter", "WAL fsyncs.", wal.fsyncs as f64);
-    render_single(
-        &mut out,
-        "tidal_wal_segments_prepared_total",
-        "counter",
-        "WAL segments prepared ahead (written with zeros and fsynced) while the writer was idle.",
-        wal.segments_prepared as f64,
-    );
-    render_single(
-        &mut out,
-        "tidal_wal_rotations_unprepared_total",
-        "counter",
-        "WAL rotations that found no prepared segment and started an empty one (appended to).",
-        wal.rotations_unprepared as f64,
-    );
-    render_single(
-        &mut out,
-        "tidal_wal_queue_depth",
-        "gauge",
-        "Writes queued for the WAL writer.",
-        wal.queue_batches as f64,
-    );
-    let purged = node.wal().purged().seqno.get() as f64;
-    render_single(
-        &mut out,
-        "tidal_wal_purged_seqno",
-        "gauge",
-        "WAL purge point: seqnos at or below it are gone.",
-        purged,
-    );
-    let durable = node.wal().durable_seqno().get() as f64;
-    render_single(&mut out, "tidal_durable_seqno", "gauge", "Durable frontier.", durable);
-    let commit = node.replica().map_or(durable, |replica| replica.commit_seqno().get() as f64);
-    render_single(&mut out, "tidal_commit_seqno", "gauge", "Commit frontier.", commit);
+    render_wal_metrics(&mut out, node);
+    render_frontier_metrics(&mut out, node);
     if let Some(replica) = node.replica() {
-        render_single(
-            &mut out,
-            "tidal_is_leader",
-            "gauge",
-            "1 on the leader.",
-            f64::from(replica.is_leader()),
-        );
-        render_single(&mut out, "tidal_term", "gauge", "Current term.", replica.term().get() as f64);
-        let installs = replica.install_stats();
-        render_single(
-            &mut out,
-            "tidal_snapshot_installs_total",
-            "counter",
-            "Snapshots this node installed (it was behind its source's purge point or applied a divergent suffix).",
-            installs.installed as f64,
-        );
-        render_single(
-            &mut out,
-            "tidal_snapshot_install_failures_total",
-            "counter",
-            "Snapshot fetches or installs on this node that failed.",
-            installs.failed as f64,
-        );
-        let pulls = replica.pull_stats();
-        render_single(
-            &mut out,
-            "tidal_pulls_total",
-            "counter",
-            "Pulls of another node's log this node ran to their end (catch-up).",
-            pulls.pulls as f64,
-        );
-        render_single(
-            &mut out,
-            "tidal_pull_batches_total",
-            "counter",
-            "Batches those pulls appended to this node's WAL.",
-            pulls.batches as f64,
-        );
-        render_single(
-            &mut out,
-            "tidal_pull_bytes_total",
-            "counter",
-            "Encoded bytes of those batches.",
-            pulls.bytes as f64,
-        );
-        render_single(
-            &mut out,
-            "tidal_pull_seconds_total",
-            "counter",
-            "Wall time of those pulls, from the request to the last chunk durable here.",
-            pulls.seconds,
-        );
-        render_single(
-            &mut out,
-            "tidal_office_handovers_total",
-            "counter",
-            "Offices this node won but could not take within the office deadline, and handed to the voter with the greatest log.",
-            replica.handovers() as f64,
-        );
-        let refusals = replica.refusals();
-        out.push_str(
-            "# HELP tidal_replication_refusals_total Replication input this node refused, by reason (see docs/OPERATIONS.md).\n",
-        );
-        out.push_str("# TYPE tidal_replication_refusals_total counter\n");
-        for class in tidal_cluster::Refusal::ALL {
-            let count = refusals.get(&class).copied().unwrap_or(0);
-            let reason = class.as_str();
-            out.push_str(&format!("tidal_replication_refusals_total{{reason=\"{reason}\"}} {count}\n"));
-        }
-        let notices = replica.notice_stats();
-        out.push_str(
-            "# HELP tidal_commit_notices_total Commit notices (decisions/016): sent/failed by a leader, received/advanced (moved the commit frontier) on a follower.\n",
-        );
-        out.push_str("# TYPE tidal_commit_notices_total counter\n");
-        for (outcome, count) in [
-            ("sent", notices.sent),
-            ("failed", notices.failed),
-            ("received", notices.received),
-            ("advanced", notices.advanced),
-        ] {
-            out.push_str(&format!("tidal_commit_notices_total{{outcome=\"{outcome}\"}} {count}\n"));
-        }
-        let healing = replica.snapshot_pins().pinned();
-        out.push_str("# HELP tidal_follower_snapshot 1 while a follower is healed by a snapshot (behind the WAL retention budget).\n");
-        out.push_str("# TYPE tidal_follower_snapshot gauge\n");
-        for (id, _) in &healing {
-            out.push_str(&format!("tidal_follower_snapshot{{node=\"{}\"}} 1\n", id.0));
-        }
-        let progress = replica.progress();
-        if !progress.is_empty() {
-            out.push_str(
-                "# HELP tidal_follower_matched_seqno Last seqno each follower matched in this term.\n",
-            );
-            out.push_str("# TYPE tidal_follower_matched_seqno gauge\n");
-            for (id, p) in &progress {
-                out.push_str(&format!(
-                    "tidal_follower_matched_seqno{{node=\"{}\"}} {}\n",
-                    id.0,
-                    p.matched.seqno.get()
-                ));
-            }
-            out.push_str(
-                "# HELP tidal_follower_last_ack_seconds Seconds since each follower last answered.\n",
-            );
-            out.push_str("# TYPE tidal_follower_last_ack_seconds gauge\n");
-            for (id, p) in &progress {
-                if let Some(at) = p.last_ack {
-                    let age = at.elapsed().as_secs_f64();
-                    out.push_str(&format!("tidal_follower_last_ack_seconds{{node=\"{}\"}} {age}\n", id.0));
-                }
-            }
-            out.push_str("# HELP tidal_follower_pulling 1 while a follower is caught up by pull.\n");
-            out.push_str("# TYPE tidal_follower_pulling gauge\n");
-            for (id, p) in &progress {
-                out.push_str(&format!(
-                    "tidal_follower_pulling{{node=\"{}\"}} {}\n",
-                    id.0,
-                    u8::from(p.pulling)
-                ));
-            }
-        }
+        render_replication_metrics(&mut out, replica);
+        render_follower_metrics(&mut out, replica);
     }
     render_single(&mut out, "tidal_applied_seqno", "gauge", "Applied frontier.", node.applied_seqno() as f64);
     render_single(
@@ -1203,13 +1009,222 @@ async fn metrics(State(state): State<Arc<AppState>>) -> Response {
         "Writes appended to the WAL and waiting for their commit and apply.",
         node.writes_waiting() as f64,
     );
+    render_engine_metrics(&mut out, node);
+    render_fatal_metrics(&mut out, node);
+    render_single(
+        &mut out,
+        "tidal_uptime_seconds",
+        "gauge",
+        "Seconds since start.",
+        node.uptime().as_secs_f64(),
+    );
+    state.metrics.render(&mut out);
+    ([(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4")], out).into_response()
+}
+
+/// The WAL's histograms and counters.
+fn render_wal_metrics(out: &mut String, node: &Node) {
+    let wal = node.wal().stats();
+    // The last bucket of the WAL's histogram is a catch-all (u64::MAX): Prometheus' +Inf covers it.
+    let bounds_us = &tidal_wal::stats::FSYNC_LATENCY_BUCKETS_US;
+    let bounds_s: Vec<f64> = bounds_us[..bounds_us.len() - 1].iter().map(|us| *us as f64 / 1e6).collect();
+    render_histogram(
+        out,
+        "tidal_wal_fsync_seconds",
+        "WAL fsync (fdatasync) latency.",
+        &bounds_s,
+        &wal.fsync_latency_us_buckets,
+        wal.fsync_latency_us_sum as f64 / 1e6,
+    );
+    let drain_bounds = &tidal_wal::stats::DRAIN_REQUESTS_BUCKETS;
+    let drain_bounds: Vec<f64> = drain_bounds[..drain_bounds.len() - 1].iter().map(|n| *n as f64).collect();
+    render_histogram(
+        out,
+        "tidal_wal_drain_requests",
+        "Requests covered by one WAL group commit (one drain, one fsync).",
+        &drain_bounds,
+        &wal.drain_requests_buckets,
+        wal.drain_requests_sum as f64,
+    );
+    render_single(
+        out,
+        "tidal_wal_gathers_total",
+        "counter",
+        "Times the WAL writer waited (bounded) for the writers of its last large drain (decisions/021).",
+        wal.gathers as f64,
+    );
+    render_single(
+        out,
+        "tidal_wal_batches_total",
+        "counter",
+        "Batches written to the WAL.",
+        wal.batches as f64,
+    );
+    render_single(out, "tidal_wal_bytes_total", "counter", "Bytes written to the WAL.", wal.bytes as f64);
+    render_single(out, "tidal_wal_fsyncs_total", "counter", "WAL fsyncs.", wal.fsyncs as f64);
+    render_single(
+        out,
+        "tidal_wal_segments_prepared_total",
+        "counter",
+        "WAL segments prepared ahead (written with zeros and fsynced) while the writer was idle.",
+        wal.segments_prepared as f64,
+    );
+    render_single(
+        out,
+        "tidal_wal_rotations_unprepared_total",
+        "counter",
+        "WAL rotations that found no prepared segment and started an empty one (appended to).",
+        wal.rotations_unprepared as f64,
+    );
+    render_single(
+        out,
+        "tidal_wal_queue_depth",
+        "gauge",
+        "Writes queued for the WAL writer.",
+        wal.queue_batches as f64,
+    );
+}
+
+/// The purge point and the durable and commit frontiers.
+fn render_frontier_metrics(out: &mut String, node: &Node) {
+    let purged = node.wal().purged().seqno.get() as f64;
+    render_single(
+        out,
+        "tidal_wal_purged_seqno",
+        "gauge",
+        "WAL purge point: seqnos at or below it are gone.",
+        purged,
+    );
+    let durable = node.wal().durable_seqno().get() as f64;
+    render_single(out, "tidal_durable_seqno", "gauge", "Durable frontier.", durable);
+    let commit = node.replica().map_or(durable, |replica| replica.commit_seqno().get() as f64);
+    render_single(out, "tidal_commit_seqno", "gauge", "Commit frontier.", commit);
+}
+
+/// A cluster node's role, snapshot installs, pulls, office handovers, refusals and commit notices.
+fn render_replication_metrics(out: &mut String, replica: &tidal_cluster::Replica) {
+    render_single(out, "tidal_is_leader", "gauge", "1 on the leader.", f64::from(replica.is_leader()));
+    render_single(out, "tidal_term", "gauge", "Current term.", replica.term().get() as f64);
+    let installs = replica.install_stats();
+    render_single(
+        out,
+        "tidal_snapshot_installs_total",
+        "counter",
+        "Snapshots this node installed (it was behind its source's purge point or applied a divergent suffix).",
+        installs.installed as f64,
+    );
+    render_single(
+        out,
+        "tidal_snapshot_install_failures_total",
+        "counter",
+        "Snapshot fetches or installs on this node that failed.",
+        installs.failed as f64,
+    );
+    let pulls = replica.pull_stats();
+    render_single(
+        out,
+        "tidal_pulls_total",
+        "counter",
+        "Pulls of another node's log this node ran to their end (catch-up).",
+        pulls.pulls as f64,
+    );
+    render_single(
+        out,
+        "tidal_pull_batches_total",
+        "counter",
+        "Batches those pulls appended to this node's WAL.",
+        pulls.batches as f64,
+    );
+    render_single(
+        out,
+        "tidal_pull_bytes_total",
+        "counter",
+        "Encoded bytes of those batches.",
+        pulls.bytes as f64,
+    );
+    render_single(
+        out,
+        "tidal_pull_seconds_total",
+        "counter",
+        "Wall time of those pulls, from the request to the last chunk durable here.",
+        pulls.seconds,
+    );
+    render_single(
+        out,
+        "tidal_office_handovers_total",
+        "counter",
+        "Offices this node won but could not take within the office deadline, and handed to the voter with the greatest log.",
+        replica.handovers() as f64,
+    );
+    let refusals = replica.refusals();
+    out.push_str(
+        "# HELP tidal_replication_refusals_total Replication input this node refused, by reason (see docs/OPERATIONS.md).\n",
+    );
+    out.push_str("# TYPE tidal_replication_refusals_total counter\n");
+    for class in tidal_cluster::Refusal::ALL {
+        let count = refusals.get(&class).copied().unwrap_or(0);
+        let reason = class.as_str();
+        out.push_str(&format!("tidal_replication_refusals_total{{reason=\"{reason}\"}} {count}\n"));
+    }
+    let notices = replica.notice_stats();
+    out.push_str(
+        "# HELP tidal_commit_notices_total Commit notices (decisions/016): sent/failed by a leader, received/advanced (moved the commit frontier) on a follower.\n",
+    );
+    out.push_str("# TYPE tidal_commit_notices_total counter\n");
+    for (outcome, count) in [
+        ("sent", notices.sent),
+        ("failed", notices.failed),
+        ("received", notices.received),
+        ("advanced", notices.advanced),
+    ] {
+        out.push_str(&format!("tidal_commit_notices_total{{outcome=\"{outcome}\"}} {count}\n"));
+    }
+}
+
+/// A leader's view of its followers: snapshot heals, matched positions, last answers, pulls.
+fn render_follower_metrics(out: &mut String, replica: &tidal_cluster::Replica) {
+    let healing = replica.snapshot_pins().pinned();
+    out.push_str("# HELP tidal_follower_snapshot 1 while a follower is healed by a snapshot (behind the WAL retention budget).\n");
+    out.push_str("# TYPE tidal_follower_snapshot gauge\n");
+    for (id, _) in &healing {
+        out.push_str(&format!("tidal_follower_snapshot{{node=\"{}\"}} 1\n", id.0));
+    }
+    let progress = replica.progress();
+    if !progress.is_empty() {
+        out.push_str("# HELP tidal_follower_matched_seqno Last seqno each follower matched in this term.\n");
+        out.push_str("# TYPE tidal_follower_matched_seqno gauge\n");
+        for (id, p) in &progress {
+            out.push_str(&format!(
+                "tidal_follower_matched_seqno{{node=\"{}\"}} {}\n",
+                id.0,
+                p.matched.seqno.get()
+            ));
+        }
+        out.push_str("# HELP tidal_follower_last_ack_seconds Seconds since each follower last answered.\n");
+        out.push_str("# TYPE tidal_follower_last_ack_seconds gauge\n");
+        for (id, p) in &progress {
+            if let Some(at) = p.last_ack {
+                let age = at.elapsed().as_secs_f64();
+                out.push_str(&format!("tidal_follower_last_ack_seconds{{node=\"{}\"}} {age}\n", id.0));
+            }
+        }
+        out.push_str("# HELP tidal_follower_pulling 1 while a follower is caught up by pull.\n");
+        out.push_str("# TYPE tidal_follower_pulling gauge\n");
+        for (id, p) in &progress {
+            out.push_str(&format!("tidal_follower_pulling{{node=\"{}\"}} {}\n", id.0, u8::from(p.pulling)));
+        }
+    }
+}
+
+/// The engine's flushes and state.
+fn render_engine_metrics(out: &mut String, node: &Node) {
     let engine = node.db().stats();
     let flush = &engine.flush;
     let flush_bounds_ms = &tidal_core::FLUSH_DURATION_BUCKETS_MS;
     let flush_bounds_s: Vec<f64> =
         flush_bounds_ms[..flush_bounds_ms.len() - 1].iter().map(|ms| *ms as f64 / 1e3).collect();
     render_histogram(
-        &mut out,
+        out,
         "tidal_engine_flush_duration_seconds",
         "Engine overlay flush (encode + one fjall batch), off the apply path.",
         &flush_bounds_s,
@@ -1278,23 +1293,21 @@ async fn metrics(State(state): State<Arc<AppState>>) -> Response {
             engine.flushed_applied_seqno.get() as f64,
         ),
     ] {
-        render_single(&mut out, name, kind, help, value);
+        render_single(out, name, kind, help, value);
     }
     render_single(
-        &mut out,
+        out,
         "tidal_checkpoint_seqno",
         "gauge",
         "Engine checkpoint.",
         node.checkpoint_seqno() as f64,
     );
+}
+
+/// Whether this node is healthy, and which fatal fault it raised if any.
+fn render_fatal_metrics(out: &mut String, node: &Node) {
     let fatal = node.fatal();
-    render_single(
-        &mut out,
-        "tidal_up",
-        "gauge",
-        "1 while the node can take writes.",
-        f64::from(fatal.is_none()),
-    );
+    render_single(out, "tidal_up", "gauge", "1 while the node can take writes.", f64::from(fatal.is_none()));
     out.push_str(
         "# HELP tidal_fatal 1 once a fatal storage fault stopped the node, by source (decisions/059): it leaves office and exits.\n",
     );
@@ -1303,15 +1316,6 @@ async fn metrics(State(state): State<Arc<AppState>>) -> Response {
         let raised = fatal.as_ref().is_some_and(|fatal| fatal.source == source);
         out.push_str(&format!("tidal_fatal{{source=\"{source}\"}} {}\n", u8::from(raised)));
     }
-    render_single(
-        &mut out,
-        "tidal_uptime_seconds",
-        "gauge",
-        "Seconds since start.",
-        node.uptime().as_secs_f64(),
-    );
-    state.metrics.render(&mut out);
-    ([(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4")], out).into_response()
 }
 
 async fn not_implemented() -> ApiError {

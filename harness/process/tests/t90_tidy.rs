@@ -151,7 +151,6 @@ const LONG_FUNCTIONS: &[(&str, &str, usize)] = &[
     ("crates/tidal-server/src/demo.rs", "tour", 103),
     ("crates/tidal-server/src/gates.rs", "replication_lag", 121),
     ("crates/tidal-server/src/gates.rs", "heal", 119),
-    ("crates/tidal-server/src/http.rs", "metrics", 321),
     ("crates/tidal-server/src/lib.rs", "run_on", 125),
     ("crates/tidal-server/src/node.rs", "open", 194),
     ("crates/tidal-server/src/node.rs", "write_inner", 109),
@@ -164,6 +163,7 @@ const FUNCTION_LINES_MAX: usize = 100;
 #[test]
 fn no_production_function_grows_past_the_limit() {
     let mut over = Vec::new();
+    let mut still_long = Vec::new();
     for file in production_sources() {
         let Ok(text) = std::fs::read_to_string(&file) else { continue };
         let relative = file.strip_prefix(root()).unwrap_or(&file).to_string_lossy().into_owned();
@@ -175,12 +175,20 @@ fn no_production_function_grows_past_the_limit() {
                 .iter()
                 .find(|(path, function, _)| relative.ends_with(path) && *function == name)
                 .map(|(_, _, then)| *then);
+            if allowed.is_some() {
+                still_long.push(name.clone());
+            }
             match allowed {
                 Some(then) if length <= then => {}
                 _ => {
                     over.push(format!("{relative}:{line}: fn {name} is {length} lines (allowed {allowed:?})"))
                 }
             }
+        }
+    }
+    for (path, function, _) in LONG_FUNCTIONS {
+        if !still_long.iter().any(|name| name == function) {
+            over.push(format!("{path}: fn {function} fits now (or is gone): take it off LONG_FUNCTIONS"));
         }
     }
     assert!(
