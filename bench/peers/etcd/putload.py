@@ -17,9 +17,13 @@ import argparse
 import asyncio
 import os
 import random
+import sys
 import time
 
 import grpc
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
+from stats import latency_ms  # noqa: E402
 
 PUT = "/etcdserverpb.KV/Put"
 STATUS = "/etcdserverpb.Maintenance/Status"
@@ -73,13 +77,6 @@ def fields(data):
     return out
 
 
-def quantile(sorted_values, q):
-    if not sorted_values:
-        return float("nan")
-    rank = -(-round(q * 1000) * len(sorted_values) // 1000)
-    return sorted_values[max(1, min(rank, len(sorted_values))) - 1]
-
-
 def channel(endpoint):
     # A local subchannel pool: each channel gets its own TCP connection.
     return grpc.aio.insecure_channel(endpoint, options=[("grpc.use_local_subchannel_pool", 1)])
@@ -125,10 +122,8 @@ async def put(args):
     for ch in channels:
         await ch.close()
     latencies.sort()
-    ms = lambda s: f"{s * 1000:.3f}"
     print(f"load=etcd-put puts={len(latencies)} seconds={elapsed:.2f} ops_per_s={len(latencies) / elapsed:.0f} "
-          f"p50_ms={ms(quantile(latencies, .5))} p99_ms={ms(quantile(latencies, .99))} "
-          f"max_ms={ms(latencies[-1] if latencies else float('nan'))} errors={errors[0]} "
+          f"{latency_ms(latencies)} errors={errors[0]} "
           f"clients={args.clients} conns={args.conns} value_bytes={args.value_bytes}")
 
 

@@ -15,18 +15,15 @@ servers, and at high rates its own CPU is part of what is measured.
 import argparse
 import asyncio
 import os
+import sys
 import time
 
 import nats
 from nats.js.api import StorageType, StreamConfig
 from nats.js.errors import NotFoundError
 
-
-def quantile(sorted_values, q):
-    if not sorted_values:
-        return float("nan")
-    rank = -(-round(q * 1000) * len(sorted_values) // 1000)
-    return sorted_values[max(1, min(rank, len(sorted_values))) - 1]
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
+from stats import latency_ms  # noqa: E402
 
 
 async def make_stream(args):
@@ -85,10 +82,8 @@ async def publish(args):
     for connection in connections:
         await connection.close()
     latencies.sort()
-    ms = lambda s: f"{s * 1000:.3f}"
     print(f"load=jetstream-publish acked={len(latencies)} seconds={elapsed:.2f} ops_per_s={len(latencies) / elapsed:.0f} "
-          f"p50_ms={ms(quantile(latencies, .5))} p99_ms={ms(quantile(latencies, .99))} "
-          f"max_ms={ms(latencies[-1] if latencies else float('nan'))} errors={errors[0]} "
+          f"{latency_ms(latencies)} errors={errors[0]} "
           f"publishers={args.publishers} window={args.window} bytes={args.bytes} msg_id={'yes' if args.msg_id else 'no'}")
 
 

@@ -19,15 +19,11 @@ test files are removed at the end.
 import argparse
 import os
 import socket
+import sys
 import time
 
-
-def quantile(sorted_values, q):
-    """Nearest-rank quantile of an already sorted list (None when empty)."""
-    if not sorted_values:
-        return None
-    rank = max(1, -(-int(q * 1000) * len(sorted_values) // 1000))
-    return sorted_values[min(rank, len(sorted_values)) - 1]
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
+from stats import quantile  # noqa: E402
 
 
 def fsync_loop(args):

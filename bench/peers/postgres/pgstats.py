@@ -7,14 +7,11 @@
                                pg_stat_replication -> p50/p99/max of each
 Each prints one line of key=value pairs.
 """
+import os
 import sys
 
-
-def quantile(sorted_values, q):
-    if not sorted_values:
-        return float("nan")
-    rank = -(-round(q * 1000) * len(sorted_values) // 1000)
-    return sorted_values[max(1, min(rank, len(sorted_values))) - 1]
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
+from stats import quantile  # noqa: E402
 
 
 def latency(paths):

@@ -19,26 +19,20 @@
 Each prints one line of key=value pairs; every loop is bounded by count and time.
 """
 import argparse
+import os
+import sys
 import time
 
 import redis
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
+from stats import ms, quantile  # noqa: E402
 
 LOOPBACK = "127.0.0.1"
 
 
 def client(port, timeout=30.0):
     return redis.Redis(host=LOOPBACK, port=port, socket_timeout=timeout, socket_connect_timeout=2)
-
-
-def quantile(sorted_values, q):
-    if not sorted_values:
-        return float("nan")
-    rank = -(-round(q * 1000) * len(sorted_values) // 1000)
-    return sorted_values[max(1, min(rank, len(sorted_values))) - 1]
-
-
-def ms(seconds):
-    return f"{seconds * 1000:.3f}"
 
 
 def lag(args):
