@@ -28,10 +28,7 @@ fn signals(n: u64) -> Vec<SignalIn> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn writes_on_leader_and_follower_converge_and_a_restarted_follower_catches_up() {
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into()))
-        .with_test_writer()
-        .try_init();
+    common::trace();
     let root = tempfile::tempdir().unwrap();
     let mut cluster = Cluster::new(root.path(), 3, Durability::Quorum, |_| {});
     cluster.start_all().await;

@@ -30,13 +30,6 @@ fn tweak(config: &mut ServeConfig) {
     config.fatal_exit_grace_ms = GRACE_MS;
 }
 
-fn trace() {
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into()))
-        .with_test_writer()
-        .try_init();
-}
-
 /// `GET path` on `client`'s node: status and body.
 async fn probe(client: &Client, path: &str) -> (u16, String) {
     let reply = reqwest::get(format!("{}{path}", client.base())).await.unwrap();
@@ -93,7 +86,7 @@ async fn assert_failed_over(cluster: &Cluster, faulted: usize, id: u64) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_leader_whose_wal_is_poisoned_leaves_office_fails_health_and_exits() {
-    trace();
+    common::trace();
     let root = tempfile::tempdir().unwrap();
     let mut cluster = Cluster::new(root.path(), 3, Durability::Quorum, tweak);
     let disks: Vec<SimIo> = (0..3).map(|_| SimIo::new()).collect();
@@ -132,7 +125,7 @@ impl RaftStoreFaults for VoteFsyncFails {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_leader_whose_vote_fsync_fails_leaves_office_fails_health_and_exits() {
-    trace();
+    common::trace();
     let root = tempfile::tempdir().unwrap();
     let mut cluster = Cluster::new(root.path(), 3, Durability::Quorum, tweak);
     let faults: Vec<Arc<VoteFsyncFails>> = (0..3).map(|_| Arc::default()).collect();
@@ -185,7 +178,7 @@ impl ApplyProbe for ApplierDies {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_leader_whose_applier_dies_leaves_office_fails_health_and_exits() {
-    trace();
+    common::trace();
     let root = tempfile::tempdir().unwrap();
     let mut cluster = Cluster::new(root.path(), 3, Durability::Quorum, tweak);
     let probes: Vec<Arc<ApplierDies>> = (0..3).map(|_| Arc::default()).collect();
@@ -209,7 +202,7 @@ async fn a_leader_whose_applier_dies_leaves_office_fails_health_and_exits() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_single_node_whose_wal_is_poisoned_fails_health_and_exits() {
-    trace();
+    common::trace();
     let dir = tempfile::tempdir().unwrap();
     let disk = SimIo::new();
     let mut config = common::config(dir.path(), 4);
@@ -232,7 +225,7 @@ async fn a_single_node_whose_wal_is_poisoned_fails_health_and_exits() {
 
 #[tokio::test]
 async fn a_failed_engine_flush_is_a_fatal_fault_of_the_node() {
-    trace();
+    common::trace();
     let dir = tempfile::tempdir().unwrap();
     let (node, _) = tidal_server::node::Node::open(common::config(dir.path(), 4)).unwrap();
     let anonymous = tidal_server::auth::Principal::anonymous();

@@ -41,10 +41,7 @@ async fn wait_members(client: &Client, voters: &[u64], learners: &[u64]) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_joined_node_catches_up_votes_and_a_removed_voter_stops_counting() {
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into()))
-        .with_test_writer()
-        .try_init();
+    common::trace();
     let root = tempfile::tempdir().unwrap();
     let mut cluster = Cluster::with_spares(root.path(), 3, 1, Durability::Quorum, |_| {});
     for index in 0..3 {

@@ -35,10 +35,7 @@ fn signals(n: u64, round: u64) -> Vec<SignalIn> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_follower_behind_the_leaders_purge_point_installs_a_snapshot_and_converges() {
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into()))
-        .with_test_writer()
-        .try_init();
+    common::trace();
     let root = tempfile::tempdir().unwrap();
     let mut cluster = Cluster::new(root.path(), 3, Durability::Quorum, purge_often);
     for i in 0..3 {

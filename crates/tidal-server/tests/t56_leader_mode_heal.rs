@@ -16,10 +16,7 @@ use tidal_cluster::Durability;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_old_leader_whose_acknowledged_writes_were_lost_heals_by_snapshot() {
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into()))
-        .with_test_writer()
-        .try_init();
+    common::trace();
     let root = tempfile::tempdir().unwrap();
     // Leader mode acknowledges alone only within its lease (nine tenths of the minimum election
     // timeout, decisions/057): long election timeouts give the old leader seconds in which its

@@ -101,10 +101,7 @@ impl FileIo for HeldSyncIo {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_follower_shows_a_committed_write_before_its_own_fsync() {
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into()))
-        .with_test_writer()
-        .try_init();
+    common::trace();
     let root = tempfile::tempdir().unwrap();
     let mut cluster = Cluster::new(root.path(), 3, Durability::Quorum, |config| {
         config.io.wal_files = Arc::new(HeldSyncIo);

@@ -17,10 +17,7 @@ const WRITES: u64 = 40;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn followers_apply_from_quiet_notices_one_per_write() {
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into()))
-        .with_test_writer()
-        .try_init();
+    common::trace();
     let root = tempfile::tempdir().unwrap();
     let mut cluster = Cluster::new(root.path(), 3, Durability::Quorum, |_| {});
     cluster.start_all().await;

@@ -19,10 +19,7 @@ const ANSWER_BOUND: Duration = Duration::from_secs(15);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cut_off_leader_mode_leader_acknowledges_nothing_after_its_lease() {
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into()))
-        .with_test_writer()
-        .try_init();
+    common::trace();
     let root = tempfile::tempdir().unwrap();
     let mut cluster = Cluster::new(root.path(), 3, Durability::Leader, |_| {});
     cluster.start_all().await;

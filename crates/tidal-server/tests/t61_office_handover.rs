@@ -40,10 +40,7 @@ async fn leads_above(cluster: &Cluster, index: usize, above: u64) -> u64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_leader_that_cannot_adopt_the_log_hands_its_office_to_the_voter_that_holds_it() {
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into()))
-        .with_test_writer()
-        .try_init();
+    common::trace();
     let root = tempfile::tempdir().unwrap();
     let mut cluster = Cluster::new(root.path(), 3, Durability::Quorum, |_| {});
     let disk = SimIo::new();

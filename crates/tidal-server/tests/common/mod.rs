@@ -8,6 +8,14 @@ use std::time::Duration;
 use tidal_client::Client;
 use tidal_server::config::{ServeArgs, ServeConfig};
 
+/// Test logs through the test writer, at `RUST_LOG` (default `warn`); once per test binary.
+pub fn trace() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into()))
+        .with_test_writer()
+        .try_init();
+}
+
 pub struct TestNode {
     pub url: String,
     pub client: Client,
