@@ -1153,7 +1153,7 @@ fn render_replication_metrics(out: &mut String, replica: &tidal_cluster::Replica
         out,
         "tidal_office_handovers_total",
         "counter",
-        "Offices this node won but could not take within the office deadline, and handed to the voter with the greatest log.",
+        "Offices this node won but could not take within the office deadline; each time it asks the voter with the greatest log to stand and stops its heartbeats.",
         replica.handovers() as f64,
     );
     let refusals = replica.refusals();
