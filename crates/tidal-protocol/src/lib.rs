@@ -6,7 +6,8 @@
 //! - `commit`: the leader's commit frontier and the leader-mode lease;
 //! - `office`: taking office (probe answers, the plan, the divergence point, whether a restored
 //!   term is resumed, whom to hand an office to);
-//! - `ship`: what a ShipQueue sends next after an answer, and where a read of its tail starts.
+//! - `ship`: what a ShipQueue does next (ship, notice, wait, nudge a pull), where it ships after an
+//!   answer, how long it backs off, and where a read of its tail starts.
 //!
 //! `tidal-cluster` runs these decisions with real disks and sockets; `tidal-model` explores them
 //! exhaustively. This crate depends on `tidal-types` only, so both drive exactly the same code.
@@ -26,4 +27,7 @@ pub use office::{
     answer_probe, divergence_point, plan_office, resumes_a_term, term_at, transfer_target, OfficePlan,
     OwnLog, ProbeAnswer,
 };
-pub use ship::{next_after, resume_after_gap, tail_start, waits_before_next, Reply, TailStart};
+pub use ship::{
+    next_after, next_backoff, next_ship_step, resume_after_gap, tail_start, waits_before_next, QueueStep,
+    QueueView, Reply, Tail, TailStart,
+};

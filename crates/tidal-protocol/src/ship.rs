@@ -12,6 +12,7 @@
 
 use super::follower::{Located, LogView};
 use super::office::divergence_point;
+use std::time::Duration;
 use tidal_types::{Seqno, Term, TermSeqno};
 
 /// A follower's answer to a ship, as far as the queue's next position is concerned.
@@ -130,6 +131,78 @@ pub fn tail_start(
         TailStart::After
     } else {
         TailStart::Unknown
+    }
+}
+
+/// What a ShipQueue's tail read found after its position.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Tail {
+    /// The tail holds what follows the position: this many batches to send (0: nothing new).
+    Batches(usize),
+    /// The tail no longer holds the position (rotated past it, or never held it): the follower must
+    /// pull from the segments.
+    Unservable,
+}
+
+/// What a ShipQueue knows when it chooses its next step.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct QueueView {
+    /// What its tail read found.
+    pub tail: Tail,
+    /// No message went to the follower for a heartbeat interval.
+    pub heartbeat_due: bool,
+    /// The commit frontier moved past what the follower was last sent.
+    pub commit_moved: bool,
+    /// A quiet commit notice was just tried and could not be queued.
+    pub notice_failed: bool,
+    /// Our log holds the position the next ship would name as its `prev` (decisions/057).
+    pub prev_held: bool,
+}
+
+/// A ShipQueue's next step.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum QueueStep {
+    /// Nudge the follower to pull, then go on from our own end (its answers tell where it is).
+    NudgePull,
+    /// Only the commit frontier moved: send it as a quiet notice, with no ship to answer
+    /// (decisions/027).
+    Notice,
+    /// Nothing is due: wait for new batches, a commit, the stop signal or the heartbeat interval.
+    Wait,
+    /// The `prev` is not in our log (a bug upstream, counted): resume from our own log, send nothing.
+    Resume,
+    /// Send a ship: the batches read, the commit frontier, or an empty heartbeat.
+    Ship,
+}
+
+/// The ShipQueue's next step. A ship is due when it carries batches, a commit the follower lacks
+/// or a heartbeat; a commit alone goes as a notice unless that just failed; a ship never leaves
+/// with a `prev` this node does not hold.
+pub fn next_ship_step(view: &QueueView) -> QueueStep {
+    let batches = match view.tail {
+        Tail::Unservable => return QueueStep::NudgePull,
+        Tail::Batches(count) => count,
+    };
+    if batches == 0 && !view.heartbeat_due && view.commit_moved && !view.notice_failed {
+        return QueueStep::Notice;
+    }
+    if batches == 0 && !view.commit_moved && !view.heartbeat_due {
+        return QueueStep::Wait;
+    }
+    if !view.prev_held {
+        return QueueStep::Resume;
+    }
+    QueueStep::Ship
+}
+
+/// The wait before the next ship after one that `waited` (the follower was not in our term,
+/// fenced, refused or halted, or the call failed): doubled up to `max`; back to `min` after one that
+/// moved something, so the next ship leaves at once.
+pub fn next_backoff(current: Duration, waited: bool, min: Duration, max: Duration) -> Duration {
+    if waited {
+        (current * 2).clamp(min, max)
+    } else {
+        min
     }
 }
 
@@ -269,5 +342,55 @@ mod tests {
         assert_eq!(tail_start(empty, empty, empty, |_| None), TailStart::After);
         assert_eq!(tail_start(at(1, 7), empty, empty, |_| None), TailStart::Unknown, "finding 1: empty tail");
         assert_eq!(tail_start(at(2, 6), empty, empty, |_| None), TailStart::Rotated { tail_first: Seqno(8) });
+    }
+
+    fn view(tail: Tail) -> QueueView {
+        QueueView { tail, heartbeat_due: false, commit_moved: false, notice_failed: false, prev_held: true }
+    }
+
+    #[test]
+    fn a_queue_ships_batches_commits_and_heartbeats_and_otherwise_waits() {
+        use super::{next_ship_step, QueueStep, Tail};
+        assert_eq!(next_ship_step(&view(Tail::Batches(0))), QueueStep::Wait);
+        assert_eq!(next_ship_step(&view(Tail::Batches(3))), QueueStep::Ship);
+        let heartbeat = QueueView { heartbeat_due: true, ..view(Tail::Batches(0)) };
+        assert_eq!(next_ship_step(&heartbeat), QueueStep::Ship);
+        let commit = QueueView { commit_moved: true, ..view(Tail::Batches(0)) };
+        assert_eq!(next_ship_step(&commit), QueueStep::Notice, "a commit alone goes as a notice");
+        let failed = QueueView { notice_failed: true, ..commit };
+        assert_eq!(next_ship_step(&failed), QueueStep::Ship, "a failed notice rides a ship");
+        let with_batches = QueueView { commit_moved: true, ..view(Tail::Batches(2)) };
+        assert_eq!(next_ship_step(&with_batches), QueueStep::Ship, "batches carry the commit");
+        assert_eq!(next_ship_step(&view(Tail::Unservable)), QueueStep::NudgePull);
+    }
+
+    #[test]
+    fn a_queue_never_ships_a_prev_it_does_not_hold() {
+        use super::{next_ship_step, QueueStep, Tail};
+        for tail in [Tail::Batches(0), Tail::Batches(5)] {
+            for heartbeat_due in [false, true] {
+                for commit_moved in [false, true] {
+                    for notice_failed in [false, true] {
+                        let view =
+                            QueueView { tail, heartbeat_due, commit_moved, notice_failed, prev_held: false };
+                        assert_ne!(next_ship_step(&view), QueueStep::Ship, "{view:?}");
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn the_backoff_doubles_while_ships_wait_and_resets_after_one_that_moved() {
+        use super::next_backoff;
+        use std::time::Duration;
+        let (min, max) = (Duration::from_millis(20), Duration::from_secs(1));
+        let mut backoff = min;
+        for _ in 0..10 {
+            backoff = next_backoff(backoff, true, min, max);
+        }
+        assert_eq!(backoff, max);
+        assert_eq!(next_backoff(backoff, false, min, max), min);
+        assert_eq!(next_backoff(min, true, min, max), Duration::from_millis(40));
     }
 }

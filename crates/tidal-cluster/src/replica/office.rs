@@ -13,13 +13,13 @@
 //!   process that opened it: a term openraft restores after a restart is handed over, never resumed
 //!   (its unsynced tail may have been shipped and lost here; decisions/023).
 
-use super::{Replica, Role, HEARTBEAT_INTERVAL};
+use super::{Replica, HEARTBEAT_INTERVAL};
 use crate::control::{ControlCmd, ControlPlane};
 use crate::fatal::FatalSource;
 use openraft::ServerState;
 use std::collections::BTreeMap;
-use std::sync::atomic::Ordering;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tidal_core::{encode_payload, ControlRecord, Envelope, Records};
 use tidal_net::{Probe, ProbeOutcome};
@@ -39,6 +39,64 @@ const PROBE_RETRY: Duration = Duration::from_millis(50);
 /// succeeds is never cut: the deadline is checked between rounds, so it bites only when rounds keep
 /// failing (a source that cannot serve its pull, say a damaged segment).
 const OFFICE_DEADLINE: Duration = Duration::from_secs(5);
+/// The office's state: the role status reports, the term served, the running office and its stream
+/// baseline, and what keeps a term from being resumed across a restart.
+pub(super) struct Office {
+    role: Mutex<Role>,
+    /// `Some(term)` while this node serves as leader of `term`.
+    serving: watch::Sender<Option<Term>>,
+    /// The running office (term and its stop signal).
+    running: Mutex<Option<(Term, watch::Sender<bool>)>>,
+    /// The stream baseline `(T, B(T))` of the current (or last) office.
+    baseline: Mutex<TermSeqno>,
+    /// The highest term this process opened as leader (0: none). A term this node led in an earlier
+    /// process is not resumed (decisions/023).
+    opened_term: AtomicU64,
+    /// The persisted vote's term when this process started. openraft makes a node leader of a
+    /// term at or below it only by restoring an election an earlier process won: such a term is
+    /// handed over, never resumed (decisions/057).
+    boot_term: Term,
+    /// Offices given up past the office deadline (metrics): see [`Replica::handovers`].
+    handovers: AtomicU64,
+}
+
+impl Office {
+    /// No office yet; `boot_term` is the persisted vote's term at start.
+    pub(super) fn new(boot_term: Term) -> Office {
+        Office {
+            role: Mutex::new(Role::Follower),
+            serving: watch::channel(None).0,
+            running: Mutex::new(None),
+            baseline: Mutex::new(TermSeqno::default()),
+            opened_term: AtomicU64::new(0),
+            boot_term,
+            handovers: AtomicU64::new(0),
+        }
+    }
+}
+
+/// A node's role, as status reports it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    /// Follows a leader (or knows none yet).
+    Follower,
+    /// Standing for election, or elected and taking office (not serving yet).
+    Candidate,
+    /// Leader in office: LeaderStart committed and applied.
+    Leader,
+}
+
+impl Role {
+    /// The status name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Follower => "follower",
+            Role::Candidate => "candidate",
+            Role::Leader => "leader",
+        }
+    }
+}
+
 /// Name of the stream baseline file in the data directory.
 pub const STREAM_BASELINE_FILE: &str = "stream_baseline";
 
@@ -70,6 +128,7 @@ impl Replica {
             let leading = state == ServerState::Leader && leader == Some(self.me.0);
             let office_term = self
                 .office
+                .running
                 .lock()
                 .expect("office lock is never held across a panic")
                 .as_ref()
@@ -88,7 +147,7 @@ impl Replica {
             }
             if !leading {
                 let role = if state == ServerState::Candidate { Role::Candidate } else { Role::Follower };
-                *self.role.lock().expect("role lock is never held across a panic") = role;
+                *self.office.role.lock().expect("role lock is never held across a panic") = role;
                 if leader.is_some() && leader != known_leader && leader != Some(self.me.0) {
                     // A new leader: catch up from it now rather than at its first ship.
                     self.clone().start_pull("leader change");
@@ -137,7 +196,7 @@ impl Replica {
             tracing::warn!(%term, "a higher term was persisted: leaving office");
         }
         self.commit.step_down();
-        self.serving.send_if_modified(|serving| {
+        self.office.serving.send_if_modified(|serving| {
             if serving.is_some_and(|office| office < term) {
                 *serving = None;
                 true
@@ -149,13 +208,13 @@ impl Replica {
 
     /// Leaves office: parks the ShipQueues and stops serving.
     pub(super) fn leave_office(&self) {
-        let office = self.office.lock().expect("office lock is never held across a panic").take();
+        let office = self.office.running.lock().expect("office lock is never held across a panic").take();
         if let Some((term, stop)) = office {
             tracing::info!(%term, "leaving office");
             let _ = stop.send(true);
         }
         self.commit.step_down();
-        self.serving.send_replace(None);
+        self.office.serving.send_replace(None);
     }
 
     fn start_office(self: &Arc<Self>, term: Term) {
@@ -164,8 +223,9 @@ impl Replica {
             return;
         }
         let (stop_tx, stop) = watch::channel(false);
-        *self.office.lock().expect("office lock is never held across a panic") = Some((term, stop_tx));
-        *self.role.lock().expect("role lock is never held across a panic") = Role::Candidate;
+        *self.office.running.lock().expect("office lock is never held across a panic") =
+            Some((term, stop_tx));
+        *self.office.role.lock().expect("role lock is never held across a panic") = Role::Candidate;
         // A failed office of an earlier term may have switched them off (below).
         self.set_heartbeats(true);
         let replica = self.clone();
@@ -187,11 +247,6 @@ impl Replica {
                 Err(why) => tracing::warn!(%term, "did not take office: {why}"),
             }
         });
-    }
-
-    /// Whether any voter other than this node counts (a single-voter cluster ships to no one).
-    fn has_other_voters(&self) -> bool {
-        self.members.borrow().voters().iter().any(|voter| *voter != self.me)
     }
 
     /// Switches openraft's leader heartbeats on or off (no-op without a control plane).
@@ -278,9 +333,9 @@ impl Replica {
             self.still(term, &stop)?;
             if resumes_a_term(
                 term,
-                self.boot_term,
+                self.office.boot_term,
                 write_leader_start,
-                self.opened_term.load(Ordering::SeqCst),
+                self.office.opened_term.load(Ordering::SeqCst),
             ) && self.has_other_voters()
             {
                 // openraft restored our leadership of a term an earlier process of ours won. That
@@ -295,7 +350,7 @@ impl Replica {
                     "openraft restored our leadership of term {term} after a restart; a term is never resumed across a restart"
                 ));
             }
-            self.opened_term.fetch_max(term.get(), Ordering::SeqCst);
+            self.office.opened_term.fetch_max(term.get(), Ordering::SeqCst);
             self.wal.set_term(term);
             let term_start = if write_leader_start {
                 baseline.seqno.next()
@@ -308,7 +363,7 @@ impl Replica {
             };
             self.commit.begin_term(term, term_start);
             // The stream baseline (T, B(T)): this office's term and the last seqno before it.
-            *self.baseline.lock().expect("baseline lock is never held across a panic") =
+            *self.office.baseline.lock().expect("baseline lock is never held across a panic") =
                 TermSeqno { term, seqno: baseline.seqno };
             term_start
         };
@@ -361,8 +416,8 @@ impl Replica {
         {
             let _term_lock = self.gate.lock().await;
             self.still(term, &stop)?;
-            self.serving.send_replace(Some(term));
-            *self.role.lock().expect("role lock is never held across a panic") = Role::Leader;
+            self.office.serving.send_replace(Some(term));
+            *self.office.role.lock().expect("role lock is never held across a panic") = Role::Leader;
             self.leader_hint.store(self.me.0, Ordering::SeqCst);
         }
         Ok(baseline)
@@ -372,7 +427,7 @@ impl Replica {
     /// needs no pull); the caller then switches our heartbeats off either way, so if the request
     /// fails the voters' lease runs out and they elect without us. Returns why we gave up.
     async fn hand_over(&self, term: Term) -> String {
-        self.handovers.fetch_add(1, Ordering::SeqCst);
+        self.office.handovers.fetch_add(1, Ordering::SeqCst);
         let answers = self.probe_all(term).await;
         let Some(target) = transfer_target(self.me, &answers, &self.commit.quorum()) else {
             return format!(
@@ -471,5 +526,73 @@ impl Replica {
         let contents = format!("{} {}\n", term.get(), baseline.seqno.get());
         crate::files::write_then_rename(&path, contents.as_bytes())
             .map_err(|e| format!("persist {}: {e}", path.display()))
+    }
+}
+
+impl Replica {
+    /// Whether this node serves as leader (in office, LeaderStart committed and applied).
+    pub fn is_leader(&self) -> bool {
+        self.office.serving.borrow().is_some()
+    }
+
+    /// The term this node serves as leader in, or why an operator verb must go elsewhere (the leader
+    /// this node knows).
+    pub(crate) fn serving_term(&self) -> Result<Term, String> {
+        let serving = *self.office.serving.borrow();
+        serving.ok_or_else(|| {
+            format!("node {} is not the serving leader; ask the leader ({:?})", self.me, self.leader())
+        })
+    }
+
+    /// `Some(term)` while this node serves as leader; watch it to learn when office is lost.
+    pub fn serving(&self) -> watch::Receiver<Option<Term>> {
+        self.office.serving.subscribe()
+    }
+
+    /// The role, for status.
+    ///
+    /// `Leader` only while this node serves in the term it has persisted: between a higher vote
+    /// (which stops the serving at once) and the office watcher's next step, the stored role still
+    /// says leader, and status must not pair it with the new term (the simulation's "two leaders in
+    /// one term" check saw exactly that, partition-heal seed 43).
+    pub fn role(&self) -> Role {
+        let role = *self.office.role.lock().expect("role lock is never held across a panic");
+        if role == Role::Leader && *self.office.serving.borrow() != Some(self.gate.term()) {
+            return Role::Follower;
+        }
+        role
+    }
+
+    /// The role with the term it holds in, read consistently (status): a `Leader` answer means this
+    /// node served in exactly that term.
+    pub fn role_in_term(&self) -> (Role, Term) {
+        // Terms move a few times a second at most; a read that keeps racing them reports follower.
+        for _ in 0..8 {
+            let before = self.gate.term();
+            let role = self.role();
+            if self.gate.term() == before {
+                return (role, before);
+            }
+        }
+        (Role::Follower, self.gate.term())
+    }
+
+    /// The stream baseline `(T, B(T))` of this node's current (or last) office: its term, and the
+    /// last seqno before that term's LeaderStart.
+    pub fn baseline(&self) -> TermSeqno {
+        *self.office.baseline.lock().expect("baseline lock is never held across a panic")
+    }
+
+    /// How many offices this node gave up because it could not take them within the office deadline
+    /// (it asked the voter with the greatest log to stand instead; PROTOCOL.md, "Taking office").
+    pub fn handovers(&self) -> u64 {
+        self.office.handovers.load(Ordering::SeqCst)
+    }
+}
+
+impl Replica {
+    /// The term this node serves as leader in, if it does.
+    pub(super) fn serving_now(&self) -> Option<Term> {
+        *self.office.serving.borrow()
     }
 }

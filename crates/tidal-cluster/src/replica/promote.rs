@@ -16,7 +16,7 @@
 
 use super::Replica;
 use crate::error::RequestError;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 // tokio's clock, not std's: the same instant in production (tokio reads std's clock), and the
@@ -36,6 +36,17 @@ const TRANSFER_DEADLINE: Duration = Duration::from_secs(5);
 const TRANSFER_POLL: Duration = Duration::from_millis(2);
 /// How long the leader, no longer taking writes, waits for the target to match its log.
 const CATCH_UP_DEADLINE: Duration = Duration::from_secs(1);
+
+/// A leadership transfer in progress and the client writes it must wait for.
+#[derive(Default)]
+pub(super) struct Transfer {
+    /// Set while a leadership transfer runs on this leader (single flight).
+    promoting: AtomicBool,
+    /// The node leadership is being handed to, while this leader refuses new writes (0: none).
+    handing_to: AtomicU64,
+    /// Client writes between their admission and their WAL append (see `admit_write`).
+    writes_in_flight: Arc<std::sync::atomic::AtomicUsize>,
+}
 
 /// What `promote` did (or, with `dry_run`, would do).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -80,8 +91,8 @@ struct Promoting<'a>(&'a Replica);
 
 impl Drop for Promoting<'_> {
     fn drop(&mut self) {
-        self.0.handing_to.store(0, Ordering::SeqCst);
-        self.0.promoting.store(false, Ordering::SeqCst);
+        self.0.transfer.handing_to.store(0, Ordering::SeqCst);
+        self.0.transfer.promoting.store(false, Ordering::SeqCst);
     }
 }
 
@@ -139,7 +150,7 @@ impl Replica {
             );
             return Ok(report);
         }
-        if self.promoting.swap(true, Ordering::SeqCst) {
+        if self.transfer.promoting.swap(true, Ordering::SeqCst) {
             return Err(Unavailable("a promote is already running on this leader".into()));
         }
         let _promoting = Promoting(self);
@@ -173,11 +184,11 @@ impl Replica {
         }
         // Stop taking writes and let the target match everything this leader holds, so it takes
         // office without a pull.
-        self.handing_to.store(target.0, Ordering::SeqCst);
+        self.transfer.handing_to.store(target.0, Ordering::SeqCst);
         let caught_up_by = Instant::now() + CATCH_UP_DEADLINE;
         loop {
             let matched = self.progress().get(&target).map_or(Seqno::ZERO, |p| p.matched.seqno);
-            let admitted = self.writes_in_flight.load(Ordering::SeqCst);
+            let admitted = self.transfer.writes_in_flight.load(Ordering::SeqCst);
             if admitted == 0 && matched >= self.wal.durable_seqno() {
                 break;
             }
@@ -222,7 +233,7 @@ impl Replica {
 
     /// While this leader hands over to another node and refuses new writes: that node.
     pub fn handing_to(&self) -> Option<NodeId> {
-        match self.handing_to.load(Ordering::SeqCst) {
+        match self.transfer.handing_to.load(Ordering::SeqCst) {
             0 => None,
             id => Some(NodeId(id)),
         }
@@ -234,11 +245,11 @@ impl Replica {
     /// transfer setting its flag before reading the count, both SeqCst: a write either sees the
     /// flag or is waited for.)
     pub fn admit_write(&self) -> Result<WriteTicket, NodeId> {
-        self.writes_in_flight.fetch_add(1, Ordering::SeqCst);
+        self.transfer.writes_in_flight.fetch_add(1, Ordering::SeqCst);
         match self.handing_to() {
-            None => Ok(WriteTicket(self.writes_in_flight.clone())),
+            None => Ok(WriteTicket(self.transfer.writes_in_flight.clone())),
             Some(target) => {
-                self.writes_in_flight.fetch_sub(1, Ordering::SeqCst);
+                self.transfer.writes_in_flight.fetch_sub(1, Ordering::SeqCst);
                 Err(target)
             }
         }
@@ -273,7 +284,7 @@ impl Replica {
     /// began.
     pub async fn read_index(&self) -> Result<Seqno, String> {
         let control = self.control.get().ok_or("the control plane has not started yet")?;
-        let Some(term) = *self.serving.borrow() else {
+        let Some(term) = self.serving_now() else {
             return Err("this node is not the serving leader".into());
         };
         let index = self.commit.commit();
@@ -282,7 +293,7 @@ impl Replica {
             .ensure_linearizable()
             .await
             .map_err(|e| format!("could not confirm leadership with a quorum: {e}"))?;
-        if *self.serving.borrow() != Some(term) {
+        if self.serving_now() != Some(term) {
             return Err("lost office while confirming leadership".into());
         }
         Ok(index)

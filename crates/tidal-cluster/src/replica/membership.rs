@@ -22,10 +22,11 @@ use crate::error::RequestError;
 use crate::spec::{ClusterSpec, NodeSpec};
 use openraft::ChangeMembers;
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::atomic::Ordering;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 use tidal_protocol::Quorum;
+use tokio::sync::watch;
 // tokio's clock, not std's: the same instant in production (tokio reads std's clock), and the
 // simulated clock under turmoil, so heartbeat pacing, pull and install rate limits and the
 // promote/membership deadlines follow simulated time there (decisions/008, "Determinism").
@@ -40,6 +41,32 @@ const CHANGE_POLL: Duration = Duration::from_millis(10);
 const NEW_SET_DEADLINE: Duration = Duration::from_secs(10);
 /// Progress is logged this often while a learner catches up.
 const PROGRESS_EVERY: Duration = Duration::from_secs(5);
+
+/// Who the members are: peer handles and the voter sets, as openraft last reported them, and the
+/// single-flight lock and quorum pin of a change in progress.
+pub(super) struct Membership {
+    /// Every other member (voters and learners), as openraft's membership says.
+    peers: RwLock<BTreeMap<NodeId, Peer>>,
+    /// The membership this node knows (openraft's, once its metrics arrive; the cluster file before).
+    members: watch::Sender<Members>,
+    /// Held while this leader changes the membership (single flight).
+    changing_members: tokio::sync::Mutex<()>,
+    /// Set while a membership change counts commit against a configuration openraft has not reported
+    /// yet: metrics do not overwrite the commit quorum meanwhile.
+    quorum_pinned: AtomicBool,
+}
+
+impl Membership {
+    /// The first membership (the cluster file's) and a peer handle for every other member.
+    pub(super) fn new(members: Members, peers: BTreeMap<NodeId, Peer>) -> Membership {
+        Membership {
+            peers: RwLock::new(peers),
+            members: watch::channel(members).0,
+            changing_members: tokio::sync::Mutex::new(()),
+            quorum_pinned: AtomicBool::new(false),
+        }
+    }
+}
 
 /// The membership as this node knows it.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -156,8 +183,8 @@ struct QuorumPin<'a>(&'a Replica);
 
 impl Drop for QuorumPin<'_> {
     fn drop(&mut self) {
-        self.0.quorum_pinned.store(false, Ordering::SeqCst);
-        let members = self.0.members.borrow().clone();
+        self.0.membership.quorum_pinned.store(false, Ordering::SeqCst);
+        let members = self.0.membership.members.borrow().clone();
         self.0.commit.set_quorum(members.quorum());
     }
 }
@@ -165,17 +192,27 @@ impl Drop for QuorumPin<'_> {
 impl Replica {
     /// The membership this node knows.
     pub fn members(&self) -> Members {
-        self.members.borrow().clone()
+        self.membership.members.borrow().clone()
+    }
+
+    /// Whether any voter other than this node counts (a single-voter cluster ships to no one).
+    pub(super) fn has_other_voters(&self) -> bool {
+        self.membership.members.borrow().voters().iter().any(|voter| *voter != self.me)
+    }
+
+    /// The membership, watched (it changes when openraft reports a new one).
+    pub(super) fn watch_members(&self) -> watch::Receiver<Members> {
+        self.membership.members.subscribe()
     }
 
     /// The peer handle of another member.
     pub(super) fn peer(&self, node: NodeId) -> Option<Peer> {
-        self.peers.read().expect("peers lock is never held across a panic").get(&node).cloned()
+        self.membership.peers.read().expect("peers lock is never held across a panic").get(&node).cloned()
     }
 
     /// Every other member with its peer handle.
     pub(super) fn peer_list(&self) -> Vec<(NodeId, Peer)> {
-        let peers = self.peers.read().expect("peers lock is never held across a panic");
+        let peers = self.membership.peers.read().expect("peers lock is never held across a panic");
         peers.iter().map(|(id, peer)| (*id, peer.clone())).collect()
     }
 
@@ -184,11 +221,11 @@ impl Replica {
     /// on this leader has pinned them).
     pub(super) fn adopt_membership(&self, membership: &openraft::Membership<u64, NodeInfo>) {
         let Some(members) = Members::from_openraft(membership) else { return };
-        if *self.members.borrow() == members {
+        if *self.membership.members.borrow() == members {
             return;
         }
         {
-            let mut peers = self.peers.write().expect("peers lock is never held across a panic");
+            let mut peers = self.membership.peers.write().expect("peers lock is never held across a panic");
             peers.retain(|id, _| members.nodes.contains_key(id));
             for (id, node) in &members.nodes {
                 if *id == self.me || peers.contains_key(id) {
@@ -204,42 +241,16 @@ impl Replica {
                 }
             }
         }
-        self.progress
-            .lock()
-            .expect("progress lock is never held across a panic")
-            .retain(|id, _| members.nodes.contains_key(id));
+        self.forget_progress_except(&members);
         tracing::info!(
             voters = ?members.voter_sets, learners = ?members.learners(), "membership adopted"
         );
         // Members first, then the pin: a change ending meanwhile (QuorumPin's drop clears the pin,
         // then reads the members) or this adoption sets the quorum from the new membership.
         let quorum = members.quorum();
-        self.members.send_replace(members);
-        if !self.quorum_pinned.load(Ordering::SeqCst) {
+        self.membership.members.send_replace(members);
+        if !self.membership.quorum_pinned.load(Ordering::SeqCst) {
             self.commit.set_quorum(quorum);
-        }
-    }
-
-    /// Leader: runs one ShipQueue per member for the office of `term`, starting queues for members
-    /// added while in office (a removed member's queue ends by itself).
-    pub(super) async fn ship_queues(self: Arc<Self>, term: Term, stop: tokio::sync::watch::Receiver<bool>) {
-        let mut members = self.members.subscribe();
-        let mut stop_wait = stop.clone();
-        let mut running: BTreeMap<NodeId, tokio::task::JoinHandle<()>> = BTreeMap::new();
-        loop {
-            if *stop.borrow() || self.gate.term() != term {
-                return;
-            }
-            running.retain(|_, queue| !queue.is_finished());
-            for (id, peer) in self.peer_list() {
-                running
-                    .entry(id)
-                    .or_insert_with(|| tokio::spawn(self.clone().ship_queue(id, peer, term, stop.clone())));
-            }
-            tokio::select! {
-                changed = members.changed() => if changed.is_err() { return },
-                _ = stop_wait.changed() => {}
-            }
         }
     }
 
@@ -257,7 +268,7 @@ impl Replica {
             .ok_or_else(|| Unavailable("the control plane has not started yet".into()))?
             .clone();
         let term = self.serving_term().map_err(Unavailable)?;
-        let Ok(_single) = self.changing_members.try_lock() else {
+        let Ok(_single) = self.membership.changing_members.try_lock() else {
             return Err(Unavailable(
                 "another membership change is running on this leader; retry when it ends".into(),
             ));
@@ -429,7 +440,7 @@ impl Replica {
     ) -> Result<(), RequestError> {
         let mut joint = before.voter_sets.clone();
         joint.push(after.clone());
-        self.quorum_pinned.store(true, Ordering::SeqCst);
+        self.membership.quorum_pinned.store(true, Ordering::SeqCst);
         let _pin = QuorumPin(self);
         self.commit.set_quorum(Quorum {
             voter_sets: joint.iter().map(|set| set.iter().copied().collect()).collect(),
@@ -463,5 +474,13 @@ impl Replica {
         // membership: the new one, or still the joint one if the metrics lag (safe: both counted).
         self.adopt_membership(control.raft().metrics().borrow().membership_config.membership());
         Ok(())
+    }
+}
+
+impl Replica {
+    /// Whether `node` is another member of the cluster (voter or learner), as openraft's membership
+    /// says. Only members may ship to us, pull from us, fetch our snapshot or ask us to stand.
+    pub(crate) fn is_member(&self, node: NodeId) -> bool {
+        node != self.me && self.peer(node).is_some()
     }
 }
