@@ -6,6 +6,8 @@
 //! - `commit`: the leader's commit frontier and the leader-mode lease;
 //! - `office`: taking office (probe answers, the plan, the divergence point, whether a restored
 //!   term is resumed, whom to hand an office to);
+//! - `membership`: whether a `members add/remove` may run and its plan (printed by a dry run,
+//!   executed by the runtime);
 //! - `ship`: what a ShipQueue does next (ship, notice, wait, nudge a pull), where it ships after an
 //!   answer, how long it backs off, and where a read of its tail starts.
 //!
@@ -15,6 +17,7 @@
 
 pub mod commit;
 pub mod follower;
+pub mod membership;
 pub mod office;
 pub mod ship;
 
@@ -23,6 +26,7 @@ pub use follower::{
     append_only, authority, decide_ship, repairs_a_halt, replaced_from, Authority, BatchMeta, HaltCause,
     Located, LogView, Origin, ShipMeta, Step, Verdict,
 };
+pub use membership::{plan_member_change, Addresses, MemberPlan, MemberRefusal, MemberRequest, MemberView};
 pub use office::{
     answer_probe, divergence_point, plan_office, resumes_a_term, term_at, transfer_target, OfficePlan,
     OwnLog, ProbeAnswer,

@@ -25,7 +25,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
-use tidal_protocol::Quorum;
+use tidal_protocol::{plan_member_change, Addresses, MemberPlan, MemberRequest, MemberView, Quorum};
 use tokio::sync::watch;
 // tokio's clock, not std's: the same instant in production (tokio reads std's clock), and the
 // simulated clock under turmoil, so heartbeat pacing, pull and install rate limits and the
@@ -129,6 +129,34 @@ impl Members {
     /// The commit quorum of this membership.
     pub fn quorum(&self) -> Quorum {
         Quorum { voter_sets: self.voter_sets.iter().map(|set| set.iter().copied().collect()).collect() }
+    }
+}
+
+impl Members {
+    /// The membership as the decision core sees it.
+    pub fn view(&self) -> MemberView {
+        MemberView {
+            voter_sets: self.voter_sets.clone(),
+            nodes: self
+                .nodes
+                .iter()
+                .map(|(id, node)| (*id, Addresses { http: node.http.clone(), rpc: node.rpc.clone() }))
+                .collect(),
+        }
+    }
+}
+
+impl MemberChange {
+    /// The request as the decision core sees it.
+    pub fn request(&self) -> MemberRequest {
+        match self {
+            MemberChange::Add { node, catch_up } => MemberRequest::Add {
+                node: node.id,
+                addresses: Addresses { http: node.http.clone(), rpc: node.rpc.clone() },
+                catch_up_secs: catch_up.as_secs(),
+            },
+            MemberChange::Remove { node } => MemberRequest::Remove { node: *node },
+        }
     }
 }
 
@@ -254,7 +282,8 @@ impl Replica {
         }
     }
 
-    /// Operator `members add` / `members remove`, on the serving leader.
+    /// Operator `members add` / `members remove`, on the serving leader. The plan comes from
+    /// [`plan_member_change`]; a dry run reports it, a real run executes that same plan.
     pub async fn change_members(
         self: &Arc<Self>,
         change: MemberChange,
@@ -274,127 +303,84 @@ impl Replica {
             ));
         };
         let before = self.members();
-        if before.is_joint() && !dry_run {
-            tracing::warn!(voters = ?before.voter_sets, "a joint configuration is in force (an earlier change was cut short): this change finishes it");
-        }
-        let voters_before = before.voters();
+        let plan = plan_member_change(self.me, &before.view(), &change.request())
+            .map_err(|refusal| Invalid(refusal.to_string()))?;
         let mut report = MemberReport {
-            voters_before: voters_before.clone(),
-            voters_after: voters_before.clone(),
+            voters_before: before.voters(),
+            voters_after: before.voters(),
             learners_after: before.learners(),
             term,
             elapsed: Duration::ZERO,
             action: String::new(),
         };
-        match change {
-            MemberChange::Add { node, catch_up } => {
-                if node.id == NodeId(0) {
-                    return Err(Invalid("node ids start at 1".into()));
-                }
-                if node.http.trim().is_empty() || node.rpc.trim().is_empty() {
-                    return Err(Invalid("a new member needs its http and rpc addresses".into()));
-                }
-                if let Some(clash) = before.nodes.values().find(|other| {
-                    other.id != node.id
-                        && [&other.http, &other.rpc]
-                            .iter()
-                            .any(|address| **address == node.http || **address == node.rpc)
-                }) {
-                    return Err(Invalid(format!("node {} already uses one of these addresses", clash.id)));
-                }
-                if let Some(known) = before.nodes.get(&node.id) {
-                    if known.http != node.http || known.rpc != node.rpc {
-                        return Err(Invalid(format!(
-                            "node {} is a member with other addresses (http {}, rpc {}); remove it first",
-                            node.id, known.http, known.rpc
-                        )));
-                    }
-                }
-                let mut after = voters_before.clone();
-                after.insert(node.id);
-                report.voters_after = after.clone();
-                report.learners_after.remove(&node.id);
-                if !before.is_joint() && voters_before.contains(&node.id) {
-                    report.action = format!("node {} is already a voter; nothing to do", node.id);
-                    return Ok(report);
-                }
-                if dry_run {
-                    report.action = format!(
-                        "would add node {} (http {}, rpc {}) as a learner, wait up to {} s for it to match the commit frontier, then make it a voter",
-                        node.id,
-                        node.http,
-                        node.rpc,
-                        catch_up.as_secs()
-                    );
-                    return Ok(report);
-                }
-                if !before.nodes.contains_key(&node.id) {
-                    let info = NodeInfo { http: node.http.clone(), rpc: node.rpc.clone() };
-                    control.raft().add_learner(node.id.0, info, false).await.map_err(|e| {
-                        Unavailable(format!("openraft did not add node {} as a learner: {e}", node.id))
-                    })?;
-                    tracing::info!(node = %node.id, "added as a learner; catching up");
-                    // The ShipQueue starts once openraft reports the learner (metrics arrive late).
-                    self.adopt_membership(control.raft().metrics().borrow().membership_config.membership());
-                }
-                self.wait_caught_up(node.id, term, catch_up).await?;
-                self.change_voters(
-                    &control,
-                    term,
-                    &before,
-                    after.clone(),
-                    ChangeMembers::AddVoterIds(BTreeSet::from([node.id.0])),
-                )
-                .await?;
-                report.action = format!("node {} caught up as a learner and is now a voter", node.id);
+        match &plan {
+            MemberPlan::AddVoter { node, voters_after, .. }
+            | MemberPlan::RemoveVoter { node, voters_after } => {
+                report.voters_after = voters_after.clone();
+                report.learners_after.remove(node);
             }
-            MemberChange::Remove { node } => {
-                if node == self.me {
-                    return Err(Invalid(format!(
-                        "node {node} leads term {term}; promote another voter first (tidal promote --node N), then remove it"
-                    )));
-                }
-                if !before.nodes.contains_key(&node) {
-                    return Err(Invalid(format!("node {node} is not a member")));
-                }
-                let mut after = voters_before.clone();
-                after.remove(&node);
-                report.voters_after = after.clone();
-                report.learners_after.remove(&node);
-                if after.is_empty() {
-                    return Err(Invalid("a cluster needs at least one voter".into()));
-                }
-                if dry_run {
-                    report.action = if voters_before.contains(&node) {
-                        format!("would count commit against both voter sets, then remove voter {node}")
-                    } else {
-                        format!("would remove learner {node}")
-                    };
-                    return Ok(report);
-                }
-                if voters_before.contains(&node) {
-                    self.change_voters(
-                        &control,
-                        term,
-                        &before,
-                        after,
-                        ChangeMembers::RemoveVoters(BTreeSet::from([node.0])),
-                    )
-                    .await?;
-                    report.action = format!("voter {node} removed");
-                } else {
-                    control
-                        .raft()
-                        .change_membership(ChangeMembers::RemoveNodes(BTreeSet::from([node.0])), false)
-                        .await
-                        .map_err(|e| Unavailable(format!("openraft did not remove learner {node}: {e}")))?;
-                    report.action = format!("learner {node} removed");
-                }
+            MemberPlan::RemoveLearner { node } => {
+                report.learners_after.remove(node);
             }
+            MemberPlan::AlreadyVoter { .. } => {}
         }
+        if dry_run || matches!(plan, MemberPlan::AlreadyVoter { .. }) {
+            report.action = match plan {
+                MemberPlan::AlreadyVoter { .. } => plan.describe(),
+                _ => format!("would {}", plan.describe()),
+            };
+            return Ok(report);
+        }
+        if before.is_joint() {
+            tracing::warn!(voters = ?before.voter_sets, "a joint configuration is in force (an earlier change was cut short): this change finishes it");
+        }
+        tracing::info!(plan = %plan.describe(), %term, "membership change");
+        report.action = self.execute_member_plan(&control, term, &before, plan).await?;
         self.adopt_membership(control.raft().metrics().borrow().membership_config.membership());
         report.elapsed = started.elapsed();
         Ok(report)
+    }
+
+    /// Carries out a plan of [`plan_member_change`]; returns what was done, in words.
+    async fn execute_member_plan(
+        self: &Arc<Self>,
+        control: &crate::control::ControlPlane,
+        term: Term,
+        before: &Members,
+        plan: MemberPlan,
+    ) -> Result<String, RequestError> {
+        use RequestError::Unavailable;
+        match plan {
+            MemberPlan::AlreadyVoter { node } => Ok(format!("node {node} is already a voter; nothing to do")),
+            MemberPlan::AddVoter { node, addresses, new_learner, catch_up_secs, voters_after } => {
+                if new_learner {
+                    let info = NodeInfo { http: addresses.http, rpc: addresses.rpc };
+                    control.raft().add_learner(node.0, info, false).await.map_err(|e| {
+                        Unavailable(format!("openraft did not add node {node} as a learner: {e}"))
+                    })?;
+                    tracing::info!(%node, "added as a learner; catching up");
+                    // The ShipQueue starts once openraft reports the learner (metrics arrive late).
+                    self.adopt_membership(control.raft().metrics().borrow().membership_config.membership());
+                }
+                self.wait_caught_up(node, term, Duration::from_secs(catch_up_secs)).await?;
+                let change = ChangeMembers::AddVoterIds(BTreeSet::from([node.0]));
+                self.change_voters(control, term, before, voters_after, change).await?;
+                Ok(format!("node {node} caught up as a learner and is now a voter"))
+            }
+            MemberPlan::RemoveVoter { node, voters_after } => {
+                let change = ChangeMembers::RemoveVoters(BTreeSet::from([node.0]));
+                self.change_voters(control, term, before, voters_after, change).await?;
+                Ok(format!("voter {node} removed"))
+            }
+            MemberPlan::RemoveLearner { node } => {
+                control
+                    .raft()
+                    .change_membership(ChangeMembers::RemoveNodes(BTreeSet::from([node.0])), false)
+                    .await
+                    .map_err(|e| Unavailable(format!("openraft did not remove learner {node}: {e}")))?;
+                Ok(format!("learner {node} removed"))
+            }
+        }
     }
 
     /// Waits until `node` has matched, in `term`, the commit frontier as it stands at each check.

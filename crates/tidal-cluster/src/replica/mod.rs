@@ -361,7 +361,12 @@ impl Replica {
 
     /// This node's durable log as the decision core sees it.
     fn leader_view(&self) -> WalView<'_> {
-        WalView { wal: &self.wal, commit: &self.commit, term: self.gate.term() }
+        self.wal_view(self.gate.term())
+    }
+
+    /// This node's durable log as the decision core sees it, in `term` (read under the term lock).
+    fn wal_view(&self, term: Term) -> WalView<'_> {
+        WalView { wal: &self.wal, commit: &self.commit, term }
     }
 
     /// Whether our log holds `prev` (decisions/057): the written tail of the ship feed (a batch end

@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 use tidal_core::{encode_payload, ControlRecord, Envelope, Records};
 use tidal_net::{Probe, ProbeOutcome};
 use tidal_protocol::{plan_office, resumes_a_term, transfer_target, OfficePlan, OwnLog, ProbeAnswer};
-use tidal_types::{Seqno, Term, TermSeqno};
+use tidal_types::{NodeId, Seqno, Term, TermSeqno};
 use tidal_wal::AppendRequest;
 use tokio::sync::watch;
 
@@ -266,110 +266,22 @@ impl Replica {
         Ok(())
     }
 
+    /// Takes office of `term` (PROTOCOL.md, "Taking office"): adopts the greatest log of a probed
+    /// majority, opens the term, ships, and serves once LeaderStart is committed and applied.
+    /// Returns the stream baseline.
     async fn take_office(
         self: Arc<Self>,
         term: Term,
         stop: watch::Receiver<bool>,
     ) -> Result<TermSeqno, String> {
         tracing::info!(%term, "elected: taking office");
-        // Steps 2-3: probe a majority and adopt the greatest log, within the deadline.
-        let deadline = tokio::time::Instant::now() + OFFICE_DEADLINE;
-        let mut last_round = false;
-        let (baseline, write_leader_start) = loop {
-            self.still(term, &stop)?;
-            if tokio::time::Instant::now() >= deadline {
-                if last_round {
-                    return Err(self.hand_over(term).await);
-                }
-                // One more probe; if it does not open the term, we hand over.
-                last_round = true;
-            }
-            let answers = self.probe_all(term).await;
-            let own = {
-                let _term_lock = self.gate.lock().await;
-                self.still(term, &stop)?;
-                OwnLog {
-                    last: self.wal.last_position(),
-                    history: self.wal.term_history(),
-                    applied: *self.applied.borrow(),
-                }
-            };
-            match plan_office(self.me, term, &own, &answers, &self.commit.quorum()) {
-                OfficePlan::Wait => tokio::time::sleep(PROBE_RETRY).await,
-                OfficePlan::StepDown { term: higher } => {
-                    return Err(format!("a voter is at term {higher}: stepping down"));
-                }
-                OfficePlan::Sync { source, target, pull_from, quarantine_from, needs_snapshot } => {
-                    tracing::warn!(%term, %source, %target, %pull_from, ?quarantine_from, "adopting a more up-to-date log");
-                    if needs_snapshot {
-                        // Our applied state holds data the adopted log does not: only the source's
-                        // state repairs it. Install it, then probe again (the plan is now a pull).
-                        tracing::warn!(%term, %source, %pull_from, "applied past the divergence point: installing the source's snapshot");
-                        if let Err(why) = self
-                            .install_from(source, "taking office, applied past the divergence point")
-                            .await
-                        {
-                            tracing::warn!(%source, "snapshot install while taking office failed: {why}");
-                            tokio::time::sleep(PROBE_RETRY).await;
-                        }
-                        continue;
-                    }
-                    if let Some(from) = quarantine_from {
-                        let report = self.quarantine_from(from).await?;
-                        tracing::warn!(?report, "moved a divergent suffix to quarantine");
-                        self.feed.reset(self.wal.last_position());
-                    }
-                    if let Err(why) = self.pull_from(source, pull_from, true).await {
-                        tracing::warn!(%source, "pull while taking office failed: {why}");
-                        tokio::time::sleep(PROBE_RETRY).await;
-                    }
-                }
-                OfficePlan::Open { baseline, write_leader_start } => break (baseline, write_leader_start),
-            }
-        };
+        let (baseline, write_leader_start) = self.adopt_greatest_log(term, &stop).await?;
         // Step 4: open the term.
-        let term_start = {
-            let _term_lock = self.gate.lock().await;
-            self.still(term, &stop)?;
-            if resumes_a_term(
-                term,
-                self.office.boot_term,
-                write_leader_start,
-                self.office.opened_term.load(Ordering::SeqCst),
-            ) && self.has_other_voters()
-            {
-                // openraft restored our leadership of a term an earlier process of ours won. That
-                // process shipped batches before their fsync (decisions/023), so followers outside
-                // the majority we probed may hold batches of this term that the crash took from us
-                // (its LeaderStart included: then our WAL holds nothing of the term and the plan
-                // says to write a LeaderStart, a second, different one at the same seqno). Writing
-                // on from our log would put other contents at their seqnos under the same term.
-                // Hand the office over: the next leader opens a new term and quarantines whatever
-                // was never committed.
-                return Err(format!(
-                    "openraft restored our leadership of term {term} after a restart; a term is never resumed across a restart"
-                ));
-            }
-            self.office.opened_term.fetch_max(term.get(), Ordering::SeqCst);
-            self.wal.set_term(term);
-            let term_start = if write_leader_start {
-                baseline.seqno.next()
-            } else {
-                self.wal
-                    .term_history()
-                    .iter()
-                    .find(|entry| entry.term == term)
-                    .map_or(baseline.seqno.next(), |e| e.seqno)
-            };
-            self.commit.begin_term(term, term_start);
-            // The stream baseline (T, B(T)): this office's term and the last seqno before it.
-            *self.office.baseline.lock().expect("baseline lock is never held across a panic") =
-                TermSeqno { term, seqno: baseline.seqno };
-            term_start
-        };
+        let term_start = self.open_term(term, &stop, baseline, write_leader_start).await?;
         if write_leader_start {
             let seqno = self.append_leader_start(term, baseline.seqno).await?;
             if seqno != baseline.seqno.next() {
+                // The WAL numbers batches; our own log ended at the baseline under the term lock.
                 return Err(format!("LeaderStart landed at {seqno}, expected {}", baseline.seqno.next()));
             }
         } else {
@@ -386,25 +298,166 @@ impl Replica {
         let serve_at = std::cmp::max(term_start, self.wal.last_position().seqno);
         // Step 5: ship, then serve once LeaderStart (and all before it) is committed and applied.
         tokio::spawn(self.clone().ship_queues(term, stop.clone()));
-        if let Some(control) = self.control.get().cloned() {
-            let record = ControlCmd::LeaderStart {
-                term: term.get(),
-                leader: self.me.0,
-                baseline: baseline.seqno.get(),
-            };
-            tokio::spawn(async move {
-                if let Err(error) = control.raft().client_write(record).await {
-                    tracing::info!("LeaderStart not recorded in the control log: {error}");
+        self.record_leader_start(term, baseline);
+        self.wait_until_applied(term, &stop, serve_at).await?;
+        let _term_lock = self.gate.lock().await;
+        self.still(term, &stop)?;
+        self.office.serving.send_replace(Some(term));
+        *self.office.role.lock().expect("role lock is never held across a panic") = Role::Leader;
+        self.leader_hint.store(self.me.0, Ordering::SeqCst);
+        Ok(baseline)
+    }
+
+    /// Steps 2-3 of taking office: probe a majority and adopt the greatest log (quarantine, pull, or
+    /// install a snapshot), within the office deadline, then one last round before a handover.
+    /// Returns the baseline and whether a LeaderStart is to be written.
+    async fn adopt_greatest_log(
+        self: &Arc<Self>,
+        term: Term,
+        stop: &watch::Receiver<bool>,
+    ) -> Result<(TermSeqno, bool), String> {
+        let deadline = tokio::time::Instant::now() + OFFICE_DEADLINE;
+        let mut last_round = false;
+        loop {
+            self.still(term, stop)?;
+            if tokio::time::Instant::now() >= deadline {
+                if last_round {
+                    return Err(self.hand_over(term).await);
                 }
-            });
+                // One more probe; if it does not open the term, we hand over.
+                last_round = true;
+            }
+            let answers = self.probe_all(term).await;
+            let own = {
+                let _term_lock = self.gate.lock().await;
+                self.still(term, stop)?;
+                OwnLog {
+                    last: self.wal.last_position(),
+                    history: self.wal.term_history(),
+                    applied: *self.applied.borrow(),
+                }
+            };
+            match plan_office(self.me, term, &own, &answers, &self.commit.quorum()) {
+                OfficePlan::Wait => tokio::time::sleep(PROBE_RETRY).await,
+                OfficePlan::StepDown { term: higher } => {
+                    return Err(format!("a voter is at term {higher}: stepping down"));
+                }
+                OfficePlan::Sync { source, target, pull_from, quarantine_from, needs_snapshot } => {
+                    tracing::warn!(%term, %source, %target, %pull_from, ?quarantine_from, "adopting a more up-to-date log");
+                    self.sync_from(term, source, pull_from, quarantine_from, needs_snapshot).await?;
+                }
+                OfficePlan::Open { baseline, write_leader_start } => {
+                    return Ok((baseline, write_leader_start))
+                }
+            }
         }
+    }
+
+    /// Performs one `Sync` plan: installs the source's snapshot when our applied state holds data
+    /// the adopted log does not (then the next probe plans a pull), or quarantines our divergent
+    /// suffix and pulls the source's log. A failed pull or install is retried by the next round.
+    async fn sync_from(
+        self: &Arc<Self>,
+        term: Term,
+        source: NodeId,
+        pull_from: TermSeqno,
+        quarantine_from: Option<Seqno>,
+        needs_snapshot: bool,
+    ) -> Result<(), String> {
+        if needs_snapshot {
+            tracing::warn!(%term, %source, %pull_from, "applied past the divergence point: installing the source's snapshot");
+            if let Err(why) =
+                self.install_from(source, "taking office, applied past the divergence point").await
+            {
+                tracing::warn!(%source, "snapshot install while taking office failed: {why}");
+                tokio::time::sleep(PROBE_RETRY).await;
+            }
+            return Ok(());
+        }
+        if let Some(from) = quarantine_from {
+            let report = self.quarantine_from(from).await?;
+            tracing::warn!(?report, "moved a divergent suffix to quarantine");
+            self.feed.reset(self.wal.last_position());
+        }
+        if let Err(why) = self.pull_from(source, pull_from, true).await {
+            tracing::warn!(%source, "pull while taking office failed: {why}");
+            tokio::time::sleep(PROBE_RETRY).await;
+        }
+        Ok(())
+    }
+
+    /// Opens `term` under the term lock: refuses to resume a term an earlier process led, sets the
+    /// WAL's term, starts counting commit in it and records the stream baseline. Returns the
+    /// term's first seqno.
+    async fn open_term(
+        &self,
+        term: Term,
+        stop: &watch::Receiver<bool>,
+        baseline: TermSeqno,
+        write_leader_start: bool,
+    ) -> Result<Seqno, String> {
+        let _term_lock = self.gate.lock().await;
+        self.still(term, stop)?;
+        let opened = self.office.opened_term.load(Ordering::SeqCst);
+        if resumes_a_term(term, self.office.boot_term, write_leader_start, opened) && self.has_other_voters()
+        {
+            // openraft restored our leadership of a term an earlier process of ours won. That
+            // process shipped batches before their fsync (decisions/023), so followers outside the
+            // majority we probed may hold batches of this term that the crash took from us (its
+            // LeaderStart included: then our WAL holds nothing of the term and the plan says to
+            // write a LeaderStart, a second, different one at the same seqno). Writing on from our
+            // log would put other contents at their seqnos under the same term. Hand the office
+            // over: the next leader opens a new term and quarantines whatever was never committed.
+            return Err(format!(
+                "openraft restored our leadership of term {term} after a restart; a term is never resumed across a restart"
+            ));
+        }
+        self.office.opened_term.fetch_max(term.get(), Ordering::SeqCst);
+        self.wal.set_term(term);
+        let term_start = if write_leader_start {
+            baseline.seqno.next()
+        } else {
+            self.wal
+                .term_history()
+                .iter()
+                .find(|entry| entry.term == term)
+                .map_or(baseline.seqno.next(), |e| e.seqno)
+        };
+        self.commit.begin_term(term, term_start);
+        // The stream baseline (T, B(T)): this office's term and the last seqno before it.
+        *self.office.baseline.lock().expect("baseline lock is never held across a panic") =
+            TermSeqno { term, seqno: baseline.seqno };
+        Ok(term_start)
+    }
+
+    /// Records the LeaderStart in openraft's control log too (in the background: the data path
+    /// does not wait for it).
+    fn record_leader_start(&self, term: Term, baseline: TermSeqno) {
+        let Some(control) = self.control.get().cloned() else { return };
+        let record =
+            ControlCmd::LeaderStart { term: term.get(), leader: self.me.0, baseline: baseline.seqno.get() };
+        tokio::spawn(async move {
+            if let Err(error) = control.raft().client_write(record).await {
+                tracing::info!("LeaderStart not recorded in the control log: {error}");
+            }
+        });
+    }
+
+    /// Waits until everything up to `serve_at` is committed and applied here, while the office of
+    /// `term` lasts.
+    async fn wait_until_applied(
+        &self,
+        term: Term,
+        stop: &watch::Receiver<bool>,
+        serve_at: Seqno,
+    ) -> Result<(), String> {
         let mut commits = self.commit.subscribe();
         let mut applied = self.applied.clone();
         let mut stop_wait = stop.clone();
         loop {
-            self.still(term, &stop)?;
+            self.still(term, stop)?;
             if *commits.borrow() >= serve_at && *applied.borrow() >= serve_at {
-                break;
+                return Ok(());
             }
             tokio::select! {
                 _ = commits.changed() => {}
@@ -413,14 +466,6 @@ impl Replica {
                 _ = tokio::time::sleep(HEARTBEAT_INTERVAL) => {}
             }
         }
-        {
-            let _term_lock = self.gate.lock().await;
-            self.still(term, &stop)?;
-            self.office.serving.send_replace(Some(term));
-            *self.office.role.lock().expect("role lock is never held across a panic") = Role::Leader;
-            self.leader_hint.store(self.me.0, Ordering::SeqCst);
-        }
-        Ok(baseline)
     }
 
     /// Past the office deadline: asks the voter with the greatest log to stand for election (it

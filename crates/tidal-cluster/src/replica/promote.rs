@@ -103,7 +103,7 @@ impl Replica {
         target: NodeId,
         dry_run: bool,
     ) -> Result<PromoteReport, RequestError> {
-        use RequestError::{Invalid, Unavailable};
+        use RequestError::Unavailable;
         let control = self
             .control
             .get()
@@ -124,19 +124,7 @@ impl Replica {
             report.action = format!("node {target} already leads term {term}; nothing to do");
             return Ok(report);
         }
-        let is_voter = control.state().membership.membership().voter_ids().any(|id| id == target.0);
-        let peer = self.peer(target).filter(|_| is_voter).ok_or_else(|| {
-            Invalid(format!("node {target} is not a voter of this cluster; only a voter can lead"))
-        })?;
-        let progress = self.progress().get(&target).cloned().unwrap_or_default();
-        let silence = progress.last_ack.map(|at| at.elapsed());
-        if silence.is_none_or(|silence| silence > PROMOTE_SILENCE_MAX) {
-            return Err(Unavailable(format!(
-                "node {target} has not answered this leader {}: promoting a node that may be down would stall \
-                 writes",
-                silence.map_or("yet".to_string(), |s| format!("for {} ms", s.as_millis())),
-            )));
-        }
+        let (peer, progress) = self.promote_target(&control, target)?;
         report.behind = self.wal.durable_seqno().get().saturating_sub(progress.durable.get());
         let lease = self.timing.election_max + LEASE_MARGIN;
         if dry_run {
@@ -159,49 +147,20 @@ impl Replica {
         raft.runtime_config().heartbeat(false);
         let _heartbeats = HeartbeatsOff(raft);
         tracing::info!(%target, %term, lease_ms = lease.as_millis() as u64, "promote: heartbeats paused");
-        let mut serving = self.serving();
-        let deposed = tokio::select! {
-            _ = tokio::time::sleep(lease) => false,
-            _ = serving.wait_for(|now| *now != Some(term)) => true,
-        };
-        if deposed {
+        if self.deposed_during(term, lease).await {
             // Another election ended this office; if the target won it, the transfer is done.
-            let deadline = Instant::now() + TRANSFER_DEADLINE;
-            while self.leader().is_none_or(|leader| leader == self.me) && Instant::now() < deadline {
-                tokio::time::sleep(TRANSFER_POLL).await;
-            }
-            if self.leader() == Some(target) {
-                report.elapsed = started.elapsed();
-                report.new_leader = Some(target);
-                report.action =
-                    format!("node {target} won an election during the pause; this node follows it");
-                return Ok(report);
-            }
-            return Err(Unavailable(format!(
-                "lost office during the transfer (now led by {:?}); retry",
-                self.leader()
-            )));
-        }
-        // Stop taking writes and let the target match everything this leader holds, so it takes
-        // office without a pull.
-        self.transfer.handing_to.store(target.0, Ordering::SeqCst);
-        let caught_up_by = Instant::now() + CATCH_UP_DEADLINE;
-        loop {
-            let matched = self.progress().get(&target).map_or(Seqno::ZERO, |p| p.matched.seqno);
-            let admitted = self.transfer.writes_in_flight.load(Ordering::SeqCst);
-            if admitted == 0 && matched >= self.wal.durable_seqno() {
-                break;
-            }
-            if Instant::now() >= caught_up_by {
+            if self.new_leader().await != Some(target) {
                 return Err(Unavailable(format!(
-                    "node {target} did not match this leader's log (at {matched} of {}) within {} ms; writes resume \
-                     here",
-                    self.wal.durable_seqno(),
-                    CATCH_UP_DEADLINE.as_millis()
+                    "lost office during the transfer (now led by {:?}); retry",
+                    self.leader()
                 )));
             }
-            tokio::time::sleep(TRANSFER_POLL).await;
+            report.elapsed = started.elapsed();
+            report.new_leader = Some(target);
+            report.action = format!("node {target} won an election during the pause; this node follows it");
+            return Ok(report);
         }
+        self.hand_writes_to(target).await?;
         match peer.elect(term.get(), self.me.0).await {
             Ok(Ok(())) => {}
             Ok(Err(why)) => {
@@ -213,12 +172,8 @@ impl Replica {
                 )))
             }
         }
-        let deadline = Instant::now() + TRANSFER_DEADLINE;
-        while self.leader().is_none_or(|leader| leader == self.me) && Instant::now() < deadline {
-            tokio::time::sleep(TRANSFER_POLL).await;
-        }
+        report.new_leader = self.new_leader().await;
         report.elapsed = started.elapsed();
-        report.new_leader = self.leader().filter(|leader| *leader != self.me);
         report.action = match report.new_leader {
             Some(leader) if leader == target => format!("node {target} won the election; this node follows it"),
             Some(leader) => format!("node {leader} won the election instead of node {target}; run promote again"),
@@ -229,6 +184,72 @@ impl Replica {
         };
         tracing::info!(%target, new_leader = ?report.new_leader, elapsed_ms = report.elapsed.as_millis() as u64, "promote: done");
         Ok(report)
+    }
+
+    /// The target must be a voter that answered this leader recently: its peer and progress.
+    fn promote_target(
+        &self,
+        control: &crate::control::ControlPlane,
+        target: NodeId,
+    ) -> Result<(tidal_net::Peer, super::FollowerProgress), RequestError> {
+        let is_voter = control.state().membership.membership().voter_ids().any(|id| id == target.0);
+        let peer = self.peer(target).filter(|_| is_voter).ok_or_else(|| {
+            RequestError::Invalid(format!(
+                "node {target} is not a voter of this cluster; only a voter can lead"
+            ))
+        })?;
+        let progress = self.progress().get(&target).cloned().unwrap_or_default();
+        let silence = progress.last_ack.map(|at| at.elapsed());
+        if silence.is_none_or(|silence| silence > PROMOTE_SILENCE_MAX) {
+            return Err(RequestError::Unavailable(format!(
+                "node {target} has not answered this leader {}: promoting a node that may be down would stall \
+                 writes",
+                silence.map_or("yet".to_string(), |s| format!("for {} ms", s.as_millis())),
+            )));
+        }
+        Ok((peer, progress))
+    }
+
+    /// Waits out the voters' leader `lease` while serving; whether the office of `term` ended
+    /// meanwhile (another election).
+    async fn deposed_during(&self, term: Term, lease: Duration) -> bool {
+        let mut serving = self.serving();
+        tokio::select! {
+            _ = tokio::time::sleep(lease) => false,
+            _ = serving.wait_for(|now| *now != Some(term)) => true,
+        }
+    }
+
+    /// Stops taking writes and waits until `target` has matched everything this leader holds, so it
+    /// takes office without a pull.
+    async fn hand_writes_to(&self, target: NodeId) -> Result<(), RequestError> {
+        self.transfer.handing_to.store(target.0, Ordering::SeqCst);
+        let caught_up_by = Instant::now() + CATCH_UP_DEADLINE;
+        loop {
+            let matched = self.progress().get(&target).map_or(Seqno::ZERO, |p| p.matched.seqno);
+            let admitted = self.transfer.writes_in_flight.load(Ordering::SeqCst);
+            if admitted == 0 && matched >= self.wal.durable_seqno() {
+                return Ok(());
+            }
+            if Instant::now() >= caught_up_by {
+                return Err(RequestError::Unavailable(format!(
+                    "node {target} did not match this leader's log (at {matched} of {}) within {} ms; writes resume \
+                     here",
+                    self.wal.durable_seqno(),
+                    CATCH_UP_DEADLINE.as_millis()
+                )));
+            }
+            tokio::time::sleep(TRANSFER_POLL).await;
+        }
+    }
+
+    /// Waits (up to the transfer deadline) until a leader other than this node is known.
+    async fn new_leader(&self) -> Option<NodeId> {
+        let deadline = Instant::now() + TRANSFER_DEADLINE;
+        while self.leader().is_none_or(|leader| leader == self.me) && Instant::now() < deadline {
+            tokio::time::sleep(TRANSFER_POLL).await;
+        }
+        self.leader().filter(|leader| *leader != self.me)
     }
 
     /// While this leader hands over to another node and refuses new writes: that node.

@@ -2,7 +2,7 @@
 //! [`tidal_protocol::decide_ship`] under the term lock, then performed (quarantine, append, fsync)
 //! before the answer names what we hold.
 
-use super::super::{Replica, WalView};
+use super::super::Replica;
 use crate::refusal::Refusal;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -11,7 +11,7 @@ use tidal_protocol::{
     answer_probe, append_only, authority, decide_ship, repairs_a_halt, replaced_from, Authority, BatchMeta,
     Origin, ProbeAnswer, ShipMeta, Step, Verdict,
 };
-use tidal_types::{NodeId, Seqno, Term};
+use tidal_types::{NodeId, Seqno, Term, TermSeqno};
 // tokio's clock: simulated time under turmoil.
 use tokio::time::Instant;
 
@@ -25,42 +25,59 @@ impl Replica {
     pub(super) async fn receive_from(self: &Arc<Self>, ship: Ship, origin: Origin) -> ShipAnswer {
         let _term_lock = self.gate.lock().await;
         let term = self.gate.term();
-        let live = origin == Origin::Live;
-        if live {
+        let outcome = match self.check_origin(&ship, origin, term) {
+            Err(outcome) => outcome,
+            Ok(authority) => {
+                let verdict = decide_ship(&self.wal_view(term), &ship_meta(&ship), self.quorum());
+                // A source not in office may only append: a verdict that would replace our log is
+                // refused (counted `stale_source`), never a halt.
+                let stale_source = !authority.replaces && replaced_from(&verdict).is_some();
+                let verdict = if authority.replaces { verdict } else { append_only(verdict) };
+                match verdict {
+                    Verdict::Accept { steps, matched, commit_now, commit } => {
+                        let accepted =
+                            Accepted { steps, matched, commit_now, commit, live: origin == Origin::Live };
+                        self.accept(&ship, term, accepted).await
+                    }
+                    refused => self.refuse(&ship, term, refused, stale_source, authority.names_leader),
+                }
+            }
+        };
+        ShipAnswer { term, durable: self.wal.durable_seqno(), applied: *self.applied.borrow(), outcome }
+    }
+
+    /// Who sent it: a live ship must come from a member and, in our term, from the node our vote
+    /// names (else the refusal to answer). Returns what the message may do (its authority), and
+    /// notes that the leader was heard.
+    fn check_origin(&self, ship: &Ship, origin: Origin, term: Term) -> Result<Authority, ShipOutcome> {
+        if origin == Origin::Live {
             if let Err((class, reason)) = self.check_sender(ship.leader, ship.term, term) {
                 tracing::warn!(leader = %ship.leader, ship_term = %ship.term, "refused a ship: {reason}");
                 self.count_refusal(class);
-                let outcome = ShipOutcome::Refused(reason);
-                return ShipAnswer {
-                    term,
-                    durable: self.wal.durable_seqno(),
-                    applied: *self.applied.borrow(),
-                    outcome,
-                };
+                return Err(ShipOutcome::Refused(reason));
             }
         }
         // Does the sender hold the log of the message's term, and does it name the leader?
-        let Authority { replaces: authoritative, names_leader } = authority(origin, ship.leader);
-        if ship.term == term && ship.leader != self.me && names_leader {
+        let authority = authority(origin, ship.leader);
+        if ship.term == term && ship.leader != self.me && authority.names_leader {
             self.leader_hint.store(ship.leader.0, Ordering::SeqCst);
             *self.following.last_heard.lock().expect("heard lock is never held across a panic") =
                 Some(Instant::now());
         }
-        let meta = ShipMeta {
-            term: ship.term,
-            prev: ship.prev,
-            batches: ship
-                .batches
-                .iter()
-                .map(|b| BatchMeta { first: b.first_seqno(), last: b.last_seqno(), term: b.term() })
-                .collect(),
-            commit: ship.commit,
-        };
-        let verdict =
-            decide_ship(&WalView { wal: &self.wal, commit: &self.commit, term }, &meta, self.quorum());
-        let stale_source = !authoritative && replaced_from(&verdict).is_some();
-        let verdict = if authoritative { verdict } else { append_only(verdict) };
-        let outcome = match verdict {
+        Ok(authority)
+    }
+
+    /// Answers a verdict other than Accept, counting its refusal class; a halt of leader mode
+    /// starts its repair from the leader's snapshot.
+    fn refuse(
+        self: &Arc<Self>,
+        ship: &Ship,
+        term: Term,
+        verdict: Verdict,
+        stale_source: bool,
+        names_leader: bool,
+    ) -> ShipOutcome {
+        match verdict {
             Verdict::Fenced { .. } => {
                 tracing::info!(ship_term = %ship.term, %term, leader = %ship.leader, "refused a ship from an older term");
                 self.count_refusal(Refusal::StaleTerm);
@@ -99,55 +116,50 @@ impl Replica {
                 }
                 ShipOutcome::Refused(reason)
             }
-            Verdict::Accept { steps, matched, commit_now, commit } => {
-                // What `prev` covers is committed now; the batches this message brings are
-                // applied once fsynced (the applier applies only flushed batches).
-                self.commit.advance(commit_now);
-                // What we quarantine is no longer the leader's log here: a notice must not cover it.
-                if let Some(cut) = steps.iter().find_map(|step| match step {
-                    Step::QuarantineFrom(seqno) => Some(*seqno),
-                    _ => None,
-                }) {
-                    self.forget_leader_match_from(term, cut);
-                }
-                // A live ship's batches move the commit frontier the moment they are written to our
-                // WAL, before its fsync (decisions/025): on the WAL writer's thread, before the
-                // fsync starts (the applier then applies what is committed at once), not after a
-                // wake-up of this task. A commit covers only what a majority fsynced, so what we
-                // show is never lost cluster-wide; our ack still waits for our fsync. We hold the
-                // term lock until `perform` returns, so the term cannot change in between.
-                let on_written = live.then(|| {
-                    let replica = Arc::clone(self);
-                    let matched = matched.seqno;
-                    Box::new(move || replica.live_written(term, matched, commit))
-                        as tidal_wal::WrittenCallback
-                });
-                match self.perform(&ship, steps, on_written).await {
-                    Ok(()) => {
-                        // We ack `matched`: the leader counts it toward commit. It must be in our
-                        // log, written and (perform waited for it) fsynced.
-                        let durable = self.wal.durable_seqno();
-                        assert!(
-                            matched.seqno <= durable,
-                            "acking {matched} past our durable seqno {durable} (term {term})"
-                        );
-                        // Again here (idempotent), for a ship whose batches we all held already.
-                        if live {
-                            self.live_written(term, matched.seqno, commit);
-                        } else {
-                            self.commit.advance(commit);
-                        }
-                        ShipOutcome::Matched(matched)
-                    }
-                    Err(reason) => {
-                        tracing::warn!("could not take a ship: {reason}");
-                        self.count_refusal(Refusal::AppendFailed);
-                        ShipOutcome::Refused(reason)
-                    }
-                }
-            }
-        };
-        ShipAnswer { term, durable: self.wal.durable_seqno(), applied: *self.applied.borrow(), outcome }
+            Verdict::Accept { .. } => unreachable!("an accepted ship is performed, not refused"),
+        }
+    }
+
+    /// Performs an accepted ship or chunk (quarantine, append, fsync) and acks what it matched.
+    async fn accept(self: &Arc<Self>, ship: &Ship, term: Term, accepted: Accepted) -> ShipOutcome {
+        let Accepted { steps, matched, commit_now, commit, live } = accepted;
+        // What `prev` covers is committed now; the batches this message brings are applied once
+        // fsynced (the applier applies only flushed batches).
+        self.commit.advance(commit_now);
+        // What we quarantine is no longer the leader's log here: a notice must not cover it.
+        if let Some(cut) = steps.iter().find_map(|step| match step {
+            Step::QuarantineFrom(seqno) => Some(*seqno),
+            _ => None,
+        }) {
+            self.forget_leader_match_from(term, cut);
+        }
+        // A live ship's batches move the commit frontier the moment they are written to our WAL,
+        // before its fsync (decisions/025): on the WAL writer's thread, before the fsync starts (the
+        // applier then applies what is committed at once), not after a wake-up of this task. A
+        // commit covers only what a majority fsynced, so what we show is never lost cluster-wide;
+        // our ack still waits for our fsync. We hold the term lock until `perform` returns, so the
+        // term cannot change in between.
+        let on_written = live.then(|| {
+            let replica = Arc::clone(self);
+            let matched = matched.seqno;
+            Box::new(move || replica.live_written(term, matched, commit)) as tidal_wal::WrittenCallback
+        });
+        if let Err(reason) = self.perform(ship, steps, on_written).await {
+            tracing::warn!("could not take a ship: {reason}");
+            self.count_refusal(Refusal::AppendFailed);
+            return ShipOutcome::Refused(reason);
+        }
+        // We ack `matched`: the leader counts it toward commit. It must be in our log, written and
+        // (perform waited for it) fsynced.
+        let durable = self.wal.durable_seqno();
+        assert!(matched.seqno <= durable, "acking {matched} past our durable seqno {durable} (term {term})");
+        // Again here (idempotent), for a ship whose batches we all held already.
+        if live {
+            self.live_written(term, matched.seqno, commit);
+        } else {
+            self.commit.advance(commit);
+        }
+        ShipOutcome::Matched(matched)
     }
 
     /// A live ship of `term` is written here (maybe not fsynced yet) up to `matched`, which the
@@ -242,5 +254,28 @@ impl Replica {
         let vote = control.raft().metrics().borrow().vote;
         let leader_id = vote.leader_id();
         (leader_id.get_term() == term.get()).then(|| leader_id.voted_for().map(NodeId)).flatten()
+    }
+}
+
+/// An accepted verdict's parts, and whether the message was a live ship.
+struct Accepted {
+    steps: Vec<Step>,
+    matched: TermSeqno,
+    commit_now: Seqno,
+    commit: Seqno,
+    live: bool,
+}
+
+/// What the decision core needs of a message: its positions, not its bytes.
+fn ship_meta(ship: &Ship) -> ShipMeta {
+    ShipMeta {
+        term: ship.term,
+        prev: ship.prev,
+        batches: ship
+            .batches
+            .iter()
+            .map(|b| BatchMeta { first: b.first_seqno(), last: b.last_seqno(), term: b.term() })
+            .collect(),
+        commit: ship.commit,
     }
 }
