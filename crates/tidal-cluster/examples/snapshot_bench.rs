@@ -89,21 +89,21 @@ fn fill(node: &Node, items: u64) {
 
 struct Leader(SnapshotSource);
 
-#[tonic::async_trait]
+#[tidal_net::async_trait]
 impl Handler for Leader {
     fn cluster_id(&self) -> &str {
         "bench"
     }
-    async fn ship(&self, _ship: Ship) -> Result<ShipAnswer, tonic::Status> {
-        Err(tonic::Status::unimplemented("bench"))
+    async fn ship(&self, _ship: Ship) -> Result<ShipAnswer, tidal_net::ServiceError> {
+        Err(tidal_net::ServiceError::Unimplemented("bench".into()))
     }
-    async fn pull(&self, _pull: Pull) -> Result<ChunkStream, tonic::Status> {
-        Err(tonic::Status::unimplemented("bench"))
+    async fn pull(&self, _pull: Pull) -> Result<ChunkStream, tidal_net::ServiceError> {
+        Err(tidal_net::ServiceError::Unimplemented("bench".into()))
     }
-    async fn nudge(&self, _reason: String) -> Result<bool, tonic::Status> {
+    async fn nudge(&self, _reason: String) -> Result<bool, tidal_net::ServiceError> {
         Ok(false)
     }
-    async fn snapshot(&self, request: SnapshotRequest) -> Result<SnapshotStream, tonic::Status> {
+    async fn snapshot(&self, request: SnapshotRequest) -> Result<SnapshotStream, tidal_net::ServiceError> {
         self.0.serve(request)
     }
 }

@@ -27,7 +27,7 @@ pub use applier::{
 };
 pub use commit_state::CommitState;
 pub use control::{ControlPlane, ControlTiming, TermGate};
-pub use error::RequestError;
+pub use error::Error;
 pub use fatal::{Fatal, FatalReason, FatalSource};
 pub use refusal::Refusal;
 pub use replica::{

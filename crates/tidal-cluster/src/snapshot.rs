@@ -496,19 +496,21 @@ impl InstallMarker {
         out
     }
 
-    fn decode(bytes: &[u8]) -> Result<InstallMarker, String> {
-        let (body, checksum) = bytes.split_at_checked(bytes.len().saturating_sub(32)).ok_or("too short")?;
+    /// Decodes a marker; `Err` says what is wrong with it.
+    fn decode(bytes: &[u8]) -> Result<InstallMarker, MarkerDamage> {
+        let (body, checksum) =
+            bytes.split_at_checked(bytes.len().saturating_sub(32)).ok_or(MarkerDamage("too short".into()))?;
         if body.len() < 32 || blake3::hash(body).as_bytes() != checksum {
-            return Err("checksum mismatch or truncated".into());
+            return Err(MarkerDamage("checksum mismatch or truncated".into()));
         }
         let u64_at = |at: usize| u64::from_le_bytes(body[at..at + 8].try_into().expect("8 bytes"));
         if body[..8] != MARKER_MAGIC || body[8..12] != MARKER_VERSION.to_le_bytes() {
-            return Err("unknown magic or version".into());
+            return Err(MarkerDamage("unknown magic or version".into()));
         }
         let position = TermSeqno { term: Term(u64_at(12)), seqno: Seqno(u64_at(20)) };
         let count = u32::from_le_bytes(body[28..32].try_into().expect("4 bytes")) as usize;
         if count > TERM_HISTORY_LEN_MAX || body.len() != 32 + 16 * count {
-            return Err(format!("{count} history entries do not fit {} bytes", body.len()));
+            return Err(MarkerDamage(format!("{count} history entries do not fit {} bytes", body.len())));
         }
         let history = (0..count)
             .map(|i| TermSeqno { term: Term(u64_at(32 + 16 * i)), seqno: Seqno(u64_at(40 + 16 * i)) })
@@ -516,6 +518,10 @@ impl InstallMarker {
         Ok(InstallMarker { position, history })
     }
 }
+
+/// What is wrong with a damaged install marker.
+#[derive(Debug)]
+struct MarkerDamage(String);
 
 fn write_marker(data_dir: &Path, marker: &InstallMarker) -> Result<(), InstallError> {
     crate::files::write_then_rename(&data_dir.join(INSTALL_PENDING_FILE), &marker.encode())
@@ -529,7 +535,7 @@ fn read_marker(data_dir: &Path) -> Result<Option<InstallMarker>, InstallError> {
         Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(source) => return Err(InstallError::Io { what: format!("read {}", path.display()), source }),
     };
-    InstallMarker::decode(&bytes).map(Some).map_err(|reason| InstallError::Marker { path, reason })
+    InstallMarker::decode(&bytes).map(Some).map_err(|damage| InstallError::Marker { path, reason: damage.0 })
 }
 
 // ---------------------------------------------------------------- leader side
@@ -655,9 +661,11 @@ impl SnapshotSource {
 
     /// Answers a Snapshot RPC (call from `Handler::snapshot`). `resource_exhausted` while
     /// [`SNAPSHOT_SERVES_MAX`] serves run.
-    pub fn serve(&self, request: SnapshotRequest) -> Result<SnapshotStream, tonic::Status> {
+    pub fn serve(&self, request: SnapshotRequest) -> Result<SnapshotStream, tidal_net::ServiceError> {
         let permit = self.serves.clone().try_acquire_owned().map_err(|_| {
-            tonic::Status::resource_exhausted(format!("{SNAPSHOT_SERVES_MAX} snapshots are being served"))
+            tidal_net::ServiceError::ResourceExhausted(format!(
+                "{SNAPSHOT_SERVES_MAX} snapshots are being served"
+            ))
         })?;
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let path = self.dir.join(format!("{SERVE_PREFIX}{}-{id}.snap", request.node));
@@ -670,7 +678,7 @@ impl SnapshotSource {
             let _permit = permit;
             if let Err(error) = serve_file(db, wal, pins, request.node, path.clone(), &tx).await {
                 tracing::warn!(follower = %request.node, "failed to serve a snapshot: {error}");
-                let _ = tx.send(Err(tonic::Status::internal(error.to_string()))).await;
+                let _ = tx.send(Err(tidal_net::ServiceError::Internal(error.to_string()))).await;
             }
             if let Err(error) = off_the_runtime(move || remove_if_present(&path)).await {
                 tracing::warn!("failed to {error}");
@@ -680,7 +688,7 @@ impl SnapshotSource {
     }
 }
 
-type ChunkSender = tokio::sync::mpsc::Sender<Result<SnapshotChunk, tonic::Status>>;
+type ChunkSender = tokio::sync::mpsc::Sender<Result<SnapshotChunk, tidal_net::ServiceError>>;
 
 /// Cuts the snapshot into `path`, pins it, and sends it; returns early if the receiver goes away.
 async fn serve_file(

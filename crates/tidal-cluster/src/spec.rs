@@ -1,6 +1,7 @@
 //! The cluster's shape: who the members are and how durable a write must be before it is
 //! acknowledged. Who leads, and in which term, is openraft's decision ([`crate::control`]).
 
+use crate::error::{Error, Result};
 use std::collections::BTreeMap;
 use tidal_types::NodeId;
 
@@ -55,36 +56,36 @@ impl ClusterSpec {
 
     /// Checks the spec: at least one node, unique ids and addresses, a non-empty secret and id, and
     /// dial overrides only for members, never empty.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<()> {
         for (id, address) in &self.dial {
             if self.node(*id).is_none() {
-                return Err(format!("dial override for node {id}, which is not a member"));
+                return Err(Error::Spec(format!("dial override for node {id}, which is not a member")));
             }
             if address.trim().is_empty() {
-                return Err(format!("dial override for node {id} is empty"));
+                return Err(Error::Spec(format!("dial override for node {id} is empty")));
             }
         }
         if self.nodes.is_empty() {
-            return Err("a cluster needs at least one [[node]]".into());
+            return Err(Error::Spec("a cluster needs at least one [[node]]".into()));
         }
         if self.cluster_id.is_empty() {
-            return Err("cluster_id must not be empty".into());
+            return Err(Error::Spec("cluster_id must not be empty".into()));
         }
         if self.secret.len() < 16 {
-            return Err("the cluster secret must be at least 16 bytes".into());
+            return Err(Error::Spec("the cluster secret must be at least 16 bytes".into()));
         }
         let mut ids: Vec<_> = self.nodes.iter().map(|n| n.id).collect();
         ids.sort();
         ids.dedup();
         if ids.len() != self.nodes.len() {
-            return Err("node ids must be unique".into());
+            return Err(Error::Spec("node ids must be unique".into()));
         }
         let mut addresses: Vec<_> =
             self.nodes.iter().flat_map(|n| [n.http.as_str(), n.rpc.as_str()]).collect();
         addresses.sort();
         addresses.dedup();
         if addresses.len() != self.nodes.len() * 2 {
-            return Err("every http and rpc address must be distinct".into());
+            return Err(Error::Spec("every http and rpc address must be distinct".into()));
         }
         Ok(())
     }

@@ -96,25 +96,25 @@ struct Leader {
     snapshots: SnapshotSource,
 }
 
-#[tonic::async_trait]
+#[tidal_net::async_trait]
 impl Handler for Leader {
     fn cluster_id(&self) -> &str {
         CLUSTER
     }
 
-    async fn ship(&self, _ship: Ship) -> Result<ShipAnswer, tonic::Status> {
-        Err(tonic::Status::unimplemented("not in this test"))
+    async fn ship(&self, _ship: Ship) -> Result<ShipAnswer, tidal_net::ServiceError> {
+        Err(tidal_net::ServiceError::Unimplemented("not in this test".into()))
     }
 
-    async fn pull(&self, _pull: Pull) -> Result<ChunkStream, tonic::Status> {
-        Err(tonic::Status::unimplemented("not in this test"))
+    async fn pull(&self, _pull: Pull) -> Result<ChunkStream, tidal_net::ServiceError> {
+        Err(tidal_net::ServiceError::Unimplemented("not in this test".into()))
     }
 
-    async fn nudge(&self, _reason: String) -> Result<bool, tonic::Status> {
+    async fn nudge(&self, _reason: String) -> Result<bool, tidal_net::ServiceError> {
         Ok(false)
     }
 
-    async fn snapshot(&self, request: SnapshotRequest) -> Result<SnapshotStream, tonic::Status> {
+    async fn snapshot(&self, request: SnapshotRequest) -> Result<SnapshotStream, tidal_net::ServiceError> {
         self.snapshots.serve(request)
     }
 }
@@ -261,25 +261,25 @@ async fn a_crash_in_the_middle_of_an_install_is_resumed_at_restart() {
 /// Serves well-framed chunks of bytes that are not a snapshot.
 struct Garbage;
 
-#[tonic::async_trait]
+#[tidal_net::async_trait]
 impl Handler for Garbage {
     fn cluster_id(&self) -> &str {
         CLUSTER
     }
 
-    async fn ship(&self, _ship: Ship) -> Result<ShipAnswer, tonic::Status> {
-        Err(tonic::Status::unimplemented("not in this test"))
+    async fn ship(&self, _ship: Ship) -> Result<ShipAnswer, tidal_net::ServiceError> {
+        Err(tidal_net::ServiceError::Unimplemented("not in this test".into()))
     }
 
-    async fn pull(&self, _pull: Pull) -> Result<ChunkStream, tonic::Status> {
-        Err(tonic::Status::unimplemented("not in this test"))
+    async fn pull(&self, _pull: Pull) -> Result<ChunkStream, tidal_net::ServiceError> {
+        Err(tidal_net::ServiceError::Unimplemented("not in this test".into()))
     }
 
-    async fn nudge(&self, _reason: String) -> Result<bool, tonic::Status> {
+    async fn nudge(&self, _reason: String) -> Result<bool, tidal_net::ServiceError> {
         Ok(false)
     }
 
-    async fn snapshot(&self, _request: SnapshotRequest) -> Result<SnapshotStream, tonic::Status> {
+    async fn snapshot(&self, _request: SnapshotRequest) -> Result<SnapshotStream, tidal_net::ServiceError> {
         let position = TermSeqno { term: Term(5), seqno: Seqno(100_000) };
         let data: Vec<u8> = (0..3000u32).map(|i| (i * 7919 % 253) as u8).collect();
         let chunks = data

@@ -248,13 +248,13 @@ impl Peer {
         Ok(self.client.clone().nudge(request).await?.into_inner().started)
     }
 
-    /// Asks the peer to stand for election now (leadership transfer). `Ok(Err(why))`: it refused.
-    pub async fn elect(&self, term: u64, leader: u64) -> Result<Result<(), String>, NetError> {
+    /// Asks the peer to stand for election now (leadership transfer).
+    pub async fn elect(&self, term: u64, leader: u64) -> Result<crate::Election, NetError> {
         let mut request =
             tonic::Request::new(pb::ElectRequest { cluster_id: self.cluster_id.clone(), term, leader });
         request.set_timeout(SHIP_TIMEOUT);
         let reply = self.client.clone().elect(request).await?.into_inner();
-        Ok(if reply.started { Ok(()) } else { Err(reply.reason) })
+        Ok(if reply.started { crate::Election::Started } else { crate::Election::Refused(reply.reason) })
     }
 
     /// A page of the peer's hard-negatives states after `after_user` (`limit` 0: only its digest).

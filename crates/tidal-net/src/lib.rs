@@ -23,12 +23,16 @@ pub use message::{
     MESSAGE_BATCH_BYTES_MAX,
 };
 pub use server::{
-    serve, ChunkStream, Handler, NegativesPage, ServiceRefusal, SnapshotStream, NEGATIVES_PAGE_MAX,
+    serve, ChunkStream, Election, Handler, NegativesPage, ServiceError, ServiceRefusal, SnapshotStream,
+    NEGATIVES_PAGE_MAX,
 };
 pub use snapshot_message::{
     SnapshotChunk, SnapshotRequest, SNAPSHOT_BYTES_MAX, SNAPSHOT_CHUNK_BYTES, SNAPSHOT_CHUNK_BYTES_MAX,
 };
 pub use stream_path::NotSent;
+/// The attribute a [`Handler`] implementation carries (async trait methods), so implementers need
+/// no transport crate of their own.
+pub use tonic::async_trait;
 
 /// Generated messages and services (`tidal.v1`).
 #[allow(missing_docs, clippy::all, clippy::unwrap_used)]

@@ -18,9 +18,55 @@ use tokio_stream::{Stream, StreamExt};
 use tonic::{Request, Response, Status};
 
 /// A stream of pull chunks.
-pub type ChunkStream = Pin<Box<dyn Stream<Item = Result<Chunk, Status>> + Send + 'static>>;
+pub type ChunkStream = Pin<Box<dyn Stream<Item = Result<Chunk, ServiceError>> + Send + 'static>>;
 /// A stream of snapshot chunks.
-pub type SnapshotStream = Pin<Box<dyn Stream<Item = Result<SnapshotChunk, Status>> + Send + 'static>>;
+pub type SnapshotStream = Pin<Box<dyn Stream<Item = Result<SnapshotChunk, ServiceError>> + Send + 'static>>;
+
+/// A node's answer to a request to stand for election (leadership transfer).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Election {
+    /// It started an election.
+    Started,
+    /// It did not, and says why (a stale request, a sender that does not lead its term).
+    Refused(String),
+}
+
+/// Why a node did not serve a replication call at all (a refusal of a ship is an answer, not this).
+/// The service turns it into the RPC's status, so a [`Handler`] never names the transport's types.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ServiceError {
+    /// The caller may not make this call (it is not a member).
+    #[error("permission denied: {0}")]
+    PermissionDenied(String),
+    /// The call is malformed.
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+    /// Not now: retry later (say the control plane has not started yet).
+    #[error("unavailable: {0}")]
+    Unavailable(String),
+    /// Too many such calls run already.
+    #[error("resource exhausted: {0}")]
+    ResourceExhausted(String),
+    /// This node does not serve this call.
+    #[error("unimplemented: {0}")]
+    Unimplemented(String),
+    /// Serving it failed here (a read error, say).
+    #[error("internal: {0}")]
+    Internal(String),
+}
+
+impl From<ServiceError> for Status {
+    fn from(error: ServiceError) -> Status {
+        match error {
+            ServiceError::PermissionDenied(why) => Status::permission_denied(why),
+            ServiceError::InvalidArgument(why) => Status::invalid_argument(why),
+            ServiceError::Unavailable(why) => Status::unavailable(why),
+            ServiceError::ResourceExhausted(why) => Status::resource_exhausted(why),
+            ServiceError::Unimplemented(why) => Status::unimplemented(why),
+            ServiceError::Internal(why) => Status::internal(why),
+        }
+    }
+}
 
 /// Most users' states in one hard-negatives page.
 pub const NEGATIVES_PAGE_MAX: u32 = 1024;
@@ -38,38 +84,37 @@ pub trait Handler: Send + Sync + 'static {
     /// A request refused before the handler saw it, for metrics. The service logs it.
     fn refused(&self, _why: ServiceRefusal) {}
     /// A ship (or heartbeat) from the leader.
-    async fn ship(&self, ship: Ship) -> Result<ShipAnswer, Status>;
+    async fn ship(&self, ship: Ship) -> Result<ShipAnswer, ServiceError>;
     /// A commit notice from the leader of `term` (sent while a ship to us is in flight): apply what
     /// we hold of its log up to `commit`. Returns our term. Advisory: the default ignores it (the
     /// next ship carries the frontier too).
-    async fn commit(&self, term: Term, _leader: NodeId, _commit: Seqno) -> Result<Term, Status> {
+    async fn commit(&self, term: Term, _leader: NodeId, _commit: Seqno) -> Result<Term, ServiceError> {
         Ok(term)
     }
     /// A pull from a follower: batches after `pull.from`.
-    async fn pull(&self, pull: Pull) -> Result<ChunkStream, Status>;
+    async fn pull(&self, pull: Pull) -> Result<ChunkStream, ServiceError>;
     /// The catch-up nudge: pull now. Returns whether a pull was started.
-    async fn nudge(&self, reason: String) -> Result<bool, Status>;
+    async fn nudge(&self, reason: String) -> Result<bool, ServiceError>;
     /// A probe from a node taking office.
-    async fn probe(&self, _probe: Probe) -> Result<ProbeReply, Status> {
-        Err(Status::unimplemented("this node does not answer probes"))
+    async fn probe(&self, _probe: Probe) -> Result<ProbeReply, ServiceError> {
+        Err(ServiceError::Unimplemented("this node does not answer probes".into()))
     }
     /// An openraft RPC; returns the encoded response.
-    async fn raft(&self, _call: RaftCall) -> Result<Vec<u8>, Status> {
-        Err(Status::unimplemented("this node runs no control plane"))
+    async fn raft(&self, _call: RaftCall) -> Result<Vec<u8>, ServiceError> {
+        Err(ServiceError::Unimplemented("this node runs no control plane".into()))
     }
-    /// The leader asks this node to stand for election now (leadership transfer). `Ok(Err(why))`
-    /// is a refusal: the node did not start an election.
-    async fn elect(&self, _term: u64, _leader: u64) -> Result<Result<(), String>, Status> {
-        Err(Status::unimplemented("this node runs no control plane"))
+    /// The leader asks this node to stand for election now (leadership transfer).
+    async fn elect(&self, _term: u64, _leader: u64) -> Result<Election, ServiceError> {
+        Err(ServiceError::Unimplemented("this node runs no control plane".into()))
     }
     /// A page of hard-negatives states for anti-entropy: `(digest, [(user, encoded state)])`.
-    async fn negatives(&self, _after_user: String, _limit: u32) -> Result<NegativesPage, Status> {
-        Err(Status::unimplemented("this node serves no hard negatives"))
+    async fn negatives(&self, _after_user: String, _limit: u32) -> Result<NegativesPage, ServiceError> {
+        Err(ServiceError::Unimplemented("this node serves no hard negatives".into()))
     }
     /// A snapshot request from a follower behind our purge point: the chunks of a snapshot of our
     /// state (tidal-cluster's `SnapshotSource::serve`). A node that serves none keeps the default.
-    async fn snapshot(&self, _request: SnapshotRequest) -> Result<SnapshotStream, Status> {
-        Err(Status::unimplemented("this node serves no snapshots"))
+    async fn snapshot(&self, _request: SnapshotRequest) -> Result<SnapshotStream, ServiceError> {
+        Err(ServiceError::Unimplemented("this node serves no snapshots".into()))
     }
 }
 
@@ -217,7 +262,7 @@ impl<H: Handler> Replication for Service<H> {
         self.check_cluster(&request.cluster_id)?;
         let pull = Pull::try_from(request).map_err(|e| self.malformed("pull", e))?;
         let chunks = self.handler.pull(pull).await?;
-        let encoded = chunks.map(|chunk| chunk.map(pb::PullChunk::from));
+        let encoded = chunks.map(|chunk| chunk.map(pb::PullChunk::from).map_err(Status::from));
         Ok(Response::new(Box::pin(encoded)))
     }
 
@@ -237,7 +282,7 @@ impl<H: Handler> Replication for Service<H> {
         let request = SnapshotRequest::from(request.into_inner());
         self.check_cluster(&request.cluster_id)?;
         let chunks = self.handler.snapshot(request).await?;
-        let encoded = chunks.map(|chunk| chunk.map(pb::SnapshotChunk::from));
+        let encoded = chunks.map(|chunk| chunk.map(pb::SnapshotChunk::from).map_err(Status::from));
         Ok(Response::new(Box::pin(encoded)))
     }
 
@@ -252,8 +297,8 @@ impl<H: Handler> Replication for Service<H> {
         let request = request.into_inner();
         self.check_cluster(&request.cluster_id)?;
         let reply = match self.handler.elect(request.term, request.leader).await? {
-            Ok(()) => pb::ElectReply { started: true, reason: String::new() },
-            Err(reason) => pb::ElectReply { started: false, reason },
+            Election::Started => pb::ElectReply { started: true, reason: String::new() },
+            Election::Refused(reason) => pb::ElectReply { started: false, reason },
         };
         Ok(Response::new(reply))
     }

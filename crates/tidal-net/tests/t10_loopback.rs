@@ -20,7 +20,7 @@ impl Handler for Echo {
         "test-cluster"
     }
 
-    async fn ship(&self, ship: Ship) -> Result<ShipAnswer, tonic::Status> {
+    async fn ship(&self, ship: Ship) -> Result<ShipAnswer, tidal_net::ServiceError> {
         self.calls.fetch_add(1, Ordering::SeqCst);
         let matched =
             ship.batches.last().map_or(ship.prev, |b| TermSeqno { term: b.term(), seqno: b.last_seqno() });
@@ -32,9 +32,9 @@ impl Handler for Echo {
         })
     }
 
-    async fn pull(&self, pull: Pull) -> Result<ChunkStream, tonic::Status> {
+    async fn pull(&self, pull: Pull) -> Result<ChunkStream, tidal_net::ServiceError> {
         self.calls.fetch_add(1, Ordering::SeqCst);
-        let chunks: Vec<Result<Chunk, tonic::Status>> = (0..3u64)
+        let chunks: Vec<Result<Chunk, tidal_net::ServiceError>> = (0..3u64)
             .map(|i| {
                 let first = pull.from.seqno.get() + 1 + i;
                 Ok(Chunk {
@@ -58,7 +58,7 @@ impl Handler for Echo {
         Ok(Box::pin(tokio_stream::iter(chunks)))
     }
 
-    async fn nudge(&self, _reason: String) -> Result<bool, tonic::Status> {
+    async fn nudge(&self, _reason: String) -> Result<bool, tidal_net::ServiceError> {
         Ok(true)
     }
 }

@@ -24,7 +24,7 @@ impl Handler for Matcher {
         "test-cluster"
     }
 
-    async fn ship(&self, ship: Ship) -> Result<ShipAnswer, tonic::Status> {
+    async fn ship(&self, ship: Ship) -> Result<ShipAnswer, tidal_net::ServiceError> {
         self.calls.fetch_add(1, Ordering::SeqCst);
         if ship.batches.first().is_some_and(|b| b.first_seqno().get() == self.hold_at) {
             self.release.notified().await;
@@ -39,11 +39,11 @@ impl Handler for Matcher {
         })
     }
 
-    async fn pull(&self, _pull: Pull) -> Result<ChunkStream, tonic::Status> {
-        Err(tonic::Status::unimplemented("no pulls here"))
+    async fn pull(&self, _pull: Pull) -> Result<ChunkStream, tidal_net::ServiceError> {
+        Err(tidal_net::ServiceError::Unimplemented("no pulls here".into()))
     }
 
-    async fn nudge(&self, _reason: String) -> Result<bool, tonic::Status> {
+    async fn nudge(&self, _reason: String) -> Result<bool, tidal_net::ServiceError> {
         Ok(false)
     }
 }

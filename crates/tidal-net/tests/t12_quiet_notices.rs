@@ -24,20 +24,25 @@ impl Handler for Recorder {
         "test-cluster"
     }
 
-    async fn ship(&self, _ship: Ship) -> Result<ShipAnswer, tonic::Status> {
-        Err(tonic::Status::unimplemented("no ships here"))
+    async fn ship(&self, _ship: Ship) -> Result<ShipAnswer, tidal_net::ServiceError> {
+        Err(tidal_net::ServiceError::Unimplemented("no ships here".into()))
     }
 
-    async fn commit(&self, _term: Term, _leader: NodeId, commit: Seqno) -> Result<Term, tonic::Status> {
+    async fn commit(
+        &self,
+        _term: Term,
+        _leader: NodeId,
+        commit: Seqno,
+    ) -> Result<Term, tidal_net::ServiceError> {
         let _ = self.commits.send(commit.get());
         Ok(Term(commit.get()))
     }
 
-    async fn pull(&self, _pull: Pull) -> Result<ChunkStream, tonic::Status> {
-        Err(tonic::Status::unimplemented("no pulls here"))
+    async fn pull(&self, _pull: Pull) -> Result<ChunkStream, tidal_net::ServiceError> {
+        Err(tidal_net::ServiceError::Unimplemented("no pulls here".into()))
     }
 
-    async fn nudge(&self, _reason: String) -> Result<bool, tonic::Status> {
+    async fn nudge(&self, _reason: String) -> Result<bool, tidal_net::ServiceError> {
         Ok(false)
     }
 }

@@ -34,25 +34,25 @@ impl Handler for Source {
         "test-cluster"
     }
 
-    async fn ship(&self, _ship: Ship) -> Result<ShipAnswer, tonic::Status> {
-        Err(tonic::Status::unimplemented("not in this test"))
+    async fn ship(&self, _ship: Ship) -> Result<ShipAnswer, tidal_net::ServiceError> {
+        Err(tidal_net::ServiceError::Unimplemented("not in this test".into()))
     }
 
-    async fn pull(&self, _pull: Pull) -> Result<ChunkStream, tonic::Status> {
-        Err(tonic::Status::unimplemented("not in this test"))
+    async fn pull(&self, _pull: Pull) -> Result<ChunkStream, tidal_net::ServiceError> {
+        Err(tidal_net::ServiceError::Unimplemented("not in this test".into()))
     }
 
-    async fn nudge(&self, _reason: String) -> Result<bool, tonic::Status> {
+    async fn nudge(&self, _reason: String) -> Result<bool, tidal_net::ServiceError> {
         Ok(false)
     }
 
-    async fn snapshot(&self, request: SnapshotRequest) -> Result<SnapshotStream, tonic::Status> {
+    async fn snapshot(&self, request: SnapshotRequest) -> Result<SnapshotStream, tidal_net::ServiceError> {
         if !self.serves {
-            return Err(tonic::Status::unimplemented("this node serves no snapshots"));
+            return Err(tidal_net::ServiceError::Unimplemented("this node serves no snapshots".into()));
         }
         assert_eq!(request.node, NodeId(9));
         let total = self.data.len() as u64;
-        let chunks: Vec<Result<SnapshotChunk, tonic::Status>> = self
+        let chunks: Vec<Result<SnapshotChunk, tidal_net::ServiceError>> = self
             .data
             .chunks(self.chunk)
             .enumerate()

@@ -262,7 +262,7 @@ mod tests {
         let MemberPlan::AddVoter { new_learner, voters_after, .. } = &plan else { panic!("{plan:?}") };
         assert!(new_learner);
         assert_eq!(voters_after.len(), 4);
-        assert!(plan.describe().starts_with("add node 4"), "{}", plan.describe());
+        assert!(plan.describe().starts_with("add node n4 (http 127.0.0.1:7004"), "{}", plan.describe());
     }
 
     #[test]

@@ -67,3 +67,15 @@ impl From<tidal_core::Error> for ApiError {
         ApiError::internal(format!("engine error: {error}"))
     }
 }
+
+impl From<tidal_cluster::Error> for ApiError {
+    /// A request invalid as asked is a 400; anything else the replication side could not do now
+    /// (not the leader, a change already running, a learner still catching up) is a 503 to retry.
+    fn from(error: tidal_cluster::Error) -> ApiError {
+        if error.is_invalid_request() {
+            ApiError::invalid(error.to_string())
+        } else {
+            ApiError::unavailable(ErrorCode::NotReady, error.to_string())
+        }
+    }
+}

@@ -759,9 +759,7 @@ async fn post_heal(
     let replica = cluster_replica(&state)?;
     let node = query_u64(&query, "node")?.ok_or_else(|| ApiError::invalid("heal needs ?node=<id>"))?;
     let dry_run = query_param(&query, "dry_run") == Some("true");
-    let report = replica
-        .heal(tidal_types::NodeId(node), dry_run)
-        .map_err(|why| ApiError::unavailable(ErrorCode::NotReady, why))?;
+    let report = replica.heal(tidal_types::NodeId(node), dry_run).map_err(ApiError::from)?;
     Ok(Json(serde_json::json!({
         "node": report.node.0,
         "matched": {"term": report.matched.term.get(), "seqno": report.matched.seqno.get()},
@@ -778,10 +776,7 @@ async fn post_promote(
     let replica = cluster_replica(&state)?;
     let node = query_u64(&query, "node")?.ok_or_else(|| ApiError::invalid("promote needs ?node=<id>"))?;
     let dry_run = query_param(&query, "dry_run") == Some("true");
-    let report = replica.promote(tidal_types::NodeId(node), dry_run).await.map_err(|error| match error {
-        tidal_cluster::RequestError::Invalid(why) => ApiError::invalid(why),
-        tidal_cluster::RequestError::Unavailable(why) => ApiError::unavailable(ErrorCode::NotReady, why),
-    })?;
+    let report = replica.promote(tidal_types::NodeId(node), dry_run).await?;
     Ok(Json(serde_json::json!({
         "from": report.from.0,
         "to": report.to.0,
@@ -867,10 +862,7 @@ async fn member_change(
     let report = change.await.map_err(|e| {
         ApiError::unavailable(ErrorCode::NotReady, format!("membership change task failed: {e}"))
     })?;
-    let report = report.map_err(|error| match error {
-        tidal_cluster::RequestError::Invalid(why) => ApiError::invalid(why),
-        tidal_cluster::RequestError::Unavailable(why) => ApiError::unavailable(ErrorCode::NotReady, why),
-    })?;
+    let report = report?;
     Ok(Json(serde_json::json!({
         "term": report.term.get(),
         "voters_before": ids(&report.voters_before),
@@ -907,7 +899,7 @@ async fn post_reconcile(
 
 async fn post_catchup(State(state): State<Arc<AppState>>) -> AppResult<Json<serde_json::Value>> {
     let replica = cluster_replica(&state)?;
-    let started = replica.catchup().map_err(|why| ApiError::unavailable(ErrorCode::NotReady, why))?;
+    let started = replica.catchup()?;
     Ok(Json(serde_json::json!({
         "node": replica.me().0,
         "leader": replica.leader().map(|id| id.0),

@@ -16,6 +16,7 @@ pub use runtime::{seed_thread_rng, TidalRuntime};
 pub use store::{ControlState, LeaderStartRecord, LogStore, StateMachine, TermGate};
 pub use types::{ControlCmd, NodeInfo, TypeConfig};
 
+use crate::error::{Error, Result};
 use crate::spec::ClusterSpec;
 use openraft::{Config, Raft, SnapshotPolicy};
 use std::collections::BTreeMap;
@@ -83,7 +84,7 @@ impl ControlPlane {
         connector: tidal_net::Connector,
         initialize: bool,
         fatal: crate::fatal::Fatal,
-    ) -> Result<ControlPlane, String> {
+    ) -> Result<ControlPlane> {
         let config = Config {
             cluster_name: spec.cluster_id.clone(),
             heartbeat_interval: millis(timing.heartbeat),
@@ -94,13 +95,13 @@ impl ControlPlane {
             ..Config::default()
         }
         .validate()
-        .map_err(|e| format!("control-plane timing: {e}"))?;
+        .map_err(|e| Error::Control(format!("control-plane timing: {e}")))?;
         let fresh = LogStore::is_fresh(&store)?;
         let state = StateMachine::open(store.clone())?;
         let network = network::NetworkFactory::new(spec, connector);
         let raft = Raft::new(me, Arc::new(config), network, LogStore::new(store, gate, fatal), state.clone())
             .await
-            .map_err(|e| format!("start openraft: {e}"))?;
+            .map_err(|e| Error::Control(format!("start openraft: {e}")))?;
         tokio::spawn(campaign::spread_campaigns(raft.clone(), timing));
         if fresh && !initialize {
             tracing::info!("joining: waiting to be added by the leader (tidal members add)");
@@ -130,7 +131,7 @@ impl ControlPlane {
     }
 
     /// Serves one openraft RPC from a peer.
-    pub async fn serve(&self, call: RaftCall) -> Result<Vec<u8>, tonic::Status> {
+    pub async fn serve(&self, call: RaftCall) -> Result<Vec<u8>, tidal_net::ServiceError> {
         network::serve_call(&self.raft, call).await
     }
 

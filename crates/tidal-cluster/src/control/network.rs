@@ -69,7 +69,8 @@ impl NetworkFactory {
 /// The connection to one target.
 pub struct PeerNetwork {
     target: u64,
-    peer: Result<Peer, String>,
+    /// The peer handle, or why it could not be made (every call then fails with it).
+    peer: Result<Peer, NetError>,
     in_flight: Arc<tokio::sync::Semaphore>,
 }
 
@@ -78,8 +79,7 @@ impl RaftNetworkFactory<TypeConfig> for NetworkFactory {
 
     async fn new_client(&mut self, target: u64, node: &NodeInfo) -> PeerNetwork {
         let address = self.dial.get(&target).map_or(node.rpc.as_str(), String::as_str);
-        let peer = Peer::connect_lazy_with(address, &self.secret, &self.cluster_id, &self.connector)
-            .map_err(|e| e.to_string());
+        let peer = Peer::connect_lazy_with(address, &self.secret, &self.cluster_id, &self.connector);
         PeerNetwork { target, peer, in_flight: Arc::new(tokio::sync::Semaphore::new(RPC_IN_FLIGHT_MAX)) }
     }
 }
@@ -99,7 +99,7 @@ impl PeerNetwork {
         let peer = self
             .peer
             .as_ref()
-            .map_err(|why| RPCError::Unreachable(Unreachable::new(&NetError::Config(why.clone()))))?;
+            .map_err(|why| RPCError::Unreachable(Unreachable::new(&NetError::Config(why.to_string()))))?;
         let payload = serde_json::to_vec(request).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
         let call = RaftCall { kind: kind.to_string(), payload };
         let permit = self.in_flight.clone().try_acquire_owned().map_err(|_| {
@@ -174,34 +174,34 @@ impl RaftNetwork<TypeConfig> for PeerNetwork {
 /// The node that sent an openraft call: the candidate of a vote request, the leader of an append or
 /// a snapshot (every request names its sender in its `vote`). A payload that does not decode is an
 /// invalid argument, as when it is served.
-pub fn caller_of(call: &RaftCall) -> Result<NodeId, tonic::Status> {
+pub fn caller_of(call: &RaftCall) -> Result<NodeId, tidal_net::ServiceError> {
     #[derive(serde::Deserialize)]
     struct Sender {
         vote: openraft::Vote<u64>,
     }
     let sender: Sender = serde_json::from_slice(&call.payload)
-        .map_err(|e| tonic::Status::invalid_argument(format!("bad openraft payload: {e}")))?;
-    sender
-        .vote
-        .leader_id()
-        .voted_for()
-        .map(NodeId)
-        .ok_or_else(|| tonic::Status::invalid_argument("an openraft call that names no sender"))
+        .map_err(|e| tidal_net::ServiceError::InvalidArgument(format!("bad openraft payload: {e}")))?;
+    sender.vote.leader_id().voted_for().map(NodeId).ok_or_else(|| {
+        tidal_net::ServiceError::InvalidArgument("an openraft call that names no sender".into())
+    })
 }
 
 /// Serves one incoming openraft RPC on `raft`; the answer is the encoded `Result`.
-pub async fn serve_call(raft: &openraft::Raft<TypeConfig>, call: RaftCall) -> Result<Vec<u8>, tonic::Status> {
-    fn decode<T: DeserializeOwned>(payload: &[u8]) -> Result<T, tonic::Status> {
+pub async fn serve_call(
+    raft: &openraft::Raft<TypeConfig>,
+    call: RaftCall,
+) -> Result<Vec<u8>, tidal_net::ServiceError> {
+    fn decode<T: DeserializeOwned>(payload: &[u8]) -> Result<T, tidal_net::ServiceError> {
         serde_json::from_slice(payload)
-            .map_err(|e| tonic::Status::invalid_argument(format!("bad openraft payload: {e}")))
+            .map_err(|e| tidal_net::ServiceError::InvalidArgument(format!("bad openraft payload: {e}")))
     }
-    fn encode<T: Serialize>(value: &T) -> Result<Vec<u8>, tonic::Status> {
-        serde_json::to_vec(value).map_err(|e| tonic::Status::internal(e.to_string()))
+    fn encode<T: Serialize>(value: &T) -> Result<Vec<u8>, tidal_net::ServiceError> {
+        serde_json::to_vec(value).map_err(|e| tidal_net::ServiceError::Internal(e.to_string()))
     }
     match call.kind.as_str() {
         KIND_APPEND => encode(&raft.append_entries(decode(&call.payload)?).await),
         KIND_VOTE => encode(&raft.vote(decode(&call.payload)?).await),
         KIND_SNAPSHOT => encode(&raft.install_snapshot(decode(&call.payload)?).await),
-        other => Err(tonic::Status::invalid_argument(format!("unknown openraft call {other:?}"))),
+        other => Err(tidal_net::ServiceError::InvalidArgument(format!("unknown openraft call {other:?}"))),
     }
 }

@@ -9,6 +9,7 @@
 #![allow(clippy::result_large_err)]
 
 use super::types::{ControlCmd, NodeInfo, TypeConfig};
+use crate::error::{Error, Result};
 use crate::fatal::{Fatal, FatalSource};
 use openraft::storage::{LogFlushed, RaftLogStorage, RaftStateMachine};
 use openraft::{
@@ -126,20 +127,21 @@ impl LogStore {
     }
 
     /// The persisted vote's term (0 before any vote).
-    pub fn persisted_term(store: &RaftStore) -> Result<Term, String> {
-        match store.get(KEY_VOTE).map_err(|e| e.to_string())? {
+    pub fn persisted_term(store: &RaftStore) -> Result<Term> {
+        match store.get(KEY_VOTE).map_err(|e| Error::Store(e.to_string()))? {
             None => Ok(Term(0)),
             Some(bytes) => {
-                let vote: Vote<u64> = serde_json::from_slice(&bytes).map_err(|e| e.to_string())?;
+                let vote: Vote<u64> =
+                    serde_json::from_slice(&bytes).map_err(|e| Error::Store(format!("the vote: {e}")))?;
                 Ok(Term(vote.leader_id.term))
             }
         }
     }
 
     /// Whether openraft has anything stored (a log entry or a vote).
-    pub fn is_fresh(store: &RaftStore) -> Result<bool, String> {
-        let vote = store.get(KEY_VOTE).map_err(|e| e.to_string())?;
-        let log = store.keys(LOG_PREFIX, LOG_END).map_err(|e| e.to_string())?;
+    pub fn is_fresh(store: &RaftStore) -> Result<bool> {
+        let vote = store.get(KEY_VOTE).map_err(|e| Error::Store(e.to_string()))?;
+        let log = store.keys(LOG_PREFIX, LOG_END).map_err(|e| Error::Store(e.to_string()))?;
         Ok(vote.is_none() && log.is_empty())
     }
 }
@@ -307,9 +309,11 @@ pub struct StateMachine {
 
 impl StateMachine {
     /// Loads the state machine.
-    pub fn open(store: RaftStore) -> Result<StateMachine, String> {
-        let state = match store.get(KEY_STATE).map_err(|e| e.to_string())? {
-            Some(bytes) => serde_json::from_slice(&bytes).map_err(|e| format!("control state: {e}"))?,
+    pub fn open(store: RaftStore) -> Result<StateMachine> {
+        let state = match store.get(KEY_STATE).map_err(|e| Error::Store(e.to_string()))? {
+            Some(bytes) => {
+                serde_json::from_slice(&bytes).map_err(|e| Error::Store(format!("control state: {e}")))?
+            }
             None => ControlState::default(),
         };
         Ok(StateMachine { store, state: Arc::new(Mutex::new(state)) })

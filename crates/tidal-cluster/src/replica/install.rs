@@ -3,6 +3,7 @@
 //! committed), it fetches another node's snapshot and installs it under the term lock.
 
 use super::Replica;
+use crate::error::{Error, Result};
 use crate::snapshot::{fetch_snapshot, install_fetched, FetchOutcome, InstallOutcome};
 use std::sync::{Arc, Mutex};
 use tidal_net::Peer;
@@ -53,19 +54,20 @@ impl Replica {
     /// the term lock (ships and pulled chunks wait for the seconds the state replacement takes) and
     /// moves the ship feed and the commit frontier to the snapshot's position. At most one install
     /// runs at a time and automatic installs start at most every [`SNAPSHOT_INSTALL_INTERVAL_MIN`].
-    pub(crate) async fn install_from(self: &Arc<Self>, source: NodeId, why: &str) -> Result<(), String> {
-        let peer = self.peer(source).ok_or_else(|| format!("node {source} is not a peer"))?;
+    pub(crate) async fn install_from(self: &Arc<Self>, source: NodeId, why: &str) -> Result<()> {
+        let peer = self.peer(source).ok_or(Error::NotAPeer(source))?;
         let Ok(_installing) = self.installs.installing.try_lock() else {
-            return Err("a snapshot install is already running".into());
+            return Err(Error::InstallRunning);
         };
         {
             let mut last =
                 self.installs.last_install.lock().expect("install lock is never held across a panic");
             if let Some(at) = last.filter(|at| at.elapsed() < SNAPSHOT_INSTALL_INTERVAL_MIN) {
-                return Err(format!(
-                    "needs a snapshot ({why}), but the last install started {:?} ago (at most one every {SNAPSHOT_INSTALL_INTERVAL_MIN:?}); retrying later",
-                    at.elapsed()
-                ));
+                return Err(Error::InstallTooSoon {
+                    why: why.to_string(),
+                    ago: at.elapsed(),
+                    interval: SNAPSHOT_INSTALL_INTERVAL_MIN,
+                });
             }
             *last = Some(Instant::now());
         }
@@ -88,11 +90,11 @@ impl Replica {
         peer: &Peer,
         source: NodeId,
         why: &str,
-    ) -> Result<Option<TermSeqno>, String> {
+    ) -> Result<Option<TermSeqno>> {
         tracing::warn!(%source, why, "fetching a snapshot");
         let fetched = fetch_snapshot(peer, self.me, &self.wal, &self.db, &self.data_dir, &mut |_| {})
             .await
-            .map_err(|e| format!("snapshot transfer from {source}: {e}"))?;
+            .map_err(|e| Error::Snapshot { from: source, why: format!("transfer: {e}") })?;
         let fetched = match fetched {
             FetchOutcome::Fetched(fetched) => fetched,
             FetchOutcome::NotNeeded { position } => {
@@ -104,7 +106,7 @@ impl Replica {
         let _term_lock = self.gate.lock().await;
         let outcome = install_fetched(fetched, &self.wal, &self.db, Some(&self.applier), &self.data_dir)
             .await
-            .map_err(|e| format!("snapshot install from {source}: {e}"))?;
+            .map_err(|e| Error::Snapshot { from: source, why: format!("install: {e}") })?;
         match outcome {
             InstallOutcome::Installed(report) => {
                 self.feed.reset(self.wal.last_position());

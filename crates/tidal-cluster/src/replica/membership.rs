@@ -18,7 +18,7 @@
 
 use super::Replica;
 use crate::control::NodeInfo;
-use crate::error::RequestError;
+use crate::error::{Error, Result};
 use crate::spec::{ClusterSpec, NodeSpec};
 use openraft::ChangeMembers;
 use std::collections::{BTreeMap, BTreeSet};
@@ -196,13 +196,9 @@ pub struct MemberReport {
 }
 
 /// A peer handle for `node`, through this node's dial override if it has one.
-pub(super) fn connect(
-    spec: &ClusterSpec,
-    node: &NodeSpec,
-    connector: &tidal_net::Connector,
-) -> Result<Peer, String> {
+pub(super) fn connect(spec: &ClusterSpec, node: &NodeSpec, connector: &tidal_net::Connector) -> Result<Peer> {
     Peer::connect_lazy_with(spec.dial_address(node), &spec.secret, &spec.cluster_id, connector)
-        .map_err(|e| e.to_string())
+        .map_err(|e| Error::Spec(format!("node {}: {e}", node.id)))
 }
 
 /// Releases the quorum pin when a change ends, however it ends, and puts back the quorum of the
@@ -288,15 +284,15 @@ impl Replica {
         self: &Arc<Self>,
         change: MemberChange,
         dry_run: bool,
-    ) -> Result<MemberReport, RequestError> {
-        use RequestError::{Invalid, Unavailable};
+    ) -> Result<MemberReport, Error> {
+        use Error::{Invalid, Unavailable};
         let started = Instant::now();
         let control = self
             .control
             .get()
             .ok_or_else(|| Unavailable("the control plane has not started yet".into()))?
             .clone();
-        let term = self.serving_term().map_err(Unavailable)?;
+        let term = self.serving_term()?;
         let Ok(_single) = self.membership.changing_members.try_lock() else {
             return Err(Unavailable(
                 "another membership change is running on this leader; retry when it ends".into(),
@@ -348,8 +344,8 @@ impl Replica {
         term: Term,
         before: &Members,
         plan: MemberPlan,
-    ) -> Result<String, RequestError> {
-        use RequestError::Unavailable;
+    ) -> Result<String, Error> {
+        use Error::Unavailable;
         match plan {
             MemberPlan::AlreadyVoter { node } => Ok(format!("node {node} is already a voter; nothing to do")),
             MemberPlan::AddVoter { node, addresses, new_learner, catch_up_secs, voters_after } => {
@@ -384,12 +380,12 @@ impl Replica {
     }
 
     /// Waits until `node` has matched, in `term`, the commit frontier as it stands at each check.
-    async fn wait_caught_up(&self, node: NodeId, term: Term, within: Duration) -> Result<(), RequestError> {
+    async fn wait_caught_up(&self, node: NodeId, term: Term, within: Duration) -> Result<(), Error> {
         let deadline = Instant::now() + within;
         let mut next_report = Instant::now() + PROGRESS_EVERY;
         loop {
-            if self.serving_term().map_err(RequestError::Unavailable)? != term {
-                return Err(RequestError::Unavailable(
+            if self.serving_term()? != term {
+                return Err(Error::Unavailable(
                     "leadership moved while the learner caught up; retry on the new leader".into(),
                 ));
             }
@@ -401,7 +397,7 @@ impl Replica {
                 return Ok(());
             }
             if Instant::now() >= deadline {
-                return Err(RequestError::Unavailable(format!(
+                return Err(Error::Unavailable(format!(
                     "node {node} is a learner and still catching up (matched {matched} of commit {commit}); it keeps catching up: run the same members add again to make it a voter"
                 )));
             }
@@ -423,7 +419,7 @@ impl Replica {
         before: &Members,
         after: BTreeSet<NodeId>,
         change: ChangeMembers<u64, NodeInfo>,
-    ) -> Result<(), RequestError> {
+    ) -> Result<(), Error> {
         let mut joint = before.voter_sets.clone();
         joint.push(after.clone());
         self.membership.quorum_pinned.store(true, Ordering::SeqCst);
@@ -434,8 +430,8 @@ impl Replica {
         let new_set = Quorum::single(after.iter().copied().collect());
         let deadline = Instant::now() + NEW_SET_DEADLINE;
         loop {
-            if self.serving_term().map_err(RequestError::Unavailable)? != term {
-                return Err(RequestError::Unavailable(
+            if self.serving_term()? != term {
+                return Err(Error::Unavailable(
                     "leadership moved during the change; nothing was changed; retry on the new leader".into(),
                 ));
             }
@@ -445,14 +441,14 @@ impl Replica {
                 break;
             }
             if Instant::now() >= deadline {
-                return Err(RequestError::Unavailable(format!(
+                return Err(Error::Unavailable(format!(
                     "a majority of the new voter set {after:?} has not matched the commit frontier {commit} (it has {matched}); nothing was changed"
                 )));
             }
             tokio::time::sleep(CHANGE_POLL).await;
         }
         control.raft().change_membership(change, false).await.map_err(|e| {
-            RequestError::Unavailable(format!(
+            Error::Unavailable(format!(
                 "openraft did not commit the new configuration: {e}; `tidal status` shows where it stands, run the verb again to finish"
             ))
         })?;

@@ -45,6 +45,7 @@ pub use serve::ReplicaService;
 use crate::applier::ApplierSender;
 use crate::commit_state::CommitState;
 use crate::control::{ControlPlane, ControlTiming, TermGate};
+use crate::error::{Error, Result};
 use crate::refusal::Refusal;
 use crate::ship_feed::ShipFeed;
 use crate::snapshot::{SnapshotPins, SnapshotSource};
@@ -179,15 +180,15 @@ impl Replica {
     /// Moves the log from `seqno` on into quarantine through the WAL writer, awaited here (no
     /// blocking thread waits for the writer: in the simulation it is done between two steps,
     /// decisions/051).
-    pub(crate) async fn quarantine_from(&self, seqno: Seqno) -> Result<tidal_wal::QuarantineReport, String> {
+    pub(crate) async fn quarantine_from(&self, seqno: Seqno) -> Result<tidal_wal::QuarantineReport> {
         let (done_tx, done_rx) = tokio::sync::oneshot::channel();
         self.wal
             .quarantine_from_then(seqno, move |result| drop(done_tx.send(result)))
-            .map_err(|e| format!("quarantine from {seqno}: {e}"))?;
+            .map_err(|e| Error::wal(format!("quarantine from {seqno}"), e))?;
         done_rx
             .await
-            .map_err(|_| format!("quarantine from {seqno}: the WAL writer stopped"))?
-            .map_err(|e| format!("quarantine from {seqno}: {e}"))
+            .map_err(|_| Error::wal(format!("quarantine from {seqno}"), "the WAL writer stopped"))?
+            .map_err(|e| Error::wal(format!("quarantine from {seqno}"), e))
     }
 
     /// Builds the replica over an opened WAL. `commit` and `feed` are the ones given to the hook;
@@ -199,13 +200,13 @@ impl Replica {
         feed: ShipFeed,
         applied: watch::Receiver<Seqno>,
         gate: Arc<TermGate>,
-    ) -> Result<Arc<Replica>, String> {
+    ) -> Result<Arc<Replica>> {
         let fatal = parts.fatal.clone();
         let ReplicaParts {
             spec, me, data_dir, store, timing, db, applier, snapshots, connector, join, ..
         } = parts;
         spec.validate()?;
-        spec.node(me).ok_or_else(|| format!("node {me} is not in the cluster file"))?;
+        spec.node(me).ok_or_else(|| Error::Spec(format!("node {me} is not in the cluster file")))?;
         let members = Members::from_spec(&spec);
         let mut peers = BTreeMap::new();
         for node in spec.nodes.iter().filter(|node| node.id != me) {
@@ -304,7 +305,7 @@ impl Replica {
 
     /// Starts the control plane and the background work: the office watcher (which takes and
     /// leaves office as openraft decides) and the commit-hint saver.
-    pub async fn start(self: &Arc<Self>) -> Result<(), String> {
+    pub async fn start(self: &Arc<Self>) -> Result<()> {
         let control = ControlPlane::start(
             self.me.0,
             &self.spec,
@@ -318,7 +319,7 @@ impl Replica {
         .await?;
         let control = Arc::new(control);
         if self.control.set(control.clone()).is_err() {
-            return Err("replica started twice".into());
+            return Err(Error::Control("the replica was started twice".into()));
         }
         tokio::spawn(self.clone().watch_fatal(control.clone()));
         tokio::spawn(self.clone().watch_control(control));

@@ -15,6 +15,7 @@
 
 use super::{Replica, HEARTBEAT_INTERVAL};
 use crate::control::{ControlCmd, ControlPlane};
+use crate::error::{Error, Result};
 use crate::fatal::FatalSource;
 use openraft::ServerState;
 use std::collections::BTreeMap;
@@ -256,12 +257,15 @@ impl Replica {
         }
     }
 
-    fn still(&self, term: Term, stop: &watch::Receiver<bool>) -> Result<(), String> {
+    fn still(&self, term: Term, stop: &watch::Receiver<bool>) -> Result<()> {
         if *stop.borrow() {
-            return Err("office stopped".into());
+            return Err(Error::OfficeEnded { term, why: "stopped".into() });
         }
         if self.gate.term() != term {
-            return Err(format!("term moved on to {}", self.gate.term()));
+            return Err(Error::OfficeEnded {
+                term,
+                why: format!("the term moved on to {}", self.gate.term()),
+            });
         }
         Ok(())
     }
@@ -269,11 +273,7 @@ impl Replica {
     /// Takes office of `term` (PROTOCOL.md, "Taking office"): adopts the greatest log of a probed
     /// majority, opens the term, ships, and serves once LeaderStart is committed and applied.
     /// Returns the stream baseline.
-    async fn take_office(
-        self: Arc<Self>,
-        term: Term,
-        stop: watch::Receiver<bool>,
-    ) -> Result<TermSeqno, String> {
+    async fn take_office(self: Arc<Self>, term: Term, stop: watch::Receiver<bool>) -> Result<TermSeqno> {
         tracing::info!(%term, "elected: taking office");
         let (baseline, write_leader_start) = self.adopt_greatest_log(term, &stop).await?;
         // Step 4: open the term.
@@ -282,7 +282,7 @@ impl Replica {
             let seqno = self.append_leader_start(term, baseline.seqno).await?;
             if seqno != baseline.seqno.next() {
                 // The WAL numbers batches; our own log ended at the baseline under the term lock.
-                return Err(format!("LeaderStart landed at {seqno}, expected {}", baseline.seqno.next()));
+                return Err(Error::LeaderStartMisplaced { at: seqno, expected: baseline.seqno.next() });
             }
         } else {
             // Our own matched: what we already hold of this term.
@@ -315,14 +315,14 @@ impl Replica {
         self: &Arc<Self>,
         term: Term,
         stop: &watch::Receiver<bool>,
-    ) -> Result<(TermSeqno, bool), String> {
+    ) -> Result<(TermSeqno, bool)> {
         let deadline = tokio::time::Instant::now() + OFFICE_DEADLINE;
         let mut last_round = false;
         loop {
             self.still(term, stop)?;
             if tokio::time::Instant::now() >= deadline {
                 if last_round {
-                    return Err(self.hand_over(term).await);
+                    return Err(Error::NoOffice { term, why: self.hand_over(term).await });
                 }
                 // One more probe; if it does not open the term, we hand over.
                 last_round = true;
@@ -340,7 +340,10 @@ impl Replica {
             match plan_office(self.me, term, &own, &answers, &self.commit.quorum()) {
                 OfficePlan::Wait => tokio::time::sleep(PROBE_RETRY).await,
                 OfficePlan::StepDown { term: higher } => {
-                    return Err(format!("a voter is at term {higher}: stepping down"));
+                    return Err(Error::NoOffice {
+                        term,
+                        why: format!("a voter is at term {higher}: stepping down"),
+                    });
                 }
                 OfficePlan::Sync { source, target, pull_from, quarantine_from, needs_snapshot } => {
                     tracing::warn!(%term, %source, %target, %pull_from, ?quarantine_from, "adopting a more up-to-date log");
@@ -363,7 +366,7 @@ impl Replica {
         pull_from: TermSeqno,
         quarantine_from: Option<Seqno>,
         needs_snapshot: bool,
-    ) -> Result<(), String> {
+    ) -> Result<()> {
         if needs_snapshot {
             tracing::warn!(%term, %source, %pull_from, "applied past the divergence point: installing the source's snapshot");
             if let Err(why) =
@@ -395,7 +398,7 @@ impl Replica {
         stop: &watch::Receiver<bool>,
         baseline: TermSeqno,
         write_leader_start: bool,
-    ) -> Result<Seqno, String> {
+    ) -> Result<Seqno> {
         let _term_lock = self.gate.lock().await;
         self.still(term, stop)?;
         let opened = self.office.opened_term.load(Ordering::SeqCst);
@@ -408,9 +411,11 @@ impl Replica {
             // write a LeaderStart, a second, different one at the same seqno). Writing on from our
             // log would put other contents at their seqnos under the same term. Hand the office
             // over: the next leader opens a new term and quarantines whatever was never committed.
-            return Err(format!(
-                "openraft restored our leadership of term {term} after a restart; a term is never resumed across a restart"
-            ));
+            return Err(Error::NoOffice {
+                term,
+                why: "openraft restored our leadership of it after a restart; a term is never resumed across a restart"
+                    .into(),
+            });
         }
         self.office.opened_term.fetch_max(term.get(), Ordering::SeqCst);
         self.wal.set_term(term);
@@ -450,7 +455,7 @@ impl Replica {
         term: Term,
         stop: &watch::Receiver<bool>,
         serve_at: Seqno,
-    ) -> Result<(), String> {
+    ) -> Result<()> {
         let mut commits = self.commit.subscribe();
         let mut applied = self.applied.clone();
         let mut stop_wait = stop.clone();
@@ -480,7 +485,11 @@ impl Replica {
             );
         };
         let asked = match self.peer(target) {
-            Some(peer) => peer.elect(term.get(), self.me.0).await.map_err(|e| e.to_string()).and_then(|r| r),
+            Some(peer) => match peer.elect(term.get(), self.me.0).await {
+                Ok(tidal_net::Election::Started) => Ok(()),
+                Ok(tidal_net::Election::Refused(why)) => Err(why),
+                Err(error) => Err(error.to_string()),
+            },
             None => Err("not a peer any more".to_string()),
         };
         match asked {
@@ -536,7 +545,7 @@ impl Replica {
     }
 
     /// Appends the term's first batch, `LeaderStart{term}`, and waits until it is durable.
-    async fn append_leader_start(&self, term: Term, baseline: Seqno) -> Result<Seqno, String> {
+    async fn append_leader_start(&self, term: Term, baseline: Seqno) -> Result<Seqno> {
         let envelope = Envelope { time_ms: 0, principal: String::new(), idempotency_key: String::new() };
         let records = Records::Control(ControlRecord::LeaderStart { term, leader: self.me, baseline });
         let encoded = encode_payload(&envelope, &records);
@@ -554,23 +563,23 @@ impl Replica {
                     request = back;
                     tokio::time::sleep(Duration::from_millis(1)).await;
                 }
-                Err(error) => return Err(format!("append LeaderStart: {error}")),
+                Err(error) => return Err(Error::wal("append LeaderStart", error)),
             }
         };
         let appended = appended
             .await
-            .map_err(|_| "append LeaderStart: the WAL writer stopped".to_string())?
-            .map_err(|e| format!("append LeaderStart: {e}"))?;
+            .map_err(|_| Error::wal("append LeaderStart", "the WAL writer stopped"))?
+            .map_err(|e| Error::wal("append LeaderStart", e))?;
         Ok(appended.last)
     }
 
     /// Writes `data_dir/stream_baseline` (`term baseline`), by write-then-rename, fsynced. An
     /// error ends the office before it serves (the caller returns it: fail closed).
-    fn persist_baseline(&self, term: Term, baseline: TermSeqno) -> Result<(), String> {
+    fn persist_baseline(&self, term: Term, baseline: TermSeqno) -> Result<()> {
         let path = self.data_dir.join(STREAM_BASELINE_FILE);
         let contents = format!("{} {}\n", term.get(), baseline.seqno.get());
         crate::files::write_then_rename(&path, contents.as_bytes())
-            .map_err(|e| format!("persist {}: {e}", path.display()))
+            .map_err(|e| Error::File { path: path.clone(), why: e.to_string() })
     }
 }
 
@@ -582,11 +591,9 @@ impl Replica {
 
     /// The term this node serves as leader in, or why an operator verb must go elsewhere (the leader
     /// this node knows).
-    pub(crate) fn serving_term(&self) -> Result<Term, String> {
+    pub(crate) fn serving_term(&self) -> Result<Term> {
         let serving = *self.office.serving.borrow();
-        serving.ok_or_else(|| {
-            format!("node {} is not the serving leader; ask the leader ({:?})", self.me, self.leader())
-        })
+        serving.ok_or_else(|| Error::NotLeader { me: self.me, leader: self.leader() })
     }
 
     /// `Some(term)` while this node serves as leader; watch it to learn when office is lost.

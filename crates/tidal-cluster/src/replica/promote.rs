@@ -15,7 +15,7 @@
 //! - the target checks that the request's term is its own: a stale request starts nothing.
 
 use super::Replica;
-use crate::error::RequestError;
+use crate::error::{Error, Result};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -98,18 +98,14 @@ impl Drop for Promoting<'_> {
 
 impl Replica {
     /// Operator `promote`: hands leadership to `target`. Runs on the serving leader.
-    pub async fn promote(
-        self: &Arc<Self>,
-        target: NodeId,
-        dry_run: bool,
-    ) -> Result<PromoteReport, RequestError> {
-        use RequestError::Unavailable;
+    pub async fn promote(self: &Arc<Self>, target: NodeId, dry_run: bool) -> Result<PromoteReport, Error> {
+        use Error::Unavailable;
         let control = self
             .control
             .get()
             .ok_or_else(|| Unavailable("the control plane has not started yet".into()))?
             .clone();
-        let term = self.serving_term().map_err(Unavailable)?;
+        let term = self.serving_term()?;
         let mut report = PromoteReport {
             from: self.me,
             to: target,
@@ -162,8 +158,8 @@ impl Replica {
         }
         self.hand_writes_to(target).await?;
         match peer.elect(term.get(), self.me.0).await {
-            Ok(Ok(())) => {}
-            Ok(Err(why)) => {
+            Ok(tidal_net::Election::Started) => {}
+            Ok(tidal_net::Election::Refused(why)) => {
                 return Err(Unavailable(format!("node {target} refused to stand for election: {why}")))
             }
             Err(error) => {
@@ -191,17 +187,15 @@ impl Replica {
         &self,
         control: &crate::control::ControlPlane,
         target: NodeId,
-    ) -> Result<(tidal_net::Peer, super::FollowerProgress), RequestError> {
+    ) -> Result<(tidal_net::Peer, super::FollowerProgress), Error> {
         let is_voter = control.state().membership.membership().voter_ids().any(|id| id == target.0);
         let peer = self.peer(target).filter(|_| is_voter).ok_or_else(|| {
-            RequestError::Invalid(format!(
-                "node {target} is not a voter of this cluster; only a voter can lead"
-            ))
+            Error::Invalid(format!("node {target} is not a voter of this cluster; only a voter can lead"))
         })?;
         let progress = self.progress().get(&target).cloned().unwrap_or_default();
         let silence = progress.last_ack.map(|at| at.elapsed());
         if silence.is_none_or(|silence| silence > PROMOTE_SILENCE_MAX) {
-            return Err(RequestError::Unavailable(format!(
+            return Err(Error::Unavailable(format!(
                 "node {target} has not answered this leader {}: promoting a node that may be down would stall \
                  writes",
                 silence.map_or("yet".to_string(), |s| format!("for {} ms", s.as_millis())),
@@ -222,7 +216,7 @@ impl Replica {
 
     /// Stops taking writes and waits until `target` has matched everything this leader holds, so it
     /// takes office without a pull.
-    async fn hand_writes_to(&self, target: NodeId) -> Result<(), RequestError> {
+    async fn hand_writes_to(&self, target: NodeId) -> Result<(), Error> {
         self.transfer.handing_to.store(target.0, Ordering::SeqCst);
         let caught_up_by = Instant::now() + CATCH_UP_DEADLINE;
         loop {
@@ -232,7 +226,7 @@ impl Replica {
                 return Ok(());
             }
             if Instant::now() >= caught_up_by {
-                return Err(RequestError::Unavailable(format!(
+                return Err(Error::Unavailable(format!(
                     "node {target} did not match this leader's log (at {matched} of {}) within {} ms; writes resume \
                      here",
                     self.wal.durable_seqno(),
@@ -277,45 +271,49 @@ impl Replica {
     }
 
     /// The target side of `promote`: stand for election now, if the leader's term is ours.
-    pub async fn stand_for_election(&self, term: u64, leader: u64) -> Result<(), String> {
-        let control = self.control.get().ok_or("the control plane has not started yet")?;
+    pub async fn stand_for_election(&self, term: u64, leader: u64) -> Result<()> {
+        let control =
+            self.control.get().ok_or(Error::Unavailable("the control plane has not started yet".into()))?;
         // Only the leader of our term may hand its office over (decisions/057): a stranger or a
         // member that does not lead would otherwise start elections at will.
         if !self.is_member(NodeId(leader)) {
             self.count_refusal(crate::Refusal::NotMember);
-            return Err(format!("node {leader} is not a member of this cluster"));
+            return Err(Error::Invalid(format!("node {leader} is not a member of this cluster")));
         }
         if self.vote_names(Term(term)) != Some(NodeId(leader)) {
             self.count_refusal(crate::Refusal::NotLeader);
-            return Err(format!("node {leader} does not lead term {term} as far as this node knows"));
+            return Err(Error::Invalid(format!(
+                "node {leader} does not lead term {term} as far as this node knows"
+            )));
         }
         let mine = self.term().get();
         if mine != term {
-            return Err(format!(
+            return Err(Error::Invalid(format!(
                 "this node is at term {mine}, the request from node {leader} is for term {term}"
-            ));
+            )));
         }
         tracing::info!(term, leader, "standing for election at the leader's request");
-        control.raft().trigger().elect().await.map_err(|e| format!("openraft: {e}"))
+        control.raft().trigger().elect().await.map_err(|e| Error::Control(e.to_string()))
     }
 
     /// The read index of a linearizable read (ReadIndex; PROTOCOL.md, "Reads"): the commit frontier
     /// when the read arrived, returned once a quorum has confirmed this node still leads that term.
     /// Reading the applied state at or after it observes every write acknowledged before the read
     /// began.
-    pub async fn read_index(&self) -> Result<Seqno, String> {
-        let control = self.control.get().ok_or("the control plane has not started yet")?;
+    pub async fn read_index(&self) -> Result<Seqno> {
+        let control =
+            self.control.get().ok_or(Error::Unavailable("the control plane has not started yet".into()))?;
         let Some(term) = self.serving_now() else {
-            return Err("this node is not the serving leader".into());
+            return Err(Error::NotLeader { me: self.me, leader: self.leader() });
         };
         let index = self.commit.commit();
         control
             .raft()
             .ensure_linearizable()
             .await
-            .map_err(|e| format!("could not confirm leadership with a quorum: {e}"))?;
+            .map_err(|e| Error::Unavailable(format!("could not confirm leadership with a quorum: {e}")))?;
         if self.serving_now() != Some(term) {
-            return Err("lost office while confirming leadership".into());
+            return Err(Error::Unavailable("lost office while confirming leadership".into()));
         }
         Ok(index)
     }

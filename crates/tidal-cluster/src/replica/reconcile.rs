@@ -8,6 +8,7 @@
 //! entry is skipped and counted, never merged.
 
 use super::Replica;
+use crate::error::{Error, Result};
 use std::sync::Arc;
 use std::time::Duration;
 use tidal_core::NegativesState;
@@ -73,14 +74,14 @@ impl Replica {
         report
     }
 
-    async fn merge_from(&self, peer: &tidal_net::Peer, entry: &mut PeerReconcile) -> Result<(), String> {
+    async fn merge_from(&self, peer: &tidal_net::Peer, entry: &mut PeerReconcile) -> Result<()> {
         let mut after = String::new();
         loop {
-            let (_, page) = peer.negatives(&after, PAGE).await.map_err(|e| e.to_string())?;
+            let (_, page) = peer.negatives(&after, PAGE).await.map_err(|e| Error::net(entry.node, e))?;
             let full = page.len() == PAGE as usize;
             let Some((last, _)) = page.last() else { return Ok(()) };
             if *last <= after {
-                return Err(format!("the peer's page does not advance past {after:?}"));
+                return Err(Error::net(entry.node, format!("its page does not advance past {after:?}")));
             }
             after = last.clone();
             let mut states = Vec::with_capacity(page.len());
@@ -97,14 +98,14 @@ impl Replica {
                 }
             }
             let db = self.db.clone();
-            let merged = crate::blocking::blocking(move || -> Result<u64, String> {
+            let merged = crate::blocking::blocking(move || -> Result<u64> {
                 for (user, state) in &states {
-                    db.negatives_merge(user, state).map_err(|e| e.to_string())?;
+                    db.negatives_merge(user, state).map_err(|e| Error::Store(e.to_string()))?;
                 }
                 Ok(states.len() as u64)
             })
             .await
-            .map_err(|e| e.to_string())??;
+            .map_err(|e| Error::Store(e.to_string()))??;
             entry.merged_users += merged;
             if !full {
                 return Ok(());
@@ -112,26 +113,26 @@ impl Replica {
         }
     }
 
-    async fn negatives_digest(&self) -> Result<[u8; 32], String> {
+    async fn negatives_digest(&self) -> Result<[u8; 32]> {
         let db = self.db.clone();
-        crate::blocking::blocking(move || db.negatives_digest().map_err(|e| e.to_string()))
+        crate::blocking::blocking(move || db.negatives_digest().map_err(|e| Error::Store(e.to_string())))
             .await
-            .map_err(|e| e.to_string())?
+            .map_err(|e| Error::Store(e.to_string()))?
     }
 
     /// Serves a page of our hard negatives (the `Negatives` RPC).
-    pub async fn serve_negatives(&self, after: String, limit: u32) -> Result<NegativesPage, String> {
+    pub async fn serve_negatives(&self, after: String, limit: u32) -> Result<NegativesPage> {
         let db = self.db.clone();
-        crate::blocking::blocking(move || -> Result<NegativesPage, String> {
-            let digest = db.negatives_digest().map_err(|e| e.to_string())?.to_vec();
+        crate::blocking::blocking(move || -> Result<NegativesPage> {
+            let digest = db.negatives_digest().map_err(|e| Error::Store(e.to_string()))?.to_vec();
             if limit == 0 {
                 return Ok((digest, Vec::new()));
             }
-            let page = db.negatives_page(&after, limit as usize).map_err(|e| e.to_string())?;
+            let page = db.negatives_page(&after, limit as usize).map_err(|e| Error::Store(e.to_string()))?;
             Ok((digest, page.into_iter().map(|(user, state)| (user, state.to_bytes())).collect()))
         })
         .await
-        .map_err(|e| e.to_string())?
+        .map_err(|e| Error::Store(e.to_string()))?
     }
 
     /// The periodic anti-entropy round, until the replica stops.

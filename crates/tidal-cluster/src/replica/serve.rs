@@ -5,8 +5,8 @@ use super::{Replica, PULL_CHUNK_BYTES_MAX, SHIP_BYTES_MAX};
 use crate::refusal::Refusal;
 use std::sync::Arc;
 use tidal_net::{
-    Chunk, ChunkOutcome, ChunkStream, Probe, ProbeReply, Pull, RaftCall, Ship, ShipAnswer, SnapshotRequest,
-    SnapshotStream,
+    Chunk, ChunkOutcome, ChunkStream, Probe, ProbeReply, Pull, RaftCall, ServiceError, Ship, ShipAnswer,
+    SnapshotRequest, SnapshotStream,
 };
 use tidal_types::{NodeId, Seqno, Term, TermSeqno};
 use tidal_wal::Wal;
@@ -17,11 +17,11 @@ const PULL_CHUNKS_AHEAD: usize = 4;
 
 impl Replica {
     /// Serves a pull: batches after `from`, from the WAL, in chunks.
-    pub fn serve_pull(&self, pull: Pull) -> Result<ChunkStream, tonic::Status> {
+    pub fn serve_pull(&self, pull: Pull) -> Result<ChunkStream, ServiceError> {
         if !self.is_member(pull.node) {
             self.count_refusal(Refusal::NotMember);
             tracing::warn!(node = %pull.node, "refused a pull from a node that is not a member");
-            return Err(tonic::Status::permission_denied(format!("node {} is not a member", pull.node)));
+            return Err(ServiceError::PermissionDenied(format!("node {} is not a member", pull.node)));
         }
         let from = pull.from;
         let purged = self.wal.purged();
@@ -45,14 +45,14 @@ impl Replica {
         }
         let chunk_bytes =
             usize::try_from(pull.chunk_bytes_max).unwrap_or(SHIP_BYTES_MAX).clamp(1, PULL_CHUNK_BYTES_MAX);
-        let (tx, rx) = tokio::sync::mpsc::channel::<Result<Chunk, tonic::Status>>(PULL_CHUNKS_AHEAD);
+        let (tx, rx) = tokio::sync::mpsc::channel::<Result<Chunk, ServiceError>>(PULL_CHUNKS_AHEAD);
         let wal = self.wal.clone();
         let commit = self.commit.commit();
         // An async producer whose reads run on the blocking pool one at a time: the channel keeps
         // up to PULL_CHUNKS_AHEAD chunks read ahead, and in the simulation every read is counted
         // work that ends within the step that asked for it (decisions/051).
         tokio::spawn(async move {
-            let read_failed = |error: String| Err(tonic::Status::internal(format!("read WAL: {error}")));
+            let read_failed = |error: String| Err(ServiceError::Internal(format!("read WAL: {error}")));
             // Runs of the segment files' bytes, cut at batch boundaries from the headers alone: no
             // decoding, hashing or copying per batch here. The follower verifies every batch's seal
             // before its WAL takes it (tidal-net `split_batches`), and `receive_from` decides.
@@ -136,7 +136,7 @@ fn open_pull_reader(wal: &Wal, from: TermSeqno) -> PullStart {
 /// The replication service of a node.
 pub struct ReplicaService(pub Arc<Replica>);
 
-#[tonic::async_trait]
+#[tidal_net::async_trait]
 impl tidal_net::Handler for ReplicaService {
     fn cluster_id(&self) -> &str {
         &self.0.spec.cluster_id
@@ -146,31 +146,31 @@ impl tidal_net::Handler for ReplicaService {
         self.0.count_refusal(why.into());
     }
 
-    async fn ship(&self, ship: Ship) -> Result<ShipAnswer, tonic::Status> {
+    async fn ship(&self, ship: Ship) -> Result<ShipAnswer, ServiceError> {
         Ok(self.0.receive(ship).await)
     }
 
-    async fn pull(&self, pull: Pull) -> Result<ChunkStream, tonic::Status> {
+    async fn pull(&self, pull: Pull) -> Result<ChunkStream, ServiceError> {
         self.0.serve_pull(pull)
     }
 
-    async fn commit(&self, term: Term, leader: NodeId, commit: Seqno) -> Result<Term, tonic::Status> {
+    async fn commit(&self, term: Term, leader: NodeId, commit: Seqno) -> Result<Term, ServiceError> {
         Ok(self.0.notice_commit(term, leader, commit))
     }
 
-    async fn nudge(&self, _reason: String) -> Result<bool, tonic::Status> {
+    async fn nudge(&self, _reason: String) -> Result<bool, ServiceError> {
         Ok(self.0.clone().start_pull("nudge"))
     }
 
-    async fn probe(&self, probe: Probe) -> Result<ProbeReply, tonic::Status> {
+    async fn probe(&self, probe: Probe) -> Result<ProbeReply, ServiceError> {
         Ok(self.0.answer_probe(probe.term).await)
     }
 
-    async fn snapshot(&self, request: SnapshotRequest) -> Result<SnapshotStream, tonic::Status> {
+    async fn snapshot(&self, request: SnapshotRequest) -> Result<SnapshotStream, ServiceError> {
         if !self.0.is_member(request.node) {
             self.0.count_refusal(Refusal::NotMember);
             tracing::warn!(node = %request.node, "refused a snapshot to a node that is not a member");
-            return Err(tonic::Status::permission_denied(format!("node {} is not a member", request.node)));
+            return Err(ServiceError::PermissionDenied(format!("node {} is not a member", request.node)));
         }
         self.0.snapshots.serve(request)
     }
@@ -179,17 +179,21 @@ impl tidal_net::Handler for ReplicaService {
         &self,
         after_user: String,
         limit: u32,
-    ) -> Result<tidal_net::NegativesPage, tonic::Status> {
-        self.0.serve_negatives(after_user, limit).await.map_err(tonic::Status::internal)
+    ) -> Result<tidal_net::NegativesPage, ServiceError> {
+        self.0.serve_negatives(after_user, limit).await.map_err(|e| ServiceError::Internal(e.to_string()))
     }
 
-    async fn elect(&self, term: u64, leader: u64) -> Result<Result<(), String>, tonic::Status> {
-        Ok(self.0.stand_for_election(term, leader).await)
+    async fn elect(&self, term: u64, leader: u64) -> Result<tidal_net::Election, ServiceError> {
+        // A refusal to stand is an answer (its reason travels to the leader), not a failed call.
+        Ok(match self.0.stand_for_election(term, leader).await {
+            Ok(()) => tidal_net::Election::Started,
+            Err(why) => tidal_net::Election::Refused(why.to_string()),
+        })
     }
 
-    async fn raft(&self, call: RaftCall) -> Result<Vec<u8>, tonic::Status> {
+    async fn raft(&self, call: RaftCall) -> Result<Vec<u8>, ServiceError> {
         let Some(control) = self.0.control.get() else {
-            return Err(tonic::Status::unavailable("control plane not started yet"));
+            return Err(ServiceError::Unavailable("control plane not started yet".into()));
         };
         // A vote request or append from a node outside the membership must not move our term
         // (a stranger with the secret forced elections before decisions/057).
@@ -197,7 +201,7 @@ impl tidal_net::Handler for ReplicaService {
         if !self.0.is_member(sender) {
             self.0.count_refusal(Refusal::NotMember);
             tracing::warn!(node = %sender, kind = %call.kind, "refused an openraft call from a node that is not a member");
-            return Err(tonic::Status::permission_denied(format!("node {sender} is not a member")));
+            return Err(ServiceError::PermissionDenied(format!("node {sender} is not a member")));
         }
         control.serve(call).await
     }

@@ -2,6 +2,7 @@
 //! chunk through the one receive path; when the log cannot bring it back, it installs a snapshot.
 
 use super::super::{Replica, PULL_CHUNK_BYTES_MAX};
+use crate::error::{Error, Result};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
@@ -19,12 +20,12 @@ const PULL_INTERVAL_MIN: Duration = Duration::from_millis(200);
 
 impl Replica {
     /// Operator `catchup`: this follower pulls from its leader now. Returns whether a pull started.
-    pub fn catchup(self: &Arc<Self>) -> Result<bool, String> {
+    pub fn catchup(self: &Arc<Self>) -> Result<bool> {
         if self.is_leader() {
-            return Err("the leader has nothing to catch up from".into());
+            return Err(Error::IsLeader);
         }
         if self.leader().is_none() {
-            return Err("no leader is known yet".into());
+            return Err(Error::NoLeaderKnown);
         }
         Ok(self.clone().start_pull("catchup"))
     }
@@ -68,7 +69,7 @@ impl Replica {
         source: NodeId,
         from: TermSeqno,
         adopting: bool,
-    ) -> Result<(), String> {
+    ) -> Result<()> {
         match self.pull_once(source, from, adopting).await? {
             PullEnd::Done => Ok(()),
             PullEnd::Purged(at) => {
@@ -94,12 +95,14 @@ impl Replica {
                 tracing::warn!(%source, %point, "our log diverged; pulling from the divergence point");
                 match self.pull_once(source, point, adopting).await? {
                     PullEnd::Done => Ok(()),
-                    PullEnd::Purged(at) => {
-                        Err(format!("{source} purged past the divergence point {point} ({at})"))
-                    }
-                    PullEnd::Diverged(_) => {
-                        Err(format!("still diverged from {source} after pulling from {point}"))
-                    }
+                    PullEnd::Purged(at) => Err(Error::Pull {
+                        from: source,
+                        why: format!("it purged past the divergence point {point} ({at})"),
+                    }),
+                    PullEnd::Diverged(_) => Err(Error::Pull {
+                        from: source,
+                        why: format!("still diverged after pulling from {point}"),
+                    }),
                 }
             }
         }
@@ -110,26 +113,22 @@ impl Replica {
         self: &Arc<Self>,
         source: NodeId,
         adopting: bool,
-    ) -> Result<(), String> {
+    ) -> Result<()> {
         match self.pull_once(source, self.wal.last_position(), adopting).await? {
             PullEnd::Done => Ok(()),
-            PullEnd::Purged(at) => {
-                Err(format!("{source} purged past its own snapshot ({at}); retrying later"))
-            }
+            PullEnd::Purged(at) => Err(Error::Pull {
+                from: source,
+                why: format!("it purged past its own snapshot ({at}); retrying later"),
+            }),
             PullEnd::Diverged(_) => {
-                Err(format!("diverged from {source} right after installing its snapshot"))
+                Err(Error::Pull { from: source, why: "diverged right after installing its snapshot".into() })
             }
         }
     }
 
     /// One pull.
-    async fn pull_once(
-        self: &Arc<Self>,
-        source: NodeId,
-        from: TermSeqno,
-        adopting: bool,
-    ) -> Result<PullEnd, String> {
-        let peer = self.peer(source).ok_or_else(|| format!("node {source} is not a peer"))?;
+    async fn pull_once(self: &Arc<Self>, source: NodeId, from: TermSeqno, adopting: bool) -> Result<PullEnd> {
+        let peer = self.peer(source).ok_or(Error::NotAPeer(source))?;
         let pull = Pull {
             cluster_id: self.spec.cluster_id.clone(),
             term: self.term(),
@@ -138,7 +137,8 @@ impl Replica {
             chunk_bytes_max: PULL_CHUNK_BYTES_MAX as u64,
         };
         let started = Instant::now();
-        let mut stream = peer.pull(&pull, PULL_IDLE_TIMEOUT).await.map_err(|e: NetError| e.to_string())?;
+        let mut stream =
+            peer.pull(&pull, PULL_IDLE_TIMEOUT).await.map_err(|e: NetError| Error::net(source, e))?;
         let mut batches = 0usize;
         // Where a pull's time goes: waiting for the source's next chunk, or taking it (append + fsync).
         let (mut waited, mut took) = (Duration::ZERO, Duration::ZERO);
@@ -147,7 +147,7 @@ impl Replica {
             let asked = Instant::now();
             let Some(chunk) = stream.next().await else { break };
             waited += asked.elapsed();
-            let chunk = chunk.map_err(|e| e.to_string())?;
+            let chunk = chunk.map_err(|e| Error::net(source, e))?;
             match chunk.outcome {
                 ChunkOutcome::Batches { prev, batches: pulled } => {
                     batches += pulled.len();
@@ -166,11 +166,13 @@ impl Replica {
                     let answer = self.receive_from(ship, origin).await;
                     took += taking.elapsed();
                     if !matches!(answer.outcome, ShipOutcome::Matched(_)) {
-                        return Err(format!("pulled chunk not accepted: {:?}", answer.outcome));
+                        let why = format!("a pulled chunk was not accepted: {:?}", answer.outcome);
+                        return Err(Error::Pull { from: source, why });
                     }
                 }
                 ChunkOutcome::Encoded { .. } => {
-                    return Err("a received chunk was not verified (tidal-net never yields this)".into())
+                    let why = "a received chunk was not verified (tidal-net never yields this)".into();
+                    return Err(Error::Pull { from: source, why });
                 }
                 ChunkOutcome::Diverged(history) => {
                     self.count_pull(batches, bytes, started);

@@ -3,6 +3,7 @@
 //! before the answer names what we hold.
 
 use super::super::Replica;
+use crate::error::{Error, Result};
 use crate::refusal::Refusal;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -144,7 +145,8 @@ impl Replica {
             let matched = matched.seqno;
             Box::new(move || replica.live_written(term, matched, commit)) as tidal_wal::WrittenCallback
         });
-        if let Err(reason) = self.perform(ship, steps, on_written).await {
+        if let Err(error) = self.perform(ship, steps, on_written).await {
+            let reason = error.to_string();
             tracing::warn!("could not take a ship: {reason}");
             self.count_refusal(Refusal::AppendFailed);
             return ShipOutcome::Refused(reason);
@@ -182,7 +184,7 @@ impl Replica {
         ship: &Ship,
         steps: Vec<Step>,
         on_written: Option<tidal_wal::WrittenCallback>,
-    ) -> Result<(), String> {
+    ) -> Result<()> {
         let mut appends = Vec::new();
         for step in steps {
             match step {
@@ -201,11 +203,11 @@ impl Replica {
         let (tx, rx) = tokio::sync::oneshot::channel();
         self.wal
             .submit_replicated_with(appends, on_written, Box::new(move |result| drop(tx.send(result))))
-            .map_err(|e| format!("append refused: {e:?}"))?;
+            .map_err(|e| Error::wal("append", format!("refused: {e:?}")))?;
         match rx.await {
             Ok(Ok(_)) => Ok(()),
-            Ok(Err(error)) => Err(format!("append failed: {error}")),
-            Err(_) => Err("WAL writer stopped".into()),
+            Ok(Err(error)) => Err(Error::wal("append", error)),
+            Err(_) => Err(Error::wal("append", "the WAL writer stopped")),
         }
     }
 

@@ -4,6 +4,7 @@
 mod ship_queue;
 
 use super::Replica;
+use crate::error::{Error, Result};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
@@ -71,10 +72,10 @@ pub struct HealReport {
 impl Replica {
     /// Operator `heal`: the leader resets `node`'s ShipQueue to that follower's last matched position
     /// and nudges it to pull (no redelivery scan, no per-item traffic). Only the leader heals.
-    pub fn heal(&self, node: NodeId, dry_run: bool) -> Result<HealReport, String> {
+    pub fn heal(&self, node: NodeId, dry_run: bool) -> Result<HealReport> {
         self.serving_term()?;
         if node == self.me || self.peer(node).is_none() {
-            return Err(format!("node {node} is not a follower of this leader"));
+            return Err(Error::Invalid(format!("node {node} is not a follower of this leader")));
         }
         let progress = self.progress().get(&node).cloned().unwrap_or_default();
         let verb = if dry_run { "would reset" } else { "reset" };
