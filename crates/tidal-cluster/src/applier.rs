@@ -354,8 +354,11 @@ fn run(
             pending.pop_front();
         }
         // Compared with the engine, not with what this thread applied: startup replay applies before
-        // the first message, and its frontier must show too.
-        applied.publish(db.applied_seqno());
+        // the first message, and its frontier must show too. Replay applies only up to the commit
+        // hint, where `commit` starts, so nothing applied is ever past the commit frontier.
+        let engine = db.applied_seqno();
+        assert!(engine <= commit, "the engine applied {engine}, past the commit frontier {commit}");
+        applied.publish(engine);
         if stop {
             return;
         }
