@@ -1,5 +1,5 @@
 //! One node of a cluster: the WAL hook, the follower receiver, the pull (catch-up) client and
-//! server, and the leader's ShipQueues, wired around the decision core in [`crate::decide`].
+//! server, and the leader's ShipQueues, wired around the decisions of `tidal_protocol`.
 //!
 //! Terms and leadership come from openraft ([`crate::control`]); taking and leaving office is in
 //! [`office`]. Everything else follows PROTOCOL.md:
