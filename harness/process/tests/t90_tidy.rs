@@ -183,9 +183,29 @@ fn backticked_paths(line: &str) -> Vec<&str> {
         .collect()
 }
 
+/// Paths the docs already name for a move under way (issue 38), each with the move: a named path
+/// under one of them may be missing while the folder does not exist. Once it exists, its entry
+/// must go, and every path under it is checked.
+const PLANNED_PATHS: &[(&str, &str)] = &[
+    ("chaos", "harness/ becomes chaos/ (sim, process, regressions.txt, README.md)"),
+    ("crates/tidal-cli", "the tidal binary and its tools move out of tidal-server"),
+];
+
+/// Whether `path` (relative to the root) exists, or lies under a planned folder not there yet.
+fn resolves(path: &str) -> bool {
+    root().join(path).exists()
+        || PLANNED_PATHS.iter().any(|(planned, _)| {
+            (path == *planned || path.starts_with(&format!("{planned}/"))) && !root().join(planned).exists()
+        })
+}
+
 #[test]
 fn every_linked_or_named_repository_path_exists() {
-    let mut missing = Vec::new();
+    let mut missing: Vec<String> = PLANNED_PATHS
+        .iter()
+        .filter(|(planned, _)| root().join(planned).exists())
+        .map(|(planned, why)| format!("{planned} exists now ({why}): take it off PLANNED_PATHS"))
+        .collect();
     for file in text_files() {
         let relative = file.strip_prefix(root()).unwrap_or(&file).to_string_lossy().replace('\\', "/");
         let markdown = relative.ends_with(".md");
@@ -203,10 +223,9 @@ fn every_linked_or_named_repository_path_exists() {
                 unresolved
                     .extend(markdown_links(line).into_iter().filter(|target| !here.join(target).exists()));
             }
-            unresolved.extend(docs_paths(line).into_iter().filter(|path| !root().join(path).exists()));
+            unresolved.extend(docs_paths(line).into_iter().filter(|path| !resolves(path)));
             if !record {
-                unresolved
-                    .extend(backticked_paths(line).into_iter().filter(|path| !root().join(path).exists()));
+                unresolved.extend(backticked_paths(line).into_iter().filter(|path| !resolves(path)));
             }
             for path in unresolved {
                 missing.push(format!("{relative}:{}: {path}", number + 1));
