@@ -158,7 +158,7 @@ bench-feed:
 	$(CARGO) run --release -p tidal-core --example feed_bench
 
 # Startup replay: writes a WAL (untimed), opens a node on it with an empty engine, prints replay
-# MB/s and events/s per run and the median (decisions/013). REPLAY_WORKLOAD: signals|items|embeddings.
+# MB/s and events/s per run and the median (experiments/013). REPLAY_WORKLOAD: signals|items|embeddings.
 REPLAY_WORKLOAD ?= signals
 REPLAY_MB ?= 256
 bench-replay:

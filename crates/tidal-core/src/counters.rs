@@ -4,7 +4,7 @@
 //! all of them in memory, loaded from fjall on open, and flushes the dirty ones with the overlay.
 //! Memory is bounded by items x kinds, like the trending scores the index already holds.
 //!
-//! Where they live (decisions/038): the counts of the first [`INLINE_KINDS`] kind ids (interned in
+//! Where they live (experiments/038): the counts of the first [`INLINE_KINDS`] kind ids (interned in
 //! first-seen order: usually the busiest kinds, such as views and clicks) sit in the item's
 //! trending entry of the [`FeedIndex`], which the fold has just looked up (and so brought into the
 //! cache) to update the item's score. A map of their own cost one more random lookup per signal, a

@@ -135,7 +135,7 @@ pub struct TidalDb {
     /// stays). See [`TidalDb::set_replaying`].
     replaying: AtomicBool,
     /// The thread that folds half of each large signal batch during a startup replay
-    /// (decisions/047); `None` otherwise. Only the applier's thread uses it.
+    /// (experiments/047); `None` otherwise. Only the applier's thread uses it.
     fold_helper: Mutex<Option<rayon_core::ThreadPool>>,
     /// Dropped after everything above (fjall included): their receivers see the engine closed.
     close_watchers: Mutex<Vec<std::sync::mpsc::Sender<()>>>,
@@ -309,12 +309,12 @@ impl TidalDb {
     /// and during a replay it cannot: a crash in the middle, or after it before the next flush,
     /// replays from the same point (plus the writes since). Flushing anyway cost a replay of 211k
     /// embedding batches a flush of 100k entries on the second core and a 33–142 ms wait for it
-    /// (decisions/043).
+    /// (experiments/043).
     ///
     /// A replay also folds the two halves of each large signal batch on two threads
-    /// (decisions/047), unless the machine has one CPU; the helper thread ends with the replay. And
+    /// (experiments/047), unless the machine has one CPU; the helper thread ends with the replay. And
     /// its flushes write the seen pairs as new tables by fjall's ingestion, before the batch with
-    /// the rest (decisions/054).
+    /// the rest (experiments/054).
     pub fn set_replaying(&self, on: bool) {
         self.replaying.store(on, Ordering::Relaxed);
         let wanted = on && std::thread::available_parallelism().is_ok_and(|n| n.get() > 1);
@@ -477,7 +477,7 @@ impl TidalDb {
     }
 
     /// Writes fjall's memtables into tables and waits until they are written: a clean shutdown
-    /// calls it after [`TidalDb::checkpoint`] (decisions/050). fjall flushes nothing when it
+    /// calls it after [`TidalDb::checkpoint`] (experiments/050). fjall flushes nothing when it
     /// closes, so the next open would replay its journal entry by entry (about 15-30 MB/s for our
     /// small entries) and write the same tables then. Once every memtable that holds a journal's
     /// entries is in a table, fjall deletes that journal (a sealed one, over 64 MB), and an open
@@ -798,7 +798,7 @@ impl TidalDb {
                 let (mut scores, embeddings) = index.split_for_signals();
                 let Writer { dirty, counters, .. } = writer;
                 // The scores and counts (per item) and the profiles (per user) share nothing but
-                // read-only embeddings: a large batch folds them on two threads (decisions/047).
+                // read-only embeddings: a large batch folds them on two threads (experiments/047).
                 // Each side still folds its events in log order, so the state is the same.
                 let scores_side = move || {
                     for (item, trend) in fold.trends {
@@ -1020,13 +1020,13 @@ const _: () = {
 };
 
 /// Signal batches of at least this many events fold their scores and their profiles on two
-/// threads (decisions/047): below it the hand-over costs more than it saves.
+/// threads (experiments/047): below it the hand-over costs more than it saves.
 const PARALLEL_FOLD_EVENTS_MIN: usize = 256;
 
 impl TidalDb {
     /// Runs `here` on this thread and `there` on the fold helper at the same time if there is one
     /// and the batch of `events` is large enough, else one after the other here: the two halves of
-    /// a signal fold (decisions/047). A panic in either is resumed here.
+    /// a signal fold (experiments/047). A panic in either is resumed here.
     fn fold_in_two<A, B: Send>(
         &self,
         events: usize,

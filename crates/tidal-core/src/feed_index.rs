@@ -138,7 +138,7 @@ impl FeedIndex {
         self.split_for_signals().0.into_set_trend(item, trend)
     }
 
-    /// The index split for a signal batch's merge (decisions/047): its scores and counts, which
+    /// The index split for a signal batch's merge (experiments/047): its scores and counts, which
     /// the merge changes, and its embeddings, which the profile fold only reads. The two touch
     /// disjoint fields, so the two folds can run at the same time.
     pub fn split_for_signals(&mut self) -> (ScoresMut<'_>, Embeddings<'_>) {
@@ -373,7 +373,7 @@ mod tests {
     }
 
     /// A trending entry with its key fills one cache line: the fold's lookup of an item's score
-    /// brings its counts along (decisions/038).
+    /// brings its counts along (experiments/038).
     #[test]
     fn a_trending_slot_is_one_cache_line() {
         assert_eq!(std::mem::size_of::<(u64, TrendEntry)>(), 64);

@@ -1,6 +1,6 @@
 //! The ledger fold of a signal batch, in two phases, each in two halves that share nothing they
 //! change: the items' (trending scores and counts) and the users' (profiles and seen items). The
-//! engine runs the halves of a large batch on two threads (decisions/047).
+//! engine runs the halves of a large batch on two threads (experiments/047).
 //!
 //! [`trends`] and [`users`] run under the state read lock, and [`users`] may fail (fjall reads):
 //! they compute the new trending scores and load the profiles the overlay lacks, changing nothing.
@@ -192,7 +192,7 @@ fn fold_event(
 }
 
 /// Counts the events per (item, kind). Every item of the batch has its trending score set already
-/// (its counts live in that entry, decisions/038).
+/// (its counts live in that entry, experiments/038).
 pub fn count_signals(counters: &mut Counters, scores: &mut ScoresMut<'_>, events: &SignalColumns) {
     // The batch's kinds to counter kind ids once, then one counter update per event.
     let kinds: Vec<u32> = events.kinds().iter().map(|kind| counters.kind_id(kind)).collect();

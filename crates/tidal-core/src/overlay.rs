@@ -9,7 +9,7 @@
 //!   overlay on its own thread while the applier keeps changing the index.
 //! - A flush writes every dirty entry, the applied seqno and the logged time in ONE fjall batch,
 //!   so fjall always holds a prefix of the log (a replay's flush ingests its seen chunks first,
-//!   decisions/054: the seen set only gains); a frozen overlay stays visible to reads until
+//!   experiments/054: the seen set only gains); a frozen overlay stays visible to reads until
 //!   after that commit.
 
 use std::collections::hash_map::Entry;

@@ -2,7 +2,7 @@
 //!
 //! The signal fold touches one user's entry and profile per event, at random among thousands, and
 //! each first touch missed the caches while the fold waited. The read phase has found the users of
-//! the next events already, so the fold asks for their lines a few events early (decisions/055).
+//! the next events already, so the fold asks for their lines a few events early (experiments/055).
 
 /// Asks the CPU to bring the cache line at `address` into its caches. Any address will do: this
 /// changes nothing a program can observe but its speed. A no-op where the target has no such hint.

@@ -22,7 +22,7 @@
 //!   bounded number of keys for a user it reads often, and a data dir of pairs (older versions,
 //!   snapshot installs) turns into chunks where it is read.
 //! - A chunk id names the flush that wrote it, so a later flush never overwrites an earlier
-//!   chunk. A flush re-run after a crash (decisions/054: ingested, then the batch lost) may write
+//!   chunk. A flush re-run after a crash (experiments/054: ingested, then the batch lost) may write
 //!   a chunk with the same id again; it holds the items of at least the same batches.
 
 use crate::error::Error;

@@ -50,7 +50,7 @@ impl Stores {
         // replays it from the applied seqno, so a power loss costing fjall a tail is repaired by replay.
         // fjall's journal is replayed entry by entry at every open, at about 15 MB/s here for our
         // small entries: its default bound (512 MiB) let a node that crashed after a few minutes of
-        // ingest spend tens of seconds opening. 64 MiB is the least fjall allows (decisions/034).
+        // ingest spend tens of seconds opening. 64 MiB is the least fjall allows (experiments/034).
         let database = Database::builder(path)
             .manual_journal_persist(false)
             .max_journaling_size(JOURNAL_BYTES_MAX)
@@ -100,7 +100,7 @@ mod tests {
     }
 
     /// fjall's journals stay near [`JOURNAL_BYTES_MAX`] however much is written: an open after a
-    /// crash replays them entry by entry (decisions/034). With fjall's default bound (512 MiB)
+    /// crash replays them entry by entry (experiments/034). With fjall's default bound (512 MiB)
     /// the 320 MiB written here would all still be journal.
     #[test]
     fn the_journal_is_bounded() {

@@ -1,6 +1,6 @@
 //! The fold's output pinned to a digest: a fixed log (the common mixed workload, plus batches of
 //! many signal kinds in changing order, repeated users and items, late and missing timestamps)
-//! must give exactly the state digest the fold gave before decisions/018 (decoded signal columns,
+//! must give exactly the state digest the fold gave before experiments/018 (decoded signal columns,
 //! counter kinds mapped per batch, the `exp2` skipped when no time passed). Any change to what the
 //! fold computes, or to the order it computes it in, changes this digest.
 //!
@@ -62,7 +62,7 @@ fn the_fold_of_a_fixed_log_keeps_its_digest() {
     assert_eq!(golden_digest(false), GOLDEN_DIGEST, "the fold's state changed");
 }
 
-/// decisions/047: the golden log's signal batches (300 events) fold their items' and users' halves
+/// experiments/047: the golden log's signal batches (300 events) fold their items' and users' halves
 /// on two threads, as in a startup replay; the state must be the one the single thread computes,
 /// bit for bit.
 #[test]

@@ -23,7 +23,7 @@ pub const PULL_PREFETCH_CHUNKS: usize = 2;
 /// HTTP/2 receive windows and the largest DATA frame we accept, on both ends of every peer
 /// connection. The defaults (16 KiB frames; 1-2 MiB stream windows) cut a 4 MiB pull chunk into
 /// 256 frames and make the sender wait for window updates within each chunk. The connection
-/// window bounds what a peer may send ahead of our reading (decisions/041): a puller reads
+/// window bounds what a peer may send ahead of our reading (experiments/041): a puller reads
 /// through [`PULL_PREFETCH_CHUNKS`] chunks, and a ship is one message of at most 4 MiB.
 pub const H2_STREAM_WINDOW: u32 = 8 * 1024 * 1024;
 /// See [`H2_STREAM_WINDOW`].

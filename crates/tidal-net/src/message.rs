@@ -334,7 +334,7 @@ impl TryFrom<pb::PullChunk> for Chunk {
                 // The received bytes are a slice of the client's decode buffer, which can be up to
                 // twice the chunk (it grows by doubling). A batch the ship tail keeps would keep
                 // all of it, so the chunk is copied once into a buffer of its own size; the
-                // batches are slices of that (decisions/053). The bound is checked first.
+                // batches are slices of that (experiments/053). The bound is checked first.
                 let bytes = if b.batches.len() > MESSAGE_BATCH_BYTES_MAX {
                     b.batches
                 } else {

@@ -1,9 +1,9 @@
 //! The follower's acceptance rules for a ship or a pulled chunk (PROTOCOL.md, "Shipping and pulling").
 //!
-//! `decide_ship` runs under the follower's term lock with a view of its log (appended, not necessarily
-//! fsynced). It returns a [`Verdict`]; the caller performs the steps (quarantine, append), fsyncs
-//! OUTSIDE the lock, re-checks under the lock that its term is unchanged, and only then acks
-//! `matched`. Delicate:
+//! `decide_ship` runs under the follower's term lock with a view of its log. It returns a
+//! [`Verdict`]; the caller performs the steps (quarantine, append), fsyncs and acks `matched`, all
+//! still under the same lock (PROTOCOL.md, "The term lock"): no vote can be persisted between the
+//! append and the ack, so the ack names the term it was appended in. Delicate:
 //! - a refusal is an answer (Fenced, NotYet, Gap, Diverged, Refuse), never an error;
 //! - a batch that starts inside one of our batches refuses the WHOLE message: nothing is half-applied;
 //! - in quorum mode quarantining at or below our commit frontier would drop committed data: that is
@@ -111,8 +111,8 @@ pub enum Verdict {
         /// Why, with the positions.
         reason: String,
     },
-    /// Advance commit to `commit_now` at once, perform `steps` in order, fsync, re-check the term,
-    /// then ack `matched` and advance commit to `commit`.
+    /// Advance commit to `commit_now` at once, perform `steps` in order, fsync (the term lock still
+    /// held), then ack `matched` and advance commit to `commit`.
     Accept {
         /// What to write.
         steps: Vec<Step>,

@@ -5,7 +5,7 @@
 //! (reqwest) a write cost the bench 40–110 µs of CPU here, by load: a pool checkout, the URL parsed again, a
 //! timer armed, and a connection task woken on every reply. The peers' load generators
 //! (`redis-benchmark`, `pgbench`) are lean C programs, so CPU the bench burns is throughput the
-//! nodes lose, unlike theirs (decisions/035). This connection has none of that: it sends pre-encoded
+//! nodes lose, unlike theirs (experiments/035). This connection has none of that: it sends pre-encoded
 //! bodies on hyper's HTTP/1.1 connection, polls the connection in the same task as the request,
 //! and reconnects after a failure.
 

@@ -293,7 +293,7 @@ async fn replication_lag(args: &GatesArgs, nodes: &[(u64, String)]) -> anyhow::R
     let half_rate = (max_rate / 2.0).round().max(1.0) as u64;
     // Samples taken while the nodes still applied or flushed the probe's writes would measure the
     // probe, not the paced load (the Redis anchor's lag phase starts on a fresh primary). So far
-    // they had always drained by now (decisions/041): this wait is insurance, and it is reported.
+    // they had always drained by now (experiments/041): this wait is insurance, and it is reported.
     let target = Client::new(leader.clone(), None).status().await.context("leader status")?.commit_seqno;
     let urls: Vec<String> = nodes.iter().map(|(_, url)| url.clone()).collect();
     let settled = settle(&urls, target, SETTLE_TIMEOUT).await?;
@@ -505,7 +505,7 @@ async fn ensure_redis_py(copy: &Path) -> anyhow::Result<()> {
 
 /// Writes back the page cache's dirty pages (`sync`) before the cluster starts. What ran just
 /// before (a benchmark's clusters, a build) can leave hundreds of MB of them, and their writeback
-/// would share the disk with the gates' fsyncs (decisions/041: `make bench-peers` runs the gates
+/// would share the disk with the gates' fsyncs (experiments/041: `make bench-peers` runs the gates
 /// right after two benchmark clusters). Usually there is nothing to write and it takes no time. A
 /// failed `sync` is reported and the gates go on.
 async fn write_back_dirty_pages() {

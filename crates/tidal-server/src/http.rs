@@ -1042,7 +1042,7 @@ fn render_wal_metrics(out: &mut String, node: &Node) {
         out,
         "tidal_wal_gathers_total",
         "counter",
-        "Times the WAL writer waited (bounded) for the writers of its last large drain (decisions/021).",
+        "Times the WAL writer waited (bounded) for the writers of its last large drain (experiments/021).",
         wal.gathers as f64,
     );
     render_single(

@@ -115,7 +115,7 @@ fn main() -> anyhow::Result<()> {
         .with_writer(std::io::stderr)
         .init();
     // Against a running node the load generator runs on one thread, as redis-benchmark does: a
-    // reply wakes no second worker (decisions/035). With --spawn the node shares its runtime.
+    // reply wakes no second worker (experiments/035). With --spawn the node shares its runtime.
     let one_thread = matches!(&cli.command, Command::Bench(args) if !args.spawn);
     let runtime = if one_thread {
         tokio::runtime::Builder::new_current_thread().enable_all().build()

@@ -677,7 +677,7 @@ impl Node {
                 return;
             }
         }
-        // So that the next open has no journal to replay (decisions/050).
+        // So that the next open has no journal to replay (experiments/050).
         let started = Instant::now();
         match self.db.flush_tables() {
             Ok(()) => tracing::info!(elapsed = ?started.elapsed(), "engine memtables written to tables"),
@@ -844,8 +844,8 @@ impl Drop for Replaying<'_> {
 /// [`tidal_wal::Wal::read_recovered_from`]) and decodes its payload, while this thread folds the
 /// batches in order through the one apply path ([`TidalDb::apply_decoded`]) and the engine's
 /// flusher writes fjall. The read-ahead between the two is bounded by [`REPLAY_READ_AHEAD_BYTES`].
-/// Each folded chunk goes back to the reader to be freed where it was allocated (decisions/044).
-/// The engine is in replay mode meanwhile (decisions/043).
+/// Each folded chunk goes back to the reader to be freed where it was allocated (experiments/044).
+/// The engine is in replay mode meanwhile (experiments/043).
 fn replay(wal: &Wal, db: &TidalDb, durable: Seqno) -> anyhow::Result<ReplayReport> {
     let started = Instant::now();
     let mut report = ReplayReport {

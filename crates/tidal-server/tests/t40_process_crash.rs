@@ -74,7 +74,7 @@ async fn sigterm_drains_and_exits_zero() {
     let reply = process.client().put_item(7, serde_json::json!({"x": 1}), None).await.unwrap();
     let status = process.terminate().await.unwrap();
     assert!(status.success(), "tidal exited with {status} after SIGTERM");
-    // The shutdown wrote fjall's memtables into tables (decisions/050): the item is in a table, not
+    // The shutdown wrote fjall's memtables into tables (experiments/050): the item is in a table, not
     // only in fjall's journal, which the next open would replay entry by entry.
     {
         let engine = fjall::Database::builder(dir.path().join("data/state")).open().unwrap();

@@ -1,4 +1,4 @@
-//! Tidal's vocabulary: positions in the one log, frontiers, record kinds and the HTTP API models.
+//! Tidal's vocabulary: positions in the one log, node ids, record kinds and the HTTP API models.
 //!
 //! This crate does no I/O and knows no runtime. Every other crate speaks these words; the glossary in
 //! `docs/glossary.md` defines them once. Positions are newtypes so a term can never be passed where a
@@ -12,7 +12,7 @@ mod position;
 
 pub use api::*;
 pub use kind::RecordKind;
-pub use position::{Frontiers, NodeId, Seqno, Term, TermSeqno};
+pub use position::{NodeId, Seqno, Term, TermSeqno};
 
 /// Names starting with this prefix are reserved for Tidal itself.
 pub const RESERVED_PREFIX: &str = "__tidal";

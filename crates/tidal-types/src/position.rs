@@ -1,4 +1,4 @@
-//! Positions in the log: [`Seqno`], [`Term`], [`TermSeqno`], and a node's [`Frontiers`].
+//! Positions in the log: [`Seqno`], [`Term`], [`TermSeqno`], and [`NodeId`].
 
 use serde::{Deserialize, Serialize};
 use std::fmt;
@@ -78,26 +78,5 @@ pub struct NodeId(pub u64);
 impl fmt::Display for NodeId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "n{}", self.0)
-    }
-}
-
-/// Inclusive seqno watermarks of one node.
-///
-/// Invariant: `applied <= commit <= durable`. On a single node in leader durability
-/// `commit == durable`.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Frontiers {
-    /// Highest seqno fsynced in this node's WAL.
-    pub durable: Seqno,
-    /// Highest seqno known committed.
-    pub commit: Seqno,
-    /// Highest seqno folded into this node's state.
-    pub applied: Seqno,
-}
-
-impl Frontiers {
-    /// Whether the chain `applied <= commit <= durable` holds.
-    pub fn is_consistent(&self) -> bool {
-        self.applied <= self.commit && self.commit <= self.durable
     }
 }

@@ -20,14 +20,14 @@
 //! - (g) raw pre-zeroed 4 KiB from `--sync-threads` threads at once, each its own write +
 //!   fdatasync at its own offset of one file: whether two fsyncs of the WAL could overlap. If the
 //!   disk serves them in parallel, events/s grows with the threads and p50 stays; if it serves them
-//!   one at a time, events/s stays and p50 grows with the threads (decisions/045).
+//!   one at a time, events/s stays and p50 grows with the threads (experiments/045).
 //!
 //! The writer phases use the default config: segments preallocated, unless `TIDAL_WAL_PREALLOCATE=0`.
 //! Each waits until the writer has prepared its next segment before the clock starts (the steady
 //! state: a segment is normally prepared long before it is needed).
 //!
 //! After the table: per writer phase, the share of drains (fsyncs) by the requests they covered,
-//! and the adaptive gather's waits (decisions/021; off by default, `TIDAL_WAL_GATHER_MIN=16` turns it
+//! and the adaptive gather's waits (experiments/021; off by default, `TIDAL_WAL_GATHER_MIN=16` turns it
 //! on after drains of 16 requests or more).
 //!
 //! Numbers depend entirely on the disk: run it on the disk the data will live on.

@@ -18,7 +18,7 @@ pub const QUEUE_BYTES_MAX_DEFAULT: usize = 256 * 1024 * 1024;
 /// not delay the next writers for long.
 pub const DRAIN_BYTES_MAX_DEFAULT: usize = 16 * 1024 * 1024;
 
-/// Default for [`WalConfig::gather_min_requests`]: off. Measured (decisions/021), the gather raised
+/// Default for [`WalConfig::gather_min_requests`]: off. Measured (experiments/021), the gather raised
 /// 64 threads' events/s 2-4x while fdatasync took 4 ms, and lowered them by about a quarter while it
 /// took 70 µs; the 64-in-flight phase never triggers it. 16 is the value those runs used.
 pub const GATHER_MIN_REQUESTS_DEFAULT: usize = 0;
@@ -43,7 +43,7 @@ pub struct WalConfig {
     /// (capped at `segment_bytes_max`; 0 turns preallocation off). Batches then overwrite zeros in
     /// place, so an fdatasync need not commit a new file size through the file system's journal.
     pub preallocate_bytes: u64,
-    /// Adaptive gather (decisions/021): when the last drain covered at least this many requests and
+    /// Adaptive gather (experiments/021): when the last drain covered at least this many requests and
     /// fewer than those writers (plus what queued during its fsync) are queued again, the writer
     /// waits up to [`WalConfig::gather_wait_max`] (and never longer than the last fsync took) for the
     /// stragglers before it writes, so one fsync covers them all. 0 turns it off; one or a few

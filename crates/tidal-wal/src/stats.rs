@@ -67,7 +67,7 @@ pub struct WalStats {
     pub drain_requests_buckets: [u64; DRAIN_REQUESTS_BUCKETS.len()],
     /// Requests covered by those drains (sum over the histogram).
     pub drain_requests_sum: u64,
-    /// Gather waits (decisions/021): times the writer waited for the writers of its last drain.
+    /// Gather waits (experiments/021): times the writer waited for the writers of its last drain.
     pub gathers: u64,
     /// Of those, the ones that ended because every expected writer was back (the rest timed out).
     pub gathers_complete: u64,

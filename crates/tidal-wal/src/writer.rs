@@ -496,7 +496,7 @@ impl Writer {
         Some((drain, turn.unwrap_or_else(tidal_types::activity::Turn::none)))
     }
 
-    /// The adaptive gather (decisions/021). After a drain that covered many writers, those writers
+    /// The adaptive gather (experiments/021). After a drain that covered many writers, those writers
     /// come back one by one as their completions wake them: taking the first few at once splits them
     /// over two or more fsyncs. Waits, bounded by `gather_wait_max` and by the last fsync's
     /// duration, until as many requests are queued as the last drain counted writers; one wake when

@@ -25,7 +25,7 @@ fn concurrent_submits_get_distinct_contiguous_ranges_and_share_fsyncs() {
     concurrent_submits(small_config(4096));
 }
 
-/// The same with the adaptive gather after every drain of 2 or more (decisions/021), and a bound
+/// The same with the adaptive gather after every drain of 2 or more (experiments/021), and a bound
 /// far above the fsync's 2 ms (the wait is capped by the last fsync's duration anyway): waiting for
 /// stragglers changes which requests share an fsync, never what completes when.
 #[test]

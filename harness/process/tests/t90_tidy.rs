@@ -1,7 +1,8 @@
 //! Repository tidiness that a reviewer would otherwise have to remember (issue 38). The repository
 //! must stand on its own: a clone has only what is committed, so no file may lean on the
-//! developers' reference folder beside the checkout, and every `decisions/NNN` a file cites must
-//! exist.
+//! developers' reference folder beside the checkout, every `decisions/NNN` and `experiments/NNN` a
+//! file cites must exist, and every repository path the docs link or name must exist. Heavy
+//! dependencies stay in the crates that own them (`HEAVY_DEPENDENCIES`).
 
 use std::path::{Path, PathBuf};
 
@@ -56,30 +57,314 @@ fn no_file_leans_on_a_folder_outside_the_repository() {
     );
 }
 
-#[test]
-fn every_cited_decision_record_exists() {
-    let records: Vec<String> = std::fs::read_dir(root().join("docs/decisions"))
+/// The folders of numbered records (`docs/decisions/NNN-name.md`, `docs/experiments/NNN-name.md`):
+/// decisions fix rules, formats, boundaries and contracts; experiments are measurement notes. A
+/// note that moves from one to the other keeps its number, so each number names one file.
+const RECORD_FOLDERS: &[&str] = &["decisions", "experiments"];
+
+/// The file names in `docs/<folder>`.
+fn records(folder: &str) -> Vec<String> {
+    std::fs::read_dir(root().join("docs").join(folder))
         .map(|entries| {
             entries.flatten().map(|entry| entry.file_name().to_string_lossy().into_owned()).collect()
         })
-        .unwrap_or_default();
-    assert!(!records.is_empty(), "docs/decisions is missing");
+        .unwrap_or_default()
+}
+
+#[test]
+fn every_cited_record_exists() {
     let mut missing = Vec::new();
-    for file in text_files() {
-        let Ok(text) = std::fs::read_to_string(&file) else { continue };
-        for (number, line) in text.lines().enumerate() {
-            for (at, _) in line.match_indices("decisions/") {
-                let digits: String =
-                    line[at + "decisions/".len()..].chars().take_while(char::is_ascii_digit).collect();
-                if digits.len() == 3
-                    && !records.iter().any(|record| record.starts_with(&format!("{digits}-")))
-                {
-                    missing.push(format!("{}:{}: decisions/{digits}", file.display(), number + 1));
+    for folder in RECORD_FOLDERS {
+        let records = records(folder);
+        assert!(!records.is_empty(), "docs/{folder} is missing");
+        let cited = format!("{folder}/");
+        for file in text_files() {
+            let Ok(text) = std::fs::read_to_string(&file) else { continue };
+            for (number, line) in text.lines().enumerate() {
+                for (at, _) in line.match_indices(&cited) {
+                    let digits: String =
+                        line[at + cited.len()..].chars().take_while(char::is_ascii_digit).collect();
+                    if digits.len() == 3
+                        && !records.iter().any(|record| record.starts_with(&format!("{digits}-")))
+                    {
+                        missing.push(format!("{}:{}: {folder}/{digits}", file.display(), number + 1));
+                    }
                 }
             }
         }
     }
-    assert!(missing.is_empty(), "cited decision records that do not exist:\n{}", missing.join("\n"));
+    assert!(
+        missing.is_empty(),
+        "cited records that do not exist (a record that moved keeps its number: cite its new folder):\n{}",
+        missing.join("\n")
+    );
+}
+
+#[test]
+fn a_record_number_names_one_file() {
+    let mut numbers: Vec<(String, String)> = Vec::new();
+    for folder in RECORD_FOLDERS {
+        for record in records(folder) {
+            let digits: String = record.chars().take_while(char::is_ascii_digit).collect();
+            if digits.len() == 3 {
+                numbers.push((digits, format!("docs/{folder}/{record}")));
+            }
+        }
+    }
+    numbers.sort();
+    let twice: Vec<String> = numbers
+        .windows(2)
+        .filter(|pair| pair[0].0 == pair[1].0)
+        .map(|pair| format!("{} and {}", pair[0].1, pair[1].1))
+        .collect();
+    assert!(twice.is_empty(), "record numbers used twice:\n{}", twice.join("\n"));
+}
+
+/// The folders at the repository's root that a path in the docs may start with.
+const REPOSITORY_FOLDERS: &[&str] = &["docs/", "crates/", "harness/", "chaos/", "bench/", "fuzz/", "proto/"];
+
+/// The targets of the markdown links `[text](target)` in `line` that point into the repository:
+/// no URLs, no mail, no anchor-only links; an anchor after a path is cut off.
+fn markdown_links(line: &str) -> Vec<&str> {
+    let mut links = Vec::new();
+    for (at, _) in line.match_indices("](") {
+        let rest = &line[at + 2..];
+        let Some(end) = rest.find(')') else { continue };
+        let target = rest[..end].split('#').next().unwrap_or_default().trim();
+        if target.is_empty()
+            || target.contains("://")
+            || target.starts_with("mailto:")
+            || target.contains(' ')
+        {
+            continue;
+        }
+        links.push(target);
+    }
+    links
+}
+
+/// The `docs/...` paths named in `line` (backticked or not), without a sentence's last dot. A
+/// record citation (`docs/decisions/NNN`) is left to `every_cited_record_exists`.
+fn docs_paths(line: &str) -> Vec<&str> {
+    let path_char = |c: char| c.is_ascii_alphanumeric() || "_./-".contains(c);
+    let mut paths = Vec::new();
+    for (at, _) in line.match_indices("docs/") {
+        if line[..at].chars().next_back().is_some_and(path_char) {
+            continue; // part of a longer path or word: `../docs/`, `target/doc/`, `rustdocs/`
+        }
+        let length = line[at..].find(|c: char| !path_char(c)).unwrap_or(line.len() - at);
+        let path = line[at..at + length].trim_end_matches(['.', '-']);
+        let citation = RECORD_FOLDERS.iter().any(|folder| {
+            path.strip_prefix(&format!("docs/{folder}/"))
+                .is_some_and(|rest| rest.len() == 3 && rest.chars().all(|c| c.is_ascii_digit()))
+        });
+        if !citation && !is_pattern(&line[at..at + length]) {
+            paths.push(path);
+        }
+    }
+    paths
+}
+
+/// Whether a path-like word stands for many paths (`*`, `<name>`, `{a,b}`, `...`, `…`, `NNN`).
+fn is_pattern(word: &str) -> bool {
+    ["*", "<", "{", "...", "…", "$", "NNN"].iter().any(|pattern| word.contains(pattern))
+}
+
+/// The backticked words of `line` that are repository paths: they start with a root folder and
+/// are not patterns ([`is_pattern`]). A `:line` suffix is cut off.
+fn backticked_paths(line: &str) -> Vec<&str> {
+    line.split('`')
+        .skip(1)
+        .step_by(2)
+        .filter(|word| REPOSITORY_FOLDERS.iter().any(|folder| word.starts_with(folder)))
+        .filter(|word| !word.contains(char::is_whitespace))
+        .filter(|word| !is_pattern(word))
+        .map(|word| word.split(':').next().unwrap_or_default())
+        .collect()
+}
+
+/// Paths the docs already name for a move under way (issue 38), each with the move: a named path
+/// under one of them may be missing while the folder does not exist. Once it exists, its entry
+/// must go, and every path under it is checked.
+const PLANNED_PATHS: &[(&str, &str)] = &[
+    ("chaos", "harness/ becomes chaos/ (sim, process, regressions.txt, README.md)"),
+    ("crates/tidal-cli", "the tidal binary and its tools move out of tidal-server"),
+];
+
+/// Whether `path` (relative to the root) exists, or lies under a planned folder not there yet.
+fn resolves(path: &str) -> bool {
+    root().join(path).exists()
+        || PLANNED_PATHS.iter().any(|(planned, _)| {
+            (path == *planned || path.starts_with(&format!("{planned}/"))) && !root().join(planned).exists()
+        })
+}
+
+#[test]
+fn every_linked_or_named_repository_path_exists() {
+    let mut missing: Vec<String> = PLANNED_PATHS
+        .iter()
+        .filter(|(planned, _)| root().join(planned).exists())
+        .map(|(planned, why)| format!("{planned} exists now ({why}): take it off PLANNED_PATHS"))
+        .collect();
+    for file in text_files() {
+        let relative = file.strip_prefix(root()).unwrap_or(&file).to_string_lossy().replace('\\', "/");
+        let markdown = relative.ends_with(".md");
+        if !markdown && !relative.ends_with(".rs") {
+            continue;
+        }
+        // Records describe the code of their day: the files they name may have moved since. Their
+        // links and the docs they name must still resolve.
+        let record = RECORD_FOLDERS.iter().any(|folder| relative.starts_with(&format!("docs/{folder}/")));
+        let Ok(text) = std::fs::read_to_string(&file) else { continue };
+        let here = file.parent().map(Path::to_path_buf).unwrap_or_else(root);
+        for (number, line) in text.lines().enumerate() {
+            let mut unresolved = Vec::new();
+            if markdown {
+                unresolved
+                    .extend(markdown_links(line).into_iter().filter(|target| !here.join(target).exists()));
+            }
+            unresolved.extend(docs_paths(line).into_iter().filter(|path| !resolves(path)));
+            if !record {
+                unresolved.extend(backticked_paths(line).into_iter().filter(|path| !resolves(path)));
+            }
+            for path in unresolved {
+                missing.push(format!("{relative}:{}: {path}", number + 1));
+            }
+        }
+    }
+    missing.sort();
+    missing.dedup();
+    assert!(missing.is_empty(), "links and repository paths that lead nowhere:\n{}", missing.join("\n"));
+}
+
+/// A heavy dependency and the crates that own it. `exceptions` are the crates that depend on it
+/// today against the rule, each with the reason: they may only go. An exception that no longer
+/// depends on it fails the test too, so that the list shrinks with the code.
+struct Owned {
+    dependency: &'static str,
+    owners: &'static [&'static str],
+    exceptions: &'static [(&'static str, &'static str)],
+}
+
+/// Which crates (package names, so that a crate may move folders) may depend on which heavy
+/// dependency, in any dependency section: normal, dev or build.
+const HEAVY_DEPENDENCIES: &[Owned] = &[
+    // Terms, votes and membership: the control plane.
+    Owned { dependency: "openraft", owners: &["tidal-cluster"], exceptions: &[] },
+    // The inter-node transport and its generated code.
+    Owned {
+        dependency: "tonic",
+        owners: &["tidal-net"],
+        exceptions: &[(
+            "tidal-cluster",
+            "its RPC handlers (snapshot serve, openraft calls) return tonic::Status to the Handler trait",
+        )],
+    },
+    Owned { dependency: "tonic-prost", owners: &["tidal-net"], exceptions: &[] },
+    Owned { dependency: "tonic-prost-build", owners: &["tidal-net"], exceptions: &[] },
+    Owned { dependency: "protox", owners: &["tidal-net"], exceptions: &[] },
+    Owned {
+        dependency: "prost",
+        owners: &["tidal-net"],
+        exceptions: &[("tidal-fuzz", "the rpc target decodes raw fuzz input as protobuf messages")],
+    },
+    // The engine's store: fjall is a materialization of the log, known only to the engine.
+    Owned {
+        dependency: "fjall",
+        owners: &["tidal-core"],
+        exceptions: &[(
+            "tidal-server",
+            "dev-dependency: t40_process_crash opens a stopped node's engine to see its tables",
+        )],
+    },
+    Owned { dependency: "rayon-core", owners: &["tidal-core"], exceptions: &[] },
+    // Test tooling: the simulation and the model check.
+    Owned { dependency: "turmoil", owners: &["tidal-sim"], exceptions: &[] },
+    Owned { dependency: "stateright", owners: &["tidal-model", "tidal-sim"], exceptions: &[] },
+    // The HTTP API.
+    Owned { dependency: "axum", owners: &["tidal-server"], exceptions: &[] },
+    // The command line: the binary's crate only.
+    Owned {
+        dependency: "clap",
+        owners: &["tidal-cli"],
+        exceptions: &[("tidal-server", "the tidal binary lives here until it moves to crates/tidal-cli")],
+    },
+];
+
+/// The package name of a `Cargo.toml` and its dependencies as `(name, section)`: every table whose
+/// name ends in `dependencies` (but not the workspace's list of versions), in either form,
+/// `name = ...` lines or `[dependencies.name]` tables.
+fn manifest(text: &str) -> (Option<String>, Vec<(String, String)>) {
+    let mut package = None;
+    let mut dependencies = Vec::new();
+    let mut section = String::new();
+    for line in text.lines().map(|line| line.split('#').next().unwrap_or_default().trim()) {
+        if let Some(header) = line.strip_prefix('[') {
+            section = header.trim_end_matches(']').trim().to_string();
+            let last = section.rsplit('.').next().unwrap_or_default();
+            if section.contains("dependencies.") && !section.starts_with("workspace.") {
+                let table = section.rsplit_once('.').map(|(table, _)| table).unwrap_or_default();
+                dependencies.push((last.trim_matches('"').to_string(), table.to_string()));
+            }
+            continue;
+        }
+        let Some((key, value)) = line.split_once('=') else { continue };
+        let key = key.trim();
+        if section == "package" && key == "name" {
+            package = Some(value.trim().trim_matches('"').to_string());
+        } else if section.ends_with("dependencies") && !section.starts_with("workspace.") {
+            let name = key.split('.').next().unwrap_or_default().trim_matches('"');
+            dependencies.push((name.to_string(), section.clone()));
+        }
+    }
+    (package, dependencies)
+}
+
+#[test]
+fn heavy_dependencies_stay_in_their_crates() {
+    let mut wrong = Vec::new();
+    let mut used_exceptions: Vec<(&str, &str)> = Vec::new();
+    let mut manifests = 0;
+    for file in text_files().into_iter().filter(|path| path.ends_with("Cargo.toml")) {
+        let Ok(text) = std::fs::read_to_string(&file) else { continue };
+        let (Some(package), dependencies) = manifest(&text) else { continue };
+        manifests += 1;
+        let relative = file.strip_prefix(root()).unwrap_or(&file).to_string_lossy().into_owned();
+        for (dependency, section) in dependencies {
+            let Some(rule) = HEAVY_DEPENDENCIES.iter().find(|rule| rule.dependency == dependency) else {
+                continue;
+            };
+            if rule.owners.contains(&package.as_str()) {
+                continue;
+            }
+            match rule.exceptions.iter().find(|(name, _)| *name == package) {
+                Some((name, _)) => used_exceptions.push((rule.dependency, *name)),
+                None => wrong.push(format!(
+                    "{relative}: {package} depends on {dependency} ([{section}]); only {} may",
+                    rule.owners.join(", ")
+                )),
+            }
+        }
+    }
+    assert!(manifests >= 10, "found only {manifests} crate manifests: is the walk broken?");
+    for rule in HEAVY_DEPENDENCIES {
+        for (name, _) in rule.exceptions {
+            if !used_exceptions
+                .iter()
+                .any(|(dependency, crate_name)| *dependency == rule.dependency && crate_name == name)
+            {
+                wrong.push(format!(
+                    "{name} no longer depends on {}: take it off its exceptions in HEAVY_DEPENDENCIES",
+                    rule.dependency
+                ));
+            }
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "heavy dependencies outside the crates that own them (move the code, or list an exception with its reason):\n{}",
+        wrong.join("\n")
+    );
 }
 
 /// Production source files: every crate's `src/` (tests, benches, examples and the harness are

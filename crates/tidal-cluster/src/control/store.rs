@@ -38,8 +38,8 @@ const LOG_END: &[u8] = b"log0";
 
 /// The node's term lock and its current (persisted vote) term.
 ///
-/// One lock serializes persisting a vote, answering a probe, a follower's term check + append, the
-/// term re-check before an ack, and the leader's own matched/commit steps.
+/// One lock serializes persisting a vote, answering a probe, a follower's whole receive (decide,
+/// append, fsync, ack: it is held across the fsync) and a leader's opening of a term.
 #[derive(Default)]
 pub struct TermGate {
     lock: tokio::sync::Mutex<()>,

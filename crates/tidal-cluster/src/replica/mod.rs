@@ -73,7 +73,7 @@ pub const SHIP_BYTES_MAX: usize = 4 * 1024 * 1024;
 /// Bound on one pulled chunk: a follower appends a chunk with one write and one fsync (fewer
 /// fsyncs with bigger chunks), but it starts appending, and applying, only once a whole chunk
 /// arrived and was verified (a longer pipeline fill with bigger chunks). 8 MiB measured no better
-/// than 4 MiB on the loaded machine of decisions/024, so it stays at the ship size. Below
+/// than 4 MiB on the loaded machine of experiments/024, so it stays at the ship size. Below
 /// tidal-net's message bound; a single batch larger than this still travels alone.
 pub const PULL_CHUNK_BYTES_MAX: usize = 4 * 1024 * 1024;
 /// Heartbeat (empty ship) interval when nothing else is sent.
