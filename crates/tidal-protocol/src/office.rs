@@ -261,6 +261,16 @@ pub fn resumes_a_term(term: Term, boot_term: Term, write_leader_start: bool, ope
     term <= boot_term || (!write_leader_start && opened_term < term.get())
 }
 
+/// The first seqno of `term` once its office opens: the LeaderStart this office writes goes right
+/// after the baseline; an office that holds its term already (the same process put back in office)
+/// starts where its log's term history says the term began.
+pub fn term_start(term: Term, baseline: Seqno, write_leader_start: bool, history: &[TermSeqno]) -> Seqno {
+    if write_leader_start {
+        return baseline.next();
+    }
+    history.iter().find(|entry| entry.term == term).map_or(baseline.next(), |entry| entry.seqno)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -508,5 +518,17 @@ mod tests {
         assert!(!resumes_a_term(Term(4), Term(3), true, 0), "a fresh election in this process");
         assert!(!resumes_a_term(Term(4), Term(3), false, 4), "re-entering a term this process opened");
         assert!(resumes_a_term(Term(4), Term(3), false, 0), "holds a LeaderStart it never wrote");
+    }
+
+    #[test]
+    fn a_term_starts_after_its_baseline_or_where_the_log_began_it() {
+        let log = history(&[(1, 1), (3, 9)]);
+        assert_eq!(term_start(Term(4), Seqno(12), true, &log), Seqno(13), "a new LeaderStart at B + 1");
+        assert_eq!(term_start(Term(3), Seqno(8), false, &log), Seqno(9), "a held term starts where it began");
+        assert_eq!(
+            term_start(Term(5), Seqno(12), false, &log),
+            Seqno(13),
+            "not in the log: after the baseline"
+        );
     }
 }

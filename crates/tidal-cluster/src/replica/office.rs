@@ -24,7 +24,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tidal_core::{encode_payload, ControlRecord, Envelope, Records};
 use tidal_net::{Probe, ProbeOutcome};
-use tidal_protocol::{plan_office, resumes_a_term, transfer_target, OfficePlan, OwnLog, ProbeAnswer};
+use tidal_protocol::{
+    plan_office, resumes_a_term, term_start, transfer_target, OfficePlan, OwnLog, ProbeAnswer,
+};
 use tidal_types::{NodeId, Seqno, Term, TermSeqno};
 use tidal_wal::AppendRequest;
 use tokio::sync::watch;
@@ -419,15 +421,7 @@ impl Replica {
         }
         self.office.opened_term.fetch_max(term.get(), Ordering::SeqCst);
         self.wal.set_term(term);
-        let term_start = if write_leader_start {
-            baseline.seqno.next()
-        } else {
-            self.wal
-                .term_history()
-                .iter()
-                .find(|entry| entry.term == term)
-                .map_or(baseline.seqno.next(), |e| e.seqno)
-        };
+        let term_start = term_start(term, baseline.seqno, write_leader_start, &self.wal.term_history());
         self.commit.begin_term(term, term_start);
         // The stream baseline (T, B(T)): this office's term and the last seqno before it.
         *self.office.baseline.lock().expect("baseline lock is never held across a panic") =
