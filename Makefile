@@ -44,7 +44,7 @@ fuzz:
 model-check:
 	$(CARGO) run --release -p tidal-model -- --deep
 
-# The turmoil simulation (harness/sim): SEEDS seeds from FIRST over every scenario (or SCENARIO=name
+# The turmoil simulation (chaos/sim): SEEDS seeds from FIRST over every scenario (or SCENARIO=name
 # or a comma list: steady, network, crash, chaos, leader-crash, partition-heal, follower-outage,
 # rotation, disk, register, fatal-handover); one summary line per run, then fault totals and the last line
 # `sim: <runs> runs, <failed> failed, <violations> violations`. A failing run prints its replay command.
@@ -55,7 +55,7 @@ JOBS ?= 2
 sim:
 	$(CARGO) run --profile test -p tidal-sim -- --seeds $(SEEDS) --first $(FIRST) --jobs $(JOBS) $(if $(SCENARIO),--scenario $(SCENARIO))
 
-# The chaos sweep: the closed entries of harness/sim/regressions.txt, then SEEDS seeds from FIRST over
+# The chaos sweep: the closed entries of chaos/regressions.txt, then SEEDS seeds from FIRST over
 # every scenario (or SCENARIO=...), JOBS at a time; a progress line per run, a summary table (runs,
 # failures, violations, faults injected by class, per scenario) and the last line exactly
 # `chaos: <runs> runs, <violations> violations`. Non-zero exit on any violation.

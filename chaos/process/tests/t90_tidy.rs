@@ -5,7 +5,7 @@
 
 use std::path::{Path, PathBuf};
 
-/// The repository's root (this crate is `harness/process`).
+/// The repository's root (this crate is `chaos/process`).
 fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }

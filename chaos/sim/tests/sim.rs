@@ -1,6 +1,6 @@
 //! The CI set of the simulation (`make test`): fixed seed ranges of every scenario family, split in
 //! chunks so nextest runs them in parallel, plus a replay of every closed entry of
-//! `harness/sim/regressions.txt`. Every run must keep every invariant. `TIDAL_SIM_SEED` replaces a
+//! `chaos/regressions.txt`. Every run must keep every invariant. `TIDAL_SIM_SEED` replaces a
 //! chunk's seeds by one seed (replay). The 32-seed determinism measurement is `#[ignore]`d
 //! (minutes): `make sim-determinism`.
 
