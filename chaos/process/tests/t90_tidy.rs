@@ -146,7 +146,6 @@ const LONG_FUNCTIONS: &[(&str, &str, usize)] = &[
     ("crates/tidal-cluster/src/replica/promote.rs", "promote", 132),
     ("crates/tidal-cluster/src/replica.rs", "ship_queue", 122),
     ("crates/tidal-cluster/src/replica.rs", "receive_from", 126),
-    ("crates/tidal-model/src/model.rs", "receive", 118),
     ("crates/tidal-server/src/bench.rs", "drive", 132),
     ("crates/tidal-server/src/demo.rs", "tour", 103),
     ("crates/tidal-server/src/gates.rs", "replication_lag", 121),
