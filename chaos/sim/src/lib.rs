@@ -8,6 +8,7 @@
 //! - `faults`: the seeded fault plan and its counters; `workload`: the client host.
 //! - `check`: WAL checks over each node's simulated file system.
 
+pub mod activity;
 pub mod check;
 pub mod crashpoint;
 pub mod faults;
@@ -1164,7 +1165,7 @@ const SETTLE_STALLS_MAX: u32 = 3;
 /// After a step: waits until the nodes' own threads (WAL writers, appliers, blocking work) have
 /// done what the step handed them, so that it is done before simulated time moves on
 /// (decisions/051). False if it gave up after [`SETTLE_MAX`].
-fn settle(activity: &tidal_types::activity::Activity) -> bool {
+fn settle(activity: &activity::Activity) -> bool {
     if activity.busy() == 0 {
         return true;
     }
@@ -1184,7 +1185,7 @@ fn settle(activity: &tidal_types::activity::Activity) -> bool {
 }
 
 /// Restores the thread's activity when a run ends, however it ends.
-struct ActivityScope(Option<Arc<tidal_types::activity::Activity>>);
+struct ActivityScope(Option<Arc<dyn tidal_types::activity::Scheduler>>);
 
 impl Drop for ActivityScope {
     fn drop(&mut self) {
@@ -1226,7 +1227,7 @@ pub fn run(seed: u64, scenario: &Scenario) -> anyhow::Result<Outcome> {
     tidal_cluster::control::seed_thread_rng(Some(seed ^ 0x0e1e_c7ed));
     // Work the nodes hand to their own threads counts here; each step waits for it (decisions/051).
     // `TIDAL_SIM_SETTLE=0` turns the wait off (to measure what it buys).
-    let activity = tidal_types::activity::Activity::new();
+    let activity = activity::Activity::new();
     let _scope = ActivityScope(tidal_types::activity::set_current(Some(activity.clone())));
     let mut settling = std::env::var_os("TIDAL_SIM_SETTLE").is_none_or(|value| value != "0");
     let mut stalls = 0u32;
