@@ -205,7 +205,8 @@ mod tests {
         install(&activity);
         let seen = activity.clone();
         let work = carry(move || {
-            let on = current().is_some_and(|inner| std::ptr::addr_eq(Arc::as_ptr(&inner), Arc::as_ptr(&seen)));
+            let on =
+                current().is_some_and(|inner| std::ptr::addr_eq(Arc::as_ptr(&inner), Arc::as_ptr(&seen)));
             (on, seen.busy())
         });
         assert_eq!(activity.busy(), 1);

@@ -18,7 +18,7 @@ fn report(outcome: &Outcome) -> String {
         "seed {} scenario {}:\n  {}\n  trace:\n    {}\n  replay: cargo run --profile test -p tidal-sim -- --seed {} --scenario {}",
         outcome.seed,
         outcome.scenario,
-        outcome.violations.join("\n  "),
+        outcome.violations.iter().map(ToString::to_string).collect::<Vec<_>>().join("\n  "),
         outcome.story.join("\n    "),
         outcome.seed,
         outcome.scenario
@@ -188,7 +188,8 @@ fn determinism() {
         );
         for outcome in [&first, &second] {
             if !outcome.passed() {
-                failed.push(format!("seed {seed}: {}", outcome.violations.join("; ")));
+                let violations: Vec<String> = outcome.violations.iter().map(ToString::to_string).collect();
+                failed.push(format!("seed {seed}: {}", violations.join("; ")));
             }
         }
     }
