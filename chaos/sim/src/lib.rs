@@ -7,6 +7,8 @@
 //! - `net`: the transport seams over turmoil TCP; `http`: a small HTTP/1 client over it.
 //! - `faults`: the seeded fault plan and its counters; `workload`: the client host.
 //! - `check`: WAL checks over each node's simulated file system.
+//! - `violation`: what a failed check reports ([`violation::Violation`], one variant per check).
+//! - `activity`: the turn scheduler the nodes' own threads run under (decisions/051, 052).
 
 pub mod activity;
 pub mod check;
