@@ -44,9 +44,10 @@ fuzz:
 model-check:
 	$(CARGO) run --release -p tidal-model -- --deep
 
-# The turmoil simulation (harness/sim): SEEDS seeds from FIRST over every scenario (or SCENARIO=name
-# or a comma list: steady, network, crash, chaos, leader-crash, partition-heal, follower-outage,
-# rotation, disk, register, fatal-handover); one summary line per run, then fault totals and the last line
+# The turmoil simulation (chaos/sim; chaos/README.md says what it checks and how to replay a seed):
+# SEEDS seeds from FIRST over every scenario (or SCENARIO=name or a comma list: steady, network,
+# crash, chaos, leader-crash, partition-heal, follower-outage, rotation, disk, register,
+# fatal-handover); one summary line per run, then fault totals and the last line
 # `sim: <runs> runs, <failed> failed, <violations> violations`. A failing run prints its replay command.
 SEEDS ?= 8
 FIRST ?= 1
@@ -55,16 +56,17 @@ JOBS ?= 2
 sim:
 	$(CARGO) run --profile test -p tidal-sim -- --seeds $(SEEDS) --first $(FIRST) --jobs $(JOBS) $(if $(SCENARIO),--scenario $(SCENARIO))
 
-# The chaos sweep: the closed entries of harness/sim/regressions.txt, then SEEDS seeds from FIRST over
-# every scenario (or SCENARIO=...), JOBS at a time; a progress line per run, a summary table (runs,
-# failures, violations, faults injected by class, per scenario) and the last line exactly
+# The chaos sweep: the closed entries of chaos/regressions.txt (how to add one: chaos/README.md),
+# then SEEDS seeds from FIRST over every scenario (or SCENARIO=...), JOBS at a time; a progress line
+# per run, a summary table (runs, failures, violations, faults injected by class, per scenario) and
+# the last line exactly
 # `chaos: <runs> runs, <violations> violations`. Non-zero exit on any violation.
 chaos:
 	$(CARGO) run --profile test -p tidal-sim -- --chaos --seeds $(SEEDS) --first $(FIRST) --jobs $(JOBS) $(if $(SCENARIO),--scenario $(SCENARIO))
 
-# The crash-point sweep: a fixed scenario, the node killed at every durability boundary (leader:
-# write, fsync, ship, rotate, apply, applied; follower: receive, append, fsync, ack, apply, applied) at its
-# k-th occurrence for every k in KS, with lost and with torn unsynced bytes; one run each, every
+# The crash-point sweep (chaos/sim/src/crashpoint.rs, chaos/README.md): a fixed scenario, the node
+# killed at every durability boundary (leader: write, fsync, ship, rotate, apply, applied; follower:
+# receive, append, fsync, ack, apply, applied) at its k-th occurrence for every k in KS, with lost and with torn unsynced bytes; one run each, every
 # invariant checked. Last line `crash-points: <covered>/<total> points, <runs> runs, <lost>
 # acknowledged writes lost, <violations> violations`. Non-zero exit on any violation and on any
 # point not reached. CI runs it (.ci/run).
@@ -72,9 +74,9 @@ KS ?= 1,2,3,5,8
 crash-sweep:
 	$(CARGO) run --profile test -p tidal-sim -- --crash-sweep --ks $(KS) --jobs $(JOBS)
 
-# 32 seeds twice each (SCENARIO=chaos by default; TIDAL_SIM_SEED=S for one seed); prints how many
-# replay to the same trace hash and fails unless all do (decisions/051, 052). Not under nextest:
-# it runs for a minute or so.
+# The simulation's replays (chaos/README.md, "Determinism"): 32 seeds twice each (SCENARIO=chaos by
+# default; TIDAL_SIM_SEED=S for one seed); prints how many replay to the same trace hash and fails
+# unless all do (decisions/051, 052). Not under nextest: it runs for a minute or so.
 sim-determinism:
 	TIDAL_SIM_SCENARIO=$(or $(SCENARIO),chaos) $(CARGO) test --profile test -p tidal-sim --test sim -- --ignored --nocapture determinism
 

@@ -14,7 +14,7 @@
 //!   write path bounds (in-flight writes wait for their apply).
 //! - An apply error is fatal: the applier records it and stops; the applied frontier stops moving,
 //!   every waiter is woken with an error, and a restart replays the WAL.
-//! - [`ApplyProbe`] is a test seam (harness/sim's `apply` crash points); production has none.
+//! - [`ApplyProbe`] is a test seam (chaos/sim's `apply` crash points); production has none.
 
 mod inbox;
 mod waiters;
@@ -162,7 +162,7 @@ pub enum ApplyPoint {
     BeforePublish,
 }
 
-/// A test seam: the simulation's crash points in the apply path (harness/sim `crashpoint.rs`).
+/// A test seam: the simulation's crash points in the apply path (chaos/sim `crashpoint.rs`).
 /// Production passes none. Asked on the applier thread at every [`ApplyPoint`] of every batch it
 /// folds (not in start-up replay); `true` means the process dies there: the applier does nothing
 /// more (it folds nothing, publishes nothing, and only drains its input until the node is gone),

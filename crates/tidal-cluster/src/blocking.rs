@@ -1,7 +1,7 @@
 //! Blocking work (engine and file I/O) started from async code.
 //!
 //! In production it runs on tokio's blocking pool. In the simulation (when this thread counts its
-//! work on a [`tidal_types::activity::Activity`]) it runs right here, on the thread that steps
+//! work on a [`tidal_types::activity::Scheduler`]) it runs right here, on the thread that steps
 //! every simulated host: a blocking-pool thread finishing at an OS-chosen moment woke its task
 //! somewhere in the middle of the host's other tasks, and a replay of the seed polled them in
 //! another order (decisions/051). Work that waits for the node's own threads (the WAL writer, the
@@ -27,14 +27,35 @@ pub async fn blocking<R: Send + 'static>(
 mod tests {
     use super::*;
 
+    use std::sync::Arc;
+    use tidal_types::activity::{set_current, Scheduler};
+
+    /// A scheduler that counts and orders nothing: this test only asks whether one is installed.
+    #[derive(Debug)]
+    struct Installed;
+
+    impl Scheduler for Installed {
+        fn new_rank(&self) -> u64 {
+            0
+        }
+        fn work_begun(&self) {}
+        fn work_done(&self) {}
+        fn set_awake(&self, _: u64, _: bool) {}
+        fn take_turn(&self, _: u64) {}
+        fn end_turn(&self) {}
+        fn block(&self, _: u64) {}
+        fn unblock(&self, _: u64) {}
+        fn open_turns(&self, _: bool) {}
+    }
+
     #[tokio::test]
     async fn runs_on_the_blocking_pool_in_production_and_inline_in_the_simulation() {
         let here = std::thread::current().id();
         let pool = blocking(move || std::thread::current().id() != here).await.unwrap();
-        assert!(pool, "without an activity the work runs on another thread");
-        let previous = tidal_types::activity::set_current(Some(tidal_types::activity::Activity::new()));
+        assert!(pool, "without a scheduler the work runs on another thread");
+        let previous = set_current(Some(Arc::new(Installed)));
         let inline = blocking(move || std::thread::current().id() == here).await.unwrap();
-        tidal_types::activity::set_current(previous);
-        assert!(inline, "with an activity the work runs on the calling thread");
+        set_current(previous);
+        assert!(inline, "with a scheduler the work runs on the calling thread");
     }
 }

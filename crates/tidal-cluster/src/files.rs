@@ -5,7 +5,7 @@
 //! these files are written with `std::fs` in the data dir. [`write_then_rename`] writes one
 //! (create the temp file, write, fsync, rename, fsync the directory); before each step it asks the
 //! [`FileFaults`] registered for a directory holding the file, if any ([`register_faults`]). Only
-//! harness/sim registers one; in production no registry exists ([`step`] finds none and returns at
+//! chaos/sim registers one; in production no registry exists ([`step`] finds none and returns at
 //! once) and every step is what it was before the seam. An error of any step is returned to the
 //! caller, which must fail closed (decisions/020).
 
@@ -26,7 +26,7 @@ pub enum FileStep {
     SyncDir,
 }
 
-/// A simulation seam (harness/sim's `disk` family): asked before each step of a write-then-rename
+/// A simulation seam (chaos/sim's `disk` family): asked before each step of a write-then-rename
 /// of a file under the directory it is registered for; an error fails that step.
 pub trait FileFaults: Send + Sync + 'static {
     /// Before `step` of writing `path` (the file's final name) with `contents`.

@@ -42,7 +42,7 @@ pub enum RaftStep {
 }
 
 /// A fault seam of the control plane's store, as `tidal_wal::FileIo` is the WAL's: tests and
-/// harness/sim fail a step of a write (a vote's fsync, say). Production installs none.
+/// chaos/sim fail a step of a write (a vote's fsync, say). Production installs none.
 pub trait RaftStoreFaults: Send + Sync + 'static {
     /// Before `step` of a write of `keys`; an error fails the write there.
     fn before(&self, step: RaftStep, keys: &[&[u8]]) -> std::io::Result<()>;

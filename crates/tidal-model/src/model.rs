@@ -1052,16 +1052,7 @@ impl ReplicationModel {
             decide_ship(node, ship, self.quorum_mode())
         };
         if !pull {
-            let reply = match &verdict {
-                Verdict::Gap { last } => Some(Reply::Gap(*last)),
-                // Production decides on its durable log (it holds the term lock across the fsync):
-                // the model's receiver decides on its written log, and answers with it.
-                Verdict::Diverged => {
-                    Some(Reply::Diverged { history: node.history(node.len()), durable: node.len() })
-                }
-                _ => None,
-            };
-            if let Some(reply) = reply {
+            if let Some(reply) = live_reply(node, &verdict) {
                 self.answer(state, from, to, ship.term, &reply);
                 return true;
             }
@@ -1074,6 +1065,25 @@ impl ReplicationModel {
             (true, false) => Origin::Pull { source: from },
         };
         let authoritative = authority(origin, if names_leader { from } else { NodeId(0) }).replaces;
+        let (steps, matched, commit) = match self.accepted(state, to, verdict, authoritative) {
+            Ok(accepted) => accepted,
+            Err(changed) => return changed,
+        };
+        self.perform(state, to, ship, batches, steps);
+        self.after_write(state, (from, to), ship, pull, matched, commit);
+        true
+    }
+
+    /// What the receiver takes of `verdict`: an accepted message's steps, matched position and
+    /// commit after the fsync (its early commit moved and applied already), or whether refusing
+    /// it changed the state (a halt is recorded).
+    fn accepted(
+        &self,
+        state: &mut ModelState,
+        to: NodeId,
+        verdict: Verdict,
+        authoritative: bool,
+    ) -> Result<(Vec<Step>, TermSeqno, Seqno), bool> {
         let halt = matches!(verdict, Verdict::Halt { .. });
         // The planted bugs: a stale chunk replaces our batches, or its halt is kept.
         let unrestricted = self.bugs.stale_pull_replaces || (self.bugs.halt_on_stale_chunk && halt);
@@ -1082,7 +1092,7 @@ impl ReplicationModel {
             state.history.stale_chunk_refused = true;
         }
         let verdict = if restricted { append_only(verdict) } else { verdict };
-        let (steps, matched, commit) = match verdict {
+        match verdict {
             Verdict::Accept { steps, matched, commit_now, commit } => {
                 // The code's WAL view holds only durable batches when the receiver decides (it waits
                 // for each message's fsync under the term lock); the model's holds appended ones, so
@@ -1094,22 +1104,33 @@ impl ReplicationModel {
                 if node.commit < before {
                     state.history.broken.insert(Broken::CommitDecreased(to));
                 }
-                (steps, matched, commit)
+                Ok((steps, matched, commit))
             }
             // A chunk that may not replace our batches (its sender did not hold office in its
             // term) says nothing about the leader's log: `append_only` refuses it even where it
             // conflicts at or below our commit frontier. A halt on such a chunk (the planted bug
             // HaltOnStaleChunk; or two logs in one term) is recorded apart from `Halted`.
             Verdict::Halt { .. } if !authoritative => {
-                return state.history.broken.insert(Broken::HaltedOnChunk(to));
+                Err(state.history.broken.insert(Broken::HaltedOnChunk(to)))
             }
-            Verdict::Halt { .. } => return state.history.broken.insert(Broken::Halted(to)),
+            Verdict::Halt { .. } => Err(state.history.broken.insert(Broken::Halted(to))),
             Verdict::Fenced { .. }
             | Verdict::NotYet { .. }
             | Verdict::Gap { .. }
             | Verdict::Diverged
-            | Verdict::Refuse { .. } => return false,
-        };
+            | Verdict::Refuse { .. } => Err(false),
+        }
+    }
+
+    /// Performs an accepted message's steps on `to`'s log: quarantines and appends.
+    fn perform(
+        &self,
+        state: &mut ModelState,
+        to: NodeId,
+        ship: &ShipMeta,
+        batches: &[(Seqno, Batch)],
+        steps: Vec<Step>,
+    ) {
         for step in steps {
             match step {
                 Step::Skip(_) => {}
@@ -1124,6 +1145,20 @@ impl ReplicationModel {
                 }
             }
         }
+    }
+
+    /// After an accepted message is written: a live ship's commit on write (decisions/025), the
+    /// ack kept for after the fsync (sent now with [`Bug::AckBeforeFsync`]), and a syncing leader
+    /// that reached its target takes office.
+    fn after_write(
+        &self,
+        state: &mut ModelState,
+        (from, to): (NodeId, NodeId),
+        ship: &ShipMeta,
+        pull: bool,
+        matched: TermSeqno,
+        commit: Seqno,
+    ) {
         if !pull && self.apply_on_write {
             self.commit_on_write(state, to, ship.term, matched, commit, ship.commit);
         }
@@ -1143,7 +1178,6 @@ impl ReplicationModel {
                 self.open(state, to, term, write_leader_start);
             }
         }
-        true
     }
 
     fn receive_ack(
@@ -1399,6 +1433,18 @@ fn adopt(node: &mut NodeState, term: Term) {
     node.term = term;
     if node.office_term().is_some_and(|t| t < term) {
         node.role = Role::Follower;
+    }
+}
+
+/// A live ship's Gap or Diverged answer, which moves the leader's ShipQueue at once (None for
+/// any other verdict).
+fn live_reply(node: &NodeState, verdict: &Verdict) -> Option<Reply> {
+    match verdict {
+        Verdict::Gap { last } => Some(Reply::Gap(*last)),
+        // Production decides on its durable log (it holds the term lock across the fsync): the
+        // model's receiver decides on its written log, and answers with it.
+        Verdict::Diverged => Some(Reply::Diverged { history: node.history(node.len()), durable: node.len() }),
+        _ => None,
     }
 }
 

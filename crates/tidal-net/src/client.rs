@@ -90,7 +90,7 @@ impl Peer {
             .tcp_nodelay(true)
             // A connection whose peer vanished without a reset (power loss, a silently dropped
             // segment) would otherwise hang every later call until its deadline, forever: HTTP/2
-            // pings detect it and the channel reconnects (found by harness/sim, decisions/008).
+            // pings detect it and the channel reconnects (found by chaos/sim, decisions/008).
             .http2_keep_alive_interval(KEEPALIVE_INTERVAL)
             .keep_alive_timeout(KEEPALIVE_TIMEOUT)
             .keep_alive_while_idle(true)

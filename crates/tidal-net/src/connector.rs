@@ -30,7 +30,7 @@ pub struct Connector {
     control_tap: Option<Arc<dyn ControlTap>>,
 }
 
-/// A simulation seam (harness/sim's duplicated and reordered delivery; production never sets
+/// A simulation seam (chaos/sim's duplicated and reordered delivery; production never sets
 /// one): sees every ship a [`crate::Peer`] of this connector sent, once its answer (or error) is
 /// back, and may send copies of it again later through `untapped` (the same peer without the tap)
 /// as separate requests. The caller of [`crate::Peer::ship`] never sees those copies or their
@@ -51,7 +51,7 @@ pub trait ShipTap: Send + Sync + 'static {
     }
 }
 
-/// A simulation seam for the control plane (harness/sim's duplicated and reordered delivery of
+/// A simulation seam for the control plane (chaos/sim's duplicated and reordered delivery of
 /// openraft's RPCs and of the office probe; production never sets one), of the same kind as
 /// [`ShipTap`]: sees every openraft RPC ([`crate::Peer::raft`]) and every probe
 /// ([`crate::Peer::probe`]) a peer of this connector sent, once its answer (or error) is back, and

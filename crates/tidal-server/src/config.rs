@@ -249,7 +249,7 @@ pub struct ServeConfig {
 }
 
 /// The seams through which a node reaches its disk, clock and peers. Production uses
-/// [`NodeIo::default`] (real files, the system clock, the OS's TCP); the simulation (harness/sim)
+/// [`NodeIo::default`] (real files, the system clock, the OS's TCP); the simulation (chaos/sim)
 /// hands in an in-memory fault-injecting WAL file system, a simulated clock and its simulated
 /// network, so the same node code runs there.
 #[derive(Clone)]
@@ -263,9 +263,9 @@ pub struct NodeIo {
     /// Whether a follower forwards writes to the leader (over the OS's HTTP client). The simulation
     /// turns it off: its network has no OS sockets, and a follower then answers 503 `not_ready`.
     pub forward_writes: bool,
-    /// A test probe in the applier (harness/sim's `apply` crash points); `None` in production.
+    /// A test probe in the applier (chaos/sim's `apply` crash points); `None` in production.
     pub apply_probe: Option<std::sync::Arc<dyn tidal_cluster::ApplyProbe>>,
-    /// Held until the node's engine is closed (harness/sim waits on its receiver after a crash, so
+    /// Held until the node's engine is closed (chaos/sim waits on its receiver after a crash, so
     /// a restart never finds the old instance's data dir still open); `None` in production.
     pub close_watch: Option<std::sync::mpsc::Sender<()>>,
     /// Faults injected into the control plane's store (a failed vote fsync, say), as `wal_files`

@@ -43,7 +43,7 @@ pub fn check_bind_policy(addr: std::net::SocketAddr, has_tokens: bool, insecure:
     Ok(())
 }
 
-/// A source of accepted connections: the OS's TCP listener, or the simulation's (harness/sim). It
+/// A source of accepted connections: the OS's TCP listener, or the simulation's (chaos/sim). It
 /// retries (and logs) accept errors itself.
 pub use axum::serve::Listener;
 

@@ -1,4 +1,4 @@
-//! Tier 3: the real `tidal` binary as three OS processes on loopback (harness/process), quorum
+//! Tier 3: the real `tidal` binary as three OS processes on loopback (chaos/process), quorum
 //! durability, every RPC link through a relay the harness can cut. Each test fails when its
 //! guarantee breaks:
 //!

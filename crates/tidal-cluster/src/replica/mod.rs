@@ -101,7 +101,7 @@ pub struct ReplicaParts {
     pub applier: ApplierSender,
     /// Serves this node's snapshots; its pins bound the WAL purge horizon.
     pub snapshots: Arc<SnapshotSource>,
-    /// How peers are reached (the OS's TCP in production; the simulation's network in harness/sim).
+    /// How peers are reached (the OS's TCP in production; the simulation's network in chaos/sim).
     pub connector: tidal_net::Connector,
     /// Joining a running cluster: with nothing stored, wait to be added instead of writing the
     /// cluster file's membership as the first control entry.

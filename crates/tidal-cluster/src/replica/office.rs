@@ -295,7 +295,7 @@ impl Replica {
         // it takes a write. Usually that is LeaderStart itself; a leader that resumes its own term
         // after a restart (openraft restores a committed vote) holds LeaderStart AND a recovered
         // tail past its commit hint. Serving before that tail is applied let a client's retry miss
-        // the idempotency table (it holds applied writes) and be written twice (harness/sim's
+        // the idempotency table (it holds applied writes) and be written twice (chaos/sim's
         // duplicate check, decisions/008).
         let serve_at = std::cmp::max(term_start, self.wal.last_position().seqno);
         // Step 5: ship, then serve once LeaderStart (and all before it) is committed and applied.

@@ -431,7 +431,7 @@ fn write_cluster_file(
 ) -> anyhow::Result<PathBuf> {
     std::fs::write(root.join("secret"), format!("{}\n", test_secret())).context("write cluster secret")?;
     let mut text = format!(
-        "# Written by tidal-procs (harness/process).\ncluster_id = \"procs\"\nsecret_file = \"secret\"\ndurability = \"{durability}\"\n"
+        "# Written by tidal-procs (chaos/process).\ncluster_id = \"procs\"\nsecret_file = \"secret\"\ndurability = \"{durability}\"\n"
     );
     for (id, http, rpc) in addresses {
         let _ = write!(text, "\n[[node]]\nid = {id}\nhttp = \"{http}\"\nrpc = \"{rpc}\"\n");

@@ -4,6 +4,7 @@
 
 use crate::http::{request, Answer};
 use crate::net::HTTP_PORT;
+use crate::violation::{body_start, Node, Violation};
 use std::cell::RefCell;
 use std::collections::{BTreeMap, BTreeSet};
 use std::rc::Rc;
@@ -71,7 +72,7 @@ pub struct Shared {
     /// Every (term → nodes seen reporting themselves leader of it).
     pub leaders: BTreeMap<u64, BTreeSet<u64>>,
     /// Invariant violations found by the client.
-    pub violations: Vec<String>,
+    pub violations: Vec<Violation>,
     /// Events for the trace hash.
     pub trace: Vec<String>,
     /// Write outcomes.
@@ -204,10 +205,7 @@ pub async fn run(workload: Workload, shared: Rc<RefCell<Shared>>) -> turmoil::Re
             break;
         }
         if started.elapsed() > FIRST_LEADER_DEADLINE {
-            shared
-                .borrow_mut()
-                .violations
-                .push(format!("no leader within {FIRST_LEADER_DEADLINE:?} of start"));
+            shared.borrow_mut().violations.push(Violation::NoFirstLeader { deadline: FIRST_LEADER_DEADLINE });
             shared.borrow_mut().phase = Phase::Done;
             return Ok(());
         }
@@ -320,17 +318,14 @@ async fn write_one(workload: &Workload, shared: &Rc<RefCell<Shared>>, id: u64) {
                         shared.trace.push(format!("ack {id} {seqno} n{} at {at} ms", node + 1));
                         shared.acks.push(Ack { id, item, seqno, node });
                     }
-                    None => shared.violations.push(format!("write {id}: 2xx without a seqno")),
+                    None => shared.violations.push(Violation::AckWithoutSeqno { id }),
                 }
                 return;
             }
             Ok(Answer { status, body }) if (400..500).contains(&status) && status != 429 => {
                 let mut shared = shared.borrow_mut();
                 shared.stats.refused += 1;
-                shared.violations.push(format!(
-                    "write {id} refused with {status}: {}",
-                    String::from_utf8_lossy(&body).chars().take(200).collect::<String>()
-                ));
+                shared.violations.push(Violation::WriteRefused { id, status, body: body_start(&body) });
                 return;
             }
             _ => {
@@ -388,12 +383,8 @@ async fn feed_parity(workload: &Workload, shared: &Rc<RefCell<Shared>>, seqno: u
         }
         let Some((_, applied0, items0)) = feeds.first().cloned() else { continue };
         if feeds.len() < workload.nodes || feeds.iter().any(|feed| feed.1 != applied0) {
-            let seen: Vec<String> =
-                feeds.iter().map(|feed| format!("n{} at {}", feed.0 + 1, feed.1)).collect();
-            shared.borrow_mut().violations.push(format!(
-                "invariant 5: could not read u{user}'s feed at one applied seqno on every node ({})",
-                seen.join(", ")
-            ));
+            let seen = feeds.iter().map(|feed| (Node(feed.0), feed.1)).collect();
+            shared.borrow_mut().violations.push(Violation::FeedUnreadable { user, seen });
             continue;
         }
         shared.borrow_mut().counters_feeds += 1;
@@ -402,12 +393,12 @@ async fn feed_parity(workload: &Workload, shared: &Rc<RefCell<Shared>>, seqno: u
             let same_items = items.len() == items0.len()
                 && items.iter().zip(&items0).all(|(a, b)| a.0 == b.0 && (a.1 - b.1).abs() <= 1e-6);
             if !same_items {
-                shared.borrow_mut().violations.push(format!(
-                    "invariant 5: feed of u{user} at seqno {applied0} differs: n{} {:?}, n{} {items:?}",
-                    feeds[0].0 + 1,
-                    items0,
-                    node + 1
-                ));
+                shared.borrow_mut().violations.push(Violation::FeedMismatch {
+                    user,
+                    seqno: applied0,
+                    first: (Node(feeds[0].0), items0.clone()),
+                    other: (Node(*node), items.clone()),
+                });
             }
         }
     }
@@ -427,10 +418,11 @@ async fn embed(workload: &Workload, shared: &Rc<RefCell<Shared>>, id: u64) {
         request(&host(node), "PUT", &path, Some(body), &headers, REQUEST_TIMEOUT).await
     {
         if (400..500).contains(&status) && status != 429 {
-            shared.borrow_mut().violations.push(format!(
-                "embedding {id} refused with {status}: {}",
-                String::from_utf8_lossy(&body).chars().take(200).collect::<String>()
-            ));
+            shared.borrow_mut().violations.push(Violation::EmbeddingRefused {
+                id,
+                status,
+                body: body_start(&body),
+            });
         }
     }
 }
@@ -460,10 +452,12 @@ async fn register_op(workload: &Workload, shared: &Rc<RefCell<Shared>>, id: u64,
                 Ok(Answer { status, body }) if (400..500).contains(&status) && status != 429 => {
                     let mut shared = shared.borrow_mut();
                     shared.history.returned(op, crate::history::Ret::Refused);
-                    shared.violations.push(format!(
-                        "register write {key}={version} refused with {status}: {}",
-                        String::from_utf8_lossy(&body).chars().take(200).collect::<String>()
-                    ));
+                    shared.violations.push(Violation::RegisterWriteRefused {
+                        key,
+                        version,
+                        status,
+                        body: body_start(&body),
+                    });
                     return;
                 }
                 _ => {
@@ -497,10 +491,10 @@ async fn register_op(workload: &Workload, shared: &Rc<RefCell<Shared>>, id: u64,
                 {
                     Some(version) => crate::history::Ret::Read(Some(version)),
                     None => {
-                        shared.borrow_mut().violations.push(format!(
-                            "register read {key}: 200 without metadata.w: {}",
-                            String::from_utf8_lossy(&body).chars().take(200).collect::<String>()
-                        ));
+                        shared
+                            .borrow_mut()
+                            .violations
+                            .push(Violation::RegisterReadWithoutVersion { key, body: body_start(&body) });
                         crate::history::Ret::Failed
                     }
                 }
@@ -546,7 +540,7 @@ async fn converge_and_check(workload: &Workload, shared: &Rc<RefCell<Shared>>, h
     {
         let mut shared = shared.borrow_mut();
         if digests.windows(2).any(|pair| pair[0] != pair[1]) {
-            shared.violations.push(format!("invariant 2: digests differ after heal: {digests:?}"));
+            shared.violations.push(Violation::DigestMismatch { digests: digests.clone() });
         } else if let Some(first) = digests.first() {
             shared.trace.push(format!("digest {} {}", first.0, first.1));
             shared.digest = Some(first.clone());
@@ -573,7 +567,10 @@ async fn read_digests(
             .and_then(|a| a.json::<DigestView>())
         {
             Ok(view) => digests.push((view.applied_seqno, view.digest)),
-            Err(error) => shared.borrow_mut().violations.push(format!("digest of n{}: {error:#}", node + 1)),
+            Err(error) => shared
+                .borrow_mut()
+                .violations
+                .push(Violation::DigestUnreadable { node: Node(node), error: format!("{error:#}") }),
         }
     }
     digests
@@ -610,11 +607,10 @@ async fn converge(
                     ),
                 })
                 .collect();
-            shared.borrow_mut().violations.push(format!(
-                "heal gate: no convergence within {:?} after heal: {}",
-                workload.converge_deadline,
-                summary.join("; ")
-            ));
+            shared.borrow_mut().violations.push(Violation::ConvergedTooLate {
+                deadline: workload.converge_deadline,
+                statuses: summary,
+            });
             return None;
         }
         // Poll step of a wait on observable state (the deadline above bounds it).
@@ -625,6 +621,16 @@ async fn converge(
         shared.borrow_mut().converged_after_ms = Some(converged_ms);
     }
     Some(position)
+}
+
+/// The counters [`check_converged`] reads from every node's `/metrics`.
+const HALTED: &str = "tidal_replication_refusals_total{reason=\"halted\"}";
+const UNHELD_PREV: &str = "tidal_replication_refusals_total{reason=\"unheld_prev\"}";
+const INSTALLS: &str = "tidal_snapshot_installs_total";
+
+/// A counter missing from `node`'s `/metrics`.
+fn missing(node: usize, metric: &str) -> Violation {
+    Violation::MetricMissing { node: Node(node), metric: metric.to_string() }
 }
 
 /// The checks after convergence at `position` (metrics, invariant 1, feed parity).
@@ -644,30 +650,22 @@ async fn check_converged(workload: &Workload, shared: &Rc<RefCell<Shared>>, posi
                     .and_then(|value| value.trim().parse::<f64>().ok())
             })
         };
-        match metric("tidal_replication_refusals_total{reason=\"halted\"} ") {
+        match metric(&format!("{HALTED} ")) {
             Some(0.0) => {}
-            Some(count) => shared.borrow_mut().violations.push(format!(
-                "receiver halted: n{} refused {count} messages with a halt (quorum mode must never halt)",
-                node + 1
-            )),
-            None => shared.borrow_mut().violations.push(format!(
-                "n{}: no tidal_replication_refusals_total{{reason=\"halted\"}} in /metrics",
-                node + 1
-            )),
+            Some(count) => {
+                shared.borrow_mut().violations.push(Violation::ReceiverHalted { node: Node(node), count })
+            }
+            None => shared.borrow_mut().violations.push(missing(node, HALTED)),
         }
         // Log matching rests on the leader's own log holding every `prev` it ships or serves
         // (decisions/057): a ship or pulled chunk whose prev it does not hold is a violation here,
         // not a silent divergence later.
-        match metric("tidal_replication_refusals_total{reason=\"unheld_prev\"} ") {
+        match metric(&format!("{UNHELD_PREV} ")) {
             Some(0.0) => {}
-            Some(count) => shared.borrow_mut().violations.push(format!(
-                "log matching: n{} was about to ship {count} times a prev its own log does not hold",
-                node + 1
-            )),
-            None => shared.borrow_mut().violations.push(format!(
-                "n{}: no tidal_replication_refusals_total{{reason=\"unheld_prev\"}} in /metrics",
-                node + 1
-            )),
+            Some(count) => {
+                shared.borrow_mut().violations.push(Violation::UnheldPrev { node: Node(node), count })
+            }
+            None => shared.borrow_mut().violations.push(missing(node, UNHELD_PREV)),
         }
         if let Some(count) = metric("tidal_replication_refusals_total{reason=\"stale_source\"} ") {
             shared.borrow_mut().counters_stale_source += count as u64;
@@ -675,16 +673,13 @@ async fn check_converged(workload: &Workload, shared: &Rc<RefCell<Shared>>, posi
         if !workload.heal_via_log {
             continue;
         }
-        match metric("tidal_snapshot_installs_total ") {
+        match metric(&format!("{INSTALLS} ")) {
             Some(0.0) => {}
-            Some(count) => shared.borrow_mut().violations.push(format!(
-                "invariant 2: n{} healed outside the log ({count} snapshot installs)",
-                node + 1
-            )),
-            None => shared
+            Some(installs) => shared
                 .borrow_mut()
                 .violations
-                .push(format!("invariant 2: n{}: no tidal_snapshot_installs_total in /metrics", node + 1)),
+                .push(Violation::SnapshotInstalled { node: Node(node), installs }),
+            None => shared.borrow_mut().violations.push(missing(node, INSTALLS)),
         }
     }
     // Invariant 1: every acknowledged item is readable on every node.
@@ -707,13 +702,13 @@ async fn check_converged(workload: &Workload, shared: &Rc<RefCell<Shared>>, posi
                     Ok(answer) => format!("{} {}", answer.status, String::from_utf8_lossy(&answer.body)),
                     Err(error) => format!("{error:#}"),
                 };
-                shared.borrow_mut().violations.push(format!(
-                    "invariant 1: acked item {} (seqno {} from n{}) not readable on n{}: {what}",
-                    ack.id,
-                    ack.seqno,
-                    ack.node + 1,
-                    node + 1
-                ));
+                shared.borrow_mut().violations.push(Violation::AckedItemUnreadable {
+                    id: ack.id,
+                    seqno: ack.seqno,
+                    acked_by: Node(ack.node),
+                    node: Node(node),
+                    read: what,
+                });
             }
         }
     }
@@ -721,10 +716,11 @@ async fn check_converged(workload: &Workload, shared: &Rc<RefCell<Shared>>, posi
     // Every acked seqno must be at or below the converged commit frontier.
     for ack in &acks {
         if ack.seqno > position.1 {
-            shared.borrow_mut().violations.push(format!(
-                "invariant 1: acked write {} has seqno {} above the converged frontier {}",
-                ack.id, ack.seqno, position.1
-            ));
+            shared.borrow_mut().violations.push(Violation::AckedAboveFrontier {
+                id: ack.id,
+                seqno: ack.seqno,
+                frontier: position.1,
+            });
         }
     }
 }

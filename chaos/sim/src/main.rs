@@ -39,7 +39,7 @@ struct Report {
     summary: String,
     acked: u64,
     counters: BTreeMap<String, u64>,
-    violations: Vec<String>,
+    violations: Vec<tidal_sim::violation::Violation>,
     story: Vec<String>,
 }
 

@@ -7,7 +7,10 @@
 //! - `net`: the transport seams over turmoil TCP; `http`: a small HTTP/1 client over it.
 //! - `faults`: the seeded fault plan and its counters; `workload`: the client host.
 //! - `check`: WAL checks over each node's simulated file system.
+//! - `violation`: what a failed check reports ([`violation::Violation`], one variant per check).
+//! - `activity`: the turn scheduler the nodes' own threads run under (decisions/051, 052).
 
+pub mod activity;
 pub mod check;
 pub mod crashpoint;
 pub mod faults;
@@ -19,6 +22,7 @@ pub mod redeliver;
 pub mod regressions;
 pub mod rng;
 pub mod script;
+pub mod violation;
 pub mod workload;
 
 use faults::{Classes, Counters, Fault, Kind, Plan, Swarm};
@@ -33,6 +37,7 @@ use tidal_cluster::{ClusterSpec, ControlTiming, Durability, NodeSpec};
 use tidal_server::config::{ClusterMembership, NodeIo, ServeArgs, ServeConfig};
 use tidal_types::NodeId;
 use tidal_wal::{CrashMode, SimIo};
+use violation::{Node, Violation};
 use workload::{Phase, Shared, Workload};
 
 /// Logged time of the simulation's epoch (2025-01-01T00:00:00Z), so the fold sees fixed times.
@@ -336,7 +341,7 @@ pub struct Outcome {
     /// The scenario's name.
     pub scenario: &'static str,
     /// Invariant violations (empty: the run passed).
-    pub violations: Vec<String>,
+    pub violations: Vec<Violation>,
     /// Faults injected, by class.
     pub counters: Counters,
     /// Hash of the run's trace (faults applied, acknowledgements, final digest).
@@ -671,7 +676,7 @@ struct Driver<'a> {
     nodes: usize,
     counters: Counters,
     trace: Vec<String>,
-    violations: Vec<String>,
+    violations: Vec<Violation>,
     /// Restarts due: `(simulated time, node)`.
     bounces: Vec<(Duration, usize)>,
     damaged: Option<Damaged>,
@@ -883,11 +888,10 @@ impl Driver<'_> {
                             self.damaged = Some(damaged);
                             return false;
                         }
-                        self.violations.push(format!(
-                            "disk: n{} started on a damaged WAL instead of refusing ({})",
-                            damaged.node + 1,
-                            damaged.what
-                        ));
+                        self.violations.push(Violation::StartedOnDamagedWal {
+                            node: Node(damaged.node),
+                            damage: damaged.what.clone(),
+                        });
                     }
                     if damaged.refused || damaged.must_refuse {
                         // The operator restores the disk and restarts the node.
@@ -978,11 +982,11 @@ impl Driver<'_> {
                     self.counters.bump("refused_start");
                     self.trace.push(format!("{} ms n{} refused to start", offset.as_millis(), node + 1));
                 }
-                _ => self.violations.push(format!(
-                    "n{} exited at {} ms: {error}",
-                    node + 1,
-                    offset.as_millis()
-                )),
+                _ => self.violations.push(Violation::UnexpectedExit {
+                    node: Node(*node),
+                    at_ms: violation::millis(offset),
+                    error: error.clone(),
+                }),
             }
         }
         self.exits_seen = exits.len();
@@ -1107,7 +1111,7 @@ fn check_file_faults(
     (acks, ack_starts): (&[workload::Ack], &[u64]),
     logs: &[check::LogMap],
     counters: &mut Counters,
-    violations: &mut Vec<String>,
+    violations: &mut Vec<Violation>,
 ) {
     let term_at = |node: usize, seqno: u64| {
         logs.get(node)?
@@ -1126,13 +1130,13 @@ fn check_file_faults(
                 ack.node == node && **start == failed.start && term_at(node, ack.seqno) == Some(term)
             });
             match served.map(|(ack, _)| ack) {
-                Some(ack) => violations.push(format!(
-                    "file faults: n{} acknowledged write {} (seqno {}) in term {term} although its stream baseline of that term was not written ({:?} failed)",
-                    node + 1,
-                    ack.id,
-                    ack.seqno,
-                    failed.step
-                )),
+                Some(ack) => violations.push(Violation::ServedWithoutBaseline {
+                    node: Node(node),
+                    id: ack.id,
+                    seqno: ack.seqno,
+                    term,
+                    step: format!("{:?}", failed.step),
+                }),
                 None => counters.bump("file_refused_office"),
             }
         }
@@ -1142,10 +1146,7 @@ fn check_file_faults(
         if !failed {
             counters.bump("file_boot_unreached");
         } else if !refusals.contains(&node) {
-            violations.push(format!(
-                "file faults: n{} did not refuse to start although writing its CRDT incarnation failed",
-                node + 1
-            ));
+            violations.push(Violation::StartedWithoutIncarnation { node: Node(node) });
         }
     }
     if window.opened && window.failures == 0 {
@@ -1164,7 +1165,7 @@ const SETTLE_STALLS_MAX: u32 = 3;
 /// After a step: waits until the nodes' own threads (WAL writers, appliers, blocking work) have
 /// done what the step handed them, so that it is done before simulated time moves on
 /// (decisions/051). False if it gave up after [`SETTLE_MAX`].
-fn settle(activity: &tidal_types::activity::Activity) -> bool {
+fn settle(activity: &activity::Activity) -> bool {
     if activity.busy() == 0 {
         return true;
     }
@@ -1184,7 +1185,7 @@ fn settle(activity: &tidal_types::activity::Activity) -> bool {
 }
 
 /// Restores the thread's activity when a run ends, however it ends.
-struct ActivityScope(Option<Arc<tidal_types::activity::Activity>>);
+struct ActivityScope(Option<Arc<dyn tidal_types::activity::Scheduler>>);
 
 impl Drop for ActivityScope {
     fn drop(&mut self) {
@@ -1226,7 +1227,7 @@ pub fn run(seed: u64, scenario: &Scenario) -> anyhow::Result<Outcome> {
     tidal_cluster::control::seed_thread_rng(Some(seed ^ 0x0e1e_c7ed));
     // Work the nodes hand to their own threads counts here; each step waits for it (decisions/051).
     // `TIDAL_SIM_SETTLE=0` turns the wait off (to measure what it buys).
-    let activity = tidal_types::activity::Activity::new();
+    let activity = activity::Activity::new();
     let _scope = ActivityScope(tidal_types::activity::set_current(Some(activity.clone())));
     let mut settling = std::env::var_os("TIDAL_SIM_SETTLE").is_none_or(|value| value != "0");
     let mut stalls = 0u32;
@@ -1510,7 +1511,7 @@ pub fn run(seed: u64, scenario: &Scenario) -> anyhow::Result<Outcome> {
             Ok(true) => break,
             Ok(false) => {}
             Err(error) => {
-                driver.violations.push(format!("simulation stopped: {error}"));
+                driver.violations.push(Violation::SimulationStopped { error: error.to_string() });
                 break;
             }
         }
@@ -1551,7 +1552,7 @@ pub fn run(seed: u64, scenario: &Scenario) -> anyhow::Result<Outcome> {
             *counters.0.entry(class).or_default() += count;
         }
         for halt in tap.halts() {
-            violations.push(format!("redelivery: a copy n{} sent to {halt}", node + 1));
+            violations.push(Violation::Redelivery { node: Node(node), answer: halt });
         }
     }
     // WAL checks over each node's simulated disk (the nodes are stopped: the sim is dropped).
@@ -1582,11 +1583,11 @@ pub fn run(seed: u64, scenario: &Scenario) -> anyhow::Result<Outcome> {
     }
     let rotations = counters.0.get("wal_rotations").copied().unwrap_or(0);
     if rotations < scenario.rotations_min && shared.borrow().stats.acked >= 60 {
-        violations.push(format!(
-            "rotation: {rotations} WAL segments rotated in all, expected at least {} ({} writes acked)",
-            scenario.rotations_min,
-            shared.borrow().stats.acked
-        ));
+        violations.push(Violation::TooFewRotations {
+            rotations,
+            expected: scenario.rotations_min,
+            acked: shared.borrow().stats.acked,
+        });
     }
     let shared = Rc::try_unwrap(shared).map(RefCell::into_inner).unwrap_or_else(|rc| rc.borrow().clone());
     check_file_faults(
@@ -1602,7 +1603,7 @@ pub fn run(seed: u64, scenario: &Scenario) -> anyhow::Result<Outcome> {
     // Invariant 4 (observed): at most one leader per term.
     for (term, leaders) in &shared.leaders {
         if leaders.len() > 1 {
-            violations.push(format!("invariant 4: term {term} had leaders {leaders:?}"));
+            violations.push(Violation::TwoLeaders { term: *term, leaders: leaders.clone() });
         }
     }
     violations.extend(shared.violations.iter().cloned());
@@ -1710,44 +1711,31 @@ pub fn run(seed: u64, scenario: &Scenario) -> anyhow::Result<Outcome> {
 
 /// Without a supervisor: the leader whose WAL failed exited by itself, and another node
 /// acknowledged a write within [`FAILOVER_BOUND`] of the fault (decisions/059).
-fn check_handover(handover: &Handover, counters: &mut Counters, violations: &mut Vec<String>) {
-    let name = handover.node + 1;
+fn check_handover(handover: &Handover, counters: &mut Counters, violations: &mut Vec<Violation>) {
+    let node = Node(handover.node);
     if handover.last_acker != Some(handover.node) {
-        violations.push(format!(
-            "fatal handover: n{name} was not the leader when its WAL failed (the last write was acknowledged by {:?})",
-            handover.last_acker.map(|node| format!("n{}", node + 1))
-        ));
+        violations.push(Violation::HandoverNotLeader { node, last_acker: handover.last_acker.map(Node) });
     }
     match handover.exited {
         Some(_) => counters.bump("fatal_handover_exited"),
-        None => violations.push(format!(
-            "fatal handover: n{name} did not exit after its WAL failed (a supervisor would never restart it)"
-        )),
+        None => violations.push(Violation::HandoverNoExit { node }),
     }
     match handover.first_other_ack {
-        Some(at) if at.saturating_sub(handover.at) <= FAILOVER_BOUND => counters.bump("fatal_handover_failed_over"),
-        Some(at) => violations.push(format!(
-            "fatal handover: the first write acknowledged by another node came {} ms after n{name}'s WAL failed (bound {} ms)",
-            at.saturating_sub(handover.at).as_millis(),
-            FAILOVER_BOUND.as_millis()
-        )),
-        None => violations.push(format!(
-            "fatal handover: no other node acknowledged a write after n{name}'s WAL failed"
-        )),
+        Some(at) if at.saturating_sub(handover.at) <= FAILOVER_BOUND => {
+            counters.bump("fatal_handover_failed_over")
+        }
+        Some(at) => violations.push(Violation::HandoverTooLate {
+            node,
+            after_ms: violation::millis(at.saturating_sub(handover.at)),
+            bound_ms: violation::millis(FAILOVER_BOUND),
+        }),
+        None => violations.push(Violation::HandoverNoFailover { node }),
     }
 }
 
 /// Acknowledged writes lost: the distinct ids invariant 1 violations name.
-fn lost_writes(violations: &[String]) -> u64 {
-    let ids: std::collections::BTreeSet<&str> = violations
-        .iter()
-        .filter_map(|violation| {
-            violation
-                .strip_prefix("invariant 1: acked item ")
-                .or_else(|| violation.strip_prefix("invariant 1: acked write "))
-        })
-        .filter_map(|rest| rest.split_whitespace().next())
-        .collect();
+fn lost_writes(violations: &[Violation]) -> u64 {
+    let ids: std::collections::BTreeSet<u64> = violations.iter().filter_map(Violation::lost_write).collect();
     ids.len() as u64
 }
 
@@ -1796,7 +1784,7 @@ pub struct PointRun {
     /// [`Outcome::lost`].
     pub lost: u64,
     /// [`Outcome::violations`].
-    pub violations: Vec<String>,
+    pub violations: Vec<Violation>,
     /// [`Outcome::story`].
     pub story: Vec<String>,
     /// Renames the run's fault injection failed.
@@ -1928,7 +1916,7 @@ pub fn crash_sweep_with(
             totals.missed.push(point.label());
         }
         if !outcome.violations.is_empty() {
-            let mut lines = outcome.violations.clone();
+            let mut lines: Vec<String> = outcome.violations.iter().map(Violation::to_string).collect();
             lines.extend(outcome.story.iter().map(|line| format!("trace: {line}")));
             totals.failures.push((label, lines));
         }

@@ -15,6 +15,7 @@
 use crate::check::{self, LogMap};
 use crate::crashpoint::Op;
 use crate::faults::Damage;
+use crate::violation::Violation;
 use crate::workload::Shared;
 use crate::{host_name, Driver, RESTART_DELAY};
 use std::cell::RefCell;
@@ -339,12 +340,13 @@ impl ScriptRun {
         (now, offset): (Duration, Duration),
         why: String,
     ) {
-        driver.violations.push(format!(
-            "script {}: step {} {step:?} at {} ms: {why} (the scripted history was not reached)",
-            self.name,
-            self.next + 1,
-            offset.as_millis()
-        ));
+        driver.violations.push(Violation::ScriptMissed {
+            script: self.name.to_string(),
+            step: self.next + 1,
+            what: format!("{step:?}"),
+            at_ms: crate::violation::millis(offset),
+            why,
+        });
         // Let the run end normally (heal, converge, check) after a missed window: no point stays
         // armed, a node dead at one is restarted, the client writes again.
         for node in 0..driver.nodes {

@@ -1,6 +1,6 @@
 //! The CI set of the simulation (`make test`): fixed seed ranges of every scenario family, split in
 //! chunks so nextest runs them in parallel, plus a replay of every closed entry of
-//! `harness/sim/regressions.txt`. Every run must keep every invariant. `TIDAL_SIM_SEED` replaces a
+//! `chaos/regressions.txt`. Every run must keep every invariant. `TIDAL_SIM_SEED` replaces a
 //! chunk's seeds by one seed (replay). The 32-seed determinism measurement is `#[ignore]`d
 //! (minutes): `make sim-determinism`.
 
@@ -18,7 +18,7 @@ fn report(outcome: &Outcome) -> String {
         "seed {} scenario {}:\n  {}\n  trace:\n    {}\n  replay: cargo run --profile test -p tidal-sim -- --seed {} --scenario {}",
         outcome.seed,
         outcome.scenario,
-        outcome.violations.join("\n  "),
+        outcome.violations.iter().map(ToString::to_string).collect::<Vec<_>>().join("\n  "),
         outcome.story.join("\n    "),
         outcome.seed,
         outcome.scenario
@@ -188,7 +188,8 @@ fn determinism() {
         );
         for outcome in [&first, &second] {
             if !outcome.passed() {
-                failed.push(format!("seed {seed}: {}", outcome.violations.join("; ")));
+                let violations: Vec<String> = outcome.violations.iter().map(ToString::to_string).collect();
+                failed.push(format!("seed {seed}: {}", violations.join("; ")));
             }
         }
     }

@@ -10,6 +10,7 @@
 //! - a read answered 200 returns the version it saw, 404 returns "absent"; a read that got no
 //!   answer changed nothing and leaves the history.
 
+use crate::violation::Violation;
 use stateright::semantics::register::{Register, RegisterOp, RegisterRet};
 use stateright::semantics::{ConsistencyTester, LinearizabilityTester};
 use std::collections::BTreeMap;
@@ -98,7 +99,7 @@ impl History {
     }
 
     /// Checks every key's history; one violation per key that has no linearization.
-    pub fn check(&self) -> Vec<String> {
+    pub fn check(&self) -> Vec<Violation> {
         let mut testers: BTreeMap<u64, LinearizabilityTester<u64, Register<Option<u64>>>> = BTreeMap::new();
         let mut violations = Vec::new();
         for event in &self.events {
@@ -127,16 +128,16 @@ impl History {
                 }
             };
             if let Err(error) = result {
-                violations.push(format!("linearizability: key {}: malformed history: {error}", op.key));
+                violations.push(Violation::MalformedHistory { key: op.key, error: error.to_string() });
             }
         }
         for (key, tester) in &testers {
             if !tester.is_consistent() {
-                violations.push(format!(
-                    "linearizability: key {key}: the history of {} operations has no linearization: {}",
-                    tester.len(),
-                    self.describe(*key)
-                ));
+                violations.push(Violation::NotLinearizable {
+                    key: *key,
+                    operations: tester.len(),
+                    history: self.describe(*key),
+                });
             }
         }
         violations

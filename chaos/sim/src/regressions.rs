@@ -1,10 +1,10 @@
-//! The regressions file (`harness/sim/regressions.txt`): every `(scenario, seed)` that ever broke an
+//! The regressions file (`chaos/regressions.txt`): every `(scenario, seed)` that ever broke an
 //! invariant. Each line is `scenario seed [open]  # what it found`; `open` marks a finding not
 //! fixed yet (replayed by `tidal-sim --regressions --open`, kept out of `make test` until fixed).
 //! The file is compiled in, so every test binary replays the version it was built with.
 
 /// The file's text.
-pub const TEXT: &str = include_str!("../regressions.txt");
+pub const TEXT: &str = include_str!("../../regressions.txt");
 
 /// One line of the file.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -4,6 +4,7 @@
 //! hash), which is what "at most one leader writes each term" leaves behind on disk.
 
 use crate::faults::Damage;
+use crate::violation::{Node, Violation};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use tidal_wal::segment::logged_time_ms;
@@ -109,19 +110,19 @@ pub fn damage(io: &SimIo, wal_dir: &Path, damage: Damage) -> Option<(PathBuf, Ve
 /// Rotation: no segment grows past the size limit, except by its last batch (a segment rotates
 /// before the batch that would cross the limit, and a batch larger than the limit is alone in its
 /// segment). Returns how many rotations the node's disk shows (segments after the first).
-pub fn rotation(io: &SimIo, wal_dir: &Path, node: usize, limit: u64, violations: &mut Vec<String>) -> u64 {
+pub fn rotation(io: &SimIo, wal_dir: &Path, node: usize, limit: u64, violations: &mut Vec<Violation>) -> u64 {
     let segments = segments(io, wal_dir);
     for path in &segments {
         let Ok(bytes) = io.file_bytes(path) else { continue };
         let spans = batch_spans(&bytes);
         let before_last = spans.last().map_or(0, |(at, _)| *at as u64);
         if spans.len() > 1 && before_last > limit {
-            violations.push(format!(
-                "rotation: n{}: {} holds {} bytes before its last batch, past the {limit}-byte limit",
-                node + 1,
-                path.display(),
-                before_last
-            ));
+            violations.push(Violation::SegmentTooLarge {
+                node: Node(node),
+                segment: path.clone(),
+                bytes: before_last,
+                limit,
+            });
         }
     }
     segments.len().saturating_sub(1) as u64
@@ -130,7 +131,7 @@ pub fn rotation(io: &SimIo, wal_dir: &Path, node: usize, limit: u64, violations:
 /// "0 duplicated": every write carries its own Idempotency-Key (`w<id>`, `r<id>`), so no key may
 /// name two batches of a node's log (a retried write applied twice would). Decodes every complete
 /// batch's envelope; returns how many keyed batches it saw.
-pub fn duplicates(io: &SimIo, wal_dir: &Path, node: usize, violations: &mut Vec<String>) -> u64 {
+pub fn duplicates(io: &SimIo, wal_dir: &Path, node: usize, violations: &mut Vec<Violation>) -> u64 {
     let mut seen: BTreeMap<String, u64> = BTreeMap::new();
     for segment in segments(io, wal_dir) {
         let Ok(bytes) = io.file_bytes(&segment) else { continue };
@@ -147,11 +148,11 @@ pub fn duplicates(io: &SimIo, wal_dir: &Path, node: usize, violations: &mut Vec<
                 continue;
             }
             if let Some(earlier) = seen.insert(envelope.idempotency_key.clone(), first) {
-                violations.push(format!(
-                    "duplicated: n{}: the write with Idempotency-Key {} is in the log twice (seqnos {earlier} and {first})",
-                    node + 1,
-                    envelope.idempotency_key
-                ));
+                violations.push(Violation::Duplicated {
+                    node: Node(node),
+                    key: envelope.idempotency_key.clone(),
+                    seqnos: (earlier, first),
+                });
             }
         }
     }
@@ -161,7 +162,7 @@ pub fn duplicates(io: &SimIo, wal_dir: &Path, node: usize, violations: &mut Vec<
 /// Reads and checks the WAL under `wal_dir` in `io`; returns its batches or the violations.
 /// Besides invariant 3, the logged time (each batch envelope's leader timestamp) never goes
 /// backwards along the log, across failovers and skewed clocks (PROTOCOL.md, "Time").
-pub fn read_wal(io: &SimIo, wal_dir: &Path, node: usize, violations: &mut Vec<String>) -> LogMap {
+pub fn read_wal(io: &SimIo, wal_dir: &Path, node: usize, violations: &mut Vec<Violation>) -> LogMap {
     let segments = segments(io, wal_dir);
     let mut log = LogMap::new();
     let mut next: Option<u64> = None;
@@ -171,7 +172,11 @@ pub fn read_wal(io: &SimIo, wal_dir: &Path, node: usize, violations: &mut Vec<St
         let bytes = match io.file_bytes(segment) {
             Ok(bytes) => bytes,
             Err(error) => {
-                violations.push(format!("n{}: read {}: {error}", node + 1, segment.display()));
+                violations.push(Violation::WalUnreadable {
+                    node: Node(node),
+                    segment: segment.clone(),
+                    error: error.to_string(),
+                });
                 continue;
             }
         };
@@ -183,11 +188,12 @@ pub fn read_wal(io: &SimIo, wal_dir: &Path, node: usize, violations: &mut Vec<St
                     let last = index + 1 == segments.len();
                     // A torn tail of the last segment is what a crash leaves before recovery cuts it.
                     if !last {
-                        violations.push(format!(
-                            "invariant 3: n{}: {} offset {offset}: {error}",
-                            node + 1,
-                            segment.display()
-                        ));
+                        violations.push(Violation::WalCorrupt {
+                            node: Node(node),
+                            segment: segment.clone(),
+                            offset,
+                            error: error.to_string(),
+                        });
                     }
                     break;
                 }
@@ -197,27 +203,30 @@ pub fn read_wal(io: &SimIo, wal_dir: &Path, node: usize, violations: &mut Vec<St
             let last_seqno = first + u64::from(header.event_count) - 1;
             if let Some(expected) = next {
                 if first != expected {
-                    violations.push(format!(
-                        "invariant 3: n{}: batch at seqno {first} follows one ending at {}",
-                        node + 1,
-                        expected - 1
-                    ));
+                    violations.push(Violation::WalNotContiguous {
+                        node: Node(node),
+                        seqno: first,
+                        after: expected - 1,
+                    });
                 }
             }
             if header.term.get() < last_term {
-                violations.push(format!(
-                    "invariant 3: n{}: term goes down from {last_term} to {} at seqno {first}",
-                    node + 1,
-                    header.term.get()
-                ));
+                violations.push(Violation::TermDecreases {
+                    node: Node(node),
+                    from: last_term,
+                    to: header.term.get(),
+                    seqno: first,
+                });
             }
             last_term = header.term.get();
             if let Some(time) = logged_time_ms(batch.payload) {
                 if time < last_time {
-                    violations.push(format!(
-                        "logged time: n{}: batch at seqno {first} has time {time} below the previous {last_time}",
-                        node + 1
-                    ));
+                    violations.push(Violation::LoggedTimeDecreases {
+                        node: Node(node),
+                        seqno: first,
+                        time,
+                        previous: last_time,
+                    });
                 }
                 last_time = last_time.max(time);
             }
@@ -255,7 +264,7 @@ pub fn batch_lines(io: &SimIo, wal_dir: &Path, node: usize) -> Vec<String> {
 }
 
 /// Log matching: every batch two nodes both hold is the same batch.
-pub fn log_matching(logs: &[LogMap], violations: &mut Vec<String>) -> u64 {
+pub fn log_matching(logs: &[LogMap], violations: &mut Vec<Violation>) -> u64 {
     let mut compared = 0;
     for a in 0..logs.len() {
         for b in a + 1..logs.len() {
@@ -263,13 +272,11 @@ pub fn log_matching(logs: &[LogMap], violations: &mut Vec<String>) -> u64 {
                 if let Some(other) = logs[b].get(first) {
                     compared += 1;
                     if other != batch {
-                        violations.push(format!(
-                            "log matching: n{} and n{} hold different batches at seqno {first} (terms {} and {})",
-                            a + 1,
-                            b + 1,
-                            batch.0,
-                            other.0
-                        ));
+                        violations.push(Violation::LogMismatch {
+                            nodes: (Node(a), Node(b)),
+                            seqno: *first,
+                            terms: (batch.0, other.0),
+                        });
                     }
                 }
             }
