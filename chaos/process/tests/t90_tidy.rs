@@ -186,9 +186,8 @@ fn backticked_paths(line: &str) -> Vec<&str> {
 /// Paths the docs already name for a move under way (issue 38), each with the move: a named path
 /// under one of them may be missing while the folder does not exist. Once it exists, its entry
 /// must go, and every path under it is checked.
-const PLANNED_PATHS: &[(&str, &str)] = &[
-    ("crates/tidal-cli", "the tidal binary and its tools move out of tidal-server"),
-];
+const PLANNED_PATHS: &[(&str, &str)] =
+    &[("crates/tidal-cli", "the tidal binary and its tools move out of tidal-server")];
 
 /// Whether `path` (relative to the root) exists, or lies under a planned folder not there yet.
 fn resolves(path: &str) -> bool {
