@@ -58,8 +58,8 @@ use std::fmt;
 use stateright::{Model, Property};
 use tidal_protocol::{
     answer_probe, append_only, authority, commit_frontier, decide_ship, divergence_point, next_after,
-    plan_office, resumes_a_term, tail_start, BatchMeta, LogView, OfficePlan, Origin, OwnLog, ProbeAnswer,
-    Quorum, Reply, ShipMeta, Step, TailStart, Verdict,
+    next_ship_step, plan_office, resumes_a_term, tail_start, BatchMeta, LogView, OfficePlan, Origin, OwnLog,
+    ProbeAnswer, QueueStep, QueueView, Quorum, Reply, ShipMeta, Step, Tail, TailStart, Verdict,
 };
 use tidal_types::{NodeId, Seqno, Term, TermSeqno};
 
@@ -857,20 +857,36 @@ impl ReplicationModel {
         tail_start(after, base, last, within) == TailStart::After
     }
 
-    /// The ShipQueue's next ship (PROTOCOL.md, "Shipping"; `Replica::ship_queue`).
+    /// The ShipQueue's next ship (PROTOCOL.md, "Shipping"; `ShipQueue::run` in tidal-cluster): the
+    /// step is [`next_ship_step`], as in production. The model may ship at any time, so a heartbeat
+    /// is always due (notices are their own action): the step is a ship, a nudge to pull (then the
+    /// queue goes on from its tail's end), or, for a `prev` our log does not hold, no ship at all.
     fn ship(&self, state: &mut ModelState, leader: NodeId, to: NodeId) -> bool {
         let tail_last = self.tail_last(self.node(state, leader));
         let node = &mut state.nodes[index(leader)];
         let Role::Leader { after: queue, .. } = &mut node.role else { return false };
         let after = queue.get(&to).copied().unwrap_or(tail_last);
         let node = &state.nodes[index(leader)];
-        let (prev, upto) = if self.tail_serves(node, after) {
-            (after, self.tail_end(node))
-        } else {
-            // Rotated or Unknown: nudge the follower to pull (it may, any time: Action::Pull) and
-            // ship a heartbeat from the tail's end, so that its answer says where it is.
-            (tail_last, tail_last.seqno)
+        let view = |prev: TermSeqno, serves: bool| QueueView {
+            tail: if serves {
+                Tail::Batches((self.tail_end(node).get().saturating_sub(prev.seqno.get())) as usize)
+            } else {
+                Tail::Unservable
+            },
+            heartbeat_due: true,
+            commit_moved: false,
+            notice_failed: false,
+            prev_held: node.holds_position(prev, node.len()),
         };
+        let mut prev = after;
+        let mut step = next_ship_step(&view(after, self.tail_serves(node, after)));
+        if step == QueueStep::NudgePull {
+            // Rotated or Unknown: nudge the follower to pull (it may, any time: Action::Pull) and
+            // go on from the tail's end, so that the answer to a heartbeat says where it is.
+            prev = tail_last;
+            step = next_ship_step(&view(tail_last, true));
+        }
+        let upto = if prev == tail_last { tail_last.seqno } else { self.tail_end(node) };
         let batches = (prev.seqno.get() + 1..=upto.get())
             .filter_map(|s| Some((Seqno(s), node.batch_at(Seqno(s))?)))
             .collect();
@@ -884,18 +900,21 @@ impl ReplicationModel {
             pull: false,
             leader: true,
         };
-        let held = node.holds_position(prev, node.len());
         let mut changed = false;
         if let Role::Leader { after: queue, .. } = &mut state.nodes[index(leader)].role {
             changed = queue.insert(to, prev) != Some(prev);
         }
-        if !held {
-            // Production checks `holds(prev)` before every ship and counts a miss (`unheld_prev`):
-            // never reached by its rules. a57b07b had no check: the planted bug sends it.
-            state.history.broken.insert(Broken::UnheldPrev(leader));
-            if !self.bugs.ship_follower_prev {
-                return true;
+        match step {
+            QueueStep::Ship => {}
+            QueueStep::Resume => {
+                // Production counts a miss (`unheld_prev`) and sends nothing: never reached by its
+                // rules. a57b07b had no check: the planted bug sends it.
+                state.history.broken.insert(Broken::UnheldPrev(leader));
+                if !self.bugs.ship_follower_prev {
+                    return true;
+                }
             }
+            other => unreachable!("a due heartbeat is a ship, a nudge or a resume, not {other:?}"),
         }
         state.network.send(message) || changed
     }
