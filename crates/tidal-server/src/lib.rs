@@ -6,26 +6,19 @@
 //! - `node`: the WAL, the engine, the applier thread and the write path.
 //! - `http`: the axum router (the API contract).
 //! - `metrics`: Prometheus text.
-//! - `bench`: the `tidal bench` load generator.
-//! - `cluster_cmd`, `ops`: `tidal cluster up/down/failover-bench` and the operator verbs.
-//! - `gates`: `tidal gates`, the exit gates on a local cluster; `demo`: `tidal demo`, the guided tour.
+//! - `error`: the API's error replies.
 //!
-//! Library code takes its listener and shutdown signal from the caller (`run`), so tests and the
-//! simulation can drive it; only `main.rs` binds sockets from configuration and reads signals.
+//! This crate is the server only: the `tidal` binary and its tooling (bench, gates, demo, local
+//! clusters, operator verbs) are `tidal-cli`. It takes its listener and shutdown signal from the
+//! caller (`run`), so tests, the simulation and the binary's `tidal serve` all drive it the same way.
 #![deny(missing_docs)]
 
 pub mod auth;
-pub mod bench;
-mod bench_conn;
-pub mod cluster_cmd;
 pub mod config;
-pub mod demo;
 pub mod error;
-pub mod gates;
 pub mod http;
 pub mod metrics;
 pub mod node;
-pub mod ops;
 
 use anyhow::Context;
 use std::future::{Future, IntoFuture};

@@ -6,13 +6,13 @@
 //! sending the request to receiving the acknowledgement (after fsync and apply).
 
 use crate::bench_conn::{LeanConn, Target};
-use crate::config::{ServeArgs, ServeConfig};
 use anyhow::Context;
 use hyper::Method;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tidal_client::Client;
+use tidal_server::config::{ServeArgs, ServeConfig};
 use tidal_types::SignalIn;
 
 /// Most latencies kept per worker: bounds the bench's own memory on long runs.
@@ -356,7 +356,7 @@ pub(crate) async fn spawn_node(dim: u32) -> anyhow::Result<(String, SpawnedNode)
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.context("bind bench node")?;
     let url = format!("http://{}", listener.local_addr()?);
     let (shutdown, on_shutdown) = tokio::sync::oneshot::channel::<()>();
-    let task = tokio::spawn(crate::run(config, listener, None, async move {
+    let task = tokio::spawn(tidal_server::run(config, listener, None, async move {
         let _ = on_shutdown.await;
     }));
     let client = Client::new(url.clone(), None);
@@ -567,7 +567,7 @@ const SIGNAL_BODIES: u64 = 512;
 
 /// The JSON bodies of the signals workload, encoded once: body `n` holds the signals request `n`
 /// used to build on the fly (users `(31n + i) % users`, items `(1,000,003n + 7,919i) % 1,000,000`).
-fn signal_bodies(args: &BenchArgs) -> anyhow::Result<Vec<axum::body::Bytes>> {
+fn signal_bodies(args: &BenchArgs) -> anyhow::Result<Vec<bytes::Bytes>> {
     let count = SIGNAL_BODIES.min(args.requests_max.max(1));
     if !args.quiet {
         eprintln!(
@@ -587,18 +587,18 @@ fn signal_bodies(args: &BenchArgs) -> anyhow::Result<Vec<axum::body::Bytes>> {
                 })
                 .collect();
             let body = serde_json::to_vec(&tidal_types::SignalsRequest { signals })?;
-            Ok(axum::body::Bytes::from(body))
+            Ok(bytes::Bytes::from(body))
         })
         .collect()
 }
 
 /// Distinct pre-encoded embedding bodies; request `n` sends body `n % SIGNAL_BODIES` (the vector
 /// `embedding(n, dim)`), so the bench does not format `dim` floats per request.
-fn embedding_bodies(args: &BenchArgs) -> anyhow::Result<Vec<axum::body::Bytes>> {
+fn embedding_bodies(args: &BenchArgs) -> anyhow::Result<Vec<bytes::Bytes>> {
     (0..SIGNAL_BODIES.min(args.requests_max.max(1)))
         .map(|n| {
             let body = serde_json::to_vec(&tidal_types::EmbeddingPut { vector: embedding(n, args.dim) })?;
-            Ok(axum::body::Bytes::from(body))
+            Ok(bytes::Bytes::from(body))
         })
         .collect()
 }
@@ -607,11 +607,11 @@ fn embedding_bodies(args: &BenchArgs) -> anyhow::Result<Vec<axum::body::Bytes>> 
 struct Request<'a> {
     worker: u64,
     n: u64,
-    bodies: Option<&'a [axum::body::Bytes]>,
+    bodies: Option<&'a [bytes::Bytes]>,
 }
 
 impl Request<'_> {
-    fn body(&self) -> axum::body::Bytes {
+    fn body(&self) -> bytes::Bytes {
         let bodies = self.bodies.expect("this workload pre-encodes its bodies");
         bodies[(self.n % bodies.len() as u64) as usize].clone()
     }
