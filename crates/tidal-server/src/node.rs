@@ -249,15 +249,6 @@ impl Node {
         let raft_store = tidal_core::RaftStore::open_dir(&config.data_dir.join("raft"))
             .context("open the control plane's store")?
             .with_faults(config.io.raft_faults.clone());
-        let moved = raft_store
-            .migrate_from(&db.raft_store().context("open the engine's legacy raft keyspace")?)
-            .context("move the control plane's store out of the engine's database")?;
-        if moved > 0 {
-            tracing::info!(
-                entries = moved,
-                "moved the control plane's store into its own database (DATA_DIR/raft)"
-            );
-        }
         let replay_to = match &cluster {
             None => durable,
             Some(_) => std::cmp::min(durable, tidal_cluster::commit_hint(&raft_store)),
