@@ -1,4 +1,5 @@
-//! The HTTP API (the contract in DESIGN.md), served by axum.
+//! The HTTP API, served by axum. [`ROUTES`] lists every route with who may call it and where it
+//! is served; the request and reply bodies are tidal-types' API models.
 //!
 //! Every handler validates its whole input before anything is submitted, so a 4xx means nothing was
 //! or will be written. Bodies are read with an explicit size limit and parsed by hand (not axum's
@@ -151,8 +152,8 @@ macro_rules! route {
     };
 }
 
-/// The API (the contract in DESIGN.md): the router and the authentication and forwarding
-/// middleware are all built from this table.
+/// Every route of the API: the router and the authentication and forwarding middleware are all
+/// built from this table, so a route's policy is declared once, beside its handler.
 pub static ROUTES: &[Route] = {
     use Serve::{Anywhere, Leader, LeaderIfLinearizable as LeaderIfAsked, LeaderMemberChange};
     const READ: Access = Access::Needs(Scope::Read);
