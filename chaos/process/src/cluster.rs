@@ -2,7 +2,7 @@
 //! every RPC link routed through a [`Relay`] so it can be cut.
 //!
 //! The cluster file and secret it writes are the ones `tidal cluster up` writes
-//! (`crates/tidal-server/src/cluster_cmd.rs`, parsed by `config.rs`): `cluster_id`, `secret_file`,
+//! (`crates/tidal-cli/src/cluster_cmd.rs`, parsed by tidal-server's `config.rs`): `cluster_id`, `secret_file`,
 //! `durability`, one `[[node]]` with `id`, `http`, `rpc` per member. Each node is started with
 //! `--dial PEER=RELAY` for every peer, so node A reaches node B only through relay (A, B).
 

@@ -224,12 +224,6 @@ pub(crate) fn database_fault(database: &fjall::Database) -> Option<String> {
 }
 
 impl TidalDb {
-    /// The `raft` keyspace of this node's fjall database, where the control plane's store lived
-    /// before it got a database of its own ([`crate::RaftStore::open_dir`]); read only to migrate.
-    pub fn raft_store(&self) -> Result<crate::RaftStore, Error> {
-        crate::raft_store::RaftStore::open(&self.stores.database)
-    }
-
     /// Opens (or creates) the engine at `path` and rebuilds the in-memory index from fjall.
     pub fn open(path: &Path, config: EngineConfig) -> Result<TidalDb, Error> {
         config.validate()?;

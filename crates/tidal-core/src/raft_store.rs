@@ -7,8 +7,6 @@
 //! task, and a keyspace in the engine's database shared that database's journal and write stalls
 //! with the overlay flushes of a heavy load, so a 64 MiB flush could hold up a heartbeat's commit
 //! or a vote long enough for the followers to campaign against a healthy leader (decisions/012).
-//! Data dirs from before the split hold the store in the engine's `raft` keyspace;
-//! [`RaftStore::migrate_from`] moves it over once.
 //!
 //! Bytes in, bytes out: tidal-core does not know openraft's types. Every write that must survive a
 //! crash (`write_sync`) is one fjall batch persisted with `SyncAll` before it returns. The keyspace
@@ -87,22 +85,6 @@ impl RaftStore {
         Ok(self.keyspace.is_empty()?)
     }
 
-    /// Moves everything `legacy` holds into this (empty) store: one fsynced batch here first, then
-    /// `legacy` is emptied (fsynced). A crash between the two leaves both full and equal, and the
-    /// next start sees this store non-empty and only empties `legacy` again. Returns how many
-    /// entries moved.
-    pub fn migrate_from(&self, legacy: &RaftStore) -> Result<usize, Error> {
-        let entries = legacy.all()?;
-        if entries.is_empty() {
-            return Ok(0);
-        }
-        if self.is_empty()? {
-            self.write(entries.iter().map(|(k, v)| RaftWrite::Put(k.clone(), v.clone())).collect(), true)?;
-        }
-        legacy.write(entries.iter().map(|(k, _)| RaftWrite::Remove(k.clone())).collect(), true)?;
-        Ok(entries.len())
-    }
-
     /// The value at `key`.
     pub fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, Error> {
         Ok(self.keyspace.get(key)?.map(|value| value.to_vec()))
@@ -112,16 +94,6 @@ impl RaftStore {
     pub fn range(&self, from: &[u8], to: &[u8]) -> Result<Entries, Error> {
         let mut entries = Vec::new();
         for guard in self.keyspace.range(from.to_vec()..to.to_vec()) {
-            let (key, value) = guard.into_inner()?;
-            entries.push((key.to_vec(), value.to_vec()));
-        }
-        Ok(entries)
-    }
-
-    /// Every entry, in key order.
-    fn all(&self) -> Result<Entries, Error> {
-        let mut entries = Vec::new();
-        for guard in self.keyspace.iter() {
             let (key, value) = guard.into_inner()?;
             entries.push((key.to_vec(), value.to_vec()));
         }
@@ -174,8 +146,7 @@ mod tests {
     fn writes_survive_reopen_and_ranges_are_ordered() {
         let dir = tempfile::tempdir().unwrap();
         {
-            let db = TidalDb::open(dir.path(), EngineConfig::default()).unwrap();
-            let store = db.raft_store().unwrap();
+            let store = RaftStore::open_dir(&dir.path().join("raft")).unwrap();
             store
                 .write(
                     vec![
@@ -188,13 +159,13 @@ mod tests {
                 .unwrap();
             store.write(vec![RaftWrite::Remove(b"vote".to_vec())], true).unwrap();
         }
-        let db = TidalDb::open(dir.path(), EngineConfig::default()).unwrap();
-        let store = db.raft_store().unwrap();
+        let store = RaftStore::open_dir(&dir.path().join("raft")).unwrap();
         assert_eq!(store.get(b"vote").unwrap(), None);
         assert!(!store.is_empty().unwrap());
         let log = store.range(b"log/", b"log0").unwrap();
         assert_eq!(log.iter().map(|(_, v)| v.as_slice()).collect::<Vec<_>>(), [b"one", b"two"]);
-        // The control plane's keyspace is not log-derived state.
+        // The control plane's store is not log-derived state: the engine's digest ignores it.
+        let db = TidalDb::open(&dir.path().join("state"), EngineConfig::default()).unwrap();
         let before = db.digest().unwrap();
         store.write(vec![RaftWrite::Put(b"x".to_vec(), b"y".to_vec())], false).unwrap();
         assert_eq!(db.digest().unwrap(), before);
@@ -228,33 +199,5 @@ mod tests {
         assert_eq!(store.get(b"vote").unwrap().as_deref(), Some(&b"T3"[..]));
         failing.write(put(b"vote", b"T4"), false).unwrap();
         assert_eq!(store.fault(), None, "an injected failure does not poison fjall");
-    }
-
-    #[test]
-    fn own_database_survives_reopen_and_migration_moves_everything_once() {
-        let dir = tempfile::tempdir().unwrap();
-        let db = TidalDb::open(&dir.path().join("state"), EngineConfig::default()).unwrap();
-        let legacy = db.raft_store().unwrap();
-        let old = vec![
-            RaftWrite::Put(b"vote".to_vec(), b"T3-N2".to_vec()),
-            RaftWrite::Put(b"log/\x00\x01".to_vec(), b"one".to_vec()),
-        ];
-        legacy.write(old, true).unwrap();
-        {
-            let store = RaftStore::open_dir(&dir.path().join("raft")).unwrap();
-            assert!(store.is_empty().unwrap());
-            assert_eq!(store.migrate_from(&legacy).unwrap(), 2);
-            assert!(legacy.is_empty().unwrap(), "the legacy keyspace is emptied");
-            assert_eq!(store.migrate_from(&legacy).unwrap(), 0, "nothing moves twice");
-        }
-        // A crash after the copy but before the legacy keyspace was emptied: the copy is not
-        // overwritten by the stale legacy entries, and they are removed.
-        let store = RaftStore::open_dir(&dir.path().join("raft")).unwrap();
-        store.write(vec![RaftWrite::Put(b"vote".to_vec(), b"T4-N1".to_vec())], true).unwrap();
-        legacy.write(vec![RaftWrite::Put(b"vote".to_vec(), b"T3-N2".to_vec())], true).unwrap();
-        assert_eq!(store.migrate_from(&legacy).unwrap(), 1);
-        assert_eq!(store.get(b"vote").unwrap().as_deref(), Some(&b"T4-N1"[..]));
-        assert_eq!(store.get(b"log/\x00\x01").unwrap().as_deref(), Some(&b"one"[..]));
-        assert!(legacy.is_empty().unwrap());
     }
 }

@@ -121,7 +121,8 @@ pub struct ClusterMembership {
     pub join: bool,
 }
 
-pub(crate) fn parse_durability(mode: &str) -> anyhow::Result<tidal_cluster::Durability> {
+/// The durability a cluster file or `--durability` names: `quorum` or `leader`.
+pub fn parse_durability(mode: &str) -> anyhow::Result<tidal_cluster::Durability> {
     match mode {
         "quorum" => Ok(tidal_cluster::Durability::Quorum),
         "leader" => Ok(tidal_cluster::Durability::Leader),

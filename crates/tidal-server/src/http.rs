@@ -1,4 +1,5 @@
-//! The HTTP API (the contract in DESIGN.md), served by axum.
+//! The HTTP API, served by axum. [`ROUTES`] lists every route with who may call it and where it
+//! is served; the request and reply bodies are tidal-types' API models.
 //!
 //! Every handler validates its whole input before anything is submitted, so a 4xx means nothing was
 //! or will be written. Bodies are read with an explicit size limit and parsed by hand (not axum's
@@ -13,7 +14,7 @@ use axum::extract::{MatchedPath, Path, RawQuery, Request, State};
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post, put};
+use axum::routing::{MethodFilter, MethodRouter};
 use axum::{Extension, Json, Router};
 use serde::de::DeserializeOwned;
 use std::sync::Arc;
@@ -78,29 +79,197 @@ impl Forwarder {
     }
 }
 
-/// Headers a forwarded write keeps.
+/// Who may call a route.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Access {
+    /// Anyone, token or not: the probes a supervisor or load balancer polls.
+    Open,
+    /// A token with this scope (when the node has a token file; an open node lets everyone in).
+    Needs(Scope),
+}
+
+/// Where a route is served when the request reaches a follower.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Serve {
+    /// On the node it reaches: local reads, status, hard negatives (a CRDT outside the log).
+    Anywhere,
+    /// On the leader, a follower forwards it: log writes and the verbs only a leader performs.
+    Leader,
+    /// On the leader when asked with `consistency=linearizable` (ReadIndex), else anywhere.
+    LeaderIfLinearizable,
+    /// On the leader, which may take up to `catch_up_s` to answer (a learner catching up).
+    LeaderMemberChange,
+}
+
+impl Serve {
+    /// Whether a follower forwards a request with this query to the leader.
+    fn on_leader(self, query: Option<&str>) -> bool {
+        match self {
+            Serve::Anywhere => false,
+            Serve::Leader | Serve::LeaderMemberChange => true,
+            Serve::LeaderIfLinearizable => {
+                query.is_some_and(|q| q.split('&').any(|pair| pair == "consistency=linearizable"))
+            }
+        }
+    }
+}
+
+/// The handler of a route, for the methods given (axum's `on`).
+type Handler = fn(MethodFilter) -> MethodRouter<Arc<AppState>>;
+
+/// One route of the API: its methods, path, handler, who may call it and where it is served.
+pub struct Route {
+    /// The methods it answers (a `GET` route answers `HEAD` too).
+    pub methods: MethodFilter,
+    /// The axum path pattern.
+    pub path: &'static str,
+    handler: Handler,
+    /// Who may call it.
+    pub access: Access,
+    /// Where it is served.
+    pub serve: Serve,
+}
+
+/// Every method but `GET` and `HEAD`: what the not-yet-built routes treat as writes.
+const NOT_READS: MethodFilter = MethodFilter::CONNECT
+    .or(MethodFilter::DELETE)
+    .or(MethodFilter::OPTIONS)
+    .or(MethodFilter::PATCH)
+    .or(MethodFilter::POST)
+    .or(MethodFilter::PUT)
+    .or(MethodFilter::TRACE);
+
+/// A route-table entry; `handler` is a handler function of this module.
+macro_rules! route {
+    ($methods:expr, $path:literal, $handler:ident, $access:expr, $serve:expr) => {
+        Route {
+            methods: $methods,
+            path: $path,
+            handler: |methods| axum::routing::on(methods, $handler),
+            access: $access,
+            serve: $serve,
+        }
+    };
+}
+
+/// Every route of the API: the router and the authentication and forwarding middleware are all
+/// built from this table, so a route's policy is declared once, beside its handler.
+pub static ROUTES: &[Route] = {
+    use Serve::{Anywhere, Leader, LeaderIfLinearizable as LeaderIfAsked, LeaderMemberChange};
+    const READ: Access = Access::Needs(Scope::Read);
+    const WRITE: Access = Access::Needs(Scope::Write);
+    const ADMIN: Access = Access::Needs(Scope::Admin);
+    const GET: MethodFilter = MethodFilter::GET;
+    const PUT: MethodFilter = MethodFilter::PUT;
+    const POST: MethodFilter = MethodFilter::POST;
+    const DELETE: MethodFilter = MethodFilter::DELETE;
+    &[
+        route!(POST, "/v1/signals", post_signals, WRITE, Leader),
+        route!(PUT, "/v1/items/{id}", put_item, WRITE, Leader),
+        route!(GET, "/v1/items/{id}", get_item, READ, LeaderIfAsked),
+        route!(DELETE, "/v1/items/{id}", delete_item, WRITE, Leader),
+        route!(PUT, "/v1/items/{id}/embedding", put_embedding, WRITE, Leader),
+        route!(GET, "/v1/items/{id}/embedding", get_embedding, READ, LeaderIfAsked),
+        route!(GET, "/v1/items/{id}/similar", get_similar, READ, LeaderIfAsked),
+        route!(GET, "/v1/users/{user}/feed", get_feed, READ, LeaderIfAsked),
+        route!(GET, "/v1/trending", get_trending, READ, LeaderIfAsked),
+        route!(POST, "/v1/users/{user}/negatives", post_negative, WRITE, Anywhere),
+        route!(GET, "/v1/users/{user}/negatives", get_negatives, READ, Anywhere),
+        route!(DELETE, "/v1/users/{user}/negatives/{item}", delete_negative, WRITE, Anywhere),
+        route!(GET, "/v1/streams/{*rest}", not_implemented, READ, LeaderIfAsked),
+        route!(NOT_READS, "/v1/streams/{*rest}", not_implemented, WRITE, Leader),
+        route!(GET, "/v1/inboxes/{*rest}", not_implemented, READ, LeaderIfAsked),
+        route!(NOT_READS, "/v1/inboxes/{*rest}", not_implemented, WRITE, Leader),
+        route!(GET, "/cluster/status", get_status, ADMIN, Anywhere),
+        route!(GET, "/cluster/digest", get_digest, ADMIN, Anywhere),
+        route!(POST, "/cluster/heal", post_heal, ADMIN, Leader),
+        route!(POST, "/cluster/catchup", post_catchup, ADMIN, Anywhere),
+        route!(POST, "/cluster/promote", post_promote, ADMIN, Leader),
+        route!(POST, "/cluster/reconcile", post_reconcile, ADMIN, Anywhere),
+        route!(POST, "/cluster/members/{id}", post_member, ADMIN, LeaderMemberChange),
+        route!(DELETE, "/cluster/members/{id}", delete_member, ADMIN, LeaderMemberChange),
+        route!(GET, "/healthz", healthz, Access::Open, Anywhere),
+        route!(GET, "/readyz", readyz, Access::Open, Anywhere),
+        route!(GET, "/metrics", metrics, READ, Anywhere),
+    ]
+};
+
+impl Route {
+    /// Whether this route answers `method` (`HEAD` is answered by the `GET` handler).
+    fn answers(&self, method: &Method) -> bool {
+        let method = if method == Method::HEAD { Method::GET } else { method.clone() };
+        MethodFilter::try_from(method).is_ok_and(|filter| self.methods.or(filter) == self.methods)
+    }
+
+    /// The table's route for a request that axum matched to `path` (None: no route takes it).
+    fn find(method: &Method, path: Option<&str>) -> Option<&'static Route> {
+        let path = path?;
+        ROUTES.iter().find(|route| route.path == path && route.answers(method))
+    }
+}
+
+/// What the middleware applies to one request: its route's, or for a request no route takes (a
+/// 404 or 405 to come) a token with the scope its method implies, so a caller without one learns
+/// nothing of which routes exist; such a request is answered where it arrives.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Policy {
+    access: Access,
+    serve: Serve,
+}
+
+impl Policy {
+    fn of(method: &Method, matched: Option<&str>) -> Policy {
+        match Route::find(method, matched) {
+            Some(route) => Policy { access: route.access, serve: route.serve },
+            None if method == Method::GET || method == Method::HEAD => {
+                Policy { access: Access::Needs(Scope::Read), serve: Serve::Anywhere }
+            }
+            None => Policy { access: Access::Needs(Scope::Write), serve: Serve::Anywhere },
+        }
+    }
+}
+
+/// A router serving `ROUTES`, each with the handler `handler` gives it.
+fn table_router<S: Clone + Send + Sync + 'static>(
+    handler: impl Fn(&'static Route) -> MethodRouter<S>,
+) -> Router<S> {
+    ROUTES.iter().fold(Router::new(), |router, route| router.route(route.path, handler(route)))
+}
+
+/// Builds the router.
+pub fn router(state: Arc<AppState>) -> Router {
+    table_router(|route| (route.handler)(route.methods))
+        .fallback(fallback)
+        .layer(axum::middleware::from_fn_with_state(state.clone(), forward_to_leader))
+        .layer(axum::middleware::from_fn_with_state(state.clone(), authenticate))
+        .with_state(state)
+}
+
+/// Headers a forwarded request keeps.
 const FORWARDED_HEADERS: [&str; 3] = ["authorization", "idempotency-key", "content-type"];
 /// Headers of the leader's reply a forwarded request passes back.
 const REPLY_HEADERS: [&str; 2] = ["content-type", "tidal-applied-seqno"];
 
-async fn forward_writes(State(state): State<Arc<AppState>>, request: Request, next: Next) -> Response {
+/// On a follower that knows its leader, sends a request its route serves on the leader there,
+/// with the caller's own credential (there are no unauthenticated inter-node writes).
+async fn forward_to_leader(State(state): State<Arc<AppState>>, request: Request, next: Next) -> Response {
     let Some(leader_url) = state.forward.leader_url() else {
         return next.run(request).await;
     };
-    if !leader_only(request.method(), request.uri().path(), request.uri().query()) {
+    let serve = request.extensions().get::<Policy>().map_or(Serve::Anywhere, |policy| policy.serve);
+    if !serve.on_leader(request.uri().query()) {
         return next.run(request).await;
     }
     let path = request.uri().path();
     let url = format!("{leader_url}{}", request.uri().path_and_query().map_or(path, |pq| pq.as_str()));
     let method = request.method().clone();
     let headers = request.headers().clone();
-    let member_verb = path.starts_with("/cluster/members/");
     let body = match read_body(&state, request.into_body()).await {
         Ok(body) => body,
         Err(error) => return error.into_response(),
     };
     let mut forwarded = state.forward.http.request(method, &url).body(body);
-    if member_verb {
+    if serve == Serve::LeaderMemberChange {
         // The leader may wait for a learner to catch up (`catch_up_s`).
         forwarded = forwarded.timeout(Duration::from_secs(MEMBER_CATCH_UP_MAX_S + 60));
     }
@@ -110,26 +279,7 @@ async fn forward_writes(State(state): State<Arc<AppState>>, request: Request, ne
         }
     }
     match forwarded.send().await {
-        Ok(reply) => {
-            let status = reply.status();
-            let kept: Vec<_> = REPLY_HEADERS
-                .iter()
-                .filter_map(|name| reply.headers().get(*name).map(|value| (*name, value.clone())))
-                .collect();
-            match reply.bytes().await {
-                Ok(bytes) => {
-                    let mut response = (status, bytes).into_response();
-                    for (name, value) in kept {
-                        response.headers_mut().insert(name, value);
-                    }
-                    response
-                }
-                Err(error) => {
-                    ApiError::unavailable(ErrorCode::NotReady, format!("leader reply lost: {error}"))
-                        .into_response()
-                }
-            }
-        }
+        Ok(reply) => leader_reply(reply).await,
         Err(error) => ApiError::unavailable(
             ErrorCode::NotReady,
             format!("cannot reach the leader at {leader_url}: {error}"),
@@ -138,71 +288,39 @@ async fn forward_writes(State(state): State<Arc<AppState>>, request: Request, ne
     }
 }
 
-/// Whether a request must be served by the leader: log writes (hard negatives are not in the log),
-/// linearizable reads, and the verbs only a leader performs (`heal`, `promote`, `members`).
-fn leader_only(method: &Method, path: &str, query: Option<&str>) -> bool {
-    let read = method == Method::GET || method == Method::HEAD;
-    let v1 = path.starts_with("/v1/") && !path.contains("/negatives");
-    let linearizable = query.is_some_and(|q| q.split('&').any(|pair| pair == "consistency=linearizable"));
-    let leader_verb =
-        path == "/cluster/heal" || path == "/cluster/promote" || path.starts_with("/cluster/members/");
-    leader_verb || (v1 && (!read || linearizable))
+/// The leader's reply to a forwarded request, as this node's.
+async fn leader_reply(reply: reqwest::Response) -> Response {
+    let status = reply.status();
+    let kept: Vec<_> = REPLY_HEADERS
+        .iter()
+        .filter_map(|name| reply.headers().get(*name).map(|value| (*name, value.clone())))
+        .collect();
+    match reply.bytes().await {
+        Ok(bytes) => {
+            let mut response = (status, bytes).into_response();
+            for (name, value) in kept {
+                response.headers_mut().insert(name, value);
+            }
+            response
+        }
+        Err(error) => {
+            ApiError::unavailable(ErrorCode::NotReady, format!("leader reply lost: {error}")).into_response()
+        }
+    }
 }
 
 type AppResult<T> = Result<T, ApiError>;
 
-/// Builds the router.
-pub fn router(state: Arc<AppState>) -> Router {
-    Router::new()
-        .route("/v1/signals", post(post_signals))
-        .route("/v1/items/{id}", put(put_item).get(get_item).delete(delete_item))
-        .route("/v1/items/{id}/embedding", put(put_embedding).get(get_embedding))
-        .route("/v1/items/{id}/similar", get(get_similar))
-        .route("/v1/users/{user}/feed", get(get_feed))
-        .route("/v1/trending", get(get_trending))
-        .route("/v1/users/{user}/negatives", post(post_negative).get(get_negatives))
-        .route("/v1/users/{user}/negatives/{item}", axum::routing::delete(delete_negative))
-        .route("/v1/streams/{*rest}", axum::routing::any(not_implemented))
-        .route("/v1/inboxes/{*rest}", axum::routing::any(not_implemented))
-        .route("/cluster/status", get(get_status))
-        .route("/cluster/digest", get(get_digest))
-        .route("/cluster/heal", post(post_heal))
-        .route("/cluster/catchup", post(post_catchup))
-        .route("/cluster/promote", post(post_promote))
-        .route("/cluster/reconcile", post(post_reconcile))
-        .route("/cluster/members/{id}", post(post_member).delete(delete_member))
-        .route("/healthz", get(healthz))
-        .route("/readyz", get(readyz))
-        .route("/metrics", get(metrics))
-        .fallback(fallback)
-        .layer(axum::middleware::from_fn_with_state(state.clone(), forward_writes))
-        .layer(axum::middleware::from_fn_with_state(state.clone(), authenticate))
-        .with_state(state)
-}
-
-fn scope_for(method: &Method, path: &str) -> Option<Scope> {
-    if path == "/healthz" || path == "/readyz" {
-        None
-    } else if path.starts_with("/cluster/") {
-        Some(Scope::Admin)
-    } else if method == Method::GET || method == Method::HEAD {
-        Some(Scope::Read)
-    } else {
-        Some(Scope::Write)
-    }
-}
-
+/// Checks the caller's token against the route's access, records the request's metrics, and
+/// hands the route's policy on to [`forward_to_leader`].
 async fn authenticate(State(state): State<Arc<AppState>>, mut request: Request, next: Next) -> Response {
     let started = Instant::now();
     let method = request.method().clone();
-    let route = request
-        .extensions()
-        .get::<MatchedPath>()
-        .map(|path| path.as_str().to_string())
-        .unwrap_or_else(|| "unmatched".to_string());
-    let principal = match (&state.tokens, scope_for(&method, request.uri().path())) {
-        (None, _) | (_, None) => Ok(Principal::anonymous()),
-        (Some(tokens), Some(scope)) => {
+    let matched = request.extensions().get::<MatchedPath>().map(|path| path.as_str().to_string());
+    let policy = Policy::of(&method, matched.as_deref());
+    let principal = match (&state.tokens, policy.access) {
+        (None, _) | (_, Access::Open) => Ok(Principal::anonymous()),
+        (Some(tokens), Access::Needs(scope)) => {
             let header =
                 request.headers().get(axum::http::header::AUTHORIZATION).and_then(|v| v.to_str().ok());
             tokens.check(header, scope)
@@ -211,6 +329,7 @@ async fn authenticate(State(state): State<Arc<AppState>>, mut request: Request, 
     let response = match principal {
         Ok(principal) => {
             request.extensions_mut().insert(principal);
+            request.extensions_mut().insert(policy);
             next.run(request).await
         }
         Err(AuthError::Unauthorized) => ApiError::new(
@@ -224,12 +343,8 @@ async fn authenticate(State(state): State<Arc<AppState>>, mut request: Request, 
                 .into_response()
         }
     };
-    state.metrics.record(
-        method.as_str(),
-        &route,
-        response.status().as_u16(),
-        started.elapsed().as_secs_f64(),
-    );
+    let route = matched.as_deref().unwrap_or("unmatched");
+    state.metrics.record(method.as_str(), route, response.status().as_u16(), started.elapsed().as_secs_f64());
     response
 }
 
@@ -1320,4 +1435,116 @@ async fn not_implemented() -> ApiError {
 
 async fn fallback() -> ApiError {
     ApiError::not_found("no such route")
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use tower_service::Service as _;
+
+    /// Every method a route may name.
+    const METHODS: [Method; 9] = [
+        Method::CONNECT,
+        Method::DELETE,
+        Method::GET,
+        Method::HEAD,
+        Method::OPTIONS,
+        Method::PATCH,
+        Method::POST,
+        Method::PUT,
+        Method::TRACE,
+    ];
+
+    /// A concrete path the pattern matches.
+    fn concrete(pattern: &str) -> String {
+        pattern
+            .split('/')
+            .map(|part| if part.starts_with('{') { "1" } else { part })
+            .collect::<Vec<_>>()
+            .join("/")
+    }
+
+    fn index_of(route: &Route) -> usize {
+        ROUTES.iter().position(|other| std::ptr::eq(other, route)).unwrap()
+    }
+
+    #[test]
+    fn every_route_needs_a_scope_but_the_probes() {
+        for route in ROUTES {
+            let probe = route.path == "/healthz" || route.path == "/readyz";
+            match route.access {
+                Access::Open => assert!(probe, "{} is open to callers without a token", route.path),
+                Access::Needs(_) => assert!(!probe, "the probe {} must answer without a token", route.path),
+            }
+        }
+    }
+
+    #[test]
+    fn log_writes_and_leader_verbs_are_served_on_the_leader() {
+        for route in ROUTES {
+            let write = route.methods.or(MethodFilter::GET) != MethodFilter::GET;
+            let in_log = route.path.starts_with("/v1/") && !route.path.contains("/negatives");
+            if write && in_log {
+                assert_eq!(route.serve, Serve::Leader, "{}", route.path);
+            }
+        }
+        assert!(Serve::LeaderIfLinearizable.on_leader(Some("min_seqno=3&consistency=linearizable")));
+        assert!(!Serve::LeaderIfLinearizable.on_leader(Some("consistency=applied")));
+        assert!(!Serve::Anywhere.on_leader(Some("consistency=linearizable")));
+    }
+
+    /// The router built from the table answers each route's methods with that route's handler (and
+    /// the middleware's lookup finds that route), every other method of its path with 405, and any
+    /// other path with 404.
+    #[tokio::test]
+    async fn the_router_serves_exactly_the_table() {
+        let mut router = table_router(|route| {
+            let own = index_of(route);
+            axum::routing::on(route.methods, move |matched: MatchedPath, method: Method| async move {
+                let found = Route::find(&method, Some(matched.as_str())).map(index_of);
+                [("x-route", format!("{own} {found:?}"))]
+            })
+        });
+        for route in ROUTES {
+            for method in METHODS {
+                let expected =
+                    ROUTES.iter().position(|other| other.path == route.path && other.answers(&method));
+                let request = Request::builder()
+                    .method(&method)
+                    .uri(concrete(route.path))
+                    .body(axum::body::Body::empty())
+                    .unwrap();
+                let response = router.call(request).await.unwrap();
+                match expected {
+                    Some(index) => {
+                        assert_eq!(response.status(), StatusCode::OK, "{method} {}", route.path);
+                        let header = response.headers()["x-route"].to_str().unwrap().to_string();
+                        assert_eq!(header, format!("{index} Some({index})"), "{method} {}", route.path);
+                    }
+                    None => assert_eq!(
+                        response.status(),
+                        StatusCode::METHOD_NOT_ALLOWED,
+                        "{method} {}",
+                        route.path
+                    ),
+                }
+            }
+        }
+        let request = Request::builder().uri("/v2/nothing").body(axum::body::Body::empty()).unwrap();
+        assert_eq!(router.call(request).await.unwrap().status(), StatusCode::NOT_FOUND);
+    }
+
+    #[test]
+    fn a_request_no_route_takes_needs_the_scope_its_method_implies_and_is_answered_here() {
+        assert_eq!(
+            Policy::of(&Method::GET, None),
+            Policy { access: Access::Needs(Scope::Read), serve: Serve::Anywhere }
+        );
+        assert_eq!(
+            Policy::of(&Method::POST, Some("/v1/trending")),
+            Policy { access: Access::Needs(Scope::Write), serve: Serve::Anywhere }
+        );
+        assert_eq!(Policy::of(&Method::HEAD, Some("/healthz")).access, Access::Open);
+    }
 }

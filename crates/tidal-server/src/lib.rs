@@ -6,26 +6,19 @@
 //! - `node`: the WAL, the engine, the applier thread and the write path.
 //! - `http`: the axum router (the API contract).
 //! - `metrics`: Prometheus text.
-//! - `bench`: the `tidal bench` load generator.
-//! - `cluster_cmd`, `ops`: `tidal cluster up/down/failover-bench` and the operator verbs.
-//! - `gates`: `tidal gates`, the exit gates on a local cluster; `demo`: `tidal demo`, the guided tour.
+//! - `error`: the API's error replies.
 //!
-//! Library code takes its listener and shutdown signal from the caller (`run`), so tests and the
-//! simulation can drive it; only `main.rs` binds sockets from configuration and reads signals.
+//! This crate is the server only: the `tidal` binary and its tooling (bench, gates, demo, local
+//! clusters, operator verbs) are `tidal-cli`. It takes its listener and shutdown signal from the
+//! caller (`run`), so tests, the simulation and the binary's `tidal serve` all drive it the same way.
 #![deny(missing_docs)]
 
 pub mod auth;
-pub mod bench;
-mod bench_conn;
-pub mod cluster_cmd;
 pub mod config;
-pub mod demo;
 pub mod error;
-pub mod gates;
 pub mod http;
 pub mod metrics;
 pub mod node;
-pub mod ops;
 
 use anyhow::Context;
 use std::future::{Future, IntoFuture};
@@ -81,8 +74,30 @@ where
 {
     let tokens = config.token_file.as_deref().map(auth::Tokens::load).transpose()?;
     check_bind_policy(listener.local_addr()?, tokens.is_some(), config.insecure)?;
-    let open_config = config.clone();
-    let (node, replay) = tidal_cluster::blocking::blocking(move || node::Node::open(open_config))
+    let node = open_node(config.clone()).await?;
+    let replication = Replication::start(&node, rpc_listener).await?;
+    let forward = http::Forwarder::new(&node);
+    let state = Arc::new(http::AppState { node: node.clone(), tokens, metrics: Default::default(), forward });
+    let background = Background::start(&node);
+    tracing::info!(addr = %listener.local_addr()?, data_dir = %config.data_dir.display(), "serving");
+    let grace = Duration::from_millis(config.fatal_exit_grace_ms);
+    let served = serve_http(listener, http::router(state), node.fatal_state(), grace, shutdown).await;
+    background.stop().await;
+    if let Some(fatal) = node.fatal_state().get() {
+        return Err(stop_after_fatal(node, replication, fatal).await);
+    }
+    let fatal = stop(node, replication, &config.data_dir).await?;
+    served.context("HTTP server")?;
+    // A fault during the stop itself (the WAL's last fsync, say) is still one: exit non-zero.
+    match fatal {
+        Some(fatal) => Err(FatalExit(fatal).into()),
+        None => Ok(()),
+    }
+}
+
+/// Opens the node off the async workers (it replays the WAL) and logs what its replay did.
+async fn open_node(config: config::ServeConfig) -> anyhow::Result<Arc<node::Node>> {
+    let (node, replay) = tidal_cluster::blocking::blocking(move || node::Node::open(config))
         .await
         .context("open node task")??;
     if replay.batches > 0 {
@@ -92,48 +107,95 @@ where
             "startup replay"
         );
     }
-    let (rpc_stop, rpc_stopped) = tokio::sync::watch::channel(false);
-    let rpc_task = match (node.replica(), rpc_listener) {
-        (Some(replica), Some(rpc_listener)) => {
-            let service = Arc::new(tidal_cluster::ReplicaService(replica.clone()));
-            let secret = replica.spec().secret.clone();
-            tracing::info!(addr = %rpc_listener.local_addr()?, "serving replication RPCs");
-            let incoming = accepted_stream(rpc_listener, rpc_stopped.clone());
-            let mut stopped = rpc_stopped.clone();
-            let task = tokio::spawn(async move {
-                let until = async move {
-                    let _ = stopped.wait_for(|stop| *stop).await;
-                };
-                if let Err(error) = tidal_net::serve(service, &secret, incoming, until).await {
-                    tracing::error!("replication server failed: {error}");
-                }
-            });
-            if let Err(why) = replica.start().await {
-                let _ = rpc_stop.send(true);
-                let closing = node.clone();
-                tokio::task::spawn_blocking(tidal_types::activity::carry_awaiting_threads(move || {
-                    closing.shutdown()
-                }))
-                .await
-                .context("shutdown task")?;
-                anyhow::bail!("start the control plane: {why}");
+    Ok(node)
+}
+
+/// A cluster member's replication side: the RPC server on its listener (and the control plane,
+/// started by [`Replication::start`]); nothing on a single node.
+struct Replication {
+    stop: tokio::sync::watch::Sender<bool>,
+    task: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl Replication {
+    /// Serves replication RPCs on `rpc_listener` and starts the control plane. If that fails the
+    /// RPC server stops and the node shuts down before the error is returned.
+    async fn start<R>(node: &Arc<node::Node>, rpc_listener: Option<R>) -> anyhow::Result<Replication>
+    where
+        R: Listener<Addr = std::net::SocketAddr>,
+    {
+        let (stop, stopped) = tokio::sync::watch::channel(false);
+        let (replica, rpc_listener) = match (node.replica(), rpc_listener) {
+            (Some(replica), Some(rpc_listener)) => (replica, rpc_listener),
+            (Some(_), None) => anyhow::bail!("a cluster member needs an RPC listener"),
+            (None, _) => return Ok(Replication { stop, task: None }),
+        };
+        let service = Arc::new(tidal_cluster::ReplicaService(replica.clone()));
+        let secret = replica.spec().secret.clone();
+        tracing::info!(addr = %rpc_listener.local_addr()?, "serving replication RPCs");
+        let incoming = accepted_stream(rpc_listener, stopped.clone());
+        let mut until_stopped = stopped;
+        let task = tokio::spawn(async move {
+            let until = async move {
+                let _ = until_stopped.wait_for(|stop| *stop).await;
+            };
+            if let Err(error) = tidal_net::serve(service, &secret, incoming, until).await {
+                tracing::error!("replication server failed: {error}");
             }
-            Some(task)
+        });
+        if let Err(why) = replica.start().await {
+            let _ = stop.send(true);
+            let closing = node.clone();
+            tokio::task::spawn_blocking(tidal_types::activity::carry_awaiting_threads(move || {
+                closing.shutdown()
+            }))
+            .await
+            .context("shutdown task")?;
+            anyhow::bail!("start the control plane: {why}");
         }
-        (Some(_), None) => anyhow::bail!("a cluster member needs an RPC listener"),
-        (None, _) => None,
-    };
-    let forward = http::Forwarder::new(&node);
-    let state = Arc::new(http::AppState { node: node.clone(), tokens, metrics: Default::default(), forward });
-    let (checkpointer_stop, checkpointer_stopped) = tokio::sync::oneshot::channel();
-    let checkpointer = spawn_checkpointer(node.clone(), checkpointer_stopped);
-    let (watchdog_stop, watchdog_stopped) = tokio::sync::oneshot::channel();
-    let watchdog = spawn_fatal_watchdog(node.clone(), watchdog_stopped);
-    tracing::info!(addr = %listener.local_addr()?, data_dir = %config.data_dir.display(), "serving");
-    // The HTTP server stops at the caller's signal, or `fatal_exit_grace_ms` after a fatal fault
-    // (decisions/059: out of office at once, `/healthz` failing meanwhile).
-    let fatal = node.fatal_state().clone();
-    let grace = Duration::from_millis(config.fatal_exit_grace_ms);
+        Ok(Replication { stop, task: Some(task) })
+    }
+}
+
+/// The node's background tasks while it serves: the checkpointer and the fatal watchdog.
+struct Background {
+    checkpointer: (tokio::sync::oneshot::Sender<()>, tokio::task::JoinHandle<()>),
+    watchdog: (tokio::sync::oneshot::Sender<()>, tokio::task::JoinHandle<()>),
+}
+
+impl Background {
+    fn start(node: &Arc<node::Node>) -> Background {
+        let (checkpointer_stop, checkpointer_stopped) = tokio::sync::oneshot::channel();
+        let (watchdog_stop, watchdog_stopped) = tokio::sync::oneshot::channel();
+        Background {
+            checkpointer: (checkpointer_stop, spawn_checkpointer(node.clone(), checkpointer_stopped)),
+            watchdog: (watchdog_stop, spawn_fatal_watchdog(node.clone(), watchdog_stopped)),
+        }
+    }
+
+    /// Stopped, not aborted: an abort leaves a checkpoint in flight on its blocking thread, which
+    /// keeps the node (and its data dir) open past [`run_on`].
+    async fn stop(self) {
+        for (stop, task) in [self.checkpointer, self.watchdog] {
+            let _ = stop.send(());
+            let _ = task.await;
+        }
+    }
+}
+
+/// Serves HTTP until the caller's `shutdown`, or `grace` after a fatal fault (decisions/059: out
+/// of office at once, `/healthz` failing meanwhile). After a fatal fault the connections get a
+/// bounded drain: the node exits whatever they do.
+async fn serve_http<H>(
+    listener: H,
+    router: axum::Router,
+    fatal: &tidal_cluster::Fatal,
+    grace: Duration,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()>
+where
+    H: Listener<Addr = std::net::SocketAddr>,
+{
     let stop_serving = {
         let fatal = fatal.clone();
         async move {
@@ -146,34 +208,33 @@ where
             }
         }
     };
-    let serving =
-        axum::serve(listener, http::router(state)).with_graceful_shutdown(stop_serving).into_future();
-    // After a fatal fault the connections get a bounded drain: the node exits whatever they do.
+    let serving = axum::serve(listener, router).with_graceful_shutdown(stop_serving).into_future();
     let drain_deadline = async {
         let _ = fatal.raised().await;
         tokio::time::sleep(grace + FATAL_HTTP_DRAIN).await;
     };
-    let served = tokio::select! {
+    tokio::select! {
         served = serving => served,
         () = drain_deadline => {
             tracing::warn!("HTTP connections still open {FATAL_HTTP_DRAIN:?} into the stop after a fatal fault; closing them");
             Ok(())
         }
-    };
-    // Stopped, not aborted: an abort leaves a checkpoint in flight on its blocking thread, which
-    // keeps the node (and its data dir) open past this function.
-    let _ = checkpointer_stop.send(());
-    let _ = checkpointer.await;
-    let _ = watchdog_stop.send(());
-    let _ = watchdog.await;
-    if let Some(fatal) = fatal.get() {
-        return Err(stop_after_fatal(node, rpc_stop, rpc_task, fatal).await);
     }
+}
+
+/// The clean stop: the control plane and the RPC server stop, the WAL drains, the engine
+/// checkpoints, and the node is waited for until its data dir is free. Returns a fatal fault the
+/// stop itself raised.
+async fn stop(
+    node: Arc<node::Node>,
+    replication: Replication,
+    data_dir: &std::path::Path,
+) -> anyhow::Result<Option<tidal_cluster::FatalReason>> {
     if let Some(replica) = node.replica() {
         replica.stop().await;
     }
-    let _ = rpc_stop.send(true);
-    if let Some(task) = rpc_task {
+    let _ = replication.stop.send(true);
+    if let Some(task) = replication.task {
         let _ = task.await;
     }
     tracing::info!("shutting down: draining the WAL writer");
@@ -185,14 +246,9 @@ where
     let fatal = node.fatal_state().get();
     drop(node);
     if let Some(release) = release {
-        wait_for_release(release, &config.data_dir).await;
+        wait_for_release(release, data_dir).await;
     }
-    served.context("HTTP server")?;
-    // A fault during the stop itself (the WAL's last fsync, say) is still one: exit non-zero.
-    match fatal {
-        Some(fatal) => Err(FatalExit(fatal).into()),
-        None => Ok(()),
-    }
+    Ok(fatal)
 }
 
 /// How often the watchdog asks the sources no event reports (the engine's flusher, fjall's
@@ -218,8 +274,7 @@ pub const FATAL_EXIT_CODE: i32 = 3;
 /// the engine, each step bounded. The node is not waited for (the process exits).
 async fn stop_after_fatal(
     node: Arc<node::Node>,
-    rpc_stop: tokio::sync::watch::Sender<bool>,
-    rpc_task: Option<tokio::task::JoinHandle<()>>,
+    replication: Replication,
     fatal: tidal_cluster::FatalReason,
 ) -> anyhow::Error {
     if let Some(replica) = node.replica() {
@@ -227,8 +282,8 @@ async fn stop_after_fatal(
             tracing::warn!("the control plane did not stop within {FATAL_STOP_STEP:?}");
         }
     }
-    let _ = rpc_stop.send(true);
-    if let Some(task) = rpc_task {
+    let _ = replication.stop.send(true);
+    if let Some(task) = replication.task {
         if tokio::time::timeout(FATAL_STOP_STEP, task).await.is_err() {
             tracing::warn!("the replication server did not stop within {FATAL_STOP_STEP:?}");
         }

@@ -203,7 +203,7 @@ pub async fn reconcile(args: VerbArgs, dry_run: bool) -> anyhow::Result<()> {
 }
 
 fn local_clients(dir: &Path) -> anyhow::Result<Vec<(u64, Client)>> {
-    let membership = crate::config::load_cluster(&dir.join("cluster.toml"), 1).with_context(|| {
+    let membership = tidal_server::config::load_cluster(&dir.join("cluster.toml"), 1).with_context(|| {
         format!("no local cluster in {} (run `tidal cluster up --dir` first)", dir.display())
     })?;
     Ok(membership
@@ -330,7 +330,7 @@ pub async fn failover_bench(dir: &Path, rounds: u32) -> anyhow::Result<()> {
 /// round, in round order; `say` gets one line per round.
 pub async fn failover_rounds(dir: &Path, rounds: u32, say: impl Fn(String)) -> anyhow::Result<Vec<Duration>> {
     anyhow::ensure!((1..=100).contains(&rounds), "rounds must be 1..=100");
-    let membership = crate::config::load_cluster(&dir.join("cluster.toml"), 1).with_context(|| {
+    let membership = tidal_server::config::load_cluster(&dir.join("cluster.toml"), 1).with_context(|| {
         format!("no local cluster in {} (run `tidal cluster up --dir` first)", dir.display())
     })?;
     let nodes = membership.spec.nodes.clone();

@@ -274,21 +274,7 @@ async fn replication_lag(args: &GatesArgs, nodes: &[(u64, String)]) -> anyhow::R
     let leader = leader_url(nodes, Duration::from_secs(30)).await?;
     let followers: Vec<String> =
         nodes.iter().filter(|(_, url)| *url != leader).map(|(_, url)| url.clone()).collect();
-    eprintln!(
-        "gates: replication-lag: maximum rate probe, {} s of 64 concurrent item writes",
-        args.rate_seconds
-    );
-    let probe = bench::measure(&BenchArgs {
-        url: leader.clone(),
-        workload: Workload::Items,
-        concurrency: 64,
-        seconds: args.rate_seconds,
-        id_base: RATE_PROBE_ID_BASE,
-        quiet: true,
-        ..Default::default()
-    })
-    .await?;
-    anyhow::ensure!(probe.errors == 0, "{} errors during the rate probe", probe.errors);
+    let probe = max_rate_probe(args, &leader).await?;
     let max_rate = probe.acked_per_second();
     let half_rate = (max_rate / 2.0).round().max(1.0) as u64;
     // Samples taken while the nodes still applied or flushed the probe's writes would measure the
@@ -302,12 +288,68 @@ async fn replication_lag(args: &GatesArgs, nodes: &[(u64, String)]) -> anyhow::R
         settled.as_secs_f64(),
         args.lag_samples
     );
+    let (load, lag) = lag_under_load(args, &leader, followers, half_rate).await?;
+    let values = vec![
+        value("max_rate", format!("{max_rate:.0}")),
+        value("max_rate_p50_ms", format!("{:.3}", probe.p50_ms)),
+        value("max_rate_p99_ms", format!("{:.3}", probe.p99_ms)),
+        value("settle_seconds", format!("{:.3}", settled.as_secs_f64())),
+        value("load_rate", format!("{:.0}", load.acked_per_second())),
+        value("load_errors", load.errors),
+        value("samples", lag.requests),
+        value("p50_ms", format!("{:.3}", lag.p50_ms)),
+        value("p99_ms", format!("{:.3}", lag.p99_ms)),
+        value("max_ms", format!("{:.3}", lag.max_ms)),
+        value("first_follower_p50_ms", format!("{:.3}", lag.first_p50_ms)),
+        value("first_follower_p99_ms", format!("{:.3}", lag.first_p99_ms)),
+    ];
+    let ours = format!(
+        "p99 {:.2} ms (p50 {:.2}; first follower p99 {:.2}) over {} writes at {:.0} writes/s (max {max_rate:.0}/s)",
+        lag.p99_ms,
+        lag.p50_ms,
+        lag.first_p99_ms,
+        lag.requests,
+        load.acked_per_second()
+    );
+    Ok(against_redis(args, lag.p99_ms, ours, values).await)
+}
+
+/// The most item writes per second the leader acknowledges: `--rate-seconds` of 64 concurrent
+/// writers, unpaced.
+async fn max_rate_probe(args: &GatesArgs, leader: &str) -> anyhow::Result<bench::Summary> {
+    eprintln!(
+        "gates: replication-lag: maximum rate probe, {} s of 64 concurrent item writes",
+        args.rate_seconds
+    );
+    let probe = bench::measure(&BenchArgs {
+        url: leader.to_string(),
+        workload: Workload::Items,
+        concurrency: 64,
+        seconds: args.rate_seconds,
+        id_base: RATE_PROBE_ID_BASE,
+        quiet: true,
+        ..Default::default()
+    })
+    .await?;
+    anyhow::ensure!(probe.errors == 0, "{} errors during the rate probe", probe.errors);
+    Ok(probe)
+}
+
+/// The lag samples (ack on the leader to visible on every follower) taken under a paced load of
+/// `rate` item writes per second: the load's summary and the samples'.
+async fn lag_under_load(
+    args: &GatesArgs,
+    leader: &str,
+    followers: Vec<String>,
+    rate: u64,
+) -> anyhow::Result<(bench::Summary, bench::Summary)> {
+    let leader = leader.to_string();
     let load = BenchArgs {
         url: leader.clone(),
         workload: Workload::Items,
         concurrency: 64,
         seconds: args.lag_seconds,
-        rate: half_rate,
+        rate,
         id_base: LAG_LOAD_ID_BASE,
         quiet: true,
         ..Default::default()
@@ -334,34 +376,24 @@ async fn replication_lag(args: &GatesArgs, nodes: &[(u64, String)]) -> anyhow::R
         lag.errors,
         lag.requests
     );
-    let mut values = vec![
-        value("max_rate", format!("{max_rate:.0}")),
-        value("max_rate_p50_ms", format!("{:.3}", probe.p50_ms)),
-        value("max_rate_p99_ms", format!("{:.3}", probe.p99_ms)),
-        value("settle_seconds", format!("{:.3}", settled.as_secs_f64())),
-        value("load_rate", format!("{:.0}", load.acked_per_second())),
-        value("load_errors", load.errors),
-        value("samples", lag.requests),
-        value("p50_ms", format!("{:.3}", lag.p50_ms)),
-        value("p99_ms", format!("{:.3}", lag.p99_ms)),
-        value("max_ms", format!("{:.3}", lag.max_ms)),
-        value("first_follower_p50_ms", format!("{:.3}", lag.first_p50_ms)),
-        value("first_follower_p99_ms", format!("{:.3}", lag.first_p99_ms)),
-    ];
-    let ours = format!(
-        "p99 {:.2} ms (p50 {:.2}; first follower p99 {:.2}) over {} writes at {:.0} writes/s (max {max_rate:.0}/s)",
-        lag.p99_ms,
-        lag.p50_ms,
-        lag.first_p99_ms,
-        lag.requests,
-        load.acked_per_second()
-    );
+    Ok((load, lag))
+}
+
+/// The replication-lag verdict: our p99 (`p99_ms`, described by `ours`) against the Redis
+/// anchor's, measured now from a writable copy of the peer scripts; a FAIL that says why when
+/// Redis cannot be measured.
+async fn against_redis(
+    args: &GatesArgs,
+    p99_ms: f64,
+    ours: String,
+    mut values: Vec<(String, String)>,
+) -> Verdict {
     let goal = "p99 below the Redis anchor's p99 in the same run".to_string();
     let redis = match &args.anchors {
         Some(anchors) => redis_lag(anchors, &args.anchors_work).await,
         None => Err(anyhow::anyhow!("no anchors folder given (--anchors or GATE_ANCHORS)")),
     };
-    Ok(match redis {
+    match redis {
         Ok(redis) => {
             values.extend([
                 value("redis_p50_ms", format!("{:.3}", redis.p50_ms)),
@@ -375,7 +407,7 @@ async fn replication_lag(args: &GatesArgs, nodes: &[(u64, String)]) -> anyhow::R
                     redis.p99_ms, redis.p50_ms, redis.load_cmds_per_s
                 ),
                 goal,
-                pass: lag.p99_ms < redis.p99_ms,
+                pass: p99_ms < redis.p99_ms,
                 values,
             }
         }
@@ -389,7 +421,7 @@ async fn replication_lag(args: &GatesArgs, nodes: &[(u64, String)]) -> anyhow::R
                 values,
             }
         }
-    })
+    }
 }
 
 /// Runs `bench::measure(args)` on a current-thread runtime in a thread of its own, so that its
@@ -535,28 +567,7 @@ async fn heal(args: &GatesArgs, dir: &Path, nodes: &[(u64, String)], goal: &str)
     let follower_client = Client::new(follower_url.clone(), None);
     let quarantine_before = follower_client.status().await.context("follower status")?.quarantine_files;
     let heal_calls_before = heal_calls(&leader_url).await?;
-    let pid = cluster_cmd::kill_node(dir, follower)?;
-    let down_since = Instant::now();
-    let rate = (args.heal_items as f64 / args.down_seconds.max(1) as f64).ceil().max(1.0) as u64;
-    eprintln!(
-        "gates: heal-100k: follower n{follower} (pid {pid}) SIGKILLed; writing {} items on the leader at up to {rate}/s for {} s",
-        args.heal_items, args.down_seconds
-    );
-    let load = bench::measure(&BenchArgs {
-        url: leader_url.clone(),
-        workload: if args.heal_embeddings { Workload::Embeddings } else { Workload::Items },
-        concurrency: 32,
-        // The paced schedule ends after down_seconds; the bound leaves room for a slower leader.
-        seconds: args.down_seconds + 1800,
-        requests_max: args.heal_items,
-        rate,
-        id_base: HEAL_ID_BASE,
-        quiet: true,
-        ..Default::default()
-    })
-    .await?;
-    anyhow::ensure!(load.errors == 0, "{} of {} item writes failed", load.errors, load.requests);
-    let down_for = down_since.elapsed();
+    let (load, down_for) = write_while_down(args, dir, &leader_url, follower).await?;
     let target = leader.status().await.context("leader status")?.commit_seqno;
     // On this one machine the other two nodes share the cores the follower catches up on: let them
     // finish applying and flushing what was just written first (with the follower down for minutes
@@ -573,11 +584,81 @@ async fn heal(args: &GatesArgs, dir: &Path, nodes: &[(u64, String)], goal: &str)
         load.acked_per_second(),
         down_for.as_secs_f64()
     );
+    let (converged, pull_seen) =
+        wait_caught_up(&leader, &follower_client, follower, target, restarted).await?;
+    let (digests_equal, at) = digests_agree(&leader, &follower_client, Duration::from_secs(60)).await?;
+    let metrics = crate::bench::fetch_metrics(&follower_url, None).await?;
+    let quarantined =
+        follower_client.status().await.context("follower status")?.quarantine_files - quarantine_before;
+    let run = HealRun {
+        items: load.requests - load.errors,
+        embeddings: args.heal_embeddings,
+        write_rate: load.acked_per_second(),
+        down_for,
+        settled,
+        seconds: converged.as_secs_f64(),
+        installs: metric(&metrics, "tidal_snapshot_installs_total").unwrap_or(f64::NAN),
+        install_failures: metric(&metrics, "tidal_snapshot_install_failures_total").unwrap_or(f64::NAN),
+        wal_batches: metric(&metrics, "tidal_wal_batches_total").unwrap_or(0.0),
+        // The restarted process counts from zero: what its WAL took in is what it caught up on.
+        wal_bytes: metric(&metrics, "tidal_wal_bytes_total").unwrap_or(0.0),
+        pulled_bytes: metric(&metrics, "tidal_pull_bytes_total").unwrap_or(0.0),
+        pull_seconds: metric(&metrics, "tidal_pull_seconds_total").unwrap_or(0.0),
+        heal_calls: heal_calls(&leader_url).await? - heal_calls_before,
+        quarantined,
+        digests_equal,
+        at,
+        pull_seen,
+    };
+    Ok(run.verdict(goal))
+}
+
+/// The heal gate's down window: the follower SIGKILLed, then `--heal-items` written on the leader,
+/// paced over `--down-seconds`. Returns the load's summary and how long the follower was down.
+async fn write_while_down(
+    args: &GatesArgs,
+    dir: &Path,
+    leader_url: &str,
+    follower: u64,
+) -> anyhow::Result<(bench::Summary, Duration)> {
+    let pid = cluster_cmd::kill_node(dir, follower)?;
+    let down_since = Instant::now();
+    let rate = (args.heal_items as f64 / args.down_seconds.max(1) as f64).ceil().max(1.0) as u64;
+    eprintln!(
+        "gates: heal-100k: follower n{follower} (pid {pid}) SIGKILLed; writing {} items on the leader at up to {rate}/s for {} s",
+        args.heal_items, args.down_seconds
+    );
+    let load = bench::measure(&BenchArgs {
+        url: leader_url.to_string(),
+        workload: if args.heal_embeddings { Workload::Embeddings } else { Workload::Items },
+        concurrency: 32,
+        // The paced schedule ends after down_seconds; the bound leaves room for a slower leader.
+        seconds: args.down_seconds + 1800,
+        requests_max: args.heal_items,
+        rate,
+        id_base: HEAL_ID_BASE,
+        quiet: true,
+        ..Default::default()
+    })
+    .await?;
+    anyhow::ensure!(load.errors == 0, "{} of {} item writes failed", load.errors, load.requests);
+    Ok((load, down_since.elapsed()))
+}
+
+/// Polls until the restarted follower has applied `target`: how long that took since `restarted`,
+/// and whether the leader was seen reporting it pulling.
+async fn wait_caught_up(
+    leader: &Client,
+    follower_client: &Client,
+    follower: u64,
+    target: u64,
+    restarted: Instant,
+) -> anyhow::Result<(Duration, bool)> {
     let mut pull_seen = false;
-    let converged = loop {
+    loop {
         if let Ok(status) = follower_client.status().await {
             if status.applied_seqno >= target {
-                break restarted.elapsed();
+                return Ok((restarted.elapsed(), pull_seen));
             }
         }
         if let Ok(status) = leader.status().await {
@@ -588,62 +669,80 @@ async fn heal(args: &GatesArgs, dir: &Path, nodes: &[(u64, String)], goal: &str)
             "follower n{follower} did not reach seqno {target} within {HEAL_CONVERGE_TIMEOUT:?}"
         );
         tokio::time::sleep(POLL_INTERVAL).await;
-    };
-    let (digests_equal, at) = digests_agree(&leader, &follower_client, Duration::from_secs(60)).await?;
-    let metrics = crate::bench::fetch_metrics(&follower_url, None).await?;
-    let installs = metric(&metrics, "tidal_snapshot_installs_total").unwrap_or(f64::NAN);
-    let install_failures = metric(&metrics, "tidal_snapshot_install_failures_total").unwrap_or(f64::NAN);
-    let wal_batches = metric(&metrics, "tidal_wal_batches_total").unwrap_or(0.0);
-    // The restarted process counts from zero: what its WAL took in is what it caught up on.
-    let wal_bytes = metric(&metrics, "tidal_wal_bytes_total").unwrap_or(0.0);
-    let pulled_bytes = metric(&metrics, "tidal_pull_bytes_total").unwrap_or(0.0);
-    let pull_seconds = metric(&metrics, "tidal_pull_seconds_total").unwrap_or(0.0);
-    let heal_calls = heal_calls(&leader_url).await? - heal_calls_before;
-    let quarantined =
-        follower_client.status().await.context("follower status")?.quarantine_files - quarantine_before;
-    let items = load.requests - load.errors;
-    let seconds = converged.as_secs_f64();
-    let pass = digests_equal
-        && installs == 0.0
-        && install_failures == 0.0
-        && heal_calls == 0.0
-        && quarantined == 0
-        && wal_batches >= items as f64;
-    Ok(Verdict {
-        name: "heal-100k",
-        figure: format!(
-            "{items} {} missed over {:.0} s down; restart -> caught up in {seconds:.2} s ({:.0} items/s, {:.1} MB/s of WAL; \
-             of it the pulls {pull_seconds:.2} s, {:.1} MB/s to durable; the other nodes settled {:.2} s before the restart), \
-             {wal_batches:.0} batches through the follower's WAL, {installs} snapshot installs, {heal_calls} heal calls, \
-             {quarantined} quarantine files, digests {} at seqno {at}, pull {}",
-            if args.heal_embeddings { "embeddings" } else { "items" },
-            down_for.as_secs_f64(),
-            items as f64 / seconds.max(1e-9),
-            wal_bytes / 1e6 / seconds.max(1e-9),
-            pulled_bytes / 1e6 / pull_seconds.max(1e-9),
-            settled.as_secs_f64(),
-            if digests_equal { "equal" } else { "DIFFERENT" },
-            if pull_seen { "seen" } else { "not seen by the poll" }
-        ),
-        goal: goal.into(),
-        pass,
-        values: vec![
-            value("items", items),
-            value("down_seconds", format!("{:.1}", down_for.as_secs_f64())),
-            value("write_rate", format!("{:.0}", load.acked_per_second())),
-            value("catchup_seconds", format!("{seconds:.3}")),
-            value("items_per_s", format!("{:.0}", items as f64 / seconds.max(1e-9))),
-            value("catchup_wal_bytes", format!("{wal_bytes:.0}")),
-            value("catchup_mb_per_s", format!("{:.1}", wal_bytes / 1e6 / seconds.max(1e-9))),
-            value("pull_seconds", format!("{pull_seconds:.3}")),
-            value("pull_mb_per_s", format!("{:.1}", pulled_bytes / 1e6 / pull_seconds.max(1e-9))),
-            value("settle_seconds", format!("{:.3}", settled.as_secs_f64())),
-            value("snapshot_installs", installs),
-            value("heal_calls", heal_calls),
-            value("wal_batches", wal_batches),
-            value("digests_equal", digests_equal),
-        ],
-    })
+    }
+}
+
+/// What one heal-100k run measured.
+struct HealRun {
+    items: u64,
+    embeddings: bool,
+    write_rate: f64,
+    down_for: Duration,
+    /// How long the other nodes took to settle before the restart.
+    settled: Duration,
+    /// From the restart until the follower applied the leader's commit seqno.
+    seconds: f64,
+    installs: f64,
+    install_failures: f64,
+    wal_batches: f64,
+    wal_bytes: f64,
+    pulled_bytes: f64,
+    pull_seconds: f64,
+    heal_calls: f64,
+    quarantined: u64,
+    digests_equal: bool,
+    at: u64,
+    pull_seen: bool,
+}
+
+impl HealRun {
+    /// PASS when the follower caught up from the log alone (no snapshot install, no heal call, no
+    /// quarantine; every missed write through its WAL) to a digest equal to the leader's.
+    fn verdict(&self, goal: &str) -> Verdict {
+        let Self { items, seconds, installs, heal_calls, quarantined, wal_batches, wal_bytes, .. } = *self;
+        let (pulled_bytes, pull_seconds, at) = (self.pulled_bytes, self.pull_seconds, self.at);
+        let pass = self.digests_equal
+            && installs == 0.0
+            && self.install_failures == 0.0
+            && heal_calls == 0.0
+            && quarantined == 0
+            && wal_batches >= items as f64;
+        Verdict {
+            name: "heal-100k",
+            figure: format!(
+                "{items} {} missed over {:.0} s down; restart -> caught up in {seconds:.2} s ({:.0} items/s, {:.1} MB/s of WAL; \
+                 of it the pulls {pull_seconds:.2} s, {:.1} MB/s to durable; the other nodes settled {:.2} s before the restart), \
+                 {wal_batches:.0} batches through the follower's WAL, {installs} snapshot installs, {heal_calls} heal calls, \
+                 {quarantined} quarantine files, digests {} at seqno {at}, pull {}",
+                if self.embeddings { "embeddings" } else { "items" },
+                self.down_for.as_secs_f64(),
+                items as f64 / seconds.max(1e-9),
+                wal_bytes / 1e6 / seconds.max(1e-9),
+                pulled_bytes / 1e6 / pull_seconds.max(1e-9),
+                self.settled.as_secs_f64(),
+                if self.digests_equal { "equal" } else { "DIFFERENT" },
+                if self.pull_seen { "seen" } else { "not seen by the poll" }
+            ),
+            goal: goal.into(),
+            pass,
+            values: vec![
+                value("items", items),
+                value("down_seconds", format!("{:.1}", self.down_for.as_secs_f64())),
+                value("write_rate", format!("{:.0}", self.write_rate)),
+                value("catchup_seconds", format!("{seconds:.3}")),
+                value("items_per_s", format!("{:.0}", items as f64 / seconds.max(1e-9))),
+                value("catchup_wal_bytes", format!("{wal_bytes:.0}")),
+                value("catchup_mb_per_s", format!("{:.1}", wal_bytes / 1e6 / seconds.max(1e-9))),
+                value("pull_seconds", format!("{pull_seconds:.3}")),
+                value("pull_mb_per_s", format!("{:.1}", pulled_bytes / 1e6 / pull_seconds.max(1e-9))),
+                value("settle_seconds", format!("{:.3}", self.settled.as_secs_f64())),
+                value("snapshot_installs", installs),
+                value("heal_calls", heal_calls),
+                value("wal_batches", wal_batches),
+                value("digests_equal", self.digests_equal),
+            ],
+        }
+    }
 }
 
 /// Polls `urls` until every node has applied `target` and has no engine flush in flight; returns

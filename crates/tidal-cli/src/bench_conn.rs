@@ -10,7 +10,7 @@
 //! and reconnects after a failure.
 
 use anyhow::Context;
-use axum::body::Bytes;
+use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper::client::conn::http1::{Connection, SendRequest};
 use hyper::header::{HeaderValue, AUTHORIZATION, CONTENT_TYPE, HOST};

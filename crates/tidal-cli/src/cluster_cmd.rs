@@ -106,8 +106,8 @@ pub async fn run(command: ClusterCommand) -> anyhow::Result<()> {
 fn write_cluster_file(nodes: u64, dir: &Path, port_base: u16, durability: &str) -> anyhow::Result<PathBuf> {
     let path = dir.join("cluster.toml");
     if path.exists() {
-        let existing = crate::config::load_cluster(&path, 1)?;
-        let asked = crate::config::parse_durability(durability)?;
+        let existing = tidal_server::config::load_cluster(&path, 1)?;
+        let asked = tidal_server::config::parse_durability(durability)?;
         anyhow::ensure!(
             existing.spec.durability == asked,
             "{} says durability {}, not {durability}: edit it (every node reads it at start) or use a new --dir",
@@ -116,7 +116,7 @@ fn write_cluster_file(nodes: u64, dir: &Path, port_base: u16, durability: &str) 
         );
         return Ok(path);
     }
-    crate::config::parse_durability(durability)?;
+    tidal_server::config::parse_durability(durability)?;
     anyhow::ensure!((1..=9).contains(&nodes), "a local cluster has 1..=9 nodes");
     let secret_path = dir.join("secret");
     let mut random = [0u8; 24];
@@ -196,7 +196,7 @@ pub async fn start(
     nodes: u64,
     dir: &Path,
     port_base: u16,
-) -> anyhow::Result<(crate::config::ClusterMembership, Vec<(String, Option<u32>)>)> {
+) -> anyhow::Result<(tidal_server::config::ClusterMembership, Vec<(String, Option<u32>)>)> {
     start_with(nodes, dir, port_base, "quorum").await
 }
 
@@ -206,11 +206,11 @@ async fn start_with(
     dir: &Path,
     port_base: u16,
     durability: &str,
-) -> anyhow::Result<(crate::config::ClusterMembership, Vec<(String, Option<u32>)>)> {
+) -> anyhow::Result<(tidal_server::config::ClusterMembership, Vec<(String, Option<u32>)>)> {
     anyhow::ensure!((1024..=65_000).contains(&port_base), "port base must be 1024..=65000");
     std::fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))?;
     let cluster_file = write_cluster_file(nodes, dir, port_base, durability)?;
-    let membership = crate::config::load_cluster(&cluster_file, 1)?;
+    let membership = tidal_server::config::load_cluster(&cluster_file, 1)?;
     let mut started = Vec::new();
     for node in &membership.spec.nodes {
         let name = format!("n{}", node.id.0);
@@ -245,7 +245,10 @@ pub fn free_port_base(preferred: u16, nodes: u16) -> anyhow::Result<u16> {
 const ADD_NODE_CATCH_UP_S: u64 = 600;
 
 /// A running member's HTTP address (the first that answers), to send a verb to.
-async fn live_member(membership: &crate::config::ClusterMembership, except: u64) -> anyhow::Result<String> {
+async fn live_member(
+    membership: &tidal_server::config::ClusterMembership,
+    except: u64,
+) -> anyhow::Result<String> {
     let client = reqwest::Client::builder().timeout(Duration::from_secs(2)).build()?;
     for node in membership.spec.nodes.iter().filter(|node| node.id.0 != except) {
         if client
@@ -262,7 +265,7 @@ async fn live_member(membership: &crate::config::ClusterMembership, except: u64)
 
 async fn add_node(dir: &Path, dry_run: bool) -> anyhow::Result<()> {
     let cluster_file = dir.join("cluster.toml");
-    let membership = crate::config::load_cluster(&cluster_file, 1)
+    let membership = tidal_server::config::load_cluster(&cluster_file, 1)
         .with_context(|| format!("no local cluster in {} (run `tidal cluster up` first)", dir.display()))?;
     let id = membership.spec.nodes.iter().map(|node| node.id.0).max().unwrap_or(0) + 1;
     anyhow::ensure!(id <= 9, "a local cluster has at most 9 nodes");
@@ -301,7 +304,7 @@ async fn add_node(dir: &Path, dry_run: bool) -> anyhow::Result<()> {
 
 async fn remove_node(dir: &Path, id: u64, dry_run: bool) -> anyhow::Result<()> {
     let cluster_file = dir.join("cluster.toml");
-    let membership = crate::config::load_cluster(&cluster_file, 1)
+    let membership = tidal_server::config::load_cluster(&cluster_file, 1)
         .with_context(|| format!("no local cluster in {} (run `tidal cluster up` first)", dir.display()))?;
     let url = live_member(&membership, id).await?;
     let verb = crate::ops::VerbArgs { url, token: None };
@@ -509,7 +512,7 @@ mod tests {
     fn a_new_cluster_file_takes_the_asked_durability_and_an_existing_one_must_agree() {
         let dir = tempfile::tempdir().unwrap();
         let path = write_cluster_file(3, dir.path(), 7070, "leader").unwrap();
-        let membership = crate::config::load_cluster(&path, 1).unwrap();
+        let membership = tidal_server::config::load_cluster(&path, 1).unwrap();
         assert_eq!(membership.spec.durability, tidal_cluster::Durability::Leader);
         assert_eq!(membership.spec.nodes.len(), 3);
         assert!(write_cluster_file(3, dir.path(), 7070, "leader").is_ok());

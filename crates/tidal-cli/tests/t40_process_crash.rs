@@ -110,7 +110,7 @@ fn cluster_up(dir: &std::path::Path, port_base: u16) -> std::process::Output {
 async fn cluster_up_starts_a_healthy_local_cluster_and_down_stops_it() {
     let dir = tidal_procs::TestDir::new().unwrap();
     // Held for the test's life: no other test takes these ports while the nodes start and stop.
-    let ports = tidal_procs::PortLease::take_block(3, tidal_server::cluster_cmd::RPC_PORT_OFFSET).unwrap();
+    let ports = tidal_procs::PortLease::take_block(3, tidal_cli::cluster_cmd::RPC_PORT_OFFSET).unwrap();
     let port_base = ports.port(0);
     let up = cluster_up(dir.path(), port_base);
     // Whatever happens below, the processes this test started are stopped (by their pid files).
@@ -143,7 +143,7 @@ async fn cluster_up_starts_a_healthy_local_cluster_and_down_stops_it() {
 async fn cluster_up_fails_at_once_when_a_node_exits_and_quotes_its_log() {
     let dir = tidal_procs::TestDir::new().unwrap();
     // Held for the test's life: no other test takes these ports while the nodes start and stop.
-    let ports = tidal_procs::PortLease::take_block(3, tidal_server::cluster_cmd::RPC_PORT_OFFSET).unwrap();
+    let ports = tidal_procs::PortLease::take_block(3, tidal_cli::cluster_cmd::RPC_PORT_OFFSET).unwrap();
     let port_base = ports.port(0);
     // Node 3's HTTP port, held by this test for as long as `cluster up` runs.
     let taken = std::net::TcpListener::bind(("127.0.0.1", port_base + 2)).unwrap();
@@ -160,7 +160,7 @@ async fn cluster_up_fails_at_once_when_a_node_exits_and_quotes_its_log() {
 async fn cluster_add_node_and_remove_node_change_the_membership_of_real_processes() {
     let dir = tidal_procs::TestDir::new().unwrap();
     // Held for the test's life: no other test takes these ports while the nodes start and stop.
-    let ports = tidal_procs::PortLease::take_block(4, tidal_server::cluster_cmd::RPC_PORT_OFFSET).unwrap();
+    let ports = tidal_procs::PortLease::take_block(4, tidal_cli::cluster_cmd::RPC_PORT_OFFSET).unwrap();
     let port_base = ports.port(0);
     let tidal = |args: &[&str]| {
         Command::new(env!("CARGO_BIN_EXE_tidal"))

@@ -1,8 +1,10 @@
-//! The `tidal` command: `serve` runs a node, `bench` drives one with load.
+//! The `tidal` command: `serve` runs a node (`tidal_server::run`); the other subcommands are the
+//! tooling of this crate's library (bench, gates, demo, local clusters, operator verbs).
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
-use tidal_server::{bench, config};
+use tidal_cli::bench;
+use tidal_server::config;
 
 #[derive(Parser)]
 #[command(
@@ -22,20 +24,20 @@ enum Command {
     /// Drive a node with bounded load and print throughput and ack latency.
     Bench(bench::BenchArgs),
     /// The exit gates on a fresh local 3-node cluster: one line per gate, PASS or FAIL.
-    Gates(tidal_server::gates::GatesArgs),
+    Gates(tidal_cli::gates::GatesArgs),
     /// A guided tour on a throwaway local cluster: write, replicate, kill the leader, heal.
-    Demo(tidal_server::demo::DemoArgs),
+    Demo(tidal_cli::demo::DemoArgs),
     /// A local cluster on loopback: `up` starts it, `down` stops it.
     #[command(subcommand)]
-    Cluster(tidal_server::cluster_cmd::ClusterCommand),
+    Cluster(tidal_cli::cluster_cmd::ClusterCommand),
     /// Print the cluster's status as a table (asks the leader when it can).
-    Status(tidal_server::ops::VerbArgs),
+    Status(tidal_cli::ops::VerbArgs),
     /// Make the node at --url (a follower) pull from its leader now.
-    Catchup(tidal_server::ops::VerbArgs),
+    Catchup(tidal_cli::ops::VerbArgs),
     /// Make the leader reset a follower's ShipQueue to its matched position and nudge it to pull.
     Heal {
         #[command(flatten)]
-        verb: tidal_server::ops::VerbArgs,
+        verb: tidal_cli::ops::VerbArgs,
         /// The follower to heal.
         #[arg(long)]
         node: u64,
@@ -46,7 +48,7 @@ enum Command {
     /// Reconcile hard negatives (the CRDT outside the log) between the node at --url and every peer now.
     Reconcile {
         #[command(flatten)]
-        verb: tidal_server::ops::VerbArgs,
+        verb: tidal_cli::ops::VerbArgs,
         /// Only compare digests, merge nothing.
         #[arg(long)]
         dry_run: bool,
@@ -59,7 +61,7 @@ enum Command {
     /// Hand leadership to another voter (leadership transfer); any node forwards it to the leader.
     Promote {
         #[command(flatten)]
-        verb: tidal_server::ops::VerbArgs,
+        verb: tidal_cli::ops::VerbArgs,
         /// The node to lead.
         #[arg(long)]
         node: u64,
@@ -74,7 +76,7 @@ enum MembersCommand {
     /// Add a node (started with `tidal serve --join`): it catches up as a learner, then votes.
     Add {
         #[command(flatten)]
-        verb: tidal_server::ops::VerbArgs,
+        verb: tidal_cli::ops::VerbArgs,
         /// The new node's id.
         #[arg(long)]
         node: u64,
@@ -95,7 +97,7 @@ enum MembersCommand {
     /// Remove a voter or a learner (not the leader: promote another node first).
     Remove {
         #[command(flatten)]
-        verb: tidal_server::ops::VerbArgs,
+        verb: tidal_cli::ops::VerbArgs,
         /// The node to remove.
         #[arg(long)]
         node: u64,
@@ -136,28 +138,26 @@ fn main() -> anyhow::Result<()> {
         },
         Command::Bench(args) => runtime.block_on(bench::run(args)),
         Command::Gates(args) => {
-            if !runtime.block_on(tidal_server::gates::run(args))? {
+            if !runtime.block_on(tidal_cli::gates::run(args))? {
                 // The gate lines already say which failed; the status tells scripts and make.
                 std::process::exit(1);
             }
             Ok(())
         }
-        Command::Demo(args) => runtime.block_on(tidal_server::demo::run(args)),
-        Command::Cluster(command) => runtime.block_on(tidal_server::cluster_cmd::run(command)),
-        Command::Status(verb) => runtime.block_on(tidal_server::ops::status(verb)),
-        Command::Catchup(verb) => runtime.block_on(tidal_server::ops::catchup(verb)),
-        Command::Heal { verb, node, dry_run } => {
-            runtime.block_on(tidal_server::ops::heal(verb, node, dry_run))
-        }
-        Command::Reconcile { verb, dry_run } => runtime.block_on(tidal_server::ops::reconcile(verb, dry_run)),
+        Command::Demo(args) => runtime.block_on(tidal_cli::demo::run(args)),
+        Command::Cluster(command) => runtime.block_on(tidal_cli::cluster_cmd::run(command)),
+        Command::Status(verb) => runtime.block_on(tidal_cli::ops::status(verb)),
+        Command::Catchup(verb) => runtime.block_on(tidal_cli::ops::catchup(verb)),
+        Command::Heal { verb, node, dry_run } => runtime.block_on(tidal_cli::ops::heal(verb, node, dry_run)),
+        Command::Reconcile { verb, dry_run } => runtime.block_on(tidal_cli::ops::reconcile(verb, dry_run)),
         Command::Promote { verb, node, dry_run } => {
-            runtime.block_on(tidal_server::ops::promote(verb, node, dry_run))
+            runtime.block_on(tidal_cli::ops::promote(verb, node, dry_run))
         }
         Command::Members { change: MembersCommand::Add { verb, node, http, rpc, catch_up_s, dry_run } } => {
-            runtime.block_on(tidal_server::ops::members_add(verb, node, &http, &rpc, catch_up_s, dry_run))
+            runtime.block_on(tidal_cli::ops::members_add(verb, node, &http, &rpc, catch_up_s, dry_run))
         }
         Command::Members { change: MembersCommand::Remove { verb, node, dry_run } } => {
-            runtime.block_on(tidal_server::ops::members_remove(verb, node, dry_run))
+            runtime.block_on(tidal_cli::ops::members_remove(verb, node, dry_run))
         }
     }
 }

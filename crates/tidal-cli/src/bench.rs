@@ -6,13 +6,13 @@
 //! sending the request to receiving the acknowledgement (after fsync and apply).
 
 use crate::bench_conn::{LeanConn, Target};
-use crate::config::{ServeArgs, ServeConfig};
 use anyhow::Context;
 use hyper::Method;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tidal_client::Client;
+use tidal_server::config::{ServeArgs, ServeConfig};
 use tidal_types::SignalIn;
 
 /// Most latencies kept per worker: bounds the bench's own memory on long runs.
@@ -356,7 +356,7 @@ pub(crate) async fn spawn_node(dim: u32) -> anyhow::Result<(String, SpawnedNode)
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.context("bind bench node")?;
     let url = format!("http://{}", listener.local_addr()?);
     let (shutdown, on_shutdown) = tokio::sync::oneshot::channel::<()>();
-    let task = tokio::spawn(crate::run(config, listener, None, async move {
+    let task = tokio::spawn(tidal_server::run(config, listener, None, async move {
         let _ = on_shutdown.await;
     }));
     let client = Client::new(url.clone(), None);
@@ -439,11 +439,7 @@ async fn drive(client: &Client, args: &BenchArgs) -> anyhow::Result<Report> {
         _ => None,
     };
     let target = Target::new(client.base(), client.token())?;
-    let issued = Arc::new(AtomicU64::new(0));
-    let done = Arc::new(AtomicU64::new(0));
-    let events = Arc::new(AtomicU64::new(0));
-    let errors = Arc::new(AtomicU64::new(0));
-    let stop = Arc::new(AtomicBool::new(false));
+    let counters = Arc::new(Counters::default());
     let started = Instant::now();
     let deadline = started + Duration::from_secs(args.seconds);
     // Lag writes on `--url` and reads every follower; read-anywhere writes on each node in turn
@@ -453,112 +449,159 @@ async fn drive(client: &Client, args: &BenchArgs) -> anyhow::Result<Report> {
     let everyone: Arc<Vec<Client>> =
         Arc::new(std::iter::once(client.clone()).chain(followers.clone()).collect());
     let followers = Arc::new(followers);
-    let mut workers = Vec::new();
-    for worker in 0..args.concurrency {
-        let (client, args, followers, everyone) =
-            (client.clone(), args.clone(), followers.clone(), everyone.clone());
-        let (bodies, mut conn) = (bodies.clone(), LeanConn::new(target.clone()));
-        let (issued, done, events, errors, stop) =
-            (issued.clone(), done.clone(), events.clone(), errors.clone(), stop.clone());
-        workers.push(tokio::spawn(async move {
-            let (mut latencies, mut first_reader) = (Vec::new(), Vec::new());
-            loop {
-                let n = issued.fetch_add(1, Ordering::Relaxed);
-                if n >= args.requests_max || Instant::now() >= deadline || stop.load(Ordering::Relaxed) {
-                    return (latencies, first_reader);
-                }
-                if args.rate > 0 {
-                    // Request n is due at n / rate seconds: an open-loop schedule.
-                    let due = started + Duration::from_secs_f64(n as f64 / args.rate as f64);
-                    if due >= deadline {
-                        return (latencies, first_reader);
-                    }
-                    tokio::time::sleep_until(due.into()).await;
-                }
-                let sent = Instant::now();
-                let id = args.id_base + n;
-                let lag = match args.workload {
-                    Workload::Lag => Some(lag_request(&client, &followers, id).await),
-                    Workload::ReadAnywhere => {
-                        let writer = &everyone[(n % everyone.len() as u64) as usize];
-                        Some(lag_request(writer, &everyone, id).await)
-                    }
-                    _ => None,
-                };
-                let (result, micros) = match lag {
-                    Some(Ok((lag, first))) => {
-                        if first_reader.len() < LATENCIES_PER_WORKER_MAX {
-                            first_reader.push(first);
-                        }
-                        (Ok(1), lag)
-                    }
-                    Some(Err(error)) => (Err(anyhow::Error::new(error)), 0),
-                    None => {
-                        let request = Request {
-                            worker: worker as u64,
-                            n,
-                            bodies: bodies.as_ref().map(|bodies| bodies.as_slice()),
-                        };
-                        let result = one_request(&client, &mut conn, &args, request).await;
-                        (result, u32::try_from(sent.elapsed().as_micros()).unwrap_or(u32::MAX))
-                    }
-                };
-                match result {
-                    Ok(count) => {
-                        events.fetch_add(count, Ordering::Relaxed);
-                        if latencies.len() < LATENCIES_PER_WORKER_MAX {
-                            latencies.push(micros);
-                        }
-                    }
-                    Err(error) => {
-                        if errors.fetch_add(1, Ordering::Relaxed) < 5 {
-                            eprintln!("\nbench: request failed: {error}");
-                        }
-                    }
-                }
-                done.fetch_add(1, Ordering::Relaxed);
-            }
-        }));
-    }
-    let progress = {
-        let (done, events, stop, quiet) = (done.clone(), events.clone(), stop.clone(), args.quiet);
-        tokio::spawn(async move {
-            let mut last = (Instant::now(), 0u64);
-            while !stop.load(Ordering::Relaxed) && !quiet {
-                tokio::time::sleep(Duration::from_secs(1)).await;
-                let now = Instant::now();
-                let total = events.load(Ordering::Relaxed);
-                let rate = (total - last.1) as f64 / (now - last.0).as_secs_f64();
-                last = (now, total);
-                eprint!(
-                    "\r[{:>4.0} s] {:>10} requests {:>12} events {:>12.0} events/s   ",
-                    (now - started).as_secs_f64(),
-                    done.load(Ordering::Relaxed),
-                    total,
-                    rate
-                );
-            }
+    let workers: Vec<_> = (0..args.concurrency as u64)
+        .map(|index| {
+            let worker = Worker {
+                index,
+                client: client.clone(),
+                args: args.clone(),
+                followers: followers.clone(),
+                everyone: everyone.clone(),
+                bodies: bodies.clone(),
+                conn: LeanConn::new(target.clone()),
+                counters: counters.clone(),
+                started,
+                deadline,
+            };
+            tokio::spawn(worker.run())
         })
-    };
+        .collect();
+    let progress = spawn_progress(counters.clone(), started, args.quiet);
     let (mut latencies_us, mut first_reader_us) = (Vec::new(), Vec::new());
     for worker in workers {
         let (latencies, first_reader) = worker.await.context("bench worker")?;
         latencies_us.extend(latencies);
         first_reader_us.extend(first_reader);
     }
-    stop.store(true, Ordering::Relaxed);
+    counters.stop.store(true, Ordering::Relaxed);
     let elapsed = started.elapsed();
     progress.abort();
     if !args.quiet {
         eprintln!();
     }
     Ok(Report {
-        requests: done.load(Ordering::Relaxed),
-        events: events.load(Ordering::Relaxed),
-        errors: errors.load(Ordering::Relaxed),
+        requests: counters.done.load(Ordering::Relaxed),
+        events: counters.events.load(Ordering::Relaxed),
+        errors: counters.errors.load(Ordering::Relaxed),
         elapsed,
         latencies_us,
         first_reader_us,
+    })
+}
+
+/// What the workers count together, and the flag that stops them.
+#[derive(Default)]
+struct Counters {
+    /// Requests handed out (the next request's number).
+    issued: AtomicU64,
+    /// Requests answered or failed.
+    done: AtomicU64,
+    /// Events acknowledged.
+    events: AtomicU64,
+    /// Requests failed.
+    errors: AtomicU64,
+    stop: AtomicBool,
+}
+
+/// One load worker: its own lean connection, the run's schedule and the shared counters.
+struct Worker {
+    index: u64,
+    client: Client,
+    args: BenchArgs,
+    followers: Arc<Vec<Client>>,
+    everyone: Arc<Vec<Client>>,
+    bodies: Option<Arc<Vec<bytes::Bytes>>>,
+    conn: LeanConn,
+    counters: Arc<Counters>,
+    started: Instant,
+    deadline: Instant,
+}
+
+impl Worker {
+    /// Sends requests until the deadline, `--requests-max` or a stop; returns the latencies of the
+    /// answered ones and, for the lag workloads, the lag to the first reader.
+    async fn run(mut self) -> (Vec<u32>, Vec<u32>) {
+        let (mut latencies, mut first_reader) = (Vec::new(), Vec::new());
+        loop {
+            let n = self.counters.issued.fetch_add(1, Ordering::Relaxed);
+            if n >= self.args.requests_max
+                || Instant::now() >= self.deadline
+                || self.counters.stop.load(Ordering::Relaxed)
+            {
+                return (latencies, first_reader);
+            }
+            if self.args.rate > 0 {
+                // Request n is due at n / rate seconds: an open-loop schedule.
+                let due = self.started + Duration::from_secs_f64(n as f64 / self.args.rate as f64);
+                if due >= self.deadline {
+                    return (latencies, first_reader);
+                }
+                tokio::time::sleep_until(due.into()).await;
+            }
+            match self.request(n, &mut first_reader).await {
+                Ok((count, micros)) => {
+                    self.counters.events.fetch_add(count, Ordering::Relaxed);
+                    if latencies.len() < LATENCIES_PER_WORKER_MAX {
+                        latencies.push(micros);
+                    }
+                }
+                Err(error) => {
+                    if self.counters.errors.fetch_add(1, Ordering::Relaxed) < 5 {
+                        eprintln!("\nbench: request failed: {error}");
+                    }
+                }
+            }
+            self.counters.done.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Request `n`: its events and latency in µs (for the lag workloads the lag to the last reader,
+    /// and the first reader's goes to `first_reader`).
+    async fn request(&mut self, n: u64, first_reader: &mut Vec<u32>) -> anyhow::Result<(u64, u32)> {
+        let sent = Instant::now();
+        let id = self.args.id_base + n;
+        let lag = match self.args.workload {
+            Workload::Lag => lag_request(&self.client, &self.followers, id).await,
+            Workload::ReadAnywhere => {
+                let writer = &self.everyone[(n % self.everyone.len() as u64) as usize];
+                lag_request(writer, &self.everyone, id).await
+            }
+            _ => {
+                let request = Request {
+                    worker: self.index,
+                    n,
+                    bodies: self.bodies.as_ref().map(|bodies| bodies.as_slice()),
+                };
+                let count = one_request(&self.client, &mut self.conn, &self.args, request).await?;
+                return Ok((count, u32::try_from(sent.elapsed().as_micros()).unwrap_or(u32::MAX)));
+            }
+        };
+        let (lag, first) = lag?;
+        if first_reader.len() < LATENCIES_PER_WORKER_MAX {
+            first_reader.push(first);
+        }
+        Ok((1, lag))
+    }
+}
+
+/// Prints the run's progress once a second on stderr (unless `quiet`) until stopped or aborted.
+fn spawn_progress(counters: Arc<Counters>, started: Instant, quiet: bool) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut last = (Instant::now(), 0u64);
+        while !counters.stop.load(Ordering::Relaxed) && !quiet {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            let now = Instant::now();
+            let total = counters.events.load(Ordering::Relaxed);
+            let rate = (total - last.1) as f64 / (now - last.0).as_secs_f64();
+            last = (now, total);
+            eprint!(
+                "\r[{:>4.0} s] {:>10} requests {:>12} events {:>12.0} events/s   ",
+                (now - started).as_secs_f64(),
+                counters.done.load(Ordering::Relaxed),
+                total,
+                rate
+            );
+        }
     })
 }
 
@@ -567,7 +610,7 @@ const SIGNAL_BODIES: u64 = 512;
 
 /// The JSON bodies of the signals workload, encoded once: body `n` holds the signals request `n`
 /// used to build on the fly (users `(31n + i) % users`, items `(1,000,003n + 7,919i) % 1,000,000`).
-fn signal_bodies(args: &BenchArgs) -> anyhow::Result<Vec<axum::body::Bytes>> {
+fn signal_bodies(args: &BenchArgs) -> anyhow::Result<Vec<bytes::Bytes>> {
     let count = SIGNAL_BODIES.min(args.requests_max.max(1));
     if !args.quiet {
         eprintln!(
@@ -587,18 +630,18 @@ fn signal_bodies(args: &BenchArgs) -> anyhow::Result<Vec<axum::body::Bytes>> {
                 })
                 .collect();
             let body = serde_json::to_vec(&tidal_types::SignalsRequest { signals })?;
-            Ok(axum::body::Bytes::from(body))
+            Ok(bytes::Bytes::from(body))
         })
         .collect()
 }
 
 /// Distinct pre-encoded embedding bodies; request `n` sends body `n % SIGNAL_BODIES` (the vector
 /// `embedding(n, dim)`), so the bench does not format `dim` floats per request.
-fn embedding_bodies(args: &BenchArgs) -> anyhow::Result<Vec<axum::body::Bytes>> {
+fn embedding_bodies(args: &BenchArgs) -> anyhow::Result<Vec<bytes::Bytes>> {
     (0..SIGNAL_BODIES.min(args.requests_max.max(1)))
         .map(|n| {
             let body = serde_json::to_vec(&tidal_types::EmbeddingPut { vector: embedding(n, args.dim) })?;
-            Ok(axum::body::Bytes::from(body))
+            Ok(bytes::Bytes::from(body))
         })
         .collect()
 }
@@ -607,11 +650,11 @@ fn embedding_bodies(args: &BenchArgs) -> anyhow::Result<Vec<axum::body::Bytes>> 
 struct Request<'a> {
     worker: u64,
     n: u64,
-    bodies: Option<&'a [axum::body::Bytes]>,
+    bodies: Option<&'a [bytes::Bytes]>,
 }
 
 impl Request<'_> {
-    fn body(&self) -> axum::body::Bytes {
+    fn body(&self) -> bytes::Bytes {
         let bodies = self.bodies.expect("this workload pre-encodes its bodies");
         bodies[(self.n % bodies.len() as u64) as usize].clone()
     }

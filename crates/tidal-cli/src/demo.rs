@@ -67,20 +67,29 @@ async fn tour(dir: &Path, port_base: u16) -> anyhow::Result<()> {
         .collect();
     let leader = wait_leader(&nodes, None).await?;
     say(&format!("every node is ready; openraft elected n{leader} leader (quorum durability)"));
+    write_and_read_everywhere(&nodes, leader).await?;
+    let new_leader = kill_the_leader(dir, &nodes, leader).await?;
+    let http =
+        membership.spec.node(tidal_types::NodeId(leader)).context("node in the cluster file")?.http.clone();
+    restart_and_heal(dir, &nodes, leader, &http, new_leader).await?;
+    verify_digests(&nodes).await
+}
 
+/// Steps 2 and 3: a write on the leader and one through a follower, read back on every node.
+async fn write_and_read_everywhere(nodes: &[(u64, Client)], leader: u64) -> anyhow::Result<()> {
     let follower = nodes.iter().map(|(id, _)| *id).find(|id| *id != leader).context("no follower")?;
     step(
         "2 write",
         &format!("PUT item 1 on the leader n{leader}, item 2 on follower n{follower} (it forwards)"),
     );
-    let first = client(&nodes, leader).put_item(1, serde_json::json!({"title": "hello"}), None).await?;
+    let first = client(nodes, leader).put_item(1, serde_json::json!({"title": "hello"}), None).await?;
     say(&format!("n{leader} acknowledged item 1 at seqno {} (fsynced on a majority, applied)", first.seqno));
     let second =
-        client(&nodes, follower).put_item(2, serde_json::json!({"title": "via a follower"}), None).await?;
+        client(nodes, follower).put_item(2, serde_json::json!({"title": "via a follower"}), None).await?;
     say(&format!("n{follower} forwarded item 2; acknowledged at seqno {}", second.seqno));
 
     step("3 replicate", "read both items on every node with min_seqno (read-your-writes anywhere)");
-    for (id, node) in &nodes {
+    for (id, node) in nodes {
         for (item, seqno) in [(1, first.seqno), (2, second.seqno)] {
             let view: tidal_types::ItemView = node
                 .json::<(), _>(reqwest::Method::GET, &format!("/v1/items/{item}?min_seqno={seqno}"), None)
@@ -89,27 +98,41 @@ async fn tour(dir: &Path, port_base: u16) -> anyhow::Result<()> {
             say(&format!("n{id}: item {item} = {}", view.metadata));
         }
     }
+    Ok(())
+}
 
+/// Step 4: the leader SIGKILLed, writes retried on the others until one acknowledges. Returns the
+/// new leader.
+async fn kill_the_leader(dir: &Path, nodes: &[(u64, Client)], leader: u64) -> anyhow::Result<u64> {
     step("4 kill", &format!("SIGKILL the leader n{leader}"));
     let pid = cluster_cmd::kill_node(dir, leader)?;
     let killed = Instant::now();
     say(&format!("n{leader} (pid {pid}) is gone; writing to the others until one acknowledges"));
-    let (acked_by, reply) = write_until_acked(&nodes, leader, killed).await?;
-    let new_leader = wait_leader(&nodes, Some(leader)).await?;
+    let (acked_by, reply) = write_until_acked(nodes, leader, killed).await?;
+    let new_leader = wait_leader(nodes, Some(leader)).await?;
     say(&format!(
         "after {} ms n{acked_by} acknowledged item 3 at seqno {}; the new leader is n{new_leader}",
         killed.elapsed().as_millis(),
         reply.seqno
     ));
-    let status = client(&nodes, new_leader).status().await?;
+    let status = client(nodes, new_leader).status().await?;
     say(&format!("term {}, commit seqno {}", status.term, status.commit_seqno));
+    Ok(new_leader)
+}
 
+/// Steps 5 and 6: the old leader (HTTP at `http`) restarted on its data dir, then healed by the
+/// new leader until it has applied the commit frontier.
+async fn restart_and_heal(
+    dir: &Path,
+    nodes: &[(u64, Client)],
+    leader: u64,
+    http: &str,
+    new_leader: u64,
+) -> anyhow::Result<()> {
     step("5 restart", &format!("start n{leader} again on its data dir"));
     let pid = cluster_cmd::start_node(dir, leader)?;
-    let http =
-        membership.spec.node(tidal_types::NodeId(leader)).context("node in the cluster file")?.http.clone();
-    cluster_cmd::wait_ready(dir, leader, &http, STEP_TIMEOUT).await?;
-    let rejoined = client(&nodes, leader).status().await?;
+    cluster_cmd::wait_ready(dir, leader, http, STEP_TIMEOUT).await?;
+    let rejoined = client(nodes, leader).status().await?;
     say(&format!(
         "n{leader} (pid {pid}) is back as {} in term {}, leader n{}",
         rejoined.role,
@@ -123,21 +146,25 @@ async fn tour(dir: &Path, port_base: u16) -> anyhow::Result<()> {
     );
     let path = format!("/cluster/heal?node={leader}");
     let healed: serde_json::Value =
-        client(&nodes, new_leader).json::<(), _>(reqwest::Method::POST, &path, None).await.context("heal")?;
+        client(nodes, new_leader).json::<(), _>(reqwest::Method::POST, &path, None).await.context("heal")?;
     say(&format!("leader answered: {healed}"));
-    let target = client(&nodes, new_leader).status().await?.commit_seqno;
+    let target = client(nodes, new_leader).status().await?.commit_seqno;
     let started = Instant::now();
-    let old = client(&nodes, leader);
+    let old = client(nodes, leader);
     while !old.status().await.is_ok_and(|status| status.applied_seqno >= target) {
         waited(started, &format!("n{leader} to apply through seqno {target}")).await?;
     }
     say(&format!("n{leader} applied through seqno {target} in {} ms", started.elapsed().as_millis()));
+    Ok(())
+}
 
+/// Step 7: every node's digest at the same applied seqno, all equal.
+async fn verify_digests(nodes: &[(u64, Client)]) -> anyhow::Result<()> {
     step("7 verify", "every node's state digest at the same applied seqno");
     let started = Instant::now();
     let digests = loop {
         let mut digests = Vec::new();
-        for (_, node) in &nodes {
+        for (_, node) in nodes {
             digests.push(node.digest().await?);
         }
         if digests.iter().all(|d| d.applied_seqno == digests[0].applied_seqno) {

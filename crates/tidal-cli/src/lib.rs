@@ -1,0 +1,21 @@
+//! The tooling of the `tidal` binary: everything it does besides `tidal serve` (which is
+//! [`tidal_server::run`]).
+//!
+//! # Layout
+//! - `bench` (with `bench_conn`, its lean connection): `tidal bench`, the load generator.
+//! - `cluster_cmd`: `tidal cluster up/down/add-node/remove-node/failover-bench`, a local cluster of
+//!   `tidal serve` processes on loopback.
+//! - `ops`: the operator verbs (`tidal status`, `catchup`, `heal`, `promote`, `members`, ...),
+//!   thin clients of the HTTP routes.
+//! - `gates`: `tidal gates`, the exit gates on a local cluster; `demo`: `tidal demo`, the guided tour.
+//!
+//! `main.rs` parses the command line and hands each subcommand to one of these; only this crate
+//! binds sockets from configuration and reads signals.
+#![deny(missing_docs)]
+
+pub mod bench;
+mod bench_conn;
+pub mod cluster_cmd;
+pub mod demo;
+pub mod gates;
+pub mod ops;
