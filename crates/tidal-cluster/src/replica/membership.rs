@@ -287,12 +287,7 @@ impl Replica {
     ) -> Result<MemberReport, Error> {
         use Error::{Invalid, Unavailable};
         let started = Instant::now();
-        let control = self
-            .control
-            .get()
-            .ok_or_else(|| Unavailable("the control plane has not started yet".into()))?
-            .clone();
-        let term = self.serving_term()?;
+        let (control, term) = self.leading_control()?;
         let Ok(_single) = self.membership.changing_members.try_lock() else {
             return Err(Unavailable(
                 "another membership change is running on this leader; retry when it ends".into(),

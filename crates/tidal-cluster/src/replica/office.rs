@@ -590,6 +590,17 @@ impl Replica {
         serving.ok_or_else(|| Error::NotLeader { me: self.me, leader: self.leader() })
     }
 
+    /// The control plane and the term this node serves in, for an operator verb only the serving
+    /// leader runs.
+    pub(super) fn leading_control(&self) -> Result<(Arc<ControlPlane>, Term)> {
+        let control = self
+            .control
+            .get()
+            .ok_or_else(|| Error::Unavailable("the control plane has not started yet".into()))?
+            .clone();
+        Ok((control, self.serving_term()?))
+    }
+
     /// `Some(term)` while this node serves as leader; watch it to learn when office is lost.
     pub fn serving(&self) -> watch::Receiver<Option<Term>> {
         self.office.serving.subscribe()

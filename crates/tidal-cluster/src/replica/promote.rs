@@ -100,12 +100,7 @@ impl Replica {
     /// Operator `promote`: hands leadership to `target`. Runs on the serving leader.
     pub async fn promote(self: &Arc<Self>, target: NodeId, dry_run: bool) -> Result<PromoteReport, Error> {
         use Error::Unavailable;
-        let control = self
-            .control
-            .get()
-            .ok_or_else(|| Unavailable("the control plane has not started yet".into()))?
-            .clone();
-        let term = self.serving_term()?;
+        let (control, term) = self.leading_control()?;
         let mut report = PromoteReport {
             from: self.me,
             to: target,
