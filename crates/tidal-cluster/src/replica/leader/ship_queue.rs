@@ -91,7 +91,8 @@ impl ShipQueue {
                 heartbeat_due: self.last_sent.elapsed() >= HEARTBEAT_INTERVAL,
                 commit_moved: commit != self.sent_commit,
                 notice_failed: false,
-                prev_held: self.replica.holds(self.after),
+                // Looked up (two locks) only for a step that would ship, below.
+                prev_held: true,
             };
             let mut step = next_ship_step(&view);
             if step == QueueStep::Notice {
@@ -99,6 +100,10 @@ impl ShipQueue {
                     continue;
                 }
                 view.notice_failed = true;
+                step = next_ship_step(&view);
+            }
+            if step == QueueStep::Ship {
+                view.prev_held = self.replica.holds(self.after);
                 step = next_ship_step(&view);
             }
             match step {
