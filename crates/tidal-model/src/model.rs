@@ -58,8 +58,9 @@ use std::fmt;
 use stateright::{Model, Property};
 use tidal_protocol::{
     answer_probe, append_only, authority, commit_frontier, decide_ship, divergence_point, next_after,
-    next_ship_step, plan_office, resumes_a_term, tail_start, BatchMeta, LogView, OfficePlan, Origin, OwnLog,
-    ProbeAnswer, QueueStep, QueueView, Quorum, Reply, ShipMeta, Step, Tail, TailStart, Verdict,
+    next_ship_step, plan_office, resumes_a_term, tail_start, term_start, BatchMeta, LogView, OfficePlan,
+    Origin, OwnLog, ProbeAnswer, QueueStep, QueueView, Quorum, Reply, ShipMeta, Step, Tail, TailStart,
+    Verdict,
 };
 use tidal_types::{NodeId, Seqno, Term, TermSeqno};
 
@@ -796,10 +797,12 @@ impl ReplicationModel {
             return;
         }
         node.opened = node.opened.max(term);
+        // Where the term starts, as the office decides it: right after our log (the plan's baseline)
+        // for a new LeaderStart, else where our log began the term.
+        let start = term_start(term, node.len(), write_leader_start, &node.history(node.len()));
         if write_leader_start {
             node.wal.push(Batch::new(term, node.incarnation));
         }
-        let start = node.wal.iter().position(|b| b.term == term).map_or(node.len(), |i| Seqno(i as u64 + 1));
         let tail_last = self.tail_last(node);
         let after = (0..self.node_count).map(id).filter(|n| *n != leader).map(|n| (n, tail_last)).collect();
         node.role = Role::Leader {
