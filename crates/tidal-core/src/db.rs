@@ -49,10 +49,13 @@ use crate::keys;
 use crate::negatives::{Actor, NegativesState, NEGATIVES_PER_USER_MAX};
 use crate::overlay::{Overlay, OverlayView, WriterDirty, ENTRY_OVERHEAD_BYTES};
 use crate::ranked::{rank_feed, rank_similar, rank_trending, RankParams, Ranked, RANKED_LIMIT_MAX};
-use crate::record::{decode_for_apply, records_fingerprint, Envelope, FoldRecords, Records, SignalColumns};
+use crate::record::{
+    decode_for_apply, records_fingerprint, Envelope, FoldRecords, Records, SignalColumns, StreamControl,
+};
 use crate::record_error::RecordError;
 use crate::seen;
 use crate::stores::Stores;
+use crate::streams::{StoredEvent, StreamInfo, StreamMeta};
 use crate::trend::Trend;
 
 mod snapshot_io;
@@ -207,6 +210,7 @@ enum Change<'a> {
         existed: bool,
     },
     LeaderStart(Vec<u8>),
+    Stream(crate::streams::StreamChange),
 }
 
 /// Why fjall refuses writes to `database` for good, if it does. fjall keeps its poisoned flag to
@@ -607,6 +611,40 @@ impl TidalDb {
         Ok(Ranked { items, applied_seqno })
     }
 
+    /// Up to `limit` events of `stream` with offsets above `after` (and above the stream's trim
+    /// horizon), ascending, as of the applied state.
+    pub fn stream_events(&self, stream: &str, after: u64, limit: usize) -> Result<Vec<StoredEvent>, Error> {
+        self.read_state().view().stream_events(&self.stores, stream, after, limit)
+    }
+
+    /// A stream's meta; `None` if nothing was ever published to it or saved for it.
+    pub fn stream_meta(&self, stream: &str) -> Result<Option<StreamMeta>, Error> {
+        self.read_state().view().stream_meta(&self.stores, stream)
+    }
+
+    /// A consumer's saved offset.
+    pub fn consumer_offset(&self, stream: &str, consumer: &str) -> Result<Option<u64>, Error> {
+        self.read_state().view().consumer_offset(&self.stores, stream, consumer)
+    }
+
+    /// Every consumer of `stream` with its saved offset, by name.
+    pub fn consumers(&self, stream: &str) -> Result<Vec<(String, u64)>, Error> {
+        self.read_state().view().consumers(&self.stores, stream)
+    }
+
+    /// Up to `limit` streams named after `after`, by name.
+    pub fn streams(&self, after: &str, limit: usize) -> Result<Vec<StreamInfo>, Error> {
+        self.read_state().view().streams(&self.stores, after, limit)
+    }
+
+    /// How many events of `stream` fjall holds after a flush, trimmed or not: trims must leave
+    /// nothing behind in storage. For tests.
+    #[doc(hidden)]
+    pub fn stream_events_in_storage(&self, stream: &str) -> Result<usize, Error> {
+        self.flush_all()?;
+        crate::streams::stored_event_count(&self.stores, stream)
+    }
+
     /// An item's trending score as stored (not decayed), for tests and debugging.
     pub fn trend(&self, item: u64) -> Option<Trend> {
         self.read_state().index.trend(item)
@@ -777,6 +815,19 @@ impl TidalDb {
                 Change::ItemDelete { item: *item, existed: state.view().has_item(stores, *item)? }
             }
             Records::Control(control) => Change::LeaderStart(fold::control_value(control)),
+            Records::StreamEvents { stream, events } => Change::Stream(state.view().fold_publish(
+                stores,
+                stream,
+                seqno.0,
+                envelope_time_ms,
+                events,
+            )?),
+            Records::StreamControl(StreamControl::SaveOffset { stream, consumer, offset }) => {
+                Change::Stream(state.view().fold_save_offset(stores, stream, consumer, *offset)?)
+            }
+            Records::StreamControl(StreamControl::Trim { stream, through }) => {
+                Change::Stream(state.view().fold_trim(stores, stream, *through)?)
+            }
         })
     }
 
@@ -850,6 +901,7 @@ impl TidalDb {
                 bytes += ENTRY_OVERHEAD_BYTES;
                 writer.dirty.leader_start = Some(value);
             }
+            Change::Stream(change) => bytes += state.overlay.merge_stream(change),
         }
         bytes
     }

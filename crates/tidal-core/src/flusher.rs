@@ -490,9 +490,14 @@ pub fn run<S>(context: FlusherContext<S>, frozen_overlays: Receiver<Arc<FrozenOv
             Ok(merges) => merges,
             Err(error) => return fail("a read of the seen entries to merge", error),
         };
+        // Trimmed events leave fjall before the batch that records their trims (see `streams`).
+        let trimmed = match crate::streams::delete_trimmed(&stores, &frozen.overlay.stream_trims) {
+            Ok(trimmed) => trimmed,
+            Err(error) => return fail("a delete of trimmed stream events", error),
+        };
         let mut writes = stores.database.batch();
         frozen.flush_into(&stores, &mut writes, &merges);
-        let entries = writes.len() + ingested;
+        let entries = writes.len() + ingested + trimmed;
         if let Some(reason) = shared.take_injected() {
             return fail("commit", fjall::Error::Io(std::io::Error::other(reason)));
         }

@@ -46,6 +46,7 @@ mod record_error;
 mod seen;
 pub mod snapshot;
 mod stores;
+mod streams;
 mod trend;
 
 pub use config::{
@@ -63,9 +64,10 @@ pub use negatives::{Actor, NegativesState, NEGATIVES_PER_USER_MAX};
 pub use raft_store::{RaftStep, RaftStore, RaftStoreFaults, RaftWrite};
 pub use ranked::{Ranked, RankedEntry, RANKED_LIMIT_MAX};
 pub use record::{
-    decode_payload, encode_payload, records_fingerprint, ControlRecord, EncodedPayload, Envelope, Records,
-    SignalEvent,
+    decode_payload, encode_payload, records_fingerprint, ControlRecord, EncodedPayload, Envelope,
+    PublishEvent, Records, SignalEvent, StreamControl,
 };
 pub use record_error::RecordError;
 pub use snapshot::{SnapshotError, SnapshotInfo};
+pub use streams::{StoredEvent, StreamInfo, StreamMeta, STREAM_NAME_BYTES_MAX};
 pub use trend::Trend;

@@ -42,6 +42,13 @@ pub struct Overlay {
     pub users: Vec<DirtyUser>,
     /// Idempotency entries by fjall key; `None` if deleted.
     pub idempotency: BTreeMap<Vec<u8>, Option<Vec<u8>>>,
+    /// Stream metas and consumer offsets by fjall key (never deleted).
+    pub streams: BTreeMap<Vec<u8>, Vec<u8>>,
+    /// Stream events published in this window and not trimmed in it, by fjall key.
+    pub stream_events: BTreeMap<Vec<u8>, Vec<u8>>,
+    /// Trims of this window: a stream's event key prefix and its new horizon. The flush deletes
+    /// fjall's events at or below it ([`crate::streams::delete_trimmed`]).
+    pub stream_trims: Vec<(Vec<u8>, u64)>,
 }
 
 /// A user's state changed since the last flush.
@@ -244,6 +251,38 @@ impl Overlay {
                 None => writes.remove(&stores.idempotency, key.as_slice()),
             }
         }
+        for (key, value) in &self.streams {
+            writes.insert(&stores.streams, key.as_slice(), value.as_slice());
+        }
+        for (key, value) in &self.stream_events {
+            writes.insert(&stores.stream_events, key.as_slice(), value.as_slice());
+        }
+    }
+
+    /// Merges a stream record's change; returns the estimated bytes added.
+    pub fn merge_stream(&mut self, change: crate::streams::StreamChange) -> usize {
+        let mut bytes = 0;
+        if let Some((prefix, old, horizon)) = change.trim {
+            // What this window published at or below the new horizon never reaches fjall.
+            let from = [prefix.as_slice(), &(old + 1).to_be_bytes()].concat();
+            let to = [prefix.as_slice(), &horizon.to_be_bytes()].concat();
+            let doomed: Vec<Vec<u8>> =
+                self.stream_events.range(from..=to).map(|(key, _)| key.clone()).collect();
+            for key in doomed {
+                self.stream_events.remove(&key);
+            }
+            self.stream_trims.push((prefix, horizon));
+            bytes += ENTRY_OVERHEAD_BYTES;
+        }
+        for (key, value) in change.writes {
+            bytes += ENTRY_OVERHEAD_BYTES + key.len() + value.len();
+            self.streams.insert(key, value);
+        }
+        for (key, value) in change.events {
+            bytes += ENTRY_OVERHEAD_BYTES + key.len() + value.len();
+            self.stream_events.insert(key, value);
+        }
+        bytes
     }
 }
 

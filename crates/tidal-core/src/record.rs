@@ -9,7 +9,12 @@
 //! kind 2 ItemEmbedding: item u64 | dim u32 | f32 x dim
 //! kind 3 ItemDelete:    item u64
 //! kind 4 Control:       tag u8 (1 = LeaderStart: term u64 | leader u64 | baseline u64)
-//! kinds 5..8:           no applier yet: RecordError::NoApplier
+//! kind 5 StreamEvents:  stream u16 len + UTF-8 | count u32, then per event:
+//!                       key tag u8 (0 = none, 1 = key u16 len + UTF-8) | payload u32 len + JSON text
+//! kind 6 StreamControl: tag u8, then
+//!                       1 = SaveOffset: stream u16 len + UTF-8 | consumer u16 len + UTF-8 | offset u64
+//!                       2 = Trim:       stream u16 len + UTF-8 | through u64
+//! kinds 7..8:           no applier yet: RecordError::NoApplier
 //! ```
 //!
 //! All integers and floats are little-endian.
@@ -39,10 +44,19 @@ pub const SIGNAL_KIND_LEN_MAX: usize = u8::MAX as usize;
 pub const TS_ABSENT: i64 = i64::MIN;
 /// Control tag of [`ControlRecord::LeaderStart`].
 pub const CONTROL_TAG_LEADER_START: u8 = 1;
+/// Stream control tag of [`StreamControl::SaveOffset`].
+pub const STREAM_TAG_SAVE_OFFSET: u8 = 1;
+/// Stream control tag of [`StreamControl::Trim`].
+pub const STREAM_TAG_TRIM: u8 = 2;
+/// Largest stream event payload the codec can carry (its length field is a u32); the API's limit is
+/// far lower.
+pub const STREAM_PAYLOAD_LEN_MAX: usize = u32::MAX as usize;
 
 /// Smallest encoded signal event (empty user and kind): lets the decoder reject an impossible count
 /// before allocating for it.
 const SIGNAL_EVENT_LEN_MIN: usize = 2 + 8 + 1 + 8 + 8;
+/// Smallest encoded stream event (no key, empty payload), for the same check.
+const STREAM_EVENT_LEN_MIN: usize = 1 + 4;
 
 /// The head of every payload.
 #[derive(Clone, Debug, PartialEq, Eq, Default)]
@@ -84,6 +98,36 @@ pub enum ControlRecord {
     },
 }
 
+/// One event of a stream publish.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PublishEvent {
+    /// Carried metadata: `None`, or a non-empty string. It buys no ordering.
+    pub key: Option<String>,
+    /// The event's payload: compact JSON text.
+    pub payload: Vec<u8>,
+}
+
+/// A stream control record (kind 6).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum StreamControl {
+    /// Moves a consumer's saved offset forward (never back).
+    SaveOffset {
+        /// The stream.
+        stream: String,
+        /// The consumer's name.
+        consumer: String,
+        /// The offset to save.
+        offset: u64,
+    },
+    /// Deletes the stream's events with offsets at or below `through`.
+    Trim {
+        /// The stream.
+        stream: String,
+        /// The last offset to delete.
+        through: u64,
+    },
+}
+
 /// The records of one payload, by kind.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Records {
@@ -110,6 +154,15 @@ pub enum Records {
     },
     /// Kind 4: control marker.
     Control(ControlRecord),
+    /// Kind 5: events published to one stream (at least one); event i gets seqno first + i.
+    StreamEvents {
+        /// The stream.
+        stream: String,
+        /// The events, in order.
+        events: Vec<PublishEvent>,
+    },
+    /// Kind 6: a consumer offset or a trim.
+    StreamControl(StreamControl),
 }
 
 impl Records {
@@ -121,13 +174,16 @@ impl Records {
             Records::ItemEmbedding { .. } => RecordKind::ItemEmbedding,
             Records::ItemDelete { .. } => RecordKind::ItemDelete,
             Records::Control(_) => RecordKind::Control,
+            Records::StreamEvents { .. } => RecordKind::StreamEvents,
+            Records::StreamControl(_) => RecordKind::StreamControl,
         }
     }
 
-    /// Seqnos the records consume: one per signal event, one for any other kind.
+    /// Seqnos the records consume: one per signal or stream event, one for any other kind.
     pub fn event_count(&self) -> u64 {
         match self {
             Records::Signals(events) => events.len() as u64,
+            Records::StreamEvents { events, .. } => events.len() as u64,
             _ => 1,
         }
     }
@@ -147,8 +203,9 @@ pub struct EncodedPayload {
 /// Encodes an envelope and its records.
 ///
 /// Panics if a string is longer than its length field ([`STRING_LEN_MAX`], [`SIGNAL_KIND_LEN_MAX`]),
-/// if a signal batch is empty or holds more than `u32::MAX` events, or if an embedding is longer than
-/// `u32::MAX`: the API validates client input against these limits long before.
+/// if a signal or stream batch is empty or holds more than `u32::MAX` events, or if an embedding or a
+/// stream payload is longer than `u32::MAX`: the API validates client input against these limits
+/// long before.
 pub fn encode_payload(envelope: &Envelope, records: &Records) -> EncodedPayload {
     let mut out = Vec::with_capacity(64);
     out.extend_from_slice(&envelope.time_ms.to_le_bytes());
@@ -185,6 +242,11 @@ pub fn encode_payload(envelope: &Envelope, records: &Records) -> EncodedPayload 
             out.extend_from_slice(&term.0.to_le_bytes());
             out.extend_from_slice(&leader.0.to_le_bytes());
             out.extend_from_slice(&baseline.0.to_le_bytes());
+            1
+        }
+        Records::StreamEvents { stream, events } => put_stream_events(&mut out, stream, events),
+        Records::StreamControl(control) => {
+            put_stream_control(&mut out, control);
             1
         }
     };
@@ -350,10 +412,9 @@ fn decode_other(reader: &mut Reader<'_>, kind: RecordKind) -> Result<Records, Re
         }
         RecordKind::ItemDelete => Records::ItemDelete { item: reader.u64("item id")? },
         RecordKind::Control => decode_control(reader)?,
-        RecordKind::StreamEvents
-        | RecordKind::StreamControl
-        | RecordKind::InboxSend
-        | RecordKind::InboxConsume => return Err(RecordError::NoApplier(kind)),
+        RecordKind::StreamEvents => decode_stream_events(reader)?,
+        RecordKind::StreamControl => decode_stream_control(reader)?,
+        RecordKind::InboxSend | RecordKind::InboxConsume => return Err(RecordError::NoApplier(kind)),
     })
 }
 
@@ -387,6 +448,94 @@ fn put_event(out: &mut Vec<u8>, event: &SignalEvent) {
     out.extend_from_slice(event.kind.as_bytes());
     out.extend_from_slice(&event.weight.to_le_bytes());
     out.extend_from_slice(&event.ts_ms.unwrap_or(TS_ABSENT).to_le_bytes());
+}
+
+fn put_stream_events(out: &mut Vec<u8>, stream: &str, events: &[PublishEvent]) -> u32 {
+    assert!(!events.is_empty(), "a stream batch holds at least one event");
+    put_str16(out, stream);
+    let count = u32::try_from(events.len()).expect("event count checked by the API");
+    out.extend_from_slice(&count.to_le_bytes());
+    for event in events {
+        match &event.key {
+            None => out.push(0),
+            Some(key) => {
+                out.push(1);
+                put_str16(out, key);
+            }
+        }
+        let len = u32::try_from(event.payload.len()).expect("payload size checked by the API");
+        out.extend_from_slice(&len.to_le_bytes());
+        out.extend_from_slice(&event.payload);
+    }
+    count
+}
+
+fn put_stream_control(out: &mut Vec<u8>, control: &StreamControl) {
+    match control {
+        StreamControl::SaveOffset { stream, consumer, offset } => {
+            out.push(STREAM_TAG_SAVE_OFFSET);
+            put_str16(out, stream);
+            put_str16(out, consumer);
+            out.extend_from_slice(&offset.to_le_bytes());
+        }
+        StreamControl::Trim { stream, through } => {
+            out.push(STREAM_TAG_TRIM);
+            put_str16(out, stream);
+            out.extend_from_slice(&through.to_le_bytes());
+        }
+    }
+}
+
+/// A name field that must not be empty (stream, consumer, event key).
+fn name16(reader: &mut Reader<'_>, field: &'static str) -> Result<String, RecordError> {
+    let name = reader.str16(field)?;
+    if name.is_empty() {
+        return Err(RecordError::EmptyName { field });
+    }
+    Ok(name)
+}
+
+fn decode_stream_events(reader: &mut Reader<'_>) -> Result<Records, RecordError> {
+    let stream = name16(reader, "stream")?;
+    let count = reader.u32("stream event count")? as usize;
+    if count == 0 {
+        return Err(RecordError::NoEvents);
+    }
+    let needed = count.saturating_mul(STREAM_EVENT_LEN_MIN);
+    if needed > reader.remaining() {
+        let (offset, available) = (reader.at, reader.remaining());
+        return Err(RecordError::Truncated { field: "stream events", offset, needed, available });
+    }
+    let mut events = Vec::with_capacity(count);
+    for _ in 0..count {
+        let key = match reader.u8("stream event key tag")? {
+            0 => None,
+            1 => Some(name16(reader, "stream event key")?),
+            tag => return Err(RecordError::UnknownTag { field: "stream event key tag", tag }),
+        };
+        let len = reader.u32("stream event payload length")? as usize;
+        let payload = reader.take("stream event payload", len)?;
+        if let Err(e) = serde_json::from_slice::<serde::de::IgnoredAny>(payload) {
+            return Err(RecordError::BadJson { field: "stream event payload", reason: e.to_string() });
+        }
+        events.push(PublishEvent { key, payload: payload.to_vec() });
+    }
+    Ok(Records::StreamEvents { stream, events })
+}
+
+fn decode_stream_control(reader: &mut Reader<'_>) -> Result<Records, RecordError> {
+    let control = match reader.u8("stream control tag")? {
+        STREAM_TAG_SAVE_OFFSET => StreamControl::SaveOffset {
+            stream: name16(reader, "stream")?,
+            consumer: name16(reader, "consumer")?,
+            offset: reader.u64("consumer offset")?,
+        },
+        STREAM_TAG_TRIM => {
+            StreamControl::Trim { stream: name16(reader, "stream")?, through: reader.u64("trim through")? }
+        }
+        tag => return Err(RecordError::UnknownTag { field: "stream control tag", tag }),
+    };
+    Ok(Records::StreamControl(control))
 }
 
 fn decode_envelope(reader: &mut Reader<'_>) -> Result<Envelope, RecordError> {
@@ -692,12 +841,7 @@ mod tests {
             decode_payload(RecordKind::ItemDelete, &encoded.payload[..encoded.payload.len() - 1]),
             Err(RecordError::Truncated { .. })
         ));
-        for kind in [
-            RecordKind::StreamEvents,
-            RecordKind::StreamControl,
-            RecordKind::InboxSend,
-            RecordKind::InboxConsume,
-        ] {
+        for kind in [RecordKind::InboxSend, RecordKind::InboxConsume] {
             assert_eq!(decode_payload(kind, &encoded.payload), Err(RecordError::NoApplier(kind)));
         }
         let nan = encode_payload(
@@ -802,7 +946,80 @@ mod tests {
             (any::<u64>(), any::<u64>(), any::<u64>()).prop_map(|(t, l, b)| Records::Control(
                 ControlRecord::LeaderStart { term: Term(t), leader: NodeId(l), baseline: Seqno(b) }
             )),
+            ("[a-zé.]{1,12}", prop::collection::vec(any_publish(), 1..10))
+                .prop_map(|(stream, events)| Records::StreamEvents { stream, events }),
+            ("[a-z]{1,8}", "[a-z-]{1,8}", any::<u64>()).prop_map(|(stream, consumer, offset)| {
+                Records::StreamControl(StreamControl::SaveOffset { stream, consumer, offset })
+            }),
+            ("[a-z]{1,8}", any::<u64>()).prop_map(|(stream, through)| Records::StreamControl(
+                StreamControl::Trim { stream, through }
+            )),
         ]
+    }
+
+    fn any_publish() -> impl Strategy<Value = PublishEvent> {
+        (prop::option::of("[a-zü0-9]{1,6}"), any::<i64>(), "[a-z\\\"]{0,10}").prop_map(|(key, n, text)| {
+            PublishEvent {
+                key,
+                payload: serde_json::to_vec(&serde_json::json!({ "n": n, "t": text })).unwrap(),
+            }
+        })
+    }
+
+    #[test]
+    fn stream_records_refuse_what_the_api_never_writes() {
+        let publish = |stream: &str, key: Option<&str>, payload: &[u8]| {
+            let events = vec![PublishEvent { key: key.map(str::to_owned), payload: payload.to_vec() }];
+            encode_payload(&envelope(), &Records::StreamEvents { stream: stream.into(), events }).payload
+        };
+        let decode = |payload: &[u8]| decode_both(RecordKind::StreamEvents, payload);
+        assert_eq!(decode(&publish("", None, b"1")), Err(RecordError::EmptyName { field: "stream" }));
+        assert_eq!(
+            decode(&publish("s", Some(""), b"1")),
+            Err(RecordError::EmptyName { field: "stream event key" })
+        );
+        assert!(matches!(decode(&publish("s", None, b"{")), Err(RecordError::BadJson { .. })));
+        let mut bad_tag = publish("s", None, b"1");
+        let tag_at = 8 + 2 + 3 + 2 + 3 + 2 + 1 + 4;
+        bad_tag[tag_at] = 7;
+        assert_eq!(decode(&bad_tag), Err(RecordError::UnknownTag { field: "stream event key tag", tag: 7 }));
+        // A count no payload could hold is refused before anything is allocated for it.
+        let mut huge = publish("s", None, b"1");
+        huge[tag_at - 4..tag_at].copy_from_slice(&u32::MAX.to_le_bytes());
+        assert!(matches!(decode(&huge), Err(RecordError::Truncated { field: "stream events", .. })));
+        let mut zero = publish("s", None, b"1");
+        zero[tag_at - 4..tag_at].copy_from_slice(&0u32.to_le_bytes());
+        assert_eq!(decode(&zero), Err(RecordError::NoEvents));
+        let trim = |stream: &str| {
+            let control = StreamControl::Trim { stream: stream.into(), through: 5 };
+            encode_payload(&envelope(), &Records::StreamControl(control)).payload
+        };
+        let mut unknown = trim("s");
+        unknown[8 + 2 + 3 + 2 + 3] = 3;
+        assert_eq!(
+            decode_both(RecordKind::StreamControl, &unknown),
+            Err(RecordError::UnknownTag { field: "stream control tag", tag: 3 })
+        );
+        assert_eq!(
+            decode_both(RecordKind::StreamControl, &trim("")),
+            Err(RecordError::EmptyName { field: "stream" })
+        );
+        let good = publish("s", Some("k"), b"[1,2]");
+        for len in 0..good.len() {
+            assert!(decode(&good[..len]).is_err(), "a payload cut at {len} decodes");
+        }
+        assert_eq!(
+            encode_payload(
+                &envelope(),
+                &Records::StreamEvents {
+                    stream: "s".into(),
+                    events: vec![PublishEvent { key: None, payload: b"1".to_vec() }; 3],
+                }
+            )
+            .event_count,
+            3,
+            "one seqno per event"
+        );
     }
 
     proptest! {

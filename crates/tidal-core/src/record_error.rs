@@ -44,13 +44,35 @@ pub enum RecordError {
         /// The JSON parser's message.
         reason: String,
     },
-    /// A signal batch with zero events.
-    #[error("signal payload has zero events")]
+    /// A signal or stream batch with zero events.
+    #[error("payload has zero events")]
     NoEvents,
+    /// A stream event payload is not JSON text.
+    #[error("{field} is not valid JSON: {reason}")]
+    BadJson {
+        /// Which field.
+        field: &'static str,
+        /// The JSON parser's message.
+        reason: String,
+    },
+    /// A name that must not be empty is (a stream, a consumer, an event key).
+    #[error("{field} is empty")]
+    EmptyName {
+        /// Which field.
+        field: &'static str,
+    },
+    /// A tag byte this build does not know.
+    #[error("unknown {field} {tag}")]
+    UnknownTag {
+        /// Which tag.
+        field: &'static str,
+        /// Its value.
+        tag: u8,
+    },
     /// A control record tag this build does not know.
     #[error("unknown control record tag {0}")]
     UnknownControlTag(u8),
-    /// A record kind this build has no applier for (streams, inboxes: not built yet).
+    /// A record kind this build has no applier for (inboxes: not built yet).
     #[error("no applier for record kind {0}")]
     NoApplier(RecordKind),
 }

@@ -35,6 +35,10 @@ pub struct Stores {
     pub seen: Keyspace,
     /// The idempotency table.
     pub idempotency: Keyspace,
+    /// Stream metas and consumer offsets.
+    pub streams: Keyspace,
+    /// Stream events by (stream, offset).
+    pub stream_events: Keyspace,
     /// Hard negatives (NOT log-derived).
     pub negatives: Keyspace,
     /// What this node keeps about its own fjall state to open fast: the item and user counts at
@@ -65,6 +69,8 @@ impl Stores {
             profiles: keyspace("profiles")?,
             seen: keyspace("seen")?,
             idempotency: keyspace("idempotency")?,
+            streams: keyspace("streams")?,
+            stream_events: keyspace("stream_events")?,
             negatives: keyspace("negatives")?,
             local: keyspace("local")?,
             database,
@@ -72,7 +78,7 @@ impl Stores {
     }
 
     /// Every log-derived keyspace with its name, in digest order.
-    pub fn log_derived(&self) -> [(&'static str, &Keyspace); 8] {
+    pub fn log_derived(&self) -> [(&'static str, &Keyspace); 10] {
         [
             ("meta", &self.meta),
             ("items", &self.items),
@@ -82,6 +88,8 @@ impl Stores {
             ("profiles", &self.profiles),
             ("seen", &self.seen),
             ("idempotency", &self.idempotency),
+            ("streams", &self.streams),
+            ("stream_events", &self.stream_events),
         ]
     }
 }

@@ -61,6 +61,7 @@ fn kinds_without_an_applier_and_bad_payloads_error_and_write_nothing() {
     let before = db.digest().unwrap();
     let envelope = encode_payload(&Envelope::default(), &Records::ItemDelete { item: 1 }).payload;
 
+    // Inbox kinds have no applier yet; stream kinds do not decode from an item delete's payload.
     for kind in
         [RecordKind::StreamEvents, RecordKind::StreamControl, RecordKind::InboxSend, RecordKind::InboxConsume]
     {

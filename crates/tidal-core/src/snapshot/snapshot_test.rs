@@ -27,6 +27,17 @@ fn sample() -> (Vec<u8>, SnapshotInfo) {
             "profiles" => writer.entry(b"u1", &vector).unwrap(),
             "seen" => writer.entry(&keys::seen_key("u1", 7), &[]).unwrap(),
             "idempotency" => writer.entry(b"k", b"v").unwrap(),
+            "streams" => {
+                let meta = crate::streams::StreamMeta { last_offset: 9, events: 1, ..Default::default() };
+                writer.entry(&crate::streams::meta_key("s"), &meta.encode()).unwrap();
+                writer.entry(&crate::streams::consumer_key("s", "c").unwrap(), &9u64.to_le_bytes()).unwrap();
+            }
+            "stream_events" => {
+                let prefix = crate::streams::name_prefix("s").unwrap();
+                let event = crate::record::PublishEvent { key: Some("k".into()), payload: b"1".to_vec() };
+                let value = crate::streams::event_value(1_700_000_000, &event);
+                writer.entry(&crate::streams::event_key(&prefix, 9), &value).unwrap();
+            }
             NEGATIVES => {
                 let mut state = NegativesState::default();
                 state.add(crate::negatives::Actor { node: 1, incarnation: 1 }, 9);
@@ -48,7 +59,7 @@ fn read(bytes: &[u8]) -> Result<SnapshotInfo, SnapshotError> {
 fn a_snapshot_round_trips_and_every_entry_is_visited() {
     let (bytes, info) = sample();
     assert_eq!(info.bytes, bytes.len() as u64);
-    assert_eq!(info.entries, 10);
+    assert_eq!(info.entries, 13);
     let mut seen = Vec::new();
     let read_info = read_snapshot(&bytes[..], DIM, &mut |section, key, _| {
         seen.push((section, key.to_vec()));
@@ -56,7 +67,7 @@ fn a_snapshot_round_trips_and_every_entry_is_visited() {
     })
     .unwrap();
     assert_eq!(read_info, info);
-    assert_eq!(seen.len(), 10);
+    assert_eq!(seen.len(), 13);
     assert_eq!(seen.last().unwrap(), &(NEGATIVES_SECTION, b"u1".to_vec()));
 }
 
@@ -89,9 +100,12 @@ fn trailing_bytes_another_dimension_and_other_versions_are_refused() {
         read_snapshot(&bytes[..], DIM + 1, &mut |_, _, _| Ok(())),
         Err(SnapshotError::Incompatible { .. })
     ));
-    let mut newer = bytes.clone();
-    newer[8] = 2;
-    assert!(matches!(read(&newer), Err(SnapshotError::Incompatible { .. })));
+    for version in [1u8, 3] {
+        // Version 1 had no stream sections: its sections would be read as the wrong keyspaces.
+        let mut other = bytes.clone();
+        other[8] = version;
+        assert!(matches!(read(&other), Err(SnapshotError::Incompatible { .. })), "version {version}");
+    }
     bytes.push(0);
     assert!(
         matches!(read(&bytes), Err(SnapshotError::Malformed { reason, .. }) if reason.contains("after the trailer"))
