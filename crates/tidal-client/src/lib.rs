@@ -6,6 +6,9 @@
 #![deny(missing_docs)]
 
 pub mod node_log;
+mod streams;
+
+pub use streams::{segment, Delivery, Publish, Subscription};
 
 use serde::de::DeserializeOwned;
 use serde::Serialize;

@@ -188,6 +188,9 @@ pub struct FileConfig {
     trending_weight: Option<f64>,
     body_bytes_max: Option<usize>,
     signals_per_request_max: Option<usize>,
+    stream_event_bytes_max: Option<usize>,
+    stream_events_per_request_max: Option<usize>,
+    stream_subscribers_max: Option<usize>,
     segment_bytes_max: Option<u64>,
     write_inflight_bytes_max: Option<usize>,
     wal_retention_bytes: Option<u64>,
@@ -223,6 +226,12 @@ pub struct ServeConfig {
     pub body_bytes_max: usize,
     /// Most signals in one POST (one batch).
     pub signals_per_request_max: usize,
+    /// Largest stream event payload (compact JSON bytes).
+    pub stream_event_bytes_max: usize,
+    /// Most events in one publish (one batch).
+    pub stream_events_per_request_max: usize,
+    /// Most live stream subscriptions (SSE) a node serves at once.
+    pub stream_subscribers_max: usize,
     /// WAL segment size.
     pub segment_bytes_max: u64,
     /// Bytes of each WAL segment written with zeros before use (capped at the segment size; 0: off).
@@ -364,6 +373,9 @@ impl ServeConfig {
             trending_weight: file.trending_weight.unwrap_or(0.1),
             body_bytes_max: file.body_bytes_max.unwrap_or(16 * 1024 * 1024),
             signals_per_request_max: file.signals_per_request_max.unwrap_or(10_000),
+            stream_event_bytes_max: file.stream_event_bytes_max.unwrap_or(1024 * 1024),
+            stream_events_per_request_max: file.stream_events_per_request_max.unwrap_or(1_000),
+            stream_subscribers_max: file.stream_subscribers_max.unwrap_or(1_024),
             segment_bytes_max: file.segment_bytes_max.unwrap_or(64 * 1024 * 1024),
             wal_preallocate_bytes: wal_preallocate_bytes(
                 std::env::var("TIDAL_WAL_PREALLOCATE").ok().as_deref(),
@@ -405,6 +417,10 @@ impl ServeConfig {
             "write_inflight_bytes_max must hold at least one whole body"
         );
         anyhow::ensure!(self.segment_bytes_max >= 4096, "segment_bytes_max must be at least 4096");
+        anyhow::ensure!(
+            self.stream_event_bytes_max >= 1 && self.stream_events_per_request_max >= 1,
+            "stream_event_bytes_max and stream_events_per_request_max must be at least 1"
+        );
         Ok(())
     }
 }

@@ -26,6 +26,8 @@ use tidal_types::{
     USER_BYTES_MAX,
 };
 
+mod streams;
+
 /// Largest metadata document, in bytes: metadata is a catalogue entry, not a blob store.
 const METADATA_BYTES_MAX: usize = 1024 * 1024;
 /// Largest `limit` on ranked reads.
@@ -47,6 +49,8 @@ pub struct AppState {
     pub metrics: crate::metrics::HttpMetrics,
     /// Where a follower forwards writes.
     pub forward: Forwarder,
+    /// Live stream subscriptions.
+    pub streams: streams::Subscriptions,
 }
 
 /// Forwards writes from a follower to the leader, carrying the caller's own credential (there are
@@ -141,7 +145,7 @@ const NOT_READS: MethodFilter = MethodFilter::CONNECT
 
 /// A route-table entry; `handler` is a handler function of this module.
 macro_rules! route {
-    ($methods:expr, $path:literal, $handler:ident, $access:expr, $serve:expr) => {
+    ($methods:expr, $path:literal, $handler:path, $access:expr, $serve:expr) => {
         Route {
             methods: $methods,
             path: $path,
@@ -176,8 +180,13 @@ pub static ROUTES: &[Route] = {
         route!(POST, "/v1/users/{user}/negatives", post_negative, WRITE, Anywhere),
         route!(GET, "/v1/users/{user}/negatives", get_negatives, READ, Anywhere),
         route!(DELETE, "/v1/users/{user}/negatives/{item}", delete_negative, WRITE, Anywhere),
-        route!(GET, "/v1/streams/{*rest}", not_implemented, READ, LeaderIfAsked),
-        route!(NOT_READS, "/v1/streams/{*rest}", not_implemented, WRITE, Leader),
+        route!(GET, "/v1/streams", streams::list, READ, LeaderIfAsked),
+        route!(POST, "/v1/streams/{stream}/events", streams::publish, WRITE, Leader),
+        route!(GET, "/v1/streams/{stream}/events", streams::read, READ, LeaderIfAsked),
+        route!(GET, "/v1/streams/{stream}/subscribe", streams::subscribe, READ, Anywhere),
+        route!(PUT, "/v1/streams/{stream}/consumers/{name}", streams::put_consumer, WRITE, Leader),
+        route!(GET, "/v1/streams/{stream}/consumers/{name}", streams::get_consumer, READ, LeaderIfAsked),
+        route!(POST, "/v1/streams/{stream}/trim", streams::trim, WRITE, Leader),
         route!(GET, "/v1/inboxes/{*rest}", not_implemented, READ, LeaderIfAsked),
         route!(NOT_READS, "/v1/inboxes/{*rest}", not_implemented, WRITE, Leader),
         route!(GET, "/cluster/status", get_status, ADMIN, Anywhere),
@@ -1118,6 +1127,7 @@ async fn metrics(State(state): State<Arc<AppState>>) -> Response {
     );
     render_engine_metrics(&mut out, node);
     render_fatal_metrics(&mut out, node);
+    streams::render_metrics(&mut out, &state);
     render_single(
         &mut out,
         "tidal_uptime_seconds",
@@ -1426,11 +1436,7 @@ fn render_fatal_metrics(out: &mut String, node: &Node) {
 }
 
 async fn not_implemented() -> ApiError {
-    ApiError::new(
-        StatusCode::NOT_IMPLEMENTED,
-        ErrorCode::NotImplemented,
-        "streams and inboxes are not built yet",
-    )
+    ApiError::new(StatusCode::NOT_IMPLEMENTED, ErrorCode::NotImplemented, "inboxes are not built yet")
 }
 
 async fn fallback() -> ApiError {

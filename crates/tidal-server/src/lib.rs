@@ -77,7 +77,21 @@ where
     let node = open_node(config.clone()).await?;
     let replication = Replication::start(&node, rpc_listener).await?;
     let forward = http::Forwarder::new(&node);
-    let state = Arc::new(http::AppState { node: node.clone(), tokens, metrics: Default::default(), forward });
+    let state = Arc::new(http::AppState {
+        node: node.clone(),
+        tokens,
+        metrics: Default::default(),
+        forward,
+        streams: Default::default(),
+    });
+    // Stream subscriptions never end on their own: the stop ends them so the HTTP drain can finish.
+    let shutdown = {
+        let state = state.clone();
+        async move {
+            shutdown.await;
+            state.streams.close();
+        }
+    };
     let background = Background::start(&node);
     tracing::info!(addr = %listener.local_addr()?, data_dir = %config.data_dir.display(), "serving");
     let grace = Duration::from_millis(config.fatal_exit_grace_ms);

@@ -453,6 +453,12 @@ impl Node {
         }
     }
 
+    /// The applied frontier as a watch: a stream subscriber marks it seen, then reads, then waits
+    /// for a change, so an apply between its read and its wait still wakes it.
+    pub fn applied_watch(&self) -> watch::Receiver<Seqno> {
+        self.applied.clone()
+    }
+
     /// Waits until the applied frontier reaches `seqno`; `timeout` None waits as long as it takes
     /// (writes), else fails with 504 `not_caught_up`.
     pub async fn wait_applied(&self, seqno: u64, timeout: Option<Duration>) -> Result<u64, ApiError> {

@@ -12,8 +12,13 @@ pub const USER_BYTES_MAX: usize = 256;
 pub enum ErrorCode {
     /// Body is not valid JSON or does not have the expected shape.
     MalformedJson,
-    /// A field has a value outside its domain (empty name, reserved prefix, id out of range...).
+    /// A field has a value outside its domain (id out of range, limit out of range...).
     InvalidArgument,
+    /// A stream, consumer or event key name that is empty, too long, reserved or has control
+    /// characters.
+    InvalidName,
+    /// An offset past the stream's last offset.
+    InvalidOffset,
     /// Unknown signal kind.
     UnknownSignalKind,
     /// Embedding has the wrong dimension.
@@ -50,6 +55,8 @@ impl ErrorCode {
         match self {
             ErrorCode::MalformedJson => "malformed_json",
             ErrorCode::InvalidArgument => "invalid_argument",
+            ErrorCode::InvalidName => "invalid_name",
+            ErrorCode::InvalidOffset => "invalid_offset",
             ErrorCode::UnknownSignalKind => "unknown_signal_kind",
             ErrorCode::DimensionMismatch => "dimension_mismatch",
             ErrorCode::InvalidVector => "invalid_vector",
@@ -281,4 +288,95 @@ pub struct ClusterStatus {
     pub quarantined_seqnos: u64,
     /// Every node.
     pub nodes: Vec<NodeStatus>,
+}
+
+/// Reply to `POST /v1/streams/{stream}/events`: each event's offset (its seqno), and the write's
+/// last seqno.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Published {
+    /// The events' offsets, in the order sent.
+    pub offsets: Vec<u64>,
+    /// Last seqno the write consumed (the last offset).
+    pub seqno: u64,
+}
+
+/// A stream event as reads and subscriptions return it.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct StreamEventView {
+    /// The event's seqno: global, never renumbered.
+    pub offset: u64,
+    /// The stream.
+    pub stream: String,
+    /// Carried metadata.
+    pub key: Option<String>,
+    /// What was published.
+    pub payload: serde_json::Value,
+    /// The leader's logged time of the publish, unix seconds (informational, not an order).
+    pub created_at: i64,
+}
+
+/// Reply to `GET /v1/streams/{stream}/events`.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct StreamEvents {
+    /// Events after the requested offset, ascending.
+    pub events: Vec<StreamEventView>,
+    /// The node's applied seqno when it read.
+    pub applied_seqno: u64,
+}
+
+/// A consumer's offset: the reply to `GET` and `PUT /v1/streams/{stream}/consumers/{name}` (a
+/// save also gives its seqno).
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct ConsumerOffset {
+    /// The saved offset.
+    pub offset: u64,
+    /// The save's seqno (a save only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seqno: Option<u64>,
+}
+
+/// Reply to `POST /v1/streams/{stream}/trim`.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Trimmed {
+    /// The trim's seqno.
+    pub seqno: u64,
+    /// Every offset at or below this is gone.
+    pub horizon: u64,
+}
+
+/// One stream of `GET /v1/streams`.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct StreamView {
+    /// The stream's name.
+    pub stream: String,
+    /// The first event still stored.
+    pub first_offset: Option<u64>,
+    /// The last event ever published (0 before the first).
+    pub last_offset: u64,
+    /// Every offset at or below this was trimmed.
+    pub trimmed_through: u64,
+    /// Events stored.
+    pub events: u64,
+    /// Their payload bytes.
+    pub bytes: u64,
+    /// Consumers with their saved offsets, by name.
+    pub consumers: Vec<ConsumerView>,
+}
+
+/// A consumer in [`StreamView`].
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct ConsumerView {
+    /// Its name.
+    pub name: String,
+    /// Its saved offset.
+    pub offset: u64,
+}
+
+/// Reply to `GET /v1/streams`.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct StreamList {
+    /// Streams by name.
+    pub streams: Vec<StreamView>,
+    /// The node's applied seqno when it read.
+    pub applied_seqno: u64,
 }
