@@ -101,6 +101,9 @@ pub struct Scenario {
     pub rename_errors: bool,
     /// Whether every other item also gets an embedding (non-empty feeds for invariant 5).
     pub embeddings: bool,
+    /// Whether a quarter of the writes are txs (`POST /v1/tx`: an item and an event about it, two
+    /// seqnos in one batch), checked for the stream's invariants and the tx's atomicity.
+    pub txs: bool,
     /// Whether the seed may turn on duplicated and reordered delivery of ships (`redeliver.rs`;
     /// classes and rates drawn per seed from a stream of their own).
     pub redelivery: bool,
@@ -144,6 +147,7 @@ impl Scenario {
             point_downtime: Duration::from_millis(1500),
             rename_errors: false,
             embeddings: false,
+            txs: true,
             redelivery: false,
             file_faults: false,
             supervisor: true,
@@ -251,6 +255,8 @@ impl Scenario {
                 load: Duration::from_secs(16),
                 writes_max: 120,
                 writers: 1,
+                // Its window counts one seqno per write.
+                txs: false,
                 ..base.clone()
             },
             Scenario {
@@ -259,6 +265,7 @@ impl Scenario {
                 load: Duration::from_secs(12),
                 writes_max: 90,
                 writers: 1,
+                txs: false,
                 ..base.clone()
             },
             // Disk faults through SimIo: failed fsyncs (once, or stuck) and writes, a full disk (the
@@ -1323,6 +1330,8 @@ pub fn run(seed: u64, scenario: &Scenario) -> anyhow::Result<Outcome> {
         heal_via_log: scenario.heal_via_log,
         registers: scenario.registers,
         embeddings: scenario.embeddings,
+        reader: scenario.txs && scenario.durability == Durability::Quorum,
+        txs: scenario.txs,
     };
     sim.client("client", workload::run(workload, shared.clone()));
     let mut driver = Driver {

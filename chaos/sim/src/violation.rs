@@ -20,6 +20,9 @@ impl fmt::Display for Node {
     }
 }
 
+/// A stream event as the checks compare it: `(offset, writer id)`.
+pub type StreamEntry = (u64, u64);
+
 /// A feed as read from one node: `(item, score)` in order.
 pub type FeedItems = Vec<(u64, f64)>;
 
@@ -224,6 +227,51 @@ pub enum Violation {
         other: (Node, FeedItems),
     },
 
+    // Invariant 5, streams: the same events at the same offsets on every node, none acknowledged
+    // lost, a tx all or nothing, a reader that moves between nodes never skipping or repeating.
+    /// A node's stream could not be read whole at the converged seqno.
+    StreamUnreadable {
+        /// The node.
+        node: Node,
+        /// What the read returned.
+        read: String,
+    },
+    /// Two nodes hold different events (offset, writer id) in the stream.
+    StreamMismatch {
+        /// The first node and its event count.
+        first: (Node, usize),
+        /// The other node and its event count.
+        other: (Node, usize),
+        /// The first position where they differ: `(offset, id)` on each, if any.
+        at: (Option<StreamEntry>, Option<StreamEntry>),
+    },
+    /// An acknowledged publish is not in the stream at its offset.
+    AckedEventLost {
+        /// The write's id.
+        id: u64,
+        /// The offset it was acknowledged with.
+        offset: u64,
+    },
+    /// A tx left its item without its event or its event without its item.
+    TxHalfApplied {
+        /// The write's id.
+        id: u64,
+        /// Whether the item exists.
+        item: bool,
+        /// Whether the event exists.
+        event: bool,
+    },
+    /// A reader that resumed by its last offset on one node after another skipped or repeated an
+    /// event of the final stream.
+    ReaderGap {
+        /// How many events it had read in order.
+        position: usize,
+        /// The offset it read there.
+        read: u64,
+        /// The offset the final stream holds there, if any.
+        expected: Option<u64>,
+    },
+
     // Invariant 7: no unexpected exit.
     /// A node exited, and neither a refusal of a damaged WAL nor an injected fatal fault explains
     /// it.
@@ -389,7 +437,9 @@ impl Violation {
     /// The id of the acknowledged write this violation says is lost (invariant 1), if any.
     pub fn lost_write(&self) -> Option<u64> {
         match self {
-            Violation::AckedItemUnreadable { id, .. } | Violation::AckedAboveFrontier { id, .. } => Some(*id),
+            Violation::AckedItemUnreadable { id, .. }
+            | Violation::AckedAboveFrontier { id, .. }
+            | Violation::AckedEventLost { id, .. } => Some(*id),
             _ => None,
         }
     }
@@ -472,6 +522,22 @@ impl fmt::Display for Violation {
                     seen.join(", ")
                 )
             }
+            Violation::StreamUnreadable { node, read } => write!(f, "invariant 5: the stream of {node} is unreadable: {read}"),
+            Violation::StreamMismatch { first, other, at } => write!(
+                f,
+                "invariant 5: streams differ: {} holds {} events, {} holds {}; first difference {:?} vs {:?}",
+                first.0, first.1, other.0, other.1, at.0, at.1
+            ),
+            Violation::AckedEventLost { id, offset } => {
+                write!(f, "invariant 1: acked publish {id} (offset {offset}) is not in the stream")
+            }
+            Violation::TxHalfApplied { id, item, event } => {
+                write!(f, "tx atomicity: write {id} left item {item}, event {event}")
+            }
+            Violation::ReaderGap { position, read, expected } => write!(
+                f,
+                "invariant 5: a reader resuming across nodes read offset {read} as event {position}, the stream holds {expected:?} there"
+            ),
             Violation::FeedMismatch { user, seqno, first: (a, first), other: (b, other) } => {
                 write!(f, "invariant 5: feed of u{user} at seqno {seqno} differs: {a} {first:?}, {b} {other:?}")
             }

@@ -45,7 +45,12 @@ pub struct Ack {
     pub seqno: u64,
     /// The node that answered.
     pub node: usize,
+    /// For a tx (an item and its event, [`STREAM`]), the event's offset.
+    pub offset: Option<u64>,
 }
+
+/// The stream the tx writes publish to.
+pub const STREAM: &str = "orders";
 
 /// Counts of write outcomes.
 #[derive(Clone, Debug, Default)]
@@ -97,6 +102,9 @@ pub struct Shared {
     pub counters_stale_source: u64,
     /// Feed entries compared (an empty feed compares little).
     pub counters_feed_items: u64,
+    /// Offsets a reader read in order while it moved from node to node, resuming after the last
+    /// one it read ([`Workload::reader`]).
+    pub reader: Vec<u64>,
     /// While set, no write attempt starts (a scripted fault plan holds the client still between
     /// two of its steps, `script.rs`); an attempt already sent runs to its answer.
     pub writes_paused: bool,
@@ -123,6 +131,7 @@ impl Shared {
             counters_stale_source: 0,
             counters_feed_items: 0,
             writes_paused: false,
+            reader: Vec::new(),
         }
     }
 }
@@ -157,6 +166,12 @@ pub struct Workload {
     /// Whether every other item also gets an embedding (`PUT /v1/items/{id}/embedding`), so users'
     /// feeds are not empty and the feed-parity check compares scores.
     pub embeddings: bool,
+    /// Whether a reader follows the stream during the load, each read from the next node, and
+    /// must see the final stream's prefix (quorum mode: every node applies only committed
+    /// batches; in leader mode a failover may drop what it read).
+    pub reader: bool,
+    /// Whether writes with `id % 4 == 1` are txs (an item and an event about it).
+    pub txs: bool,
 }
 
 fn host(node: usize) -> String {
@@ -215,12 +230,17 @@ pub async fn run(workload: Workload, shared: Rc<RefCell<Shared>>) -> turmoil::Re
     let monitor = tokio::task::spawn_local(monitor(workload.nodes, shared.clone()));
     shared.borrow_mut().writing = true;
     let load_end = Instant::now() + workload.load;
+    let reader =
+        workload.reader.then(|| tokio::task::spawn_local(read_along(workload.nodes, shared.clone())));
     let mut writers = Vec::new();
     for index in 0..workload.writers {
         writers.push(tokio::task::spawn_local(writer(workload.clone(), shared.clone(), load_end, index)));
     }
     for writer in writers {
         let _ = writer.await;
+    }
+    if let Some(reader) = reader {
+        reader.abort();
     }
     shared.borrow_mut().phase = Phase::HealRequested;
     while shared.borrow().phase != Phase::Healed {
@@ -241,6 +261,38 @@ async fn monitor(nodes: usize, shared: Rc<RefCell<Shared>>) {
         // Sampling period of the leader monitor.
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+}
+
+/// Follows the stream as a subscriber that lost its connection after every read would: reads the
+/// events after the last one it saw, each time from the next node.
+async fn read_along(nodes: usize, shared: Rc<RefCell<Shared>>) {
+    let mut node = 0;
+    loop {
+        let after = shared.borrow().reader.last().copied().unwrap_or(0);
+        let path = format!("/v1/streams/{STREAM}/events?after={after}&limit=50");
+        if let Ok(answer) = request(&host(node), "GET", &path, None, &[], REQUEST_TIMEOUT).await {
+            if answer.status == 200 {
+                let offsets = stream_page(&answer.body).into_iter().map(|(offset, _)| offset);
+                shared.borrow_mut().reader.extend(offsets);
+            }
+        }
+        node = (node + 1) % nodes;
+        // Period of the reader's polls.
+        tokio::time::sleep(Duration::from_millis(150)).await;
+    }
+}
+
+/// `(offset, payload.w)` of each event of a stream read's body.
+fn stream_page(body: &[u8]) -> Vec<(u64, u64)> {
+    let Ok(value) = serde_json::from_slice::<serde_json::Value>(body) else { return Vec::new() };
+    let events = value.get("events").and_then(serde_json::Value::as_array).cloned().unwrap_or_default();
+    events
+        .iter()
+        .map(|event| {
+            let offset = event.get("offset").and_then(serde_json::Value::as_u64).unwrap_or(0);
+            (offset, event.pointer("/payload/w").and_then(serde_json::Value::as_u64).unwrap_or(0))
+        })
+        .collect()
 }
 
 async fn writer(workload: Workload, shared: Rc<RefCell<Shared>>, load_end: Instant, index: usize) {
@@ -280,14 +332,25 @@ async fn wait_unpaused(shared: &Rc<RefCell<Shared>>) {
     }
 }
 
+/// Whether write `id` is a tx: its item and an event about it, one batch.
+fn is_tx(workload: &Workload, id: u64) -> bool {
+    workload.txs && id % 4 == 1
+}
+
 async fn write_one(workload: &Workload, shared: &Rc<RefCell<Shared>>, id: u64) {
     let item = id % 4 != 3;
-    let (method, path, body) = if item {
-        let metadata = if workload.item_pad > 0 {
-            serde_json::json!({"w": id, "pad": "p".repeat(workload.item_pad)})
-        } else {
-            serde_json::json!({"w": id})
-        };
+    let metadata = if workload.item_pad > 0 {
+        serde_json::json!({"w": id, "pad": "p".repeat(workload.item_pad)})
+    } else {
+        serde_json::json!({"w": id})
+    };
+    let (method, path, body) = if is_tx(workload, id) {
+        let ops = serde_json::json!([
+            {"op": "put_item", "item": id, "metadata": metadata},
+            {"op": "publish", "stream": STREAM, "payload": {"w": id}},
+        ]);
+        ("POST", "/v1/tx".to_string(), serde_json::json!({ "ops": ops }))
+    } else if item {
         ("PUT", format!("/v1/items/{id}"), serde_json::json!({"metadata": metadata}))
     } else {
         (
@@ -306,9 +369,12 @@ async fn write_one(workload: &Workload, shared: &Rc<RefCell<Shared>>, id: u64) {
         tracing::debug!(id, node, attempt, status = ?answer.as_ref().map(|answer| answer.status), "write answered");
         match answer {
             Ok(Answer { status: 200..=299, body }) => {
-                let seqno = serde_json::from_slice::<serde_json::Value>(&body)
-                    .ok()
-                    .and_then(|value| value.get("seqno").and_then(serde_json::Value::as_u64));
+                let reply = serde_json::from_slice::<serde_json::Value>(&body).ok();
+                let seqno =
+                    reply.as_ref().and_then(|value| value.get("seqno").and_then(serde_json::Value::as_u64));
+                let offset = reply
+                    .as_ref()
+                    .and_then(|value| value.pointer("/offsets/0").and_then(serde_json::Value::as_u64));
                 let mut shared = shared.borrow_mut();
                 match seqno {
                     Some(seqno) => {
@@ -316,7 +382,7 @@ async fn write_one(workload: &Workload, shared: &Rc<RefCell<Shared>>, id: u64) {
                         // With the simulated time it came in: a replay must match it to the ms.
                         let at = turmoil::sim_elapsed().map_or(0, |elapsed| elapsed.as_millis());
                         shared.trace.push(format!("ack {id} {seqno} n{} at {at} ms", node + 1));
-                        shared.acks.push(Ack { id, item, seqno, node });
+                        shared.acks.push(Ack { id, item, seqno, node, offset });
                     }
                     None => shared.violations.push(Violation::AckWithoutSeqno { id }),
                 }
@@ -713,6 +779,7 @@ async fn check_converged(workload: &Workload, shared: &Rc<RefCell<Shared>>, posi
         }
     }
     feed_parity(workload, shared, position.1).await;
+    check_stream(workload, shared, position.1).await;
     // Every acked seqno must be at or below the converged commit frontier.
     for ack in &acks {
         if ack.seqno > position.1 {
@@ -723,4 +790,79 @@ async fn check_converged(workload: &Workload, shared: &Rc<RefCell<Shared>>, posi
             });
         }
     }
+}
+
+/// The whole stream as `node` holds it once it applied `seqno`: `(offset, writer id)` ascending.
+async fn read_stream(node: usize, seqno: u64) -> Result<Vec<(u64, u64)>, String> {
+    let mut events = Vec::new();
+    loop {
+        let after = events.last().map_or(0, |(offset, _)| *offset);
+        let path = format!("/v1/streams/{STREAM}/events?after={after}&limit=1000&min_seqno={seqno}");
+        let answer = request(&host(node), "GET", &path, None, &[], REQUEST_TIMEOUT)
+            .await
+            .map_err(|e| format!("{e:#}"))?;
+        if answer.status != 200 {
+            return Err(format!("{} {}", answer.status, body_start(&answer.body)));
+        }
+        let page = stream_page(&answer.body);
+        if page.is_empty() {
+            return Ok(events);
+        }
+        events.extend(page);
+    }
+}
+
+/// Invariant 5's stream part and the tx's atomicity: every node holds the same events, every
+/// acknowledged publish is there at its offset, every tx left its item and its event or neither,
+/// and the reader that moved between nodes saw a prefix of the final stream.
+async fn check_stream(workload: &Workload, shared: &Rc<RefCell<Shared>>, seqno: u64) {
+    let mut streams = Vec::new();
+    for node in 0..workload.nodes {
+        match read_stream(node, seqno).await {
+            Ok(events) => streams.push((node, events)),
+            Err(read) => {
+                shared.borrow_mut().violations.push(Violation::StreamUnreadable { node: Node(node), read })
+            }
+        }
+    }
+    let Some((first_node, first)) = streams.first().cloned() else { return };
+    for (node, events) in &streams[1..] {
+        if *events != first {
+            let at = (0..).find(|i| first.get(*i) != events.get(*i)).unwrap_or(0);
+            shared.borrow_mut().violations.push(Violation::StreamMismatch {
+                first: (Node(first_node), first.len()),
+                other: (Node(*node), events.len()),
+                at: (first.get(at).copied(), events.get(at).copied()),
+            });
+        }
+    }
+    let held: BTreeMap<u64, u64> = first.iter().copied().collect();
+    let acks = shared.borrow().acks.clone();
+    for ack in &acks {
+        if let Some(offset) = ack.offset {
+            if held.get(&offset) != Some(&ack.id) {
+                shared.borrow_mut().violations.push(Violation::AckedEventLost { id: ack.id, offset });
+            }
+        }
+    }
+    let with_event: BTreeSet<u64> = first.iter().map(|(_, id)| *id).collect();
+    let written = shared.borrow().next_id;
+    for id in (1..written).filter(|id| is_tx(workload, *id)) {
+        let path = format!("/v1/items/{id}?min_seqno={seqno}");
+        let item = request(&host(first_node), "GET", &path, None, &[], REQUEST_TIMEOUT)
+            .await
+            .is_ok_and(|answer| answer.status == 200);
+        let event = with_event.contains(&id);
+        if item != event {
+            shared.borrow_mut().violations.push(Violation::TxHalfApplied { id, item, event });
+        }
+    }
+    let reader = shared.borrow().reader.clone();
+    let finals: Vec<u64> = first.iter().map(|(offset, _)| *offset).collect();
+    if let Some(position) = (0..reader.len()).find(|i| finals.get(*i) != Some(&reader[*i])) {
+        let (read, expected) = (reader[position], finals.get(position).copied());
+        shared.borrow_mut().violations.push(Violation::ReaderGap { position, read, expected });
+    }
+    let mut shared = shared.borrow_mut();
+    shared.trace.push(format!("stream: {} events, the reader read {}", first.len(), reader.len()));
 }

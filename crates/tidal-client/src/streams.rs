@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use serde::Serialize;
-use tidal_types::{ConsumerOffset, Published, StreamEventView, StreamEvents, StreamList, Trimmed};
+use tidal_types::{ConsumerOffset, Published, StreamEventView, StreamEvents, StreamList, Trimmed, TxReply};
 
 use crate::{Client, Error};
 
@@ -91,6 +91,17 @@ impl Client {
         let path = format!("/v1/streams/{}/trim", segment(stream));
         let body = serde_json::json!({ "through": through });
         Self::send(self.request(reqwest::Method::POST, &path).json(&body)).await
+    }
+
+    /// `POST /v1/tx`: the ops (`{"op": "put_item", ...}` and the rest of the API reference) as one
+    /// batch, all or nothing.
+    pub async fn tx(
+        &self,
+        ops: &[serde_json::Value],
+        idempotency_key: Option<&str>,
+    ) -> Result<TxReply, Error> {
+        let builder = self.request(reqwest::Method::POST, "/v1/tx").json(&serde_json::json!({ "ops": ops }));
+        Self::send(Self::with_key(builder, idempotency_key)).await
     }
 
     /// `GET /v1/streams?after=name&limit=L`.

@@ -130,6 +130,8 @@ pub struct TidalDb {
     negatives_lock: Mutex<()>,
     /// False after [`TidalDb::simulate_crash`]: drop then leaves the overlays unflushed.
     flush_on_drop: bool,
+    /// True after a tx failed half-way ([`TidalDb::apply_tx`]): drop leaves the overlays unflushed.
+    half_applied: AtomicBool,
     /// True while a snapshot install is replacing the state, and after one that failed half-way
     /// (fjall holds [`crate::snapshot::META_IMPORT_PENDING`]): applies and exports are refused
     /// until an install completes.
@@ -289,6 +291,7 @@ impl TidalDb {
             flusher_thread: Some(flusher_thread),
             negatives_lock: Mutex::new(()),
             flush_on_drop: true,
+            half_applied: AtomicBool::new(false),
             import_incomplete: AtomicBool::new(import_incomplete),
             replaying: AtomicBool::new(false),
             fold_helper: Mutex::new(None),
@@ -421,18 +424,16 @@ impl TidalDb {
                 time_ms: envelope.time_ms,
             },
         });
+        if let FoldRecords::Tx(ops) = records {
+            let at = TxAt { first: first_seqno, last: last_seqno, time_ms: envelope.time_ms, now_ms };
+            self.apply_tx(&mut writer, at, new_key.as_ref(), ops)?;
+            tracing::trace!(%first_seqno, %last_seqno, ops = ops.len(), "applied a tx");
+            return Ok(ApplyOutcome::Applied { first_seqno, last_seqno });
+        }
         let (change, idempotency_writes, idempotency_oldest_ms) = {
             let state = self.read_state();
-            let mut idempotency_writes = Vec::new();
-            let table = state.view().idempotency_table(&self.stores);
-            let oldest_ms = idempotency::fold(
-                table,
-                &mut idempotency_writes,
-                new_key.as_ref(),
-                now_ms,
-                self.window(),
-                writer.idempotency_oldest_ms,
-            )?;
+            let (idempotency_writes, oldest_ms) =
+                self.fold_idempotency(&state, &writer, new_key.as_ref(), now_ms)?;
             (
                 self.fold_records(&state, first_seqno, envelope.time_ms, records)?,
                 idempotency_writes,
@@ -448,18 +449,88 @@ impl TidalDb {
         self.applied_seqno.store(last_seqno.0, Ordering::Release);
         self.last_time_ms.store(now_ms, Ordering::Release);
         drop(state);
+        self.applied(&mut writer, bytes, last_seqno);
+        tracing::trace!(%first_seqno, %last_seqno, kind = %batch.kind(), "applied");
+        Ok(ApplyOutcome::Applied { first_seqno, last_seqno })
+    }
+
+    /// The idempotency table's changes for an apply (the new key, expired entries), over `state`.
+    fn fold_idempotency(
+        &self,
+        state: &State,
+        writer: &Writer,
+        new_key: Option<&NewKey<'_>>,
+        now_ms: u64,
+    ) -> Result<(idempotency::Writes, Option<u64>), Error> {
+        let mut writes = Vec::new();
+        let table = state.view().idempotency_table(&self.stores);
+        let oldest_ms = idempotency::fold(
+            table,
+            &mut writes,
+            new_key,
+            now_ms,
+            self.window(),
+            writer.idempotency_oldest_ms,
+        )?;
+        Ok((writes, oldest_ms))
+    }
+
+    /// After an apply published its frontier: counts it and freezes the overlay if it is full and
+    /// the flusher is free (nothing waits: only the applier starts flushes); otherwise the next
+    /// apply waits for it. A failed flush is not this apply's error (it applied): it is sticky, and
+    /// the next apply returns it.
+    fn applied(&self, writer: &mut Writer, bytes: usize, last_seqno: Seqno) {
         writer.dirty.bytes += bytes;
         writer.dirty.batches += 1;
-        // Freeze now if the flusher is free (nothing waits: only the applier starts flushes);
-        // otherwise the next apply waits for it. A failed flush is not this apply's error (it
-        // applied): it is sticky, and the next apply returns it.
-        if self.overlay_full(&writer) && !self.flush.in_flight() {
-            if let Err(error) = self.freeze(&mut writer, Wait::Flush) {
+        if self.overlay_full(writer) && !self.flush.in_flight() {
+            if let Err(error) = self.freeze(writer, Wait::Flush) {
                 tracing::debug!("no freeze after seqno {last_seqno}: {error:#}");
             }
         }
-        tracing::trace!(%first_seqno, %last_seqno, kind = %batch.kind(), "applied");
-        Ok(ApplyOutcome::Applied { first_seqno, last_seqno })
+    }
+
+    /// Applies a tx: its ops in order, each folded over the state the ops before it left, under
+    /// the state write lock the whole time, so no read sees part of it.
+    ///
+    /// Every error the ops' input can cause is found before the first change ([`check_tx`]); what
+    /// is left is a storage fault (a fjall read), which after the first op has changed the overlay
+    /// would leave half a batch applied: the engine then refuses everything from here on and does
+    /// not flush (the node stops; its replay folds the whole tx again from fjall's prefix).
+    fn apply_tx(
+        &self,
+        writer: &mut Writer,
+        at: TxAt,
+        new_key: Option<&NewKey<'_>>,
+        ops: &mut [FoldRecords],
+    ) -> Result<(), Error> {
+        check_tx(ops, self.config.dimension)?;
+        let mut state = self.write_state();
+        let (idempotency_writes, oldest_ms) = self.fold_idempotency(&state, writer, new_key, at.now_ms)?;
+        let (mut seqno, mut bytes) = (at.first, 0);
+        for (index, op) in ops.iter_mut().enumerate() {
+            let events = op.event_count();
+            let change = match self.fold_records(&state, seqno, at.time_ms, op) {
+                Ok(change) => change,
+                Err(error) if index == 0 => return Err(error),
+                Err(error) => {
+                    let reason = format!("the tx at seqno {} failed at op {index}: {error}", at.first);
+                    tracing::error!("{reason}; the engine refuses further applies");
+                    self.half_applied.store(true, Ordering::Release);
+                    self.flush.fail_now(reason);
+                    return Err(error);
+                }
+            };
+            bytes += self.merge(&mut state, writer, change);
+            seqno = Seqno(seqno.0 + events);
+        }
+        assert_eq!(seqno, at.last.next(), "the tx's ops consumed its seqnos {}..={}", at.first, at.last);
+        bytes += state.overlay.set_idempotency(idempotency_writes);
+        writer.idempotency_oldest_ms = oldest_ms;
+        self.applied_seqno.store(at.last.0, Ordering::Release);
+        self.last_time_ms.store(at.now_ms, Ordering::Release);
+        drop(state);
+        self.applied(writer, bytes, at.last);
+        Ok(())
     }
 
     /// Flushes the overlay to fjall and makes everything flushed durable (fsync). Returns the
@@ -792,10 +863,12 @@ impl TidalDb {
                 let fold = SignalsFold { trends, loaded, slots };
                 return Ok(Change::Signals { fold, events, envelope_time_ms });
             }
+            FoldRecords::Tx(_) => unreachable!("a tx is applied op by op (apply_tx)"),
             FoldRecords::Other(records) => records,
         };
         Ok(match records {
             Records::Signals(_) => unreachable!("decode_for_apply decodes signals as columns"),
+            Records::Tx(_) => unreachable!("decode_for_apply decodes a tx as FoldRecords::Tx"),
             Records::ItemMetadata { item, metadata } => Change::ItemMetadata {
                 item: *item,
                 value: keys::seqno_value(seqno, metadata),
@@ -1014,7 +1087,7 @@ impl TidalDb {
 impl Drop for TidalDb {
     /// Flushes the overlays (no fsync), so a clean close needs no replay, then stops the flusher.
     fn drop(&mut self) {
-        if !self.flush_on_drop {
+        if !self.flush_on_drop || self.half_applied.load(Ordering::Acquire) {
             self.flush.abandon();
         } else if self.writer.is_poisoned() {
             // An apply panicked half-way: the active overlay may hold half a batch. A frozen one is
@@ -1031,6 +1104,48 @@ impl Drop for TidalDb {
             }
         }
     }
+}
+
+/// Where a tx sits in the log and the times it folds at.
+#[derive(Clone, Copy)]
+struct TxAt {
+    first: Seqno,
+    last: Seqno,
+    /// The batch's logged time.
+    time_ms: u64,
+    /// "Now" after it: the later of the logged time and the last applied batch's.
+    now_ms: u64,
+}
+
+/// Every error a tx's input can cause, found before it changes anything: a vector of another
+/// dimension, a stream name too long for its keys.
+fn check_tx(ops: &[FoldRecords], dimension: u32) -> Result<(), Error> {
+    for op in ops {
+        match op {
+            FoldRecords::Other(Records::ItemEmbedding { item, vector })
+                if vector.len() != dimension as usize =>
+            {
+                return Err(Error::EmbeddingDimension {
+                    item: *item,
+                    expected: dimension,
+                    got: vector.len(),
+                });
+            }
+            FoldRecords::Other(
+                Records::StreamEvents { stream, .. }
+                | Records::StreamControl(
+                    StreamControl::SaveOffset { stream, .. } | StreamControl::Trim { stream, .. },
+                ),
+            ) if stream.len() > crate::streams::STREAM_NAME_BYTES_MAX => {
+                return Err(Error::Corrupt {
+                    keyspace: "streams",
+                    reason: format!("stream name of {} bytes", stream.len()),
+                });
+            }
+            _ => {}
+        }
+    }
+    Ok(())
 }
 
 /// Whether a freeze that finds a flush in flight is an apply waiting (counted as backpressure) or

@@ -293,6 +293,18 @@ impl FlushShared {
     }
 
     /// Drops every flush not committed yet, as a crash would.
+    /// Makes the engine refuse every later apply, flush and digest with `reason`, as a failed flush
+    /// does: an apply failed half-way (a storage fault in the middle of a tx).
+    pub fn fail_now(&self, reason: String) {
+        let mut progress = self.lock();
+        if progress.failed.is_none() {
+            progress.failed = Some(reason);
+        }
+        drop(progress);
+        self.changed.notify_all();
+    }
+
+    /// Drops the flush in flight (a crash or a half-applied batch): nothing more reaches fjall.
     pub fn abandon(&self) {
         self.lock().abandoned = true;
         self.changed.notify_all();

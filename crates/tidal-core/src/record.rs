@@ -15,6 +15,8 @@
 //!                       1 = SaveOffset: stream u16 len + UTF-8 | consumer u16 len + UTF-8 | offset u64
 //!                       2 = Trim:       stream u16 len + UTF-8 | through u64
 //! kinds 7..8:           no applier yet: RecordError::NoApplier
+//! kind 9 Tx:            count u32, then per op: kind u8 (one of TX_OP_KINDS) | len u32 | the
+//!                       records of that kind as above, without an envelope (exactly len bytes)
 //! ```
 //!
 //! All integers and floats are little-endian.
@@ -163,7 +165,20 @@ pub enum Records {
     },
     /// Kind 6: a consumer offset or a trim.
     StreamControl(StreamControl),
+    /// Kind 9: records of kinds [`TX_OP_KINDS`] written as one batch, applied in order, all or
+    /// nothing; op i's first seqno follows the seqnos of the ops before it.
+    Tx(Vec<Records>),
 }
+
+/// The kinds a tx may hold.
+pub const TX_OP_KINDS: [RecordKind; 6] = [
+    RecordKind::Signal,
+    RecordKind::ItemMetadata,
+    RecordKind::ItemEmbedding,
+    RecordKind::ItemDelete,
+    RecordKind::StreamEvents,
+    RecordKind::StreamControl,
+];
 
 impl Records {
     /// The record kind these records are logged as.
@@ -176,6 +191,7 @@ impl Records {
             Records::Control(_) => RecordKind::Control,
             Records::StreamEvents { .. } => RecordKind::StreamEvents,
             Records::StreamControl(_) => RecordKind::StreamControl,
+            Records::Tx(_) => RecordKind::Tx,
         }
     }
 
@@ -184,6 +200,7 @@ impl Records {
         match self {
             Records::Signals(events) => events.len() as u64,
             Records::StreamEvents { events, .. } => events.len() as u64,
+            Records::Tx(ops) => ops.iter().map(Records::event_count).sum(),
             _ => 1,
         }
     }
@@ -211,13 +228,19 @@ pub fn encode_payload(envelope: &Envelope, records: &Records) -> EncodedPayload 
     out.extend_from_slice(&envelope.time_ms.to_le_bytes());
     put_str16(&mut out, &envelope.principal);
     put_str16(&mut out, &envelope.idempotency_key);
-    let event_count = match records {
+    let event_count = encode_records(&mut out, records);
+    EncodedPayload { kind: records.kind(), event_count, payload: out }
+}
+
+/// Appends `records` (what follows the envelope) to `out`; returns the seqnos they consume.
+fn encode_records(out: &mut Vec<u8>, records: &Records) -> u32 {
+    match records {
         Records::Signals(events) => {
             assert!(!events.is_empty(), "a signal batch holds at least one event");
             let count = u32::try_from(events.len()).expect("signal count checked by the API");
             out.extend_from_slice(&count.to_le_bytes());
             for event in events {
-                put_event(&mut out, event);
+                put_event(out, event);
             }
             count
         }
@@ -230,7 +253,7 @@ pub fn encode_payload(envelope: &Envelope, records: &Records) -> EncodedPayload 
             out.extend_from_slice(&item.to_le_bytes());
             let dim = u32::try_from(vector.len()).expect("dimension checked by the API");
             out.extend_from_slice(&dim.to_le_bytes());
-            crate::keys::f32s_to_bytes(vector, &mut out);
+            crate::keys::f32s_to_bytes(vector, out);
             1
         }
         Records::ItemDelete { item } => {
@@ -244,13 +267,30 @@ pub fn encode_payload(envelope: &Envelope, records: &Records) -> EncodedPayload 
             out.extend_from_slice(&baseline.0.to_le_bytes());
             1
         }
-        Records::StreamEvents { stream, events } => put_stream_events(&mut out, stream, events),
+        Records::StreamEvents { stream, events } => put_stream_events(out, stream, events),
         Records::StreamControl(control) => {
-            put_stream_control(&mut out, control);
+            put_stream_control(out, control);
             1
         }
-    };
-    EncodedPayload { kind: records.kind(), event_count, payload: out }
+        Records::Tx(ops) => put_tx(out, ops),
+    }
+}
+
+fn put_tx(out: &mut Vec<u8>, ops: &[Records]) -> u32 {
+    assert!(!ops.is_empty(), "a tx holds at least one op");
+    let count = u32::try_from(ops.len()).expect("op count checked by the API");
+    out.extend_from_slice(&count.to_le_bytes());
+    let mut events = 0u32;
+    for op in ops {
+        assert!(TX_OP_KINDS.contains(&op.kind()), "a tx cannot hold a {} record", op.kind());
+        out.push(op.kind().byte());
+        let len_at = out.len();
+        out.extend_from_slice(&[0; 4]);
+        events = events.checked_add(encode_records(out, op)).expect("tx size checked by the API");
+        let len = u32::try_from(out.len() - len_at - 4).expect("tx size checked by the API");
+        out[len_at..len_at + 4].copy_from_slice(&len.to_le_bytes());
+    }
+    events
 }
 
 /// Decodes a payload of `kind`. Never panics; see the module docs for what is checked.
@@ -272,6 +312,8 @@ pub fn decode_payload(kind: RecordKind, payload: &[u8]) -> Result<(Envelope, Rec
 pub(crate) enum FoldRecords {
     /// Kind 0: signal events (at least one).
     Signals(SignalColumns),
+    /// Kind 9: the ops, each as the engine folds it.
+    Tx(Vec<FoldRecords>),
     /// Any other kind.
     Other(Records),
 }
@@ -281,6 +323,7 @@ impl FoldRecords {
     pub fn event_count(&self) -> u64 {
         match self {
             FoldRecords::Signals(signals) => signals.len() as u64,
+            FoldRecords::Tx(ops) => ops.iter().map(FoldRecords::event_count).sum(),
             FoldRecords::Other(records) => records.event_count(),
         }
     }
@@ -294,12 +337,50 @@ pub(crate) fn decode_for_apply(
 ) -> Result<(Envelope, FoldRecords), RecordError> {
     let mut reader = Reader { buf: payload, at: 0 };
     let envelope = decode_envelope(&mut reader)?;
-    let records = match kind {
-        RecordKind::Signal => FoldRecords::Signals(decode_signal_columns(&mut reader)?),
-        kind => FoldRecords::Other(decode_other(&mut reader, kind)?),
-    };
+    let records = decode_fold_records(&mut reader, kind)?;
     reader.finish()?;
     Ok((envelope, records))
+}
+
+fn decode_fold_records(reader: &mut Reader<'_>, kind: RecordKind) -> Result<FoldRecords, RecordError> {
+    Ok(match kind {
+        RecordKind::Signal => FoldRecords::Signals(decode_signal_columns(reader)?),
+        RecordKind::Tx => {
+            FoldRecords::Tx(decode_tx(reader, |kind, reader| decode_fold_records(reader, kind))?)
+        }
+        kind => FoldRecords::Other(decode_other(reader, kind)?),
+    })
+}
+
+/// Smallest encoded tx op: kind byte and body length.
+const TX_OP_LEN_MIN: usize = 1 + 4;
+
+/// The ops of a tx, each decoded by `op` from exactly its body's bytes.
+fn decode_tx<T>(
+    reader: &mut Reader<'_>,
+    op: impl Fn(RecordKind, &mut Reader<'_>) -> Result<T, RecordError>,
+) -> Result<Vec<T>, RecordError> {
+    let count = reader.u32("tx op count")? as usize;
+    if count == 0 {
+        return Err(RecordError::NoEvents);
+    }
+    let needed = count.saturating_mul(TX_OP_LEN_MIN);
+    if needed > reader.remaining() {
+        let (offset, available) = (reader.at, reader.remaining());
+        return Err(RecordError::Truncated { field: "tx ops", offset, needed, available });
+    }
+    let mut ops = Vec::with_capacity(count);
+    for _ in 0..count {
+        let byte = reader.u8("tx op kind")?;
+        let kind = RecordKind::from_byte(byte)
+            .filter(|kind| TX_OP_KINDS.contains(kind))
+            .ok_or(RecordError::UnknownTag { field: "tx op kind", tag: byte })?;
+        let len = reader.u32("tx op length")? as usize;
+        let mut body = Reader { buf: reader.take("tx op", len)?, at: 0 };
+        ops.push(op(kind, &mut body)?);
+        body.finish()?;
+    }
+    Ok(ops)
 }
 
 /// The signal events of one batch, packed for the fold: every user name in one string, every
@@ -414,6 +495,10 @@ fn decode_other(reader: &mut Reader<'_>, kind: RecordKind) -> Result<Records, Re
         RecordKind::Control => decode_control(reader)?,
         RecordKind::StreamEvents => decode_stream_events(reader)?,
         RecordKind::StreamControl => decode_stream_control(reader)?,
+        RecordKind::Tx => Records::Tx(decode_tx(reader, |kind, reader| match kind {
+            RecordKind::Signal => decode_signals(reader),
+            kind => decode_other(reader, kind),
+        })?),
         RecordKind::InboxSend | RecordKind::InboxConsume => return Err(RecordError::NoApplier(kind)),
     })
 }
@@ -737,16 +822,18 @@ mod tests {
     /// same records or the same error.
     fn decode_both(kind: RecordKind, payload: &[u8]) -> Result<(Envelope, Records), RecordError> {
         let plain = decode_payload(kind, payload);
-        let for_apply = decode_for_apply(kind, payload).map(|(envelope, records)| {
-            let records = match records {
+        fn as_records(records: FoldRecords) -> Records {
+            match records {
                 FoldRecords::Signals(columns) => {
                     assert!(!columns.is_empty());
                     Records::Signals(columns.to_events())
                 }
+                FoldRecords::Tx(ops) => Records::Tx(ops.into_iter().map(as_records).collect()),
                 FoldRecords::Other(records) => records,
-            };
-            (envelope, records)
-        });
+            }
+        }
+        let for_apply =
+            decode_for_apply(kind, payload).map(|(envelope, records)| (envelope, as_records(records)));
         assert_eq!(for_apply, plain, "decode_for_apply and decode_payload disagree");
         plain
     }
@@ -934,6 +1021,15 @@ mod tests {
     }
 
     fn any_records() -> impl Strategy<Value = Records> {
+        let tx_op = any_plain_records()
+            .prop_filter("a tx holds no control record", |r| TX_OP_KINDS.contains(&r.kind()));
+        prop_oneof![
+            4 => any_plain_records(),
+            1 => prop::collection::vec(tx_op, 1..5).prop_map(Records::Tx),
+        ]
+    }
+
+    fn any_plain_records() -> impl Strategy<Value = Records> {
         prop_oneof![
             prop::collection::vec(any_event(), 1..20).prop_map(Records::Signals),
             (any::<u64>(), "[a-z0-9]{0,10}").prop_map(|(item, text)| Records::ItemMetadata {
@@ -964,6 +1060,43 @@ mod tests {
                 payload: serde_json::to_vec(&serde_json::json!({ "n": n, "t": text })).unwrap(),
             }
         })
+    }
+
+    #[test]
+    fn a_tx_holds_its_ops_bytes_and_refuses_what_it_cannot_hold() {
+        let ops = vec![
+            Records::ItemDelete { item: 3 },
+            Records::StreamEvents {
+                stream: "s".into(),
+                events: vec![PublishEvent { key: None, payload: b"1".to_vec() }; 2],
+            },
+        ];
+        let encoded = encode_payload(&envelope(), &Records::Tx(ops.clone()));
+        assert_eq!((encoded.kind, encoded.event_count), (RecordKind::Tx, 3));
+        // Each op's bytes are exactly its kind's payload after the envelope.
+        let delete = encode_payload(&envelope(), &ops[0]).payload;
+        let head = 8 + 2 + 3 + 2 + 3;
+        assert_eq!(&encoded.payload[head + 4 + 1 + 4..head + 4 + 1 + 4 + 8], &delete[head..]);
+        let mut nested = encoded.payload.clone();
+        nested[head + 4] = RecordKind::Control.byte();
+        assert_eq!(
+            decode_both(RecordKind::Tx, &nested),
+            Err(RecordError::UnknownTag { field: "tx op kind", tag: 4 })
+        );
+        nested[head + 4] = RecordKind::Tx.byte();
+        assert!(matches!(decode_both(RecordKind::Tx, &nested), Err(RecordError::UnknownTag { tag: 9, .. })));
+        let mut long = encoded.payload.clone();
+        long[head + 5..head + 9].copy_from_slice(&9u32.to_le_bytes()); // the delete's body claims 9 bytes
+        assert!(decode_both(RecordKind::Tx, &long).is_err());
+        let mut huge = encoded.payload.clone();
+        huge[head..head + 4].copy_from_slice(&u32::MAX.to_le_bytes());
+        assert!(matches!(
+            decode_both(RecordKind::Tx, &huge),
+            Err(RecordError::Truncated { field: "tx ops", .. })
+        ));
+        for len in 0..encoded.payload.len() {
+            assert!(decode_both(RecordKind::Tx, &encoded.payload[..len]).is_err(), "cut at {len}");
+        }
     }
 
     #[test]
@@ -1033,7 +1166,7 @@ mod tests {
         }
 
         #[test]
-        fn garbage_never_panics(kind in 0u8..9, bytes in prop::collection::vec(any::<u8>(), 0..256)) {
+        fn garbage_never_panics(kind in 0u8..10, bytes in prop::collection::vec(any::<u8>(), 0..256)) {
             let kind = RecordKind::from_byte(kind).unwrap();
             let _ = decode_both(kind, &bytes);
             let _ = records_fingerprint(&bytes);

@@ -27,6 +27,7 @@ use tidal_types::{
 };
 
 mod streams;
+mod tx;
 
 /// Largest metadata document, in bytes: metadata is a catalogue entry, not a blob store.
 const METADATA_BYTES_MAX: usize = 1024 * 1024;
@@ -187,6 +188,7 @@ pub static ROUTES: &[Route] = {
         route!(PUT, "/v1/streams/{stream}/consumers/{name}", streams::put_consumer, WRITE, Leader),
         route!(GET, "/v1/streams/{stream}/consumers/{name}", streams::get_consumer, READ, LeaderIfAsked),
         route!(POST, "/v1/streams/{stream}/trim", streams::trim, WRITE, Leader),
+        route!(POST, "/v1/tx", tx::post_tx, WRITE, Leader),
         route!(GET, "/v1/inboxes/{*rest}", not_implemented, READ, LeaderIfAsked),
         route!(NOT_READS, "/v1/inboxes/{*rest}", not_implemented, WRITE, Leader),
         route!(GET, "/cluster/status", get_status, ADMIN, Anywhere),
@@ -521,18 +523,25 @@ async fn post_signals(
 ) -> AppResult<Json<WriteReply>> {
     let key = idempotency_key(&headers)?;
     let request: SignalsRequest = json_body(&state, body).await?;
+    let events = signal_events(&state, request.signals)?;
+    let seqno = state.node.write(&principal, key, Records::Signals(events)).await?;
+    Ok(Json(WriteReply { seqno }))
+}
+
+/// The signals of a write, checked: 1..=max of them, known kinds, finite weights, plausible times.
+fn signal_events(state: &AppState, signals: Vec<tidal_types::SignalIn>) -> AppResult<Vec<SignalEvent>> {
     let config = state.node.config();
-    if request.signals.is_empty() {
+    if signals.is_empty() {
         return Err(ApiError::invalid("signals must not be empty"));
     }
-    if request.signals.len() > config.signals_per_request_max {
+    if signals.len() > config.signals_per_request_max {
         return Err(ApiError::too_large(format!(
             "at most {} signals per request",
             config.signals_per_request_max
         )));
     }
-    let mut events = Vec::with_capacity(request.signals.len());
-    for (i, signal) in request.signals.into_iter().enumerate() {
+    let mut events = Vec::with_capacity(signals.len());
+    for (i, signal) in signals.into_iter().enumerate() {
         check_name("user", &signal.user, USER_BYTES_MAX).map_err(|e| prefix(e, i))?;
         let Some(default_weight) = config.signal_kinds.get(&signal.kind) else {
             return Err(ApiError::bad_request(
@@ -560,8 +569,7 @@ async fn post_signals(
             ts_ms: signal.ts,
         });
     }
-    let seqno = state.node.write(&principal, key, Records::Signals(events)).await?;
-    Ok(Json(WriteReply { seqno }))
+    Ok(events)
 }
 
 fn prefix(mut error: ApiError, index: usize) -> ApiError {
@@ -579,12 +587,18 @@ async fn put_item(
     let item = parse_item_id(&id)?;
     let key = idempotency_key(&headers)?;
     let request: ItemPut = json_body(&state, body).await?;
-    let metadata = serde_json::to_vec(&request.metadata).map_err(|e| ApiError::invalid(e.to_string()))?;
+    let metadata = metadata_bytes(&request.metadata)?;
+    let seqno = state.node.write(&principal, key, Records::ItemMetadata { item, metadata }).await?;
+    Ok(Json(WriteReply { seqno }))
+}
+
+/// An item's metadata as stored: compact JSON of at most [`METADATA_BYTES_MAX`] bytes.
+fn metadata_bytes(metadata: &serde_json::Value) -> AppResult<Vec<u8>> {
+    let metadata = serde_json::to_vec(metadata).map_err(|e| ApiError::invalid(e.to_string()))?;
     if metadata.len() > METADATA_BYTES_MAX {
         return Err(ApiError::too_large(format!("metadata over {METADATA_BYTES_MAX} bytes")));
     }
-    let seqno = state.node.write(&principal, key, Records::ItemMetadata { item, metadata }).await?;
-    Ok(Json(WriteReply { seqno }))
+    Ok(metadata)
 }
 
 async fn get_item(
@@ -661,15 +675,21 @@ async fn parse_vector(state: &AppState, body: axum::body::Body) -> AppResult<Vec
         }
         Err(error) => return Err(json_error(error)),
     };
+    vector_from_values(state, &parsed.vector)
+}
+
+/// An embedding from JSON values: the database's dimension, every value a finite f32.
+fn vector_from_values(state: &AppState, values: &[serde_json::Value]) -> AppResult<Vec<f32>> {
+    let invalid = |message: String| ApiError::bad_request(ErrorCode::InvalidVector, message);
     let dimension = state.node.config().dimension as usize;
-    if parsed.vector.len() != dimension {
+    if values.len() != dimension {
         return Err(ApiError::bad_request(
             ErrorCode::DimensionMismatch,
-            format!("vector has {} dimensions, this database has {dimension}", parsed.vector.len()),
+            format!("vector has {} dimensions, this database has {dimension}", values.len()),
         ));
     }
     let mut vector = Vec::with_capacity(dimension);
-    for (i, value) in parsed.vector.iter().enumerate() {
+    for (i, value) in values.iter().enumerate() {
         let number =
             value.as_f64().ok_or_else(|| invalid(format!("vector[{i}] = {value} is not a finite number")))?;
         let narrowed = number as f32;

@@ -276,3 +276,69 @@ async fn a_subscriber_sees_every_event_in_order_resumes_and_ends_cleanly() {
     }
     stopping.await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tx_writes_all_its_ops_as_one_batch_or_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = TestNode::start(config(dir.path(), 4)).await;
+    let c = &node.client;
+    c.publish("orders", &[one(json!("first"), None)], None).await.unwrap();
+    let ops = [
+        json!({"op": "put_item", "item": 7, "metadata": {"title": "seven"}}),
+        json!({"op": "put_embedding", "item": 7, "vector": [1.0, 0.0, 0.0, 0.0]}),
+        json!({"op": "signals", "signals": [{"user": "u1", "item": 7, "kind": "click"}]}),
+        json!({"op": "publish", "stream": "orders", "payload": {"item": 7, "change": "created"}, "key": "7"}),
+        json!({"op": "save_offset", "stream": "orders", "consumer": "indexer", "offset": 1}),
+        json!({"op": "publish", "stream": "audit", "payload": 7}),
+        json!({"op": "delete_item", "item": 99}),
+    ];
+    let reply = c.tx(&ops, Some("tx-1")).await.unwrap();
+    // Seqnos: put_item, embedding, 1 signal, publish, save, publish, delete: 7, ending at `seqno`.
+    assert_eq!(reply.offsets, [reply.seqno - 3, reply.seqno - 1]);
+    assert_eq!(c.tx(&ops, Some("tx-1")).await.unwrap(), reply, "an idempotent retry answers the first");
+    let item = c.get_item(7).await.unwrap();
+    assert_eq!((item.seqno, item.has_embedding), (reply.seqno - 6, true));
+    let orders = c.read_stream("orders", 0, 10).await.unwrap();
+    assert_eq!(orders.events.last().unwrap().offset, reply.offsets[0]);
+    assert_eq!(orders.events.last().unwrap().key.as_deref(), Some("7"));
+    assert_eq!(c.read_stream("audit", 0, 10).await.unwrap().events[0].offset, reply.offsets[1]);
+    assert_eq!(c.get_offset("orders", "indexer").await.unwrap().offset, 1);
+    assert_eq!(
+        c.trending(1).await.unwrap().items[0].item,
+        7,
+        "the signal folded after the put in the same tx"
+    );
+
+    let before = c.digest().await.unwrap();
+    let bad = [
+        (
+            json!([{"op": "put_item", "item": 8, "metadata": {}}, {"op": "signals", "signals": [{"user": "u", "item": 8, "kind": "nope"}]}]),
+            "unknown_signal_kind",
+        ),
+        (
+            json!([{"op": "put_item", "item": 8, "metadata": {}}, {"op": "put_embedding", "item": 8, "vector": [1.0]}]),
+            "dimension_mismatch",
+        ),
+        (json!([{"op": "publish", "stream": "s", "payload": 1, "key": ""}]), "invalid_name"),
+        (json!([{"op": "publish", "stream": "s", "payload": null}]), "invalid_argument"),
+        (
+            json!([{"op": "save_offset", "stream": "orders", "consumer": "c", "offset": 999999}]),
+            "invalid_offset",
+        ),
+        (json!([{"op": "drop_table"}]), "invalid_argument"),
+        (json!([{"item": 1}]), "invalid_argument"),
+        (json!([{"op": "delete_item", "item": 1, "extra": true}]), "invalid_argument"),
+        (json!([]), "invalid_argument"),
+    ];
+    for (ops, code) in bad {
+        let body = json!({ "ops": ops }).to_string();
+        let (status, reply) = node.request(Method::POST, "/v1/tx", Some(&body), &[]).await;
+        assert_eq!((status, error_code(&reply)), (400, code), "{ops}: {reply}");
+    }
+    let too_many = json!({ "ops": vec![json!({"op": "delete_item", "item": 1}); 1001] }).to_string();
+    let (status, reply) = node.request(Method::POST, "/v1/tx", Some(&too_many), &[]).await;
+    assert_eq!((status, error_code(&reply)), (400, "invalid_argument"), "{reply}");
+    assert_eq!(c.digest().await.unwrap(), before, "a refused tx wrote nothing");
+    assert!(c.get_item(8).await.is_err());
+    node.stop().await;
+}

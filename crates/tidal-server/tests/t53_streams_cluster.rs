@@ -14,7 +14,10 @@ use tidal_cluster::Durability;
 
 fn events(round: u64, n: u64) -> Vec<Publish> {
     (0..n)
-        .map(|i| Publish { payload: json!({"round": round, "i": i}), key: (i % 2 == 0).then(|| format!("k{round}")) })
+        .map(|i| Publish {
+            payload: json!({"round": round, "i": i}),
+            key: (i % 2 == 0).then(|| format!("k{round}")),
+        })
         .collect()
 }
 
@@ -34,7 +37,9 @@ async fn take(sub: &mut Subscription, count: usize) -> Vec<u64> {
         let next = tokio::time::timeout_at(deadline, sub.next()).await.expect("events within the deadline");
         match next {
             Ok(Some(Delivery::Event(event))) => offsets.push(event.offset),
-            Ok(Some(Delivery::Ended { reason, .. })) => panic!("subscription ended ({reason}) after {offsets:?}"),
+            Ok(Some(Delivery::Ended { reason, .. })) => {
+                panic!("subscription ended ({reason}) after {offsets:?}")
+            }
             Ok(None) => panic!("subscription closed after {offsets:?}"),
             Err(error) => panic!("subscription failed after {offsets:?}: {error}"),
         }

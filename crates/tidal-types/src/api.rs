@@ -380,3 +380,13 @@ pub struct StreamList {
     /// The node's applied seqno when it read.
     pub applied_seqno: u64,
 }
+
+/// Reply to `POST /v1/tx`: the last seqno the tx consumed, and the offsets of the events it
+/// published, in op order.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct TxReply {
+    /// Last seqno the tx consumed.
+    pub seqno: u64,
+    /// Offsets of its published events.
+    pub offsets: Vec<u64>,
+}

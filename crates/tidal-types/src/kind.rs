@@ -26,11 +26,13 @@ pub enum RecordKind {
     InboxSend = 7,
     /// Inbox consume / discard / close.
     InboxConsume = 8,
+    /// An atomic multi-write: records of several kinds (0, 1, 2, 3, 5, 6) in one batch.
+    Tx = 9,
 }
 
 impl RecordKind {
     /// Every kind, in byte order.
-    pub const ALL: [RecordKind; 9] = [
+    pub const ALL: [RecordKind; 10] = [
         RecordKind::Signal,
         RecordKind::ItemMetadata,
         RecordKind::ItemEmbedding,
@@ -40,6 +42,7 @@ impl RecordKind {
         RecordKind::StreamControl,
         RecordKind::InboxSend,
         RecordKind::InboxConsume,
+        RecordKind::Tx,
     ];
 
     /// The kind for a header byte, or `None` for a byte no kind uses.
@@ -64,6 +67,7 @@ impl RecordKind {
             RecordKind::StreamControl => "stream_control",
             RecordKind::InboxSend => "inbox_send",
             RecordKind::InboxConsume => "inbox_consume",
+            RecordKind::Tx => "tx",
         }
     }
 }
@@ -83,7 +87,7 @@ mod tests {
         for kind in RecordKind::ALL {
             assert_eq!(RecordKind::from_byte(kind.byte()), Some(kind));
         }
-        for byte in 9..=255u8 {
+        for byte in 10..=255u8 {
             assert_eq!(RecordKind::from_byte(byte), None);
         }
     }

@@ -55,7 +55,7 @@ const KEEP_ALIVE: Duration = Duration::from_secs(15);
 pub struct Subscriptions {
     active: AtomicUsize,
     closing: tokio::sync::watch::Sender<bool>,
-    published: std::sync::atomic::AtomicU64,
+    pub(super) published: std::sync::atomic::AtomicU64,
     trims: std::sync::atomic::AtomicU64,
 }
 
@@ -118,7 +118,7 @@ pub fn check_stream_name(what: &str, name: &str) -> AppResult<()> {
     Ok(())
 }
 
-fn check_key(key: &Option<String>) -> AppResult<()> {
+pub(super) fn check_key(key: &Option<String>) -> AppResult<()> {
     match key {
         None => Ok(()),
         Some(key) if key.is_empty() => Err(invalid_name("key must be null or a non-empty string".into())),
