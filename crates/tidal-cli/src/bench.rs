@@ -37,6 +37,15 @@ pub enum Workload {
     /// follower forwards it), then read it with `min_seqno` from EVERY node; the latency is from
     /// the write's acknowledgement until every node has answered.
     ReadAnywhere,
+    /// POST /v1/streams/{stream}/events with `--batch` events per request (one batch each).
+    Publish,
+    /// Stream delivery: publish one event on `--url` while a subscription (SSE) on every
+    /// `--followers` URL follows the stream; the latency is from the publish's acknowledgement
+    /// until every subscriber has received the event (0 if they had it first).
+    StreamLag,
+    /// Stream reads: GET /v1/streams/{stream}/events pages of 1000 from one node, after publishing
+    /// `--items` events to a fresh stream; events/s counts the events read.
+    StreamRead,
 }
 
 /// `tidal bench` options.
@@ -95,6 +104,9 @@ pub struct BenchArgs {
     /// as a client of PostgreSQL writes to the primary.
     #[arg(long)]
     pub through_follower: bool,
+    /// The stream the stream-read workload reads and its first offset (set by its preload).
+    #[arg(skip)]
+    pub stream_read: Option<(String, u64)>,
 }
 
 impl Default for BenchArgs {
@@ -116,6 +128,7 @@ impl Default for BenchArgs {
             id_base: 0,
             quiet: false,
             through_follower: false,
+            stream_read: None,
         }
     }
 }
@@ -237,11 +250,13 @@ pub async fn measure(args: &BenchArgs) -> anyhow::Result<Summary> {
         writer_url(&args.url, args.token.clone(), args.quiet).await
     };
     let client = Client::new(url.clone(), args.token.clone());
-    if let Workload::Feed = args.workload {
-        preload(&client, args).await?;
-    }
     let mut args = args.clone();
-    if let Workload::Lag | Workload::ReadAnywhere = args.workload {
+    match args.workload {
+        Workload::Feed => preload(&client, &args).await?,
+        Workload::StreamRead => args.stream_read = Some(crate::bench_streams::preload(&client, &args).await?),
+        _ => {}
+    }
+    if let Workload::Lag | Workload::ReadAnywhere | Workload::StreamLag = args.workload {
         if args.followers.is_empty() {
             // Every other member of the cluster the writer belongs to.
             if let Ok(status) = client.status().await {
@@ -436,6 +451,13 @@ async fn drive(client: &Client, args: &BenchArgs) -> anyhow::Result<Report> {
     let bodies = match args.workload {
         Workload::Signals => Some(Arc::new(signal_bodies(args)?)),
         Workload::Embeddings => Some(Arc::new(embedding_bodies(args)?)),
+        Workload::Publish => Some(Arc::new(crate::bench_streams::publish_bodies(args)?)),
+        _ => None,
+    };
+    let board = match args.workload {
+        Workload::StreamLag => {
+            Some(crate::bench_streams::LagBoard::follow(&args.followers, args.token.clone()).await?)
+        }
         _ => None,
     };
     let target = Target::new(client.base(), client.token())?;
@@ -458,6 +480,7 @@ async fn drive(client: &Client, args: &BenchArgs) -> anyhow::Result<Report> {
                 followers: followers.clone(),
                 everyone: everyone.clone(),
                 bodies: bodies.clone(),
+                board: board.clone(),
                 conn: LeanConn::new(target.clone()),
                 counters: counters.clone(),
                 started,
@@ -511,6 +534,8 @@ struct Worker {
     followers: Arc<Vec<Client>>,
     everyone: Arc<Vec<Client>>,
     bodies: Option<Arc<Vec<bytes::Bytes>>>,
+    /// The followers' subscriptions (stream-lag).
+    board: Option<Arc<crate::bench_streams::LagBoard>>,
     conn: LeanConn,
     counters: Arc<Counters>,
     started: Instant,
@@ -561,10 +586,16 @@ impl Worker {
         let sent = Instant::now();
         let id = self.args.id_base + n;
         let lag = match self.args.workload {
-            Workload::Lag => lag_request(&self.client, &self.followers, id).await,
+            Workload::Lag => {
+                lag_request(&self.client, &self.followers, id).await.map_err(anyhow::Error::from)
+            }
             Workload::ReadAnywhere => {
                 let writer = &self.everyone[(n % self.everyone.len() as u64) as usize];
-                lag_request(writer, &self.everyone, id).await
+                lag_request(writer, &self.everyone, id).await.map_err(anyhow::Error::from)
+            }
+            Workload::StreamLag => {
+                let board = self.board.as_ref().expect("stream-lag follows the followers");
+                board.publish_and_wait(&self.client).await
             }
             _ => {
                 let request = Request {
@@ -688,7 +719,14 @@ async fn one_request(
             client.feed(&format!("u{}", (request.n * 7) % args.users.max(1)), 20).await?;
             Ok(1)
         }
-        Workload::Lag | Workload::ReadAnywhere => unreachable!("lag requests are timed by lag_request"),
+        Workload::Publish => {
+            conn.send(Method::POST, crate::bench_streams::PUBLISH_PATH, request.body()).await?;
+            Ok(args.batch as u64)
+        }
+        Workload::StreamRead => crate::bench_streams::read_page(conn, args, request.n).await,
+        Workload::Lag | Workload::ReadAnywhere | Workload::StreamLag => {
+            unreachable!("lag requests are timed by their own functions")
+        }
     }
 }
 
@@ -766,7 +804,7 @@ impl Summary {
             "| {:?} | {} | {} | {} | {} | {:.1} | {:.0} | {:.0} | {:.2} | {:.2} | {:.2} |",
             args.workload,
             args.concurrency,
-            if matches!(args.workload, Workload::Signals) { args.batch } else { 1 },
+            if matches!(args.workload, Workload::Signals | Workload::Publish) { args.batch } else { 1 },
             self.requests,
             self.errors,
             self.seconds,

@@ -15,7 +15,9 @@
 
 pub mod bench;
 mod bench_conn;
+mod bench_streams;
 pub mod cluster_cmd;
 pub mod demo;
 pub mod gates;
 pub mod ops;
+pub mod stream_cmd;

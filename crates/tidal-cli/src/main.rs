@@ -30,6 +30,9 @@ enum Command {
     /// A local cluster on loopback: `up` starts it, `down` stops it.
     #[command(subcommand)]
     Cluster(tidal_cli::cluster_cmd::ClusterCommand),
+    /// Streams: publish, read, tail (live), trim, consumer offsets, list.
+    #[command(subcommand)]
+    Stream(tidal_cli::stream_cmd::StreamCommand),
     /// Print the cluster's status as a table (asks the leader when it can).
     Status(tidal_cli::ops::VerbArgs),
     /// Make the node at --url (a follower) pull from its leader now.
@@ -146,6 +149,7 @@ fn main() -> anyhow::Result<()> {
         }
         Command::Demo(args) => runtime.block_on(tidal_cli::demo::run(args)),
         Command::Cluster(command) => runtime.block_on(tidal_cli::cluster_cmd::run(command)),
+        Command::Stream(command) => runtime.block_on(tidal_cli::stream_cmd::run(command)),
         Command::Status(verb) => runtime.block_on(tidal_cli::ops::status(verb)),
         Command::Catchup(verb) => runtime.block_on(tidal_cli::ops::catchup(verb)),
         Command::Heal { verb, node, dry_run } => runtime.block_on(tidal_cli::ops::heal(verb, node, dry_run)),
