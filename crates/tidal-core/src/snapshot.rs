@@ -462,8 +462,8 @@ impl SectionCheck {
                 (fits && value.is_empty()).then_some(()).ok_or_else(|| "malformed seen entry".into())
             }
             "idempotency" => Ok(()),
-            "streams" => crate::streams::check_stream_entry(key, value),
-            "stream_events" => crate::streams::check_event_entry(key, value),
+            "streams" => crate::streams::check_stream_entry(key, value).map_err(|e| e.to_string()),
+            "stream_events" => crate::streams::check_event_entry(key, value).map_err(|e| e.to_string()),
             NEGATIVES => {
                 std::str::from_utf8(key).map_err(|_| "user is not UTF-8")?;
                 NegativesState::from_bytes(value).map(|_| ())

@@ -493,32 +493,34 @@ pub fn delete_trimmed(stores: &Stores, trims: &[(Vec<u8>, u64)]) -> Result<usize
 }
 
 /// The shape a `streams` entry of a snapshot must have to load.
-pub fn check_stream_entry(key: &[u8], value: &[u8]) -> Result<(), String> {
+pub fn check_stream_entry(key: &[u8], value: &[u8]) -> Result<(), Error> {
+    let utf8 = |bytes: &[u8], what: &str| {
+        std::str::from_utf8(bytes).map(|_| ()).map_err(|_| corrupt(format!("{what} is not UTF-8")))
+    };
     match key.first() {
         Some(&TAG_META) => {
-            std::str::from_utf8(&key[1..]).map_err(|_| "stream name is not UTF-8")?;
-            StreamMeta::decode(value).map(|_| ()).map_err(|e| e.to_string())
+            utf8(&key[1..], "stream name")?;
+            StreamMeta::decode(value).map(|_| ())
         }
         Some(&TAG_CONSUMER) => {
-            let len = usize::from(*key.get(1).ok_or("consumer key too short")?);
-            let stream = key.get(2..2 + len).ok_or("consumer key too short")?;
-            std::str::from_utf8(stream).map_err(|_| "stream name is not UTF-8")?;
-            std::str::from_utf8(&key[2 + len..]).map_err(|_| "consumer name is not UTF-8")?;
-            (value.len() == 8).then_some(()).ok_or_else(|| "consumer offset is not a u64".into())
+            let short = || corrupt("consumer key too short".into());
+            let len = usize::from(*key.get(1).ok_or_else(short)?);
+            utf8(key.get(2..2 + len).ok_or_else(short)?, "stream name")?;
+            utf8(&key[2 + len..], "consumer name")?;
+            (value.len() == 8).then_some(()).ok_or_else(|| corrupt("consumer offset is not a u64".into()))
         }
-        _ => Err("unknown streams key tag".into()),
+        _ => Err(corrupt("unknown streams key tag".into())),
     }
 }
 
 /// The shape a `stream_events` entry of a snapshot must have to load.
-pub fn check_event_entry(key: &[u8], value: &[u8]) -> Result<(), String> {
-    let len = usize::from(*key.first().ok_or("empty event key")?);
+pub fn check_event_entry(key: &[u8], value: &[u8]) -> Result<(), Error> {
+    let len = usize::from(*key.first().ok_or_else(|| corrupt("empty event key".into()))?);
     if key.len() != 1 + len + 8 {
-        return Err("malformed event key".into());
+        return Err(corrupt("malformed event key".into()));
     }
-    std::str::from_utf8(&key[1..1 + len]).map_err(|_| "stream name is not UTF-8")?;
-    let offset = offset_of(key).map_err(|e| e.to_string())?;
-    decode_event(offset, value).map(|_| ()).map_err(|e| e.to_string())
+    std::str::from_utf8(&key[1..1 + len]).map_err(|_| corrupt("stream name is not UTF-8".into()))?;
+    decode_event(offset_of(key)?, value).map(|_| ())
 }
 
 /// How many entries of `stream` the `stream_events` keyspace holds.
