@@ -693,6 +693,19 @@ impl TidalDb {
         self.read_state().view().stream_meta(&self.stores, stream)
     }
 
+    /// Where a retention trim of `stream` would cut: the offset through which it keeps at most
+    /// `keep_events` events and none created before `cutoff_s`, scanning at most `scan_max`
+    /// events; `None` when nothing is due.
+    pub fn stream_retention_point(
+        &self,
+        stream: &str,
+        keep_events: Option<u64>,
+        cutoff_s: Option<i64>,
+        scan_max: u64,
+    ) -> Result<Option<u64>, Error> {
+        self.read_state().view().retention_point(&self.stores, stream, keep_events, cutoff_s, scan_max)
+    }
+
     /// A consumer's saved offset.
     pub fn consumer_offset(&self, stream: &str, consumer: &str) -> Result<Option<u64>, Error> {
         self.read_state().view().consumer_offset(&self.stores, stream, consumer)

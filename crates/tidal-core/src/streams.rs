@@ -368,6 +368,34 @@ impl<'a> OverlayView<'a> {
         })
     }
 
+    /// The offset to trim `stream` through so it keeps at most `keep_events` events and none
+    /// created before `cutoff_s` (unix seconds), looking at no more than `scan_max` events; `None`
+    /// when nothing is due.
+    pub fn retention_point(
+        &self,
+        stores: &Stores,
+        stream: &str,
+        keep_events: Option<u64>,
+        cutoff_s: Option<i64>,
+        scan_max: u64,
+    ) -> Result<Option<u64>, Error> {
+        let Some(meta) = self.stream_meta(stores, stream)? else { return Ok(None) };
+        let over = keep_events.map_or(0, |keep| meta.events.saturating_sub(keep)).min(scan_max);
+        let (mut seen, mut through) = (0u64, None);
+        self.for_each_event(stores, stream, meta.horizon, meta.last_offset, |offset, value| {
+            let old = cutoff_s.is_some_and(|cutoff| {
+                value.get(..8).is_some_and(|at| i64::from_le_bytes(at.try_into().expect("8 bytes")) < cutoff)
+            });
+            if seen >= scan_max || (seen >= over && !old) {
+                return Ok(false);
+            }
+            seen += 1;
+            through = Some(offset);
+            Ok(true)
+        })?;
+        Ok(through)
+    }
+
     /// Every consumer of `stream` with its offset, by name.
     pub fn consumers(&self, stores: &Stores, stream: &str) -> Result<Vec<(String, u64)>, Error> {
         let prefix = consumer_key(stream, "")?;

@@ -191,6 +191,9 @@ pub struct FileConfig {
     stream_event_bytes_max: Option<usize>,
     stream_events_per_request_max: Option<usize>,
     stream_subscribers_max: Option<usize>,
+    stream_retention_events_max: Option<u64>,
+    stream_retention_age_s: Option<u64>,
+    stream_retention_interval_ms: Option<u64>,
     segment_bytes_max: Option<u64>,
     write_inflight_bytes_max: Option<usize>,
     wal_retention_bytes: Option<u64>,
@@ -232,6 +235,12 @@ pub struct ServeConfig {
     pub stream_events_per_request_max: usize,
     /// Most live stream subscriptions (SSE) a node serves at once.
     pub stream_subscribers_max: usize,
+    /// Retention: the leader trims every stream to at most this many events (None: off).
+    pub stream_retention_events_max: Option<u64>,
+    /// Retention: the leader trims events older than this many seconds (None: off).
+    pub stream_retention_age_s: Option<u64>,
+    /// How often the leader applies the retention bounds.
+    pub stream_retention_interval_ms: u64,
     /// WAL segment size.
     pub segment_bytes_max: u64,
     /// Bytes of each WAL segment written with zeros before use (capped at the segment size; 0: off).
@@ -376,6 +385,9 @@ impl ServeConfig {
             stream_event_bytes_max: file.stream_event_bytes_max.unwrap_or(1024 * 1024),
             stream_events_per_request_max: file.stream_events_per_request_max.unwrap_or(1_000),
             stream_subscribers_max: file.stream_subscribers_max.unwrap_or(1_024),
+            stream_retention_events_max: file.stream_retention_events_max,
+            stream_retention_age_s: file.stream_retention_age_s,
+            stream_retention_interval_ms: file.stream_retention_interval_ms.unwrap_or(10_000),
             segment_bytes_max: file.segment_bytes_max.unwrap_or(64 * 1024 * 1024),
             wal_preallocate_bytes: wal_preallocate_bytes(
                 std::env::var("TIDAL_WAL_PREALLOCATE").ok().as_deref(),

@@ -19,6 +19,7 @@ pub mod error;
 pub mod http;
 pub mod metrics;
 pub mod node;
+pub mod retention;
 
 use anyhow::Context;
 use std::future::{Future, IntoFuture};
@@ -175,22 +176,25 @@ impl Replication {
 struct Background {
     checkpointer: (tokio::sync::oneshot::Sender<()>, tokio::task::JoinHandle<()>),
     watchdog: (tokio::sync::oneshot::Sender<()>, tokio::task::JoinHandle<()>),
+    retention: (tokio::sync::oneshot::Sender<()>, tokio::task::JoinHandle<()>),
 }
 
 impl Background {
     fn start(node: &Arc<node::Node>) -> Background {
         let (checkpointer_stop, checkpointer_stopped) = tokio::sync::oneshot::channel();
         let (watchdog_stop, watchdog_stopped) = tokio::sync::oneshot::channel();
+        let (retention_stop, retention_stopped) = tokio::sync::oneshot::channel();
         Background {
             checkpointer: (checkpointer_stop, spawn_checkpointer(node.clone(), checkpointer_stopped)),
             watchdog: (watchdog_stop, spawn_fatal_watchdog(node.clone(), watchdog_stopped)),
+            retention: (retention_stop, retention::spawn(node.clone(), retention_stopped)),
         }
     }
 
     /// Stopped, not aborted: an abort leaves a checkpoint in flight on its blocking thread, which
     /// keeps the node (and its data dir) open past [`run_on`].
     async fn stop(self) {
-        for (stop, task) in [self.checkpointer, self.watchdog] {
+        for (stop, task) in [self.checkpointer, self.watchdog, self.retention] {
             let _ = stop.send(());
             let _ = task.await;
         }

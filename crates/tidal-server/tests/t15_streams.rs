@@ -342,3 +342,43 @@ async fn a_tx_writes_all_its_ops_as_one_batch_or_nothing() {
     assert!(c.get_item(8).await.is_err());
     node.stop().await;
 }
+
+/// Polls `stream`'s event count on `node` until `done` says so; panics after 30 s.
+async fn wait_for_events(node: &TestNode, stream: &str, done: impl Fn(u64) -> bool) -> u64 {
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let list = node.client.streams("", 100).await.unwrap();
+        let events = list.streams.iter().find(|s| s.stream == stream).map_or(0, |s| s.events);
+        if done(events) {
+            return events;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{stream} still holds {events} events");
+        // Poll step of a wait on observable state (the deadline bounds it).
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retention_trims_through_the_log_to_the_configured_bounds() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = config(dir.path(), 4);
+    config.stream_retention_events_max = Some(3);
+    config.stream_retention_interval_ms = 100;
+    let node = TestNode::start(config).await;
+    let events: Vec<Publish> = (0..10).map(|n| one(json!(n), None)).collect();
+    let published = node.client.publish("capped", &events, None).await.unwrap();
+    wait_for_events(&node, "capped", |events| events == 3).await;
+    let left = node.client.read_stream("capped", 0, 10).await.unwrap();
+    assert_eq!(offsets(&left), published.offsets[7..], "the newest three stay, with their offsets");
+    node.stop().await;
+
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = common::config(dir.path(), 4);
+    config.stream_retention_age_s = Some(0);
+    config.stream_retention_interval_ms = 100;
+    let node = TestNode::start(config).await;
+    node.client.publish("aged", &[one(json!(1), None)], None).await.unwrap();
+    // Anything created before the current second is past an age of 0 s.
+    wait_for_events(&node, "aged", |events| events == 0).await;
+    node.stop().await;
+}
