@@ -254,6 +254,10 @@ impl TidalDb {
             tracing::error!("a snapshot install was interrupted: applies are refused until it is resumed");
         }
         let last_time_ms = meta_u64(&stores, keys::META_LAST_TIME_MS)?;
+        let swept = crate::streams::sweep_below_horizons(&stores)?;
+        if swept > 0 {
+            tracing::info!(swept, "deleted stream events a trim left behind (a crash after its flush)");
+        }
         let mut index = load_index(&stores, config.dimension as usize)?;
         let counters = Counters::load(&stores, &mut index)?;
         let (items, users) = stored_counts(&stores)?;

@@ -74,6 +74,9 @@ pub enum FlushStage {
     /// A startup replay's flush: fjall holds the frozen overlay's seen chunks (ingested), not the
     /// rest of it nor its applied seqno.
     AfterIngest,
+    /// fjall holds the frozen overlay (with its trims' new horizons), not yet the deletes of the
+    /// events the trims passed (only a flush with trims stops here).
+    BeforeTrimDeletes,
     /// fjall holds the frozen overlay; it is still visible to reads.
     AfterCommit,
 }
@@ -502,20 +505,27 @@ pub fn run<S>(context: FlusherContext<S>, frozen_overlays: Receiver<Arc<FrozenOv
             Ok(merges) => merges,
             Err(error) => return fail("a read of the seen entries to merge", error),
         };
-        // Trimmed events leave fjall before the batch that records their trims (see `streams`).
-        let trimmed = match crate::streams::delete_trimmed(&stores, &frozen.overlay.stream_trims) {
-            Ok(trimmed) => trimmed,
-            Err(error) => return fail("a delete of trimmed stream events", error),
-        };
         let mut writes = stores.database.batch();
         frozen.flush_into(&stores, &mut writes, &merges);
-        let entries = writes.len() + ingested + trimmed;
+        let entries = writes.len() + ingested;
         if let Some(reason) = shared.take_injected() {
             return fail("commit", fjall::Error::Io(std::io::Error::other(reason)));
         }
         if let Err(error) = writes.commit() {
             return fail("commit", error);
         }
+        // The trims' events leave fjall after the batch that recorded their horizons and counts
+        // (see `streams`); a crash in between leaves them to the sweep at the next open.
+        let trims = &frozen.overlay.stream_trims;
+        if !trims.is_empty() && !shared.pass(FlushStage::BeforeTrimDeletes) {
+            shared.finish(None);
+            continue;
+        }
+        let trimmed = match crate::streams::delete_trimmed(&stores, trims) {
+            Ok(trimmed) => trimmed,
+            Err(error) => return fail("a delete of trimmed stream events", error),
+        };
+        let entries = entries + trimmed;
         let elapsed = started.elapsed();
         shared.committed(frozen.applied_seqno, entries, elapsed);
         shared.seen_merged.fetch_add(merges.len() as u64, Ordering::Relaxed);

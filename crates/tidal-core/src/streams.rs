@@ -15,8 +15,13 @@
 //!   the frozen overlay, between a flush's commit and its retirement) holds the same value in both.
 //! - A trim moves the stream's horizon (log-derived, in its meta) at apply and deletes what the
 //!   active overlay holds at or below it; fjall's copies are deleted by the flush of the trim's
-//!   window ([`delete_trimmed`]). Until then reads skip everything at or below the horizon, so no
-//!   reader ever sees a trimmed event, and the digest (which flushes first) sees storage without them.
+//!   window ([`delete_trimmed`]), right after the batch that records the new horizon and counts
+//!   commits, and before the flush counts as done. Until then reads skip everything at or below
+//!   the horizon, so no reader ever sees a trimmed event, and the digest (which waits for the
+//!   flush) sees storage without them. A crash between the commit and the deletes leaves events
+//!   below a committed horizon: [`sweep_below_horizons`] deletes them at the next open. (Deleting
+//!   before the commit would let the replay of the trim count fewer events than the first apply
+//!   did, and the counts are in the digest.)
 //! - A trim's counts (events and bytes it removed) are counted at apply over the range it removes,
 //!   so the meta stays log-derived: the same on every node at one applied seqno.
 
@@ -493,9 +498,7 @@ impl<'a> Layer<'a> {
 }
 
 /// Deletes from fjall the stored events at or below each trim's horizon, in batches of at most
-/// [`TRIM_DELETES_PER_BATCH`], before the flush that records the trims commits. A crash in between
-/// leaves fjall's applied seqno below the trims with some of their events gone: the replay applies
-/// the trims again, and nothing reads events at or below a committed trim's horizon. The count of
+/// [`TRIM_DELETES_PER_BATCH`], after the flush that records the trims committed. The count of
 /// events deleted.
 pub fn delete_trimmed(stores: &Stores, trims: &[(Vec<u8>, u64)]) -> Result<usize, fjall::Error> {
     let mut deleted = 0;
@@ -559,4 +562,21 @@ pub fn stored_event_count(stores: &Stores, stream: &str) -> Result<usize, Error>
         count += 1;
     }
     Ok(count)
+}
+
+/// Deletes the events every stream holds at or below its horizon: what a crash between a trim's
+/// flush and its deletes left behind. At open, before anything reads; one range probe per stream
+/// when there is nothing to delete. The count of events deleted.
+pub fn sweep_below_horizons(stores: &Stores) -> Result<usize, Error> {
+    let mut trims = Vec::new();
+    for guard in stores.streams.prefix([TAG_META]) {
+        let (key, value) = guard.into_inner()?;
+        let meta = StreamMeta::decode(&value)?;
+        if meta.horizon > 0 {
+            let stream =
+                std::str::from_utf8(&key[1..]).map_err(|_| corrupt("stream name is not UTF-8".into()))?;
+            trims.push((name_prefix(stream)?, meta.horizon));
+        }
+    }
+    Ok(delete_trimmed(stores, &trims)?)
 }

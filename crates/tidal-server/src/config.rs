@@ -433,6 +433,7 @@ impl ServeConfig {
             self.stream_event_bytes_max >= 1 && self.stream_events_per_request_max >= 1,
             "stream_event_bytes_max and stream_events_per_request_max must be at least 1"
         );
+        anyhow::ensure!(self.stream_subscribers_max >= 1, "stream_subscribers_max must be at least 1");
         Ok(())
     }
 }

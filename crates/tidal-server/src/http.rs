@@ -257,7 +257,7 @@ pub fn router(state: Arc<AppState>) -> Router {
 }
 
 /// Headers a forwarded request keeps.
-const FORWARDED_HEADERS: [&str; 3] = ["authorization", "idempotency-key", "content-type"];
+const FORWARDED_HEADERS: [&str; 4] = ["authorization", "idempotency-key", "content-type", "last-event-id"];
 /// Headers of the leader's reply a forwarded request passes back.
 const REPLY_HEADERS: [&str; 2] = ["content-type", "tidal-applied-seqno"];
 

@@ -62,6 +62,9 @@ async fn publish_read_consume_trim_and_restart() {
     let past = c.save_offset("orders", "billing", last + 1).await.unwrap_err();
     assert_eq!(past.code(), Some("invalid_offset"));
     assert_eq!(c.get_offset("orders", "nobody").await.unwrap_err().code(), Some("not_found"));
+    // A name that needs escaping reaches the same consumer through the path and the query.
+    c.save_offset("orders", "bill ing/ü", many.offsets[2]).await.unwrap();
+    assert_eq!(offsets(&c.read_consumer("orders", "bill ing/ü", 10).await.unwrap()), [last]);
 
     // Trim at the exact boundary: survivors keep their offsets; a consumer below stays.
     c.save_offset("orders", "slow", first.offsets[0]).await.unwrap();
@@ -77,7 +80,7 @@ async fn publish_read_consume_trim_and_restart() {
     let view = &list.streams[0];
     assert_eq!((view.first_offset, view.last_offset, view.events), (Some(many.offsets[2]), last, 2));
     let names: Vec<&str> = view.consumers.iter().map(|c| c.name.as_str()).collect();
-    assert_eq!(names, ["billing", "slow"]);
+    assert_eq!(names, ["bill ing/ü", "billing", "slow"]);
 
     let (_, metrics) = node.request(Method::GET, "/metrics", None, &[]).await;
     let metrics = metrics.as_str().unwrap().to_string();
@@ -173,6 +176,8 @@ async fn bad_stream_input_is_refused_with_a_code_and_writes_nothing() {
         (Method::GET, "/v1/streams/s/events?limit=10001".into(), None, 400, "invalid_argument"),
         (Method::GET, "/v1/streams/s/events?after=-1".into(), None, 400, "invalid_argument"),
         (Method::GET, "/v1/streams/s/events?after=1&consumer=c".into(), None, 400, "invalid_argument"),
+        (Method::GET, "/v1/streams/s/events?consumer=%ZZ".into(), None, 400, "invalid_name"),
+        (Method::GET, "/v1/streams/s/events?consumer=__tidal".into(), None, 400, "invalid_name"),
         (
             Method::PUT,
             "/v1/streams/s/consumers/c".into(),
@@ -337,7 +342,7 @@ async fn a_tx_writes_all_its_ops_as_one_batch_or_nothing() {
     }
     let too_many = json!({ "ops": vec![json!({"op": "delete_item", "item": 1}); 1001] }).to_string();
     let (status, reply) = node.request(Method::POST, "/v1/tx", Some(&too_many), &[]).await;
-    assert_eq!((status, error_code(&reply)), (400, "invalid_argument"), "{reply}");
+    assert_eq!((status, error_code(&reply)), (413, "payload_too_large"), "{reply}");
     assert_eq!(c.digest().await.unwrap(), before, "a refused tx wrote nothing");
     assert!(c.get_item(8).await.is_err());
     node.stop().await;

@@ -234,34 +234,65 @@ fn event_json(stream: &str, event: &StoredEvent) -> String {
     )
 }
 
-/// Where a read or subscription starts: `after`, `Last-Event-ID`, or a consumer's saved offset.
+/// Where a read or subscription starts. `Last-Event-ID` (a reconnecting subscriber's) wins;
+/// otherwise `after` or a consumer's saved offset (not both), else the beginning.
 fn start_after(
     state: &AppState,
     stream: &str,
     query: &Option<String>,
     headers: &HeaderMap,
 ) -> AppResult<u64> {
+    if let Some(value) = headers.get("last-event-id") {
+        let id = value.to_str().ok().and_then(|id| id.trim().parse::<u64>().ok());
+        return id.ok_or_else(|| ApiError::invalid("Last-Event-ID must be an offset"));
+    }
     let after = query_u64(query, "after")?;
-    let last_id = match headers.get("last-event-id") {
-        None => None,
-        Some(value) => Some(
-            value
-                .to_str()
-                .ok()
-                .and_then(|id| id.trim().parse::<u64>().ok())
-                .ok_or_else(|| ApiError::invalid("Last-Event-ID must be an offset"))?,
-        ),
-    };
-    let consumer = query_param(query, "consumer");
-    match (after.or(last_id), consumer) {
-        (Some(_), Some(_)) => Err(ApiError::invalid("give after (or Last-Event-ID) or consumer, not both")),
+    let consumer = query_name(query, "consumer")?;
+    match (after, consumer) {
+        (Some(_), Some(_)) => Err(ApiError::invalid("give after or consumer, not both")),
         (Some(after), None) => Ok(after),
         (None, Some(consumer)) => {
-            check_stream_name("consumer", consumer)?;
-            Ok(state.node.db().consumer_offset(stream, consumer)?.unwrap_or(0))
+            check_stream_name("consumer", &consumer)?;
+            Ok(state.node.db().consumer_offset(stream, &consumer)?.unwrap_or(0))
         }
         (None, None) => Ok(0),
     }
+}
+
+/// A name in the query string, percent-decoded as names in paths are.
+fn query_name(query: &Option<String>, name: &str) -> AppResult<Option<String>> {
+    query_param(query, name)
+        .map(|raw| {
+            percent_decode(raw)
+                .ok_or_else(|| invalid_name(format!("{name} is not valid percent-encoded UTF-8")))
+        })
+        .transpose()
+}
+
+/// `%XX` escapes (and `+` as a space, as forms send it) decoded; `None` if the result is not UTF-8
+/// or an escape is malformed.
+pub fn percent_decode(raw: &str) -> Option<String> {
+    let bytes = raw.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut at = 0;
+    while at < bytes.len() {
+        match bytes[at] {
+            b'%' => {
+                let hex = std::str::from_utf8(bytes.get(at + 1..at + 3)?).ok()?;
+                out.push(u8::from_str_radix(hex, 16).ok()?);
+                at += 3;
+            }
+            b'+' => {
+                out.push(b' ');
+                at += 1;
+            }
+            byte => {
+                out.push(byte);
+                at += 1;
+            }
+        }
+    }
+    String::from_utf8(out).ok()
 }
 
 /// `GET /v1/streams/{stream}/events?after=N&limit=L` (or `?consumer=name`).
@@ -367,11 +398,11 @@ pub async fn trim(
 /// `GET /v1/streams?after=name&limit=L`: streams by name.
 pub async fn list(State(state): State<Arc<AppState>>, RawQuery(query): RawQuery) -> AppResult<Response> {
     let limit = super::query_limit(&query, 100)?;
-    let after = query_param(&query, "after").unwrap_or("");
+    let after = query_name(&query, "after")?.unwrap_or_default();
     let applied = read_barrier(&state, &query).await?;
     let db = state.node.db();
     let mut streams = Vec::new();
-    for info in db.streams(after, limit)? {
+    for info in db.streams(&after, limit)? {
         let consumers = db.consumers(&info.name)?;
         streams.push(StreamView {
             first_offset: info.first_offset,
@@ -507,12 +538,8 @@ async fn follow(admitted: Admitted, stream: String, mut cursor: u64, outlet: Out
                 break End::Closing;
             }
         };
-        match send_page(&sender, &stream, &page).await {
-            Ok(()) => {}
-            Err(end) => break end,
-        }
-        if let Some(last) = page.last() {
-            cursor = last.offset;
+        if let Err(end) = send_page(&sender, &stream, &page, &mut cursor).await {
+            break end;
         }
         if page.len() == SUBSCRIBE_PAGE {
             continue;
@@ -534,12 +561,18 @@ async fn follow(admitted: Admitted, stream: String, mut cursor: u64, outlet: Out
     drop(admitted);
 }
 
-/// Sends a page's events; a client that takes none for [`SUBSCRIBER_STALL`] lags.
-async fn send_page(sender: &SseSender, stream: &str, page: &[StoredEvent]) -> Result<(), End> {
+/// Sends a page's events, moving `cursor` to each one handed over; a client that takes none for
+/// [`SUBSCRIBER_STALL`] lags.
+async fn send_page(
+    sender: &SseSender,
+    stream: &str,
+    page: &[StoredEvent],
+    cursor: &mut u64,
+) -> Result<(), End> {
     for event in page {
         let message = Event::default().id(event.offset.to_string()).data(event_json(stream, event));
         match tokio::time::timeout(SUBSCRIBER_STALL, sender.send(Ok(message))).await {
-            Ok(Ok(())) => {}
+            Ok(Ok(())) => *cursor = event.offset,
             Ok(Err(_)) => return Err(End::Gone),
             Err(_) => return Err(End::Lagging),
         }
@@ -573,5 +606,14 @@ mod tests {
         }
         assert_eq!(check_key(&Some(String::new())).unwrap_err().code, ErrorCode::InvalidName);
         assert!(check_key(&None).is_ok());
+    }
+
+    #[test]
+    fn query_names_are_percent_decoded() {
+        assert_eq!(percent_decode("a%20b+c%C3%BC").as_deref(), Some("a b cü"));
+        assert_eq!(percent_decode("plain").as_deref(), Some("plain"));
+        for bad in ["%", "%4", "%zz", "%FF"] {
+            assert_eq!(percent_decode(bad), None, "{bad}");
+        }
     }
 }

@@ -150,8 +150,11 @@ pub async fn post_tx(
 ) -> AppResult<Json<TxReply>> {
     let key = idempotency_key(&headers)?;
     let TxBody { ops } = json_body(&state, body).await?;
-    if ops.is_empty() || ops.len() > TX_OPS_MAX {
-        return Err(ApiError::invalid(format!("a tx holds 1..={TX_OPS_MAX} ops")));
+    if ops.is_empty() {
+        return Err(ApiError::invalid("a tx holds at least one op"));
+    }
+    if ops.len() > TX_OPS_MAX {
+        return Err(ApiError::too_large(format!("a tx holds at most {TX_OPS_MAX} ops")));
     }
     let mut records = Vec::with_capacity(ops.len());
     for (i, raw) in ops.iter().enumerate() {
