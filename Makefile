@@ -124,7 +124,8 @@ demo: build
 	$(TIDAL) demo
 
 # Tidal's cluster and the peers (Redis, PostgreSQL, NATS JetStream, etcd) in the same sitting, then
-# $(REPORT_DIR)/REPORT.md (table of ratios) and ratios.svg. About 20 min; apt/pip installs the peers.
+# $(REPORT_DIR)/REPORT.md (table of ratios) and ratios.svg: writes, lag, catch-up, and the stream
+# rows (publish, delivery to a follower's subscriber, reads). About 25 min; apt/pip installs the peers.
 bench-peers: build peers-work
 	mkdir -p $(REPORT_DIR)
 	$(TIDAL) cluster down --dir $(REPORT_DIR)/cluster 2>/dev/null || true
@@ -135,6 +136,13 @@ bench-peers: build peers-work
 	  $(TIDAL) bench --url http://127.0.0.1:27070 --workload items --concurrency $$c --seconds $(BENCH_SECONDS) | tee -a $(REPORT_DIR)/tidal-bench.md || exit 1; \
 	done
 	$(TIDAL) bench --url http://127.0.0.1:27070 --workload signals --batch 100 --concurrency 16 --seconds $(BENCH_SECONDS) | tee -a $(REPORT_DIR)/tidal-bench.md
+	# Streams (issue 39), set against Redis XADD/XREAD BLOCK/XRANGE and NATS JetStream R3.
+	for c in 1 16 50; do \
+	  $(TIDAL) bench --url http://127.0.0.1:27070 --workload publish --batch 1 --concurrency $$c --seconds $(BENCH_SECONDS) | tee -a $(REPORT_DIR)/tidal-bench.md || exit 1; \
+	done
+	$(TIDAL) bench --url http://127.0.0.1:27070 --workload publish --batch 100 --concurrency 16 --seconds $(BENCH_SECONDS) | tee -a $(REPORT_DIR)/tidal-bench.md
+	$(TIDAL) bench --url http://127.0.0.1:27070 --workload stream-lag --concurrency 4 --seconds $(BENCH_SECONDS) | tee -a $(REPORT_DIR)/tidal-bench.md
+	$(TIDAL) bench --url http://127.0.0.1:27070 --workload stream-read --concurrency 2 --seconds $(BENCH_SECONDS) | tee -a $(REPORT_DIR)/tidal-bench.md
 	$(TIDAL) cluster down --dir $(REPORT_DIR)/cluster
 	# The same writes acknowledged after the leader's fsync alone: Redis's promise, set against it.
 	$(TIDAL) cluster down --dir $(REPORT_DIR)/cluster-leader 2>/dev/null || true

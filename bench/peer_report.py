@@ -2,7 +2,8 @@
 """Tidal vs peers: reads this sitting's figures and writes REPORT.md and ratios.svg.
 
 Inputs (all from the same `make bench-peers` run):
-  --tidal-bench FILE   rows printed by `tidal bench` (markdown table rows)
+  --tidal-bench FILE   rows printed by `tidal bench` (markdown table rows): items, signals, and the
+                       stream workloads publish (batch 1 and 100), stream-lag and stream-read
   --tidal-gates FILE   `tidal gates --results FILE` key=value lines (replication-lag, heal-100k)
   --tidal-leader-bench FILE  (optional) `tidal bench` rows against a `--durability leader` cluster:
                        acknowledged after the leader's fsync, the promise Redis `appendfsync always`
@@ -79,8 +80,13 @@ def tidal_figures(bench_file, gates_file, leader_bench_file=None):
     return figures, gates
 
 
+def workload_key(name):
+    """A workload's name as `tidal bench` may print it (`Items`, `stream-lag`, `StreamLag`), folded."""
+    return re.sub(r"[^a-z0-9]", "", name.lower())
+
+
 def bench_figures(bench_file, suffix):
-    """{(workload + suffix, clients): figures} from the rows `tidal bench` printed."""
+    """{(folded workload + suffix, clients, batch): figures} from the rows `tidal bench` printed."""
     figures = {}
     for line in text_of(bench_file).splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
@@ -89,9 +95,19 @@ def bench_figures(bench_file, suffix):
         workload, concurrency, batch = cells[0], int(cells[1]), int(cells[2])
         errors = int(cells[4])
         entry = {"rps": float(cells[6]), "eps": float(cells[7]), "p50": float(cells[8]),
-                 "p99": float(cells[9]), "errors": errors, "batch": batch}
-        figures[(workload + suffix, concurrency)] = entry
+                 "p99": float(cells[9]), "errors": errors, "batch": batch, "workload": workload + suffix}
+        figures[(workload_key(workload) + suffix, concurrency, batch)] = entry
     return figures
+
+
+def tidal_row(figures, workload, concurrency, batch=None):
+    """The row of that workload (any spelling), concurrency and batch (None: any batch), or None."""
+    suffix = LEADER if workload.endswith(LEADER) else ""
+    name = workload_key(workload[: len(workload) - len(suffix)]) + suffix
+    for (key, clients, rows_batch), entry in sorted(figures.items()):
+        if key == name and clients == concurrency and batch in (None, rows_batch):
+            return entry
+    return None
 
 
 def peer_figures(anchors):
@@ -109,6 +125,15 @@ def peer_figures(anchors):
         for row in table_rows(text, "catch-up mode"):
             if row[0] == "restart" and row[1] == "1mb":
                 redis["catchup"] = number(row[5])
+        for row in table_rows(text, "stream publish"):
+            redis[("xadd", int(row[1]), int(row[2]))] = {"ops": number(row[3]), "p50": number(row[4]),
+                                                         "p99": number(row[5])}
+        for row in table_rows(text, "stream delivery"):
+            if row[0].startswith("on every replica"):
+                p50, p99, _ = (number(x) for x in row[1].split("/"))
+                redis["delivery"] = (p50, p99)
+        for row in table_rows(text, "stream read"):
+            redis[("xrange", int(row[1]))] = {"ops": number(row[3]), "p50": number(row[4]), "p99": number(row[5])}
         peers["redis"] = redis
     text, sources["postgres"] = newest(anchors, "postgres")
     if text:
@@ -126,7 +151,11 @@ def peer_figures(anchors):
         nats = {}
         for row in table_rows(text, "stream | publishers"):
             if row[0] == "R3 file" and row[3] == "no":
-                nats[(int(row[1]), int(row[2]))] = {"ops": number(row[4]), "p50": number(row[5]), "p99": number(row[6])}
+                # (publishers, in flight each, batch awaited together); tables before the batch
+                # column had only single publishes
+                batch = int(row[9]) if len(row) > 9 else 1
+                nats[(int(row[1]), int(row[2]), batch)] = {"ops": number(row[4]), "p50": number(row[5]),
+                                                           "p99": number(row[6])}
         peers["nats"] = nats
     text, sources["etcd"] = newest(anchors, "etcd")
     if text:
@@ -162,7 +191,7 @@ def ratio(tidal, peer, higher_is_better):
 
 def build_rows(figures, gates, peers):
     """(metric, higher_is_better, tidal, {peer: value}, note)."""
-    items = lambda c, k: get(figures, ("Items", c), k)
+    items = lambda c, k: get(tidal_row(figures, "items", c, 1), k)
     redis, pg, nats, etcd = (peers.get(p, {}) for p in ("redis", "postgres", "nats", "etcd"))
     lag = gates.get("replication-lag", {})
     heal = gates.get("heal-100k", {})
@@ -171,10 +200,10 @@ def build_rows(figures, gates, peers):
         rows.append((f"durable writes/s, {clients} client(s), 1 record each", True, items(clients, "rps"), {
             "redis": get(redis, ("set", 1), "ops") if clients == 50 else None,
             "postgres": get(pg, ("sync", clients), "ops"),
-            "nats": get(nats, (clients, 1), "ops"),
+            "nats": get(nats, (clients, 1, 1), "ops"),
             "etcd": get(etcd, clients, "ops"),
         }, "Redis: SET 100 B, 50 clients only; PostgreSQL: sync standby"))
-    leader = get(figures, ("Items" + LEADER, 50), "rps")
+    leader = get(tidal_row(figures, "items" + LEADER, 50, 1), "rps")
     if leader is not None:
         rows.append(("durable writes/s, 50 clients, leader-fsync ack", True, leader, {
             "redis": get(redis, ("set", 1), "ops"),
@@ -184,13 +213,13 @@ def build_rows(figures, gates, peers):
         rows.append((f"ack latency {q} ms, 50 clients", False, items(50, q), {
             "redis": get(redis, ("set", 1), q),
             "postgres": get(pg, ("sync", 50), q),
-            "nats": get(nats, (50, 1), q),
+            "nats": get(nats, (50, 1, 1), q),
             "etcd": get(etcd, 50, q),
         }, ""))
-    batched = get(figures, ("Signals", 16), "eps")
+    batched = get(tidal_row(figures, "signals", 16), "eps")
     rows.append(("batched/pipelined records/s", True, batched, {
         "redis": get(redis, ("set", 16), "ops"),
-        "nats": get(nats, (1, 256), "ops"),
+        "nats": get(nats, (1, 256, 1), "ops"),
     }, "Tidal: 16 clients x signal batches; Redis: pipeline 16; NATS: 256 async in flight"))
     for index, q in ((0, "p50"), (1, "p99")):
         tidal = number(lag.get(f"{q}_ms"))
@@ -202,6 +231,41 @@ def build_rows(figures, gates, peers):
         "redis": get(redis, "catchup"),
         "postgres": get(pg, "catchup"),
     }, "restart -> caught up; Redis full-resyncs"))
+    rows += stream_rows(figures, redis, nats)
+    return rows
+
+
+def stream_rows(figures, redis, nats):
+    """The stream rows (issue 39): publish, delivery to a follower's subscriber, reads."""
+    publish = lambda c, b, k: get(tidal_row(figures, "publish", c, b), k)
+    rows = []
+    publish_note = ("Tidal: `publish` (POST /v1/streams/{s}/events, quorum ack); Redis: XADD 100 B to one "
+                    "stream; NATS: R3 PubAcks (the durable-writes rows)")
+    for clients in (1, 16, 50):
+        rows.append((f"stream publish events/s, {clients} client(s), 1 event each", True, publish(clients, 1, "eps"), {
+            "redis": get(redis, ("xadd", clients, 1), "ops"),
+            "nats": get(nats, (clients, 1, 1), "ops"),
+        }, publish_note))
+    rows.append(("stream publish in batches of 100, events/s, 16 clients", True, publish(16, 100, "eps"), {
+        "redis": get(redis, ("xadd", 16, 100), "ops"),
+        "nats": get(nats, (16, 100, 100), "ops"),
+    }, "Tidal: 100 events per publish (one batch, all or none); Redis: 100 XADDs pipelined per round trip "
+       "(not atomic); NATS: 100 publishes sent at once, the 100 PubAcks awaited before the next batch"))
+    for q in ("p50", "p99"):
+        rows.append((f"stream publish ack {q} ms, 50 clients", False, publish(50, 1, q), {
+            "redis": get(redis, ("xadd", 50, 1), q),
+            "nats": get(nats, (50, 1, 1), q),
+        }, ""))
+    lag = tidal_row(figures, "stream-lag", 4)
+    for index, q in ((0, "p50"), (1, "p99")):
+        rows.append((f"stream delivery {q} ms (publish ack -> subscriber on every follower)", False, get(lag, q), {
+            "redis": (get(redis, "delivery") or (None, None))[index],
+        }, "Tidal: `stream-lag`, 4 publishers, SSE subscribers on both followers; Redis: one publisher at a "
+           "bounded rate, XREAD BLOCK on both replicas"))
+    rows.append(("stream read events/s, one node, pages of 1000", True, get(tidal_row(figures, "stream-read", 2), "eps"), {
+        "redis": get(redis, ("xrange", 2), "ops"),
+    }, "Tidal: `stream-read`, 2 readers (target >= 1M events/s); Redis: XRANGE COUNT 1000 from a random id, "
+       "2 clients, on the primary"))
     return rows
 
 
@@ -234,8 +298,8 @@ def markdown(rows, sources, figures, gates):
     for peer, path in sources.items():
         out.append(f"- {peer}: {path or 'not run / no result table'}")
     out += ["", "Tidal rows from `tidal bench`:", ""]
-    for (workload, clients), entry in sorted(figures.items()):
-        out.append(f"- {workload} c={clients} batch={entry['batch']}: {entry['rps']:.0f} requests/s, "
+    for (_, clients, _), entry in sorted(figures.items()):
+        out.append(f"- {entry['workload']} c={clients} batch={entry['batch']}: {entry['rps']:.0f} requests/s, "
                    f"{entry['eps']:.0f} records/s, p50 {entry['p50']} ms, p99 {entry['p99']} ms, errors {entry['errors']}")
     out += ["", "Tidal gate figures (`tidal gates --results`):", ""]
     for name, values in gates.items():

@@ -4,11 +4,14 @@
   jsload.py stream --url U [--name BENCH] [--subjects 'bench.>'] [--replicas 3]
       (Re)creates a file-backed stream with that many replicas, waits for its leader and prints
       `leader=<server name>`.
-  jsload.py publish --url U [--subject bench.load] [--publishers 1] [--window 1] [--bytes 100]
-                    [--seconds 10] [--max-messages 2000000] [--msg-id]
+  jsload.py publish --url U [--subject bench.load] [--publishers 1] [--window 1] [--batch 1]
+                    [--bytes 100] [--seconds 10] [--max-messages 2000000] [--msg-id]
       PUBLISHERS connections, each keeping WINDOW publishes in flight; every publish waits for
       its PubAck, and the time from publish to PubAck is the latency. With --msg-id every
       message carries a unique Nats-Msg-Id (the stream's duplicate detection runs).
+      With --batch B (> 1) each of the WINDOW lanes sends B publishes at once and awaits all B
+      PubAcks before it sends the next B: the latency is then a batch's, from its first publish
+      to its last PubAck (as a client that publishes a batch and waits for the batch's ack).
 The load generator is one Python process: on a small machine it shares the cores with the
 servers, and at high rates its own CPU is part of what is measured.
 """
@@ -59,32 +62,70 @@ async def publish(args):
     stop_at = began + args.seconds
     prefix = os.urandom(4).hex()
 
+    acked = [0]
+
+    def headers_of(lane_id, count):
+        return {"Nats-Msg-Id": f"{prefix}-{lane_id}-{count}"} if args.msg_id else None
+
     async def lane(js, lane_id):
         count = 0
         while time.monotonic() < stop_at and sent[0] < args.max_messages:
             sent[0] += 1
             count += 1
-            headers = {"Nats-Msg-Id": f"{prefix}-{lane_id}-{count}"} if args.msg_id else None
             before = time.monotonic()
             try:
-                await js.publish(args.subject, payload, headers=headers)
+                await js.publish(args.subject, payload, headers=headers_of(lane_id, count))
             except Exception:  # a timeout or an error reply: counted, never retried
                 errors[0] += 1
                 continue
             latencies.append(time.monotonic() - before)
+            acked[0] += 1
+
+    async def batch_lane(js, lane_id):
+        count = 0
+        while time.monotonic() < stop_at and sent[0] < args.max_messages:
+            size = min(args.batch, args.max_messages - sent[0])
+            sent[0] += size
+            before = time.monotonic()
+            if hasattr(js, "publish_async"):
+                # Sent at once, the PubAcks on one shared reply subscription: no task per message.
+                futures = []
+                for _ in range(size):
+                    count += 1
+                    futures.append(await js.publish_async(args.subject, payload, headers=headers_of(lane_id, count)))
+                try:
+                    await asyncio.wait_for(asyncio.wait(futures), timeout=10)
+                except asyncio.TimeoutError:
+                    pass
+                results = [future.exception() if future.done() else asyncio.TimeoutError() for future in futures]
+                for future in futures:
+                    future.cancel()  # the ones still waiting: counted as errors below
+            else:  # an older nats-py: one request per message, gathered
+                publishes = []
+                for _ in range(size):
+                    count += 1
+                    publishes.append(js.publish(args.subject, payload, headers=headers_of(lane_id, count)))
+                results = await asyncio.gather(*publishes, return_exceptions=True)
+            failed = sum(isinstance(result, BaseException) for result in results)
+            errors[0] += failed  # counted, never retried
+            acked[0] += size - failed
+            if not failed:
+                latencies.append(time.monotonic() - before)
 
     lanes = []
     for number, connection in enumerate(connections):
         js = connection.jetstream(timeout=10)
-        lanes += [lane(js, f"{number}.{slot}") for slot in range(args.window)]
+        run = batch_lane if args.batch > 1 else lane
+        lanes += [run(js, f"{number}.{slot}") for slot in range(args.window)]
     await asyncio.gather(*lanes)
     elapsed = time.monotonic() - began
     for connection in connections:
         await connection.close()
     latencies.sort()
-    print(f"load=jetstream-publish acked={len(latencies)} seconds={elapsed:.2f} ops_per_s={len(latencies) / elapsed:.0f} "
-          f"{latency_ms(latencies)} errors={errors[0]} "
-          f"publishers={args.publishers} window={args.window} bytes={args.bytes} msg_id={'yes' if args.msg_id else 'no'}")
+    print(f"load=jetstream-publish acked={acked[0]} seconds={elapsed:.2f} ops_per_s={acked[0] / elapsed:.0f} "
+          f"{latency_ms(latencies)} latency_of={'batch' if args.batch > 1 else 'publish'} errors={errors[0]} "
+          f"publishers={args.publishers} window={args.window} batch={args.batch} bytes={args.bytes} "
+          f"msg_id={'yes' if args.msg_id else 'no'}")
 
 
 def main():
@@ -101,6 +142,7 @@ def main():
     one.add_argument("--subject", default="bench.load")
     one.add_argument("--publishers", type=int, default=1)
     one.add_argument("--window", type=int, default=1)
+    one.add_argument("--batch", type=int, default=1)
     one.add_argument("--bytes", type=int, default=100)
     one.add_argument("--seconds", type=float, default=10)
     one.add_argument("--max-messages", type=int, default=2_000_000)

@@ -8,7 +8,15 @@
       Prints `kind=redis-lag ...` (tidal gates reads vis_after_ack_*, timeouts and
       primary_cmds_per_s_during from it).
   probe.py fill --port P [--records 100000] [--bytes 200] [--batch 500] [--max-seconds 180]
-      XADD RECORDS entries of BYTES bytes, BATCH per pipeline round trip.
+                [--key peers:stream] [--sequential-ids]
+      XADD RECORDS entries of BYTES bytes, BATCH per pipeline round trip. With --sequential-ids
+      the entries get the ids 1-0, 2-0, ... (so that a reader can start a page anywhere).
+  probe.py delivery --primary P --replicas R1,R2 [--events 2000] [--rate 200] [--bytes 100]
+                    [--max-seconds 60]
+      One publisher XADDs EVENTS entries to the primary at RATE per second (one at a time); a
+      reader on each replica waits in XREAD BLOCK. The delivery latency of an event is the time
+      from the XADD's reply on the publisher to the reply of XREAD that carried it, per replica and
+      to the last replica. Prints `kind=redis-stream-delivery ...`.
   probe.py catchup --primary P --replica R --since EPOCH [--max-seconds 300]
       Waits until the replica's link is up and its offset reached the primary's; the seconds
       from EPOCH (the replica's restart) to each.
@@ -21,6 +29,7 @@ Each prints one line of key=value pairs; every loop is bounded by count and time
 import argparse
 import os
 import sys
+import threading
 import time
 
 import redis
@@ -98,13 +107,98 @@ def fill(args):
     while done < args.records and time.monotonic() < stop_at:
         batch = primary.pipeline(transaction=False)
         count = min(args.batch, args.records - done)
-        for _ in range(count):
-            batch.xadd("peers:stream", {"b": body})
+        for n in range(done + 1, done + count + 1):
+            batch.xadd(args.key, {"b": body}, id=f"{n}-0" if args.sequential_ids else "*")
         batch.execute()
         done += count
     elapsed = time.monotonic() - began
     print(f"kind=redis-fill records={done} seconds={elapsed:.2f} records_per_s={done / elapsed:.0f} "
-          f"record_bytes={args.bytes} primary_offset={primary.info('replication')['master_repl_offset']}")
+          f"record_bytes={args.bytes} key={args.key} length={primary.xlen(args.key)} "
+          f"primary_offset={primary.info('replication')['master_repl_offset']}")
+
+
+def delivery(args):
+    """XADD on the primary at a bounded rate; XREAD BLOCK on every replica; ack -> read latency."""
+    primary = client(args.primary)
+    ports = [int(port) for port in args.replicas.split(",")]
+    key = "peers:delivery"
+    body = b"d" * args.bytes
+    primary.delete(key)
+    # Readers start after this entry: an XREAD from an explicit id misses nothing, where `$` would
+    # miss what was added before the reader's first call.
+    start_id = primary.xadd(key, {"b": b"start"})
+    began = time.monotonic()
+    stop_at = began + args.max_seconds
+    sent_at, acked_at = {}, {}
+    seen = [{} for _ in ports]
+    publishing = threading.Event()
+    publishing.set()
+    done_at = [float("inf")]  # when the publisher finished
+
+    def reader(index, port):
+        replica = client(port, timeout=10.0)
+        last = start_id
+        # Bounded: it stops once it saw every event, or when the publisher is done and 5 s have
+        # passed, or at the overall deadline.
+        while time.monotonic() < stop_at + 5:
+            if not publishing.is_set() and (len(seen[index]) >= len(acked_at) or time.monotonic() > done_at[0] + 5):
+                break
+            reply = replica.xread({key: last}, count=1000, block=100)
+            now = time.monotonic()
+            for _, entries in reply or []:
+                for entry_id, _ in entries:
+                    seen[index][entry_id] = now
+                    last = entry_id
+
+    readers = [threading.Thread(target=reader, args=(i, port), daemon=True) for i, port in enumerate(ports)]
+    for thread in readers:
+        thread.start()
+    time.sleep(0.2)  # the readers are in XREAD BLOCK
+    commands_before = int(primary.info("stats")["total_commands_processed"])
+    first = time.monotonic()
+    for n in range(args.events):
+        due = first + n / args.rate
+        now = time.monotonic()
+        if now > stop_at:
+            break
+        if due > now:
+            time.sleep(due - now)
+        sent = time.monotonic()
+        entry_id = primary.xadd(key, {"b": body})
+        acked_at[entry_id] = time.monotonic()
+        sent_at[entry_id] = sent
+    published_for = time.monotonic() - first
+    done_at[0] = time.monotonic()
+    publishing.clear()
+    for thread in readers:
+        thread.join(timeout=max(0.0, stop_at + 10 - time.monotonic()))
+    commands = int(primary.info("stats")["total_commands_processed"]) - commands_before
+
+    # An event can reach a replica's reader before the publisher's thread has taken the time of
+    # the XADD's reply: that sample is 0 (counted in seen_before_ack).
+    early = 0
+    per_replica = []
+    for index in range(len(ports)):
+        lags = []
+        for entry_id, acked in acked_at.items():
+            if entry_id in seen[index]:
+                lag = seen[index][entry_id] - acked
+                early += lag < 0
+                lags.append(max(0.0, lag))
+        per_replica.append(sorted(lags))
+    to_all = sorted(max(0.0, max(s[e] for s in seen) - acked)
+                    for e, acked in acked_at.items() if all(e in s for s in seen))
+    round_trips = sorted(acked_at[e] - sent_at[e] for e in acked_at)
+    missed = len(acked_at) - len(to_all)
+    figures = [f"kind=redis-stream-delivery events={len(acked_at)} missed={missed} replicas={len(ports)}",
+               f"rate_target={args.rate:g} rate_per_s={len(acked_at) / published_for:.0f}",
+               f"all_p50_ms={ms(quantile(to_all, .5))} all_p99_ms={ms(quantile(to_all, .99))}",
+               f"all_max_ms={ms(to_all[-1] if to_all else float('nan'))}"]
+    for index, lags in enumerate(per_replica, start=1):
+        figures.append(f"replica{index}_p50_ms={ms(quantile(lags, .5))} replica{index}_p99_ms={ms(quantile(lags, .99))}")
+    figures += [f"xadd_p50_ms={ms(quantile(round_trips, .5))} xadd_p99_ms={ms(quantile(round_trips, .99))}",
+                f"seen_before_ack={early} primary_cmds_per_s_during={commands / published_for:.0f} bytes={args.bytes}"]
+    print(" ".join(figures))
 
 
 def replica_state(replica):
@@ -174,7 +268,17 @@ def main():
     one.add_argument("--bytes", type=int, default=200)
     one.add_argument("--batch", type=int, default=500)
     one.add_argument("--max-seconds", type=float, default=180)
+    one.add_argument("--key", default="peers:stream")
+    one.add_argument("--sequential-ids", action="store_true")
     one.set_defaults(run=fill)
+    one = commands.add_parser("delivery")
+    one.add_argument("--primary", type=int, required=True)
+    one.add_argument("--replicas", required=True)
+    one.add_argument("--events", type=int, default=2000)
+    one.add_argument("--rate", type=float, default=200)
+    one.add_argument("--bytes", type=int, default=100)
+    one.add_argument("--max-seconds", type=float, default=60)
+    one.set_defaults(run=delivery)
     one = commands.add_parser("catchup")
     one.add_argument("--primary", type=int, required=True)
     one.add_argument("--replica", type=int, required=True)
