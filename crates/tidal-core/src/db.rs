@@ -837,6 +837,13 @@ impl TidalDb {
         crate::digest::state_digest(&self.stores, &snapshot)
     }
 
+    /// [`TidalDb::digest`] of what fjall holds now, without flushing first (a flush may be in
+    /// flight). For tests of what a digest or snapshot sees mid-flush.
+    #[doc(hidden)]
+    pub fn digest_of_storage(&self) -> Result<(Seqno, [u8; 32]), Error> {
+        crate::digest::state_digest(&self.stores, &self.stores.database.snapshot())
+    }
+
     /// BLAKE3 over every user's hard negatives state.
     pub fn negatives_digest(&self) -> Result<[u8; 32], Error> {
         crate::digest::negatives_digest(&self.stores)

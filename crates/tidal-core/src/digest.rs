@@ -20,7 +20,7 @@ pub fn state_digest(stores: &Stores, snapshot: &fjall::Snapshot) -> Result<(Seqn
     let mut hasher = StateHasher::default();
     for (name, keyspace) in stores.log_derived() {
         hasher.keyspace(name);
-        for_each_entry(name, snapshot.iter(keyspace).map(|guard| guard.into_inner()), |key, value| {
+        for_each_entry(stores, snapshot, name, keyspace, |key, value| {
             hasher.entry(key, value);
             Ok::<(), Error>(())
         })?;
@@ -36,20 +36,31 @@ pub fn state_digest(stores: &Stores, snapshot: &fjall::Snapshot) -> Result<(Seqn
     Ok((Seqno(applied), hasher.finish(Seqno(applied))))
 }
 
-/// Feeds the entries of the log-derived keyspace `name` to `emit` as the digest and a snapshot see
-/// them, in key order: the stored entries, but the seen set's logical pairs
-/// ([`seen::for_each_logical`]), whatever layout holds them.
+/// Feeds the entries of the log-derived keyspace `name` in `snapshot` to `emit` as the digest and a
+/// snapshot see them, in key order: the stored entries, but the seen set's logical pairs
+/// ([`seen::for_each_logical`]), whatever layout holds them, and no stream event at or below its
+/// stream's horizon (a flush deletes them just after its commit: a fjall snapshot taken in between
+/// still holds them).
 pub fn for_each_entry<E: From<Error>>(
+    stores: &Stores,
+    snapshot: &fjall::Snapshot,
     name: &str,
-    raw: impl IntoIterator<Item = Result<(fjall::Slice, fjall::Slice), fjall::Error>>,
+    keyspace: &fjall::Keyspace,
     mut emit: impl FnMut(&[u8], &[u8]) -> Result<(), E>,
 ) -> Result<(), E> {
+    let raw = snapshot.iter(keyspace).map(|guard| guard.into_inner());
     if name == "seen" {
         return seen::for_each_logical(raw, emit);
     }
+    let horizons = match name {
+        "stream_events" => Some(crate::streams::Horizons::of(stores, snapshot)?),
+        _ => None,
+    };
     for entry in raw {
         let (key, value) = entry.map_err(Error::from)?;
-        emit(&key, &value)?;
+        if horizons.as_ref().is_none_or(|horizons| horizons.keeps(&key)) {
+            emit(&key, &value)?;
+        }
     }
     Ok(())
 }

@@ -580,3 +580,32 @@ pub fn sweep_below_horizons(stores: &Stores) -> Result<usize, Error> {
     }
     Ok(delete_trimmed(stores, &trims)?)
 }
+
+/// Every stream's horizon in a fjall snapshot, by event key prefix: which stored events a trim has
+/// passed (still in storage between a flush's commit and its deletes).
+pub struct Horizons(std::collections::HashMap<Vec<u8>, u64>);
+
+impl Horizons {
+    /// The horizons `snapshot` holds.
+    pub fn of(stores: &Stores, snapshot: &fjall::Snapshot) -> Result<Horizons, Error> {
+        use fjall::Readable;
+        let mut horizons = std::collections::HashMap::new();
+        for guard in snapshot.prefix(&stores.streams, [TAG_META]) {
+            let (key, value) = guard.into_inner()?;
+            let horizon = StreamMeta::decode(&value)?.horizon;
+            if horizon > 0 {
+                let stream =
+                    std::str::from_utf8(&key[1..]).map_err(|_| corrupt("stream name is not UTF-8".into()))?;
+                horizons.insert(name_prefix(stream)?, horizon);
+            }
+        }
+        Ok(Horizons(horizons))
+    }
+
+    /// Whether the event stored under `key` is above its stream's horizon.
+    pub fn keeps(&self, key: &[u8]) -> bool {
+        let Some(at) = key.len().checked_sub(8) else { return true };
+        let offset = u64::from_be_bytes(key[at..].try_into().expect("8 bytes"));
+        self.0.get(&key[..at]).is_none_or(|horizon| offset > *horizon)
+    }
+}

@@ -252,6 +252,14 @@ fn a_crash_in_a_trims_flush_recovers_to_the_clean_state() {
         apply_all(&db, &log.batches);
         db.digest().unwrap()
     };
+    let (at_publish, at_trim) = {
+        let dir = tempfile::tempdir().unwrap();
+        let db = open(dir.path());
+        db.apply(&log.batches[0]).unwrap();
+        let at_publish = db.digest().unwrap();
+        db.apply(&log.batches[1]).unwrap();
+        (at_publish, db.digest().unwrap())
+    };
     for stage in [FlushStage::BeforeCommit, FlushStage::BeforeTrimDeletes] {
         let dir = tempfile::tempdir().unwrap();
         {
@@ -261,11 +269,16 @@ fn a_crash_in_a_trims_flush_recovers_to_the_clean_state() {
             let hold = db.hold_flushes(stage);
             db.apply(&log.batches[1]).unwrap(); // the trim: its window freezes and parks
             hold.wait_parked();
+            if stage == FlushStage::BeforeTrimDeletes {
+                assert_eq!(db.digest_of_storage().unwrap(), at_trim, "fjall holds the trim, not its deletes");
+            }
             db.simulate_crash();
             drop(hold);
         }
         let db = open(dir.path());
         let expected = if stage == FlushStage::BeforeCommit { 5 } else { 6 };
+        let reopened_at = if stage == FlushStage::BeforeCommit { at_publish } else { at_trim };
+        assert_eq!(db.digest_of_storage().unwrap(), reopened_at, "crash at {stage:?}");
         assert_eq!(db.applied_seqno(), Seqno(expected), "crash at {stage:?}");
         apply_all(&db, &log.batches);
         assert_eq!(db.digest().unwrap(), clean, "crash at {stage:?}");

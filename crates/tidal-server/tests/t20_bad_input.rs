@@ -108,7 +108,8 @@ async fn bad_requests_are_refused_with_codes_and_write_nothing() {
         (Method::GET, "/v1/items/77", String::new(), 404, "not_found"),
         (Method::GET, "/v1/items/77/similar", String::new(), 404, "not_found"),
         (Method::POST, "/v1/users/u/negatives", r#"{"item":"x"}"#.into(), 400, "invalid_argument"),
-        (Method::POST, "/v1/streams/s/events", r#"{"payload":1}"#.into(), 501, "not_implemented"),
+        (Method::POST, "/v1/streams/s/events", r#"{"payload":1,"key":""}"#.into(), 400, "invalid_name"),
+        (Method::POST, "/v1/inboxes/o/messages", r#"{"topic":"t"}"#.into(), 501, "not_implemented"),
         (Method::GET, "/v2/nothing", String::new(), 404, "not_found"),
     ];
     for (method, path, body, status, code) in cases {

@@ -92,8 +92,9 @@ impl TidalDb {
         let negatives = (NEGATIVES, &self.stores.negatives);
         for (name, keyspace) in self.stores.log_derived().into_iter().chain([negatives]) {
             writer.section(name)?;
-            let entries = snapshot.iter(keyspace).map(|guard| guard.into_inner());
-            crate::digest::for_each_entry(name, entries, |key, value| writer.entry(key, value))?;
+            crate::digest::for_each_entry(&self.stores, &snapshot, name, keyspace, |key, value| {
+                writer.entry(key, value)
+            })?;
             writer.end_section()?;
         }
         let (info, out) = writer.finish()?;
