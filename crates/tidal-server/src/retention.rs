@@ -48,13 +48,14 @@ pub async fn round(node: &Arc<Node>) -> usize {
             }
         };
         for info in &page {
-            let point = node.db().stream_retention_point(
-                &info.name,
-                config.stream_retention_events_max,
-                cutoff_s,
-                SCAN_MAX,
-            );
-            let Ok(Some(through)) = point else { continue };
+            // The scan reads up to SCAN_MAX events: off the async workers.
+            let (scanner, stream, keep) =
+                (node.clone(), info.name.clone(), config.stream_retention_events_max);
+            let point = tidal_cluster::blocking::blocking(move || {
+                scanner.db().stream_retention_point(&stream, keep, cutoff_s, SCAN_MAX)
+            })
+            .await;
+            let Ok(Ok(Some(through))) = point else { continue };
             let trim = Records::StreamControl(StreamControl::Trim { stream: info.name.clone(), through });
             match node.write(&principal, None, trim).await {
                 Ok(_) => trims += 1,
