@@ -360,15 +360,7 @@ fn decode_tx<T>(
     reader: &mut Reader<'_>,
     op: impl Fn(RecordKind, &mut Reader<'_>) -> Result<T, RecordError>,
 ) -> Result<Vec<T>, RecordError> {
-    let count = reader.u32("tx op count")? as usize;
-    if count == 0 {
-        return Err(RecordError::NoEvents);
-    }
-    let needed = count.saturating_mul(TX_OP_LEN_MIN);
-    if needed > reader.remaining() {
-        let (offset, available) = (reader.at, reader.remaining());
-        return Err(RecordError::Truncated { field: "tx ops", offset, needed, available });
-    }
+    let count = reader.count(("tx op count", "tx ops"), TX_OP_LEN_MIN)?;
     let mut ops = Vec::with_capacity(count);
     for _ in 0..count {
         let byte = reader.u8("tx op kind")?;
@@ -582,15 +574,7 @@ fn name16(reader: &mut Reader<'_>, field: &'static str) -> Result<String, Record
 
 fn decode_stream_events(reader: &mut Reader<'_>) -> Result<Records, RecordError> {
     let stream = name16(reader, "stream")?;
-    let count = reader.u32("stream event count")? as usize;
-    if count == 0 {
-        return Err(RecordError::NoEvents);
-    }
-    let needed = count.saturating_mul(STREAM_EVENT_LEN_MIN);
-    if needed > reader.remaining() {
-        let (offset, available) = (reader.at, reader.remaining());
-        return Err(RecordError::Truncated { field: "stream events", offset, needed, available });
-    }
+    let count = reader.count(("stream event count", "stream events"), STREAM_EVENT_LEN_MIN)?;
     let mut events = Vec::with_capacity(count);
     for _ in 0..count {
         let key = match reader.u8("stream event key tag")? {
@@ -633,20 +617,7 @@ fn decode_envelope(reader: &mut Reader<'_>) -> Result<Envelope, RecordError> {
 /// The event count of a signal payload, checked against the bytes left before anything is
 /// allocated for it.
 fn signal_count(reader: &mut Reader<'_>) -> Result<usize, RecordError> {
-    let count = reader.u32("signal count")? as usize;
-    if count == 0 {
-        return Err(RecordError::NoEvents);
-    }
-    let available = reader.remaining();
-    if count.saturating_mul(SIGNAL_EVENT_LEN_MIN) > available {
-        return Err(RecordError::Truncated {
-            field: "signal events",
-            offset: reader.at,
-            needed: count.saturating_mul(SIGNAL_EVENT_LEN_MIN),
-            available,
-        });
-    }
-    Ok(count)
+    reader.count(("signal count", "signal events"), SIGNAL_EVENT_LEN_MIN)
 }
 
 /// One signal event with its kind name, borrowing both from the payload (`kind` of the event is
@@ -784,6 +755,25 @@ impl<'a> Reader<'a> {
 
     fn f64(&mut self, field: &'static str) -> Result<f64, RecordError> {
         Ok(f64::from_le_bytes(self.array(field)?))
+    }
+
+    /// A u32 count of items (`fields`: the count's name, the items' name) that must be at least 1
+    /// and whose items, at `item_len_min` bytes or more each, fit in what is left: checked before
+    /// anything is allocated for them.
+    fn count(
+        &mut self,
+        fields: (&'static str, &'static str),
+        item_len_min: usize,
+    ) -> Result<usize, RecordError> {
+        let count = self.u32(fields.0)? as usize;
+        if count == 0 {
+            return Err(RecordError::NoEvents);
+        }
+        let (needed, available) = (count.saturating_mul(item_len_min), self.remaining());
+        if needed > available {
+            return Err(RecordError::Truncated { field: fields.1, offset: self.at, needed, available });
+        }
+        Ok(count)
     }
 
     fn str16(&mut self, field: &'static str) -> Result<String, RecordError> {
