@@ -317,6 +317,9 @@ async fn writer(workload: Workload, shared: Rc<RefCell<Shared>>, load_end: Insta
         if workload.embeddings && id % 4 != 3 && id % 2 == 0 {
             embed(&workload, &shared, id).await;
         }
+        if workload.txs && id % 16 == 8 {
+            trim_stream(&shared, id).await;
+        }
         if workload.registers > 0 {
             register_op(&workload, &shared, id, &mut thread).await;
         }
@@ -485,6 +488,29 @@ async fn embed(workload: &Workload, shared: &Rc<RefCell<Shared>>, id: u64) {
     {
         if (400..500).contains(&status) && status != 429 {
             shared.borrow_mut().violations.push(Violation::EmbeddingRefused {
+                id,
+                status,
+                body: body_start(&body),
+            });
+        }
+    }
+}
+
+/// Trims the stream through a few events below the newest acknowledged one: one attempt at the
+/// believed leader, its outcome not tracked (the checks read the horizon the nodes agree on). A 4xx
+/// is a violation.
+async fn trim_stream(shared: &Rc<RefCell<Shared>>, id: u64) {
+    let Some(newest) = shared.borrow().acks.iter().filter_map(|ack| ack.offset).max() else { return };
+    let body =
+        serde_json::to_vec(&serde_json::json!({ "through": newest.saturating_sub(6) })).unwrap_or_default();
+    let headers = [("idempotency-key", format!("t{id}"))];
+    let node = shared.borrow().leader_guess;
+    let path = format!("/v1/streams/{STREAM}/trim");
+    if let Ok(Answer { status, body }) =
+        request(&host(node), "POST", &path, Some(body), &headers, REQUEST_TIMEOUT).await
+    {
+        if (400..500).contains(&status) && status != 429 {
+            shared.borrow_mut().violations.push(Violation::WriteRefused {
                 id,
                 status,
                 body: body_start(&body),
@@ -812,6 +838,23 @@ async fn read_stream(node: usize, seqno: u64) -> Result<Vec<(u64, u64)>, String>
     }
 }
 
+/// The stream's trim horizon as `node` holds it once it applied `seqno` (0 before any trim).
+async fn read_horizon(node: usize, seqno: u64) -> Result<u64, String> {
+    let path = format!("/v1/streams?min_seqno={seqno}");
+    let answer =
+        request(&host(node), "GET", &path, None, &[], REQUEST_TIMEOUT).await.map_err(|e| format!("{e:#}"))?;
+    if answer.status != 200 {
+        return Err(format!("{} {}", answer.status, body_start(&answer.body)));
+    }
+    let list: serde_json::Value = answer.json().map_err(|e| format!("{e:#}"))?;
+    let streams = list.get("streams").and_then(serde_json::Value::as_array).cloned().unwrap_or_default();
+    Ok(streams
+        .iter()
+        .find(|stream| stream.get("stream").and_then(serde_json::Value::as_str) == Some(STREAM))
+        .and_then(|stream| stream.get("trimmed_through").and_then(serde_json::Value::as_u64))
+        .unwrap_or(0))
+}
+
 /// Invariant 5's stream part and the tx's atomicity: every node holds the same events, every
 /// acknowledged publish is there at its offset, every tx left its item and its event or neither,
 /// and the reader that moved between nodes saw a prefix of the final stream.
@@ -836,10 +879,18 @@ async fn check_stream(workload: &Workload, shared: &Rc<RefCell<Shared>>, seqno: 
             });
         }
     }
+    let horizon = match read_horizon(first_node, seqno).await {
+        Ok(horizon) => horizon,
+        Err(read) => {
+            shared.borrow_mut().violations.push(Violation::StreamUnreadable { node: Node(first_node), read });
+            return;
+        }
+    };
     let held: BTreeMap<u64, u64> = first.iter().copied().collect();
     let acks = shared.borrow().acks.clone();
     for ack in &acks {
-        if let Some(offset) = ack.offset {
+        // An acknowledged event may be gone only by a trim.
+        if let Some(offset) = ack.offset.filter(|offset| *offset > horizon) {
             if held.get(&offset) != Some(&ack.id) {
                 shared.borrow_mut().violations.push(Violation::AckedEventLost { id: ack.id, offset });
             }
@@ -848,21 +899,46 @@ async fn check_stream(workload: &Workload, shared: &Rc<RefCell<Shared>>, seqno: 
     let with_event: BTreeSet<u64> = first.iter().map(|(_, id)| *id).collect();
     let written = shared.borrow().next_id;
     for id in (1..written).filter(|id| is_tx(workload, *id)) {
+        // The tx's item took its first seqno, its event the next: a trim may have taken the event.
         let path = format!("/v1/items/{id}?min_seqno={seqno}");
-        let item = request(&host(first_node), "GET", &path, None, &[], REQUEST_TIMEOUT)
+        let item_seqno = request(&host(first_node), "GET", &path, None, &[], REQUEST_TIMEOUT)
             .await
-            .is_ok_and(|answer| answer.status == 200);
+            .ok()
+            .filter(|answer| answer.status == 200)
+            .and_then(|answer| answer.json::<serde_json::Value>().ok())
+            .and_then(|item| item.get("seqno").and_then(serde_json::Value::as_u64));
         let event = with_event.contains(&id);
-        if item != event {
-            shared.borrow_mut().violations.push(Violation::TxHalfApplied { id, item, event });
+        let whole = match item_seqno {
+            None => !event,
+            // Its event, at item_seqno + 1, is at or below the horizon.
+            Some(item_seqno) => event || item_seqno < horizon,
+        };
+        if !whole {
+            shared.borrow_mut().violations.push(Violation::TxHalfApplied {
+                id,
+                item: item_seqno.is_some(),
+                event,
+            });
         }
     }
     let reader = shared.borrow().reader.clone();
     let finals: Vec<u64> = first.iter().map(|(offset, _)| *offset).collect();
-    if let Some(position) = (0..reader.len()).find(|i| finals.get(*i) != Some(&reader[*i])) {
-        let (read, expected) = (reader[position], finals.get(position).copied());
+    // What the reader read that no trim has taken since must be the final stream's first events,
+    // and it never read an offset twice or out of order.
+    let ascending = reader.windows(2).position(|pair| pair[1] <= pair[0]);
+    let kept: Vec<u64> = reader.iter().copied().filter(|offset| *offset > horizon).collect();
+    let gap = (0..kept.len()).find(|i| finals.get(*i) != Some(&kept[*i]));
+    if let Some(position) = ascending.map(|at| at + 1) {
+        let read = reader[position];
+        shared.borrow_mut().violations.push(Violation::ReaderGap { position, read, expected: None });
+    } else if let Some(position) = gap {
+        let (read, expected) = (kept[position], finals.get(position).copied());
         shared.borrow_mut().violations.push(Violation::ReaderGap { position, read, expected });
     }
     let mut shared = shared.borrow_mut();
-    shared.trace.push(format!("stream: {} events, the reader read {}", first.len(), reader.len()));
+    shared.trace.push(format!(
+        "stream: {} events, trimmed through {horizon}, the reader read {}",
+        first.len(),
+        reader.len()
+    ));
 }
