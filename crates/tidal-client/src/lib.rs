@@ -1,4 +1,4 @@
-//! HTTP client for the Tidal API (the contract in DESIGN.md).
+//! HTTP client for the Tidal API (the contract in docs/API.md).
 //!
 //! A thin, typed layer over reqwest: every call maps a non-2xx reply to [`Error::Api`] carrying the
 //! contract's error code, so callers branch on codes, not on message text. It holds no state beyond a

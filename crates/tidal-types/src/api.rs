@@ -1,4 +1,4 @@
-//! HTTP API models (the contract in DESIGN.md). Requests reject unknown fields so a typo is a 400,
+//! HTTP API models (the contract in docs/API.md). Requests reject unknown fields so a typo is a 400,
 //! never a silently ignored option.
 
 use serde::{Deserialize, Serialize};
