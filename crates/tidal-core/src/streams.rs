@@ -162,31 +162,33 @@ pub(crate) fn event_value(created_at: i64, event: &PublishEvent) -> Vec<u8> {
 
 /// Decodes a stored event; `offset` comes from its key.
 fn decode_event(offset: u64, value: &[u8]) -> Result<StoredEvent, Error> {
-    let short = || corrupt(format!("event {offset} is truncated"));
-    let created_at = i64::from_le_bytes(value.get(..8).ok_or_else(short)?.try_into().expect("8 bytes"));
-    let (key, payload) = match value.get(8) {
-        Some(0) => (None, &value[9..]),
-        Some(1) => {
-            let len = value.get(9..11).ok_or_else(short)?;
-            let end = 11 + usize::from(u16::from_le_bytes([len[0], len[1]]));
-            let key = value.get(11..end).ok_or_else(short)?;
-            let key = String::from_utf8(key.to_vec()).map_err(|_| corrupt(format!("event {offset}: key")))?;
-            (Some(key), &value[end..])
-        }
-        _ => return Err(corrupt(format!("event {offset} has no key tag"))),
+    let malformed = || corrupt(format!("event {offset} is malformed"));
+    let start = payload_start(value).ok_or_else(malformed)?;
+    let created_at = i64::from_le_bytes(value[..8].try_into().expect("payload_start checked 9 bytes"));
+    let key = match value[8] {
+        0 => None,
+        _ => Some(String::from_utf8(value[11..start].to_vec()).map_err(|_| malformed())?),
     };
-    Ok(StoredEvent { offset, key, payload: payload.to_vec(), created_at })
+    Ok(StoredEvent { offset, key, payload: value[start..].to_vec(), created_at })
 }
 
 /// Payload bytes of a stored event value (for the meta's byte count).
 fn payload_len(value: &[u8]) -> u64 {
-    let skip = match value.get(8) {
-        Some(1) => {
-            value.get(9..11).map_or(value.len(), |len| 11 + usize::from(u16::from_le_bytes([len[0], len[1]])))
+    payload_start(value).map_or(0, |start| (value.len() - start) as u64)
+}
+
+/// Where the payload starts in a stored event value (after `created_at`, the key tag and the key);
+/// `None` if the value is too short for what its tag says.
+fn payload_start(value: &[u8]) -> Option<usize> {
+    match value.get(8)? {
+        0 => Some(9),
+        1 => {
+            let len = value.get(9..11)?;
+            let end = 11 + usize::from(u16::from_le_bytes([len[0], len[1]]));
+            (end <= value.len()).then_some(end)
         }
-        _ => 9,
-    };
-    value.len().saturating_sub(skip) as u64
+        _ => None,
+    }
 }
 
 fn offset_of(key: &[u8]) -> Result<u64, Error> {

@@ -118,7 +118,7 @@ pub fn check_stream_name(what: &str, name: &str) -> AppResult<()> {
     Ok(())
 }
 
-pub(super) fn check_key(key: &Option<String>) -> AppResult<()> {
+fn check_key(key: &Option<String>) -> AppResult<()> {
     match key {
         None => Ok(()),
         Some(key) if key.is_empty() => Err(invalid_name("key must be null or a non-empty string".into())),
@@ -189,16 +189,36 @@ fn publish_events(state: &AppState, body: PublishBody) -> AppResult<Vec<PublishE
     let mut events = Vec::with_capacity(list.len());
     for (i, event) in list.into_iter().enumerate() {
         let at = |e: ApiError| ApiError { message: format!("events[{i}]: {}", e.message), ..e };
-        check_key(&event.key).map_err(at)?;
-        let payload = event.payload.ok_or_else(|| at(ApiError::invalid("payload must not be null")))?;
-        let payload = compact_json(payload.get());
-        if payload.len() > config.stream_event_bytes_max {
-            let max = config.stream_event_bytes_max;
-            return Err(at(ApiError::too_large(format!("payload over {max} bytes"))));
-        }
-        events.push(PublishEvent { key: event.key, payload });
+        events.push(publish_event(state, event.payload, event.key).map_err(at)?);
     }
     Ok(events)
+}
+
+/// One event to publish, checked: its key, a payload that is not null, compacted, within
+/// `stream_event_bytes_max`. The publish route and the tx's `publish` op both build events here.
+pub(super) fn publish_event(
+    state: &AppState,
+    payload: Option<Box<RawValue>>,
+    key: Option<String>,
+) -> AppResult<PublishEvent> {
+    check_key(&key)?;
+    let payload = compact_json(payload.ok_or_else(|| ApiError::invalid("payload must not be null"))?.get());
+    let max = state.node.config().stream_event_bytes_max;
+    if payload.len() > max {
+        return Err(ApiError::too_large(format!("payload over {max} bytes")));
+    }
+    Ok(PublishEvent { key, payload })
+}
+
+/// Refuses a consumer offset past the stream's last offset. Every offset a client was answered is
+/// applied on the leader, which applies before it answers.
+pub(super) fn check_consumer_offset(state: &AppState, stream: &str, offset: u64) -> AppResult<()> {
+    let last = state.node.db().stream_meta(stream)?.map_or(0, |meta| meta.last_offset);
+    if offset > last {
+        let message = format!("offset {offset} is past stream {stream:?}'s last offset {last}");
+        return Err(ApiError::bad_request(ErrorCode::InvalidOffset, message));
+    }
+    Ok(())
 }
 
 /// `POST /v1/streams/{stream}/events`.
@@ -341,12 +361,7 @@ pub async fn put_consumer(
     check_stream_name("consumer", &consumer)?;
     let key = idempotency_key(&headers)?;
     let OffsetBody { offset } = json_body(&state, body).await?;
-    // Every offset a client was answered is applied here (the leader applies before it answers).
-    let last = state.node.db().stream_meta(&stream)?.map_or(0, |meta| meta.last_offset);
-    if offset > last {
-        let message = format!("offset {offset} is past stream {stream:?}'s last offset {last}");
-        return Err(ApiError::bad_request(ErrorCode::InvalidOffset, message));
-    }
+    check_consumer_offset(&state, &stream, offset)?;
     let control = StreamControl::SaveOffset { stream: stream.clone(), consumer: consumer.clone(), offset };
     let seqno = state.node.write(&principal, key, Records::StreamControl(control)).await?;
     let offset = state.node.db().consumer_offset(&stream, &consumer)?.unwrap_or(0);

@@ -13,10 +13,10 @@ use axum::http::HeaderMap;
 use axum::{Extension, Json};
 use serde::Deserialize;
 use serde_json::value::RawValue;
-use tidal_core::{PublishEvent, Records, StreamControl};
-use tidal_types::{ErrorCode, SignalIn, TxReply};
+use tidal_core::{Records, StreamControl};
+use tidal_types::{SignalIn, TxReply};
 
-use super::streams::{check_key, check_stream_name, compact_json};
+use super::streams::{check_consumer_offset, check_stream_name, publish_event};
 use super::{
     idempotency_key, json_body, metadata_bytes, signal_events, vector_from_values, AppResult, AppState,
 };
@@ -114,24 +114,13 @@ fn op_records(state: &AppState, raw: &RawValue) -> AppResult<Records> {
         "publish" => {
             let Publish { stream, payload, key, .. } = parse(raw)?;
             check_stream_name("stream", &stream)?;
-            check_key(&key)?;
-            let payload =
-                compact_json(payload.ok_or_else(|| ApiError::invalid("payload must not be null"))?.get());
-            let max = state.node.config().stream_event_bytes_max;
-            if payload.len() > max {
-                return Err(ApiError::too_large(format!("payload over {max} bytes")));
-            }
-            Records::StreamEvents { stream, events: vec![PublishEvent { key, payload }] }
+            Records::StreamEvents { stream, events: vec![publish_event(state, payload, key)?] }
         }
         "save_offset" => {
             let SaveOffset { stream, consumer, offset, .. } = parse(raw)?;
             check_stream_name("stream", &stream)?;
             check_stream_name("consumer", &consumer)?;
-            let last = state.node.db().stream_meta(&stream)?.map_or(0, |meta| meta.last_offset);
-            if offset > last {
-                let message = format!("offset {offset} is past stream {stream:?}'s last offset {last}");
-                return Err(ApiError::bad_request(ErrorCode::InvalidOffset, message));
-            }
+            check_consumer_offset(state, &stream, offset)?;
             Records::StreamControl(StreamControl::SaveOffset { stream, consumer, offset })
         }
         other => {
