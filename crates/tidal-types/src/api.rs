@@ -47,6 +47,16 @@ pub enum ErrorCode {
     NotImplemented,
     /// Something failed inside the node; the outcome of a write is unknown.
     Internal,
+    /// An inbox topic holds its backlog cap of unconsumed messages (retryable once it drains).
+    InboxFull,
+    /// The inbox already has its cap of live topics; a known topic is never refused for it.
+    TooManyTopics,
+    /// The inbox was closed; nothing more is accepted or delivered.
+    InboxClosed,
+    /// An ack names a receive this inbox does not remember.
+    UnknownReceive,
+    /// An ack came after the lease ran out and the message went to another receive.
+    LeaseLost,
 }
 
 impl ErrorCode {
@@ -71,6 +81,11 @@ impl ErrorCode {
             ErrorCode::IdempotencyConflict => "idempotency_conflict",
             ErrorCode::NotImplemented => "not_implemented",
             ErrorCode::Internal => "internal",
+            ErrorCode::InboxFull => "inbox_full",
+            ErrorCode::TooManyTopics => "too_many_topics",
+            ErrorCode::InboxClosed => "inbox_closed",
+            ErrorCode::UnknownReceive => "unknown_receive",
+            ErrorCode::LeaseLost => "lease_lost",
         }
     }
 }

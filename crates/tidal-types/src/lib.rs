@@ -6,11 +6,13 @@
 #![deny(missing_docs)]
 
 pub mod activity;
+mod inbox_api;
 mod api;
 mod kind;
 mod position;
 
 pub use api::*;
+pub use inbox_api::*;
 pub use kind::RecordKind;
 pub use position::{NodeId, Seqno, Term, TermSeqno};
 
