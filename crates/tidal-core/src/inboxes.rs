@@ -107,7 +107,10 @@ pub struct TopicMeta {
 
 impl TopicMeta {
     fn encode(&self) -> Vec<u8> {
-        [self.head, self.floor, self.backlog, self.bytes, self.cursor].iter().flat_map(|n| n.to_le_bytes()).collect()
+        [self.head, self.floor, self.backlog, self.bytes, self.cursor]
+            .iter()
+            .flat_map(|n| n.to_le_bytes())
+            .collect()
     }
 
     fn decode(value: &[u8]) -> Result<TopicMeta, Error> {
@@ -142,7 +145,8 @@ pub struct StoredMessage {
 
 impl StoredMessage {
     fn encode_value(&self) -> Vec<u8> {
-        let mut out = Vec::with_capacity(16 + 6 + self.sender.len() + self.message_id.len() + self.payload.len());
+        let mut out =
+            Vec::with_capacity(16 + 6 + self.sender.len() + self.message_id.len() + self.payload.len());
         out.extend_from_slice(&self.created_ms.to_le_bytes());
         out.extend_from_slice(&self.lease_until_ms.to_le_bytes());
         for text in [&self.sender, &self.message_id, &self.holder] {
@@ -193,7 +197,8 @@ pub struct Receipt {
 
 impl Receipt {
     fn encode(&self) -> Vec<u8> {
-        let mut out = Vec::with_capacity(64 + self.messages.iter().map(|m| 64 + m.payload.len()).sum::<usize>());
+        let mut out =
+            Vec::with_capacity(64 + self.messages.iter().map(|m| 64 + m.payload.len()).sum::<usize>());
         for n in [self.seqno, self.time_ms, self.lease_until_ms] {
             out.extend_from_slice(&n.to_le_bytes());
         }
@@ -360,7 +365,8 @@ impl<'a> Cursor<'a> {
 
     fn str16(&mut self) -> Result<String, Error> {
         let len = u16::from_le_bytes(self.take(2)?.try_into().expect("2 bytes"));
-        String::from_utf8(self.take(usize::from(len))?.to_vec()).map_err(|_| corrupt("inbox text is not UTF-8".into()))
+        String::from_utf8(self.take(usize::from(len))?.to_vec())
+            .map_err(|_| corrupt("inbox text is not UTF-8".into()))
     }
 }
 
@@ -379,7 +385,8 @@ impl<'a> InboxState<'a> {
     }
 
     fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, Error> {
-        let layered = [Some(&self.pending), Some(&self.view.active.inboxes), self.view.frozen.map(|f| &f.inboxes)];
+        let layered =
+            [Some(&self.pending), Some(&self.view.active.inboxes), self.view.frozen.map(|f| &f.inboxes)];
         for layer in layered.into_iter().flatten() {
             if let Some(value) = layer.get(key) {
                 return Ok(value.clone());
@@ -404,8 +411,11 @@ impl<'a> InboxState<'a> {
         visit: impl FnMut(&[u8], &[u8]) -> Result<bool, Error>,
     ) -> Result<(), Error> {
         let frozen_range = range.clone();
-        let frozen =
-            self.view.frozen.into_iter().flat_map(move |f| f.inboxes.range::<Vec<u8>, _>(frozen_range.clone()));
+        let frozen = self
+            .view
+            .frozen
+            .into_iter()
+            .flat_map(move |f| f.inboxes.range::<Vec<u8>, _>(frozen_range.clone()));
         let mut layers = [
             Layer::memory_or_deleted(self.pending.range::<Vec<u8>, _>(range.clone())),
             Layer::memory_or_deleted(self.view.active.inboxes.range::<Vec<u8>, _>(range.clone())),
@@ -460,7 +470,9 @@ impl<'a> InboxState<'a> {
         }
         let prefix = message_prefix(owner, topic);
         let (from, to) = (with_seq(prefix.clone(), after + 1), with_seq(prefix, through));
-        self.scan((Bound::Included(from), Bound::Included(to)), |key, value| visit(StoredMessage::decode_value(topic, seq_of(key)?, value)?))
+        self.scan((Bound::Included(from), Bound::Included(to)), |key, value| {
+            visit(StoredMessage::decode_value(topic, seq_of(key)?, value)?)
+        })
     }
 
     /// The live topics of `owner`, by name.
@@ -468,7 +480,8 @@ impl<'a> InboxState<'a> {
         let prefix = owner_prefix(TAG_TOPIC, owner);
         let mut topics = Vec::new();
         self.scan_prefix(&prefix, |key, value| {
-            let topic = String::from_utf8(key[prefix.len()..].to_vec()).map_err(|_| corrupt("topic name".into()))?;
+            let topic =
+                String::from_utf8(key[prefix.len()..].to_vec()).map_err(|_| corrupt("topic name".into()))?;
             topics.push((topic, TopicMeta::decode(value)?));
             Ok(true)
         })?;
@@ -493,7 +506,12 @@ impl<'a> InboxState<'a> {
 
     /// Whether a receive on `topics` at logged time `now_ms` would take a message, else when a
     /// lease among them runs out. A hint for a waiting receiver: the receive's apply decides.
-    pub(crate) fn availability(&self, owner: &str, topics: &[String], now_ms: u64) -> Result<Availability, Error> {
+    pub(crate) fn availability(
+        &self,
+        owner: &str,
+        topics: &[String],
+        now_ms: u64,
+    ) -> Result<Availability, Error> {
         let mut found = Availability::default();
         for topic in topics {
             let Some(meta) = self.topic_meta(owner, topic)? else { continue };
@@ -533,7 +551,8 @@ impl<'a> InboxState<'a> {
         let mut topics = Vec::new();
         self.scan((Bound::Included(from), Bound::Excluded(vec![TAG_TOPIC + 1])), |key, value| {
             let len = usize::from(*key.get(1).ok_or_else(|| corrupt("topic key".into()))?);
-            let text = |bytes: &[u8]| String::from_utf8(bytes.to_vec()).map_err(|_| corrupt("topic key".into()));
+            let text =
+                |bytes: &[u8]| String::from_utf8(bytes.to_vec()).map_err(|_| corrupt("topic key".into()));
             let owner = text(key.get(2..2 + len).ok_or_else(|| corrupt("topic key".into()))?)?;
             topics.push((owner, text(&key[2 + len..])?, TopicMeta::decode(value)?));
             Ok(topics.len() < limit)
@@ -544,7 +563,13 @@ impl<'a> InboxState<'a> {
     /// The last sequence of `topic` (at most `scan_max` messages in) created before `cutoff_ms`:
     /// what a TTL expiry discards through. Stops at the first younger message, so only a prefix
     /// ever expires.
-    pub(crate) fn expiry_point(&self, owner: &str, topic: &str, cutoff_ms: u64, scan_max: usize) -> Result<Option<u64>, Error> {
+    pub(crate) fn expiry_point(
+        &self,
+        owner: &str,
+        topic: &str,
+        cutoff_ms: u64,
+        scan_max: usize,
+    ) -> Result<Option<u64>, Error> {
         let Some(meta) = self.topic_meta(owner, topic)? else { return Ok(None) };
         let (mut through, mut seen) = (None, 0);
         self.for_each_message(owner, topic, meta.floor, meta.head, |message| {

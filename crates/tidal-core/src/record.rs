@@ -48,8 +48,8 @@ use crate::record_error::RecordError;
 mod inbox;
 
 pub use inbox::{
-    InboxConsume, InboxSend, ReceiveLimits, SendLimits, INBOX_NAME_BYTES_MAX, INBOX_TAG_ACK,
-    INBOX_TAG_CLOSE, INBOX_TAG_DISCARD, INBOX_TAG_RECEIVE,
+    InboxConsume, InboxSend, ReceiveLimits, SendLimits, INBOX_NAME_BYTES_MAX, INBOX_TAG_ACK, INBOX_TAG_CLOSE,
+    INBOX_TAG_DISCARD, INBOX_TAG_RECEIVE,
 };
 
 /// Byte range of the envelope time inside every payload; the WAL writer stamps it.
@@ -991,7 +991,8 @@ mod tests {
         assert_eq!(no_topics[count_at], 1, "the topic count byte");
         no_topics[count_at] = 0;
         assert!(decode_both(RecordKind::InboxConsume, &no_topics).is_err());
-        let close = encode_payload(&envelope(), &Records::InboxConsume(InboxConsume::Close { owner: "o".into() }));
+        let close =
+            encode_payload(&envelope(), &Records::InboxConsume(InboxConsume::Close { owner: "o".into() }));
         let mut unknown = close.payload.clone();
         let tag_at = unknown.len() - 1 - 2 - 1;
         unknown[tag_at] = 9;
@@ -999,7 +1000,8 @@ mod tests {
             decode_both(RecordKind::InboxConsume, &unknown),
             Err(RecordError::UnknownTag { field: "inbox control tag", tag: 9 })
         );
-        let discard = InboxConsume::Discard { owner: "o".into(), topic: "t".into(), through: 1, expired: false };
+        let discard =
+            InboxConsume::Discard { owner: "o".into(), topic: "t".into(), through: 1, expired: false };
         let mut reason = encode_payload(&envelope(), &Records::InboxConsume(discard)).payload;
         *reason.last_mut().unwrap() = 7;
         assert_eq!(

@@ -14,7 +14,8 @@ use tidal_core::{
 use tidal_wal::Batch;
 
 const LIMITS: SendLimits = SendLimits { backlog_max: 4, topics_max: 2, dedupe_max: 6, dedupe_age_s: 60 };
-const TAKE_ONE: ReceiveLimits = ReceiveLimits { max: 1, bytes_max: 1 << 20, receipts_max: 5, receipt_age_s: 60 };
+const TAKE_ONE: ReceiveLimits =
+    ReceiveLimits { max: 1, bytes_max: 1 << 20, receipts_max: 5, receipt_age_s: 60 };
 
 /// One inbox operation of a history.
 #[derive(Clone, Debug)]
@@ -47,10 +48,18 @@ fn record(op: &Op, seq: u64) -> Option<(String, Records)> {
         Op::Receive { id, topics, max, lease_ms } => {
             let limits = ReceiveLimits { max: *max, ..TAKE_ONE };
             let topics = topics.iter().map(|t| topic(*t)).collect();
-            let receive = InboxConsume::Receive { owner, receive_id: format!("r{id}"), topics, lease_ms: *lease_ms, limits };
+            let receive = InboxConsume::Receive {
+                owner,
+                receive_id: format!("r{id}"),
+                topics,
+                lease_ms: *lease_ms,
+                limits,
+            };
             ("rx".into(), Records::InboxConsume(receive))
         }
-        Op::Ack { id } => ("rx".into(), Records::InboxConsume(InboxConsume::Ack { owner, receive_id: format!("r{id}") })),
+        Op::Ack { id } => {
+            ("rx".into(), Records::InboxConsume(InboxConsume::Ack { owner, receive_id: format!("r{id}") }))
+        }
         Op::Discard { topic: t, through_back } => {
             let through = seq.saturating_sub(*through_back);
             let discard = InboxConsume::Discard { owner, topic: topic(*t), through, expired: false };
@@ -84,8 +93,12 @@ impl Model {
             Op::Ack { id } => self.ack(*id),
             Op::Discard { topic, through_back } => {
                 let through = seq.saturating_sub(*through_back);
-                let doomed: Vec<u64> =
-                    self.messages.iter().filter(|(s, m)| m.0 == *topic && **s <= through).map(|(s, _)| *s).collect();
+                let doomed: Vec<u64> = self
+                    .messages
+                    .iter()
+                    .filter(|(s, m)| m.0 == *topic && **s <= through)
+                    .map(|(s, _)| *s)
+                    .collect();
                 for s in &doomed {
                     self.messages.remove(s);
                 }
@@ -124,7 +137,15 @@ impl Model {
         InboxOutcome::Sent { inbox_seq: seq, duplicate: false }
     }
 
-    fn receive(&mut self, id: u8, topics: &[u8], max: u32, lease_ms: u32, seq: u64, now: u64) -> InboxOutcome {
+    fn receive(
+        &mut self,
+        id: u8,
+        topics: &[u8],
+        max: u32,
+        lease_ms: u32,
+        seq: u64,
+        now: u64,
+    ) -> InboxOutcome {
         if self.receipts.contains_key(&id) {
             return InboxOutcome::AlreadyBound;
         }
@@ -148,7 +169,14 @@ impl Model {
         }
         self.receipts.insert(id, (seq, now, taken.clone(), lease_ms > 0, false));
         let age = u64::from(TAKE_ONE.receipt_age_s) * 1000;
-        prune(&mut self.receipts, |(s, time, ..)| (*s, *time), seq, u64::from(TAKE_ONE.receipts_max), age, now);
+        prune(
+            &mut self.receipts,
+            |(s, time, ..)| (*s, *time),
+            seq,
+            u64::from(TAKE_ONE.receipts_max),
+            age,
+            now,
+        );
         InboxOutcome::Received { count: taken.len() as u32 }
     }
 
@@ -264,7 +292,8 @@ impl Inbox {
     }
 
     fn write(&mut self, principal: &str, records: Records) -> (u64, InboxOutcome) {
-        let envelope = Envelope { time_ms: self.now, principal: principal.into(), idempotency_key: String::new() };
+        let envelope =
+            Envelope { time_ms: self.now, principal: principal.into(), idempotency_key: String::new() };
         let batch = self.log.push_with(envelope, records);
         (batch.last_seqno().0, apply(&self.db, &batch))
     }
@@ -277,8 +306,13 @@ impl Inbox {
 
     fn receive(&mut self, id: &str, topics: &[&str], lease_ms: u32) -> (u64, InboxOutcome) {
         let topics = topics.iter().map(|t| t.to_string()).collect();
-        let receive =
-            InboxConsume::Receive { owner: "o".into(), receive_id: id.into(), topics, lease_ms, limits: TAKE_ONE };
+        let receive = InboxConsume::Receive {
+            owner: "o".into(),
+            receive_id: id.into(),
+            topics,
+            lease_ms,
+            limits: TAKE_ONE,
+        };
         self.write("rx", Records::InboxConsume(receive))
     }
 
@@ -348,7 +382,8 @@ fn an_unacked_lease_is_delivered_again_and_a_late_ack_loses() {
     assert_eq!(inbox.receive("r2", &["a"], 5_000).1, InboxOutcome::Empty);
     inbox.now += 5_000;
     assert_eq!(inbox.receive("r3", &["a"], 5_000).1, InboxOutcome::Received { count: 1 });
-    let ack = |id: &str| Records::InboxConsume(InboxConsume::Ack { owner: "o".into(), receive_id: id.into() });
+    let ack =
+        |id: &str| Records::InboxConsume(InboxConsume::Ack { owner: "o".into(), receive_id: id.into() });
     assert_eq!(inbox.write("rx", ack("r1")).1, InboxOutcome::Acked { acked: 0, lost: 1 });
     assert_eq!(inbox.write("rx", ack("r3")).1, InboxOutcome::Acked { acked: 1, lost: 0 });
     assert_eq!(inbox.write("rx", ack("r3")).1, InboxOutcome::Acked { acked: 0, lost: 0 });
@@ -364,7 +399,12 @@ fn a_discard_wins_over_a_later_receive_and_repeats_idempotently() {
     inbox.send("s", "a", "1", WIDE);
     inbox.send("s", "a", "2", WIDE);
     let discard = |through| {
-        Records::InboxConsume(InboxConsume::Discard { owner: "o".into(), topic: "a".into(), through, expired: false })
+        Records::InboxConsume(InboxConsume::Discard {
+            owner: "o".into(),
+            topic: "a".into(),
+            through,
+            expired: false,
+        })
     };
     assert_eq!(inbox.write("op", discard(u64::MAX)).1, InboxOutcome::Discarded { count: 2 });
     assert_eq!(inbox.receive("r", &["a"], 0).1, InboxOutcome::Empty);
@@ -413,8 +453,13 @@ fn consumed_messages_leave_storage_and_survive_a_restart() {
     db.checkpoint().unwrap();
     for id in 0..40 {
         let topics = vec!["a".to_string()];
-        let receive =
-            InboxConsume::Receive { owner: "o".into(), receive_id: format!("r{id}"), topics, lease_ms: 0, limits: TAKE_ONE };
+        let receive = InboxConsume::Receive {
+            owner: "o".into(),
+            receive_id: format!("r{id}"),
+            topics,
+            lease_ms: 0,
+            limits: TAKE_ONE,
+        };
         db.apply(&log.push(T0, Records::InboxConsume(receive))).unwrap();
     }
     db.checkpoint().unwrap();

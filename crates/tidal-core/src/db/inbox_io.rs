@@ -87,7 +87,12 @@ impl TidalDb {
 
     /// Whether a receive on `topics` at logged time `now_ms` would take something, else when a
     /// lease among them ends: a waiting receiver's hint (the receive's apply decides).
-    pub fn inbox_availability(&self, owner: &str, topics: &[String], now_ms: u64) -> Result<Availability, Error> {
+    pub fn inbox_availability(
+        &self,
+        owner: &str,
+        topics: &[String],
+        now_ms: u64,
+    ) -> Result<Availability, Error> {
         self.with_inboxes(|inboxes| inboxes.availability(owner, topics, now_ms))
     }
 

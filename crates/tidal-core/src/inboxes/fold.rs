@@ -6,7 +6,8 @@ use std::collections::BTreeMap;
 
 use super::{
     dedupe_key, inbox_key, message_prefix, owner_prefix, receipt_key, seq_of, topic_key, with_seq, InboxMeta,
-    InboxState, Receipt, StoredMessage, TopicMeta, TAG_DEDUPE, TAG_DEDUPE_ORDER, TAG_RECEIPT, TAG_RECEIPT_ORDER,
+    InboxState, Receipt, StoredMessage, TopicMeta, TAG_DEDUPE, TAG_DEDUPE_ORDER, TAG_RECEIPT,
+    TAG_RECEIPT_ORDER,
 };
 use crate::error::Error;
 use crate::record::{InboxConsume, InboxSend, ReceiveLimits};
@@ -161,7 +162,9 @@ impl InboxState<'_> {
                 let lease_ms = u64::from(*lease_ms);
                 self.receive(at, owner, receive_id, topics, (lease_ms, *limits), &mut meta, &mut touched)?
             }
-            InboxConsume::Ack { owner, receive_id } => self.ack(owner, receive_id, &mut meta, &mut touched)?,
+            InboxConsume::Ack { owner, receive_id } => {
+                self.ack(owner, receive_id, &mut meta, &mut touched)?
+            }
             InboxConsume::Discard { owner, topic, through, .. } => {
                 self.discard(owner, topic, *through, &mut touched)?
             }
@@ -195,12 +198,17 @@ impl InboxState<'_> {
             if lease_ms == 0 {
                 self.consume(owner, message, meta, touched)?;
             } else {
-                let held = StoredMessage { lease_until_ms, holder: receive_id.to_string(), ..message.clone() };
-                self.put(with_seq(message_prefix(owner, &message.topic), message.inbox_seq), held.encode_value());
+                let held =
+                    StoredMessage { lease_until_ms, holder: receive_id.to_string(), ..message.clone() };
+                self.put(
+                    with_seq(message_prefix(owner, &message.topic), message.inbox_seq),
+                    held.encode_value(),
+                );
             }
         }
         let count = taken.len() as u32;
-        let receipt = Receipt { seqno: at.seqno, time_ms: at.now_ms, lease_until_ms, acked: false, messages: taken };
+        let receipt =
+            Receipt { seqno: at.seqno, time_ms: at.now_ms, lease_until_ms, acked: false, messages: taken };
         let key = receipt_key(owner, receive_id);
         self.put(key.clone(), receipt.encode());
         self.put(with_seq(owner_prefix(TAG_RECEIPT_ORDER, owner), at.seqno), key);
@@ -281,7 +289,13 @@ impl InboxState<'_> {
         Ok(InboxOutcome::Acked { acked, lost })
     }
 
-    fn discard(&mut self, owner: &str, topic: &str, through: u64, touched: &mut Touched) -> Result<InboxOutcome, Error> {
+    fn discard(
+        &mut self,
+        owner: &str,
+        topic: &str,
+        through: u64,
+        touched: &mut Touched,
+    ) -> Result<InboxOutcome, Error> {
         let Some(mut t) = self.topic_meta(owner, topic)? else {
             return Ok(InboxOutcome::Discarded { count: 0 });
         };
@@ -333,8 +347,9 @@ impl InboxState<'_> {
     ) -> Result<(), Error> {
         let topic = &message.topic;
         if !touched.contains_key(topic) {
-            let t = self.topic_meta(owner, topic)?.ok_or_else(|| {
-                Error::Corrupt { keyspace: "inboxes", reason: format!("message {} has no topic", message.inbox_seq) }
+            let t = self.topic_meta(owner, topic)?.ok_or_else(|| Error::Corrupt {
+                keyspace: "inboxes",
+                reason: format!("message {} has no topic", message.inbox_seq),
             })?;
             touched.insert(topic.clone(), t);
         }
@@ -412,7 +427,10 @@ fn encode_pair(seq: u64, time_ms: u64) -> Vec<u8> {
 
 fn decode_pair(value: &[u8]) -> Result<(u64, u64), Error> {
     if value.len() != 16 {
-        return Err(Error::Corrupt { keyspace: "inboxes", reason: format!("an entry of {} bytes, not 16", value.len()) });
+        return Err(Error::Corrupt {
+            keyspace: "inboxes",
+            reason: format!("an entry of {} bytes, not 16", value.len()),
+        });
     }
     let n = |at: usize| u64::from_le_bytes(value[at..at + 8].try_into().expect("8 bytes"));
     Ok((n(0), n(8)))
