@@ -328,6 +328,7 @@ impl ServeConfig {
             Some(path) => load_file(path)?,
             None => FileConfig::default(),
         };
+        let inbox = InboxConfig::from_file(&file);
         let signal_kinds = file.signal_kinds.unwrap_or_else(|| {
             DEFAULT_SIGNAL_KINDS.iter().map(|(name, weight)| (name.to_string(), *weight)).collect()
         });
@@ -397,15 +398,7 @@ impl ServeConfig {
             stream_retention_events_max: file.stream_retention_events_max,
             stream_retention_age_s: file.stream_retention_age_s,
             stream_retention_interval_ms: file.stream_retention_interval_ms.unwrap_or(10_000),
-            inbox: InboxConfig {
-                payload_bytes_max: file.inbox_payload_bytes_max.unwrap_or(64 * 1024),
-                backlog_max: file.inbox_backlog_max.unwrap_or(10_000),
-                topics_max: file.inbox_topics_max.unwrap_or(64),
-                dedupe_max: file.inbox_dedupe_max.unwrap_or(16_384),
-                dedupe_age_s: file.inbox_dedupe_age_s.unwrap_or(86_400),
-                receipts_max: file.inbox_receipts_max.unwrap_or(1_024),
-                receipt_age_s: file.inbox_receipt_age_s.unwrap_or(3_600),
-            },
+            inbox,
             segment_bytes_max: file.segment_bytes_max.unwrap_or(64 * 1024 * 1024),
             wal_preallocate_bytes: wal_preallocate_bytes(
                 std::env::var("TIDAL_WAL_PREALLOCATE").ok().as_deref(),
@@ -479,6 +472,18 @@ pub struct InboxConfig {
 }
 
 impl InboxConfig {
+    fn from_file(file: &FileConfig) -> InboxConfig {
+        InboxConfig {
+            payload_bytes_max: file.inbox_payload_bytes_max.unwrap_or(64 * 1024),
+            backlog_max: file.inbox_backlog_max.unwrap_or(10_000),
+            topics_max: file.inbox_topics_max.unwrap_or(64),
+            dedupe_max: file.inbox_dedupe_max.unwrap_or(16_384),
+            dedupe_age_s: file.inbox_dedupe_age_s.unwrap_or(86_400),
+            receipts_max: file.inbox_receipts_max.unwrap_or(1_024),
+            receipt_age_s: file.inbox_receipt_age_s.unwrap_or(3_600),
+        }
+    }
+
     fn validate(&self) -> anyhow::Result<()> {
         let fields = [
             ("inbox_payload_bytes_max", self.payload_bytes_max),
