@@ -5,7 +5,8 @@
 //! ```text
 //! key (O = len u8 | owner, T = len u8 | topic)       value
 //! 0x01 | O                        inbox meta         closed u8 | live topics u32 | dedupe u64 |
-//!                                                    receipts u64 | consumed u64
+//!                                                    receipts u64 | consumed u64 | dedupe floor
+//!                                                    u64 | receipts floor u64
 //! 0x02 | O | topic                topic meta         head | floor | backlog | bytes | cursor (u64s)
 //! 0x03 | O | T | seq BE           message            created_ms u64 | lease_until_ms u64 | sender str16
 //!                                                    | message_id str16 | holder str16 | payload
@@ -46,7 +47,7 @@ const TAG_DEDUPE: u8 = 0x04;
 const TAG_DEDUPE_ORDER: u8 = 0x05;
 const TAG_RECEIPT: u8 = 0x06;
 const TAG_RECEIPT_ORDER: u8 = 0x07;
-const INBOX_META_LEN: usize = 1 + 4 + 8 + 8 + 8;
+const INBOX_META_LEN: usize = 1 + 4 + 5 * 8;
 const TOPIC_META_LEN: usize = 5 * 8;
 
 /// What an inbox's meta holds. Log-derived.
@@ -62,6 +63,11 @@ pub struct InboxMeta {
     pub receipts: u64,
     /// Messages consumed over the inbox's life.
     pub consumed: u64,
+    /// Every dedupe entry written at or below this seqno was evicted: eviction scans start above
+    /// it, never over the deletes of earlier evictions.
+    pub dedupe_floor: u64,
+    /// The same for receipts.
+    pub receipts_floor: u64,
 }
 
 impl InboxMeta {
@@ -69,7 +75,7 @@ impl InboxMeta {
         let mut out = Vec::with_capacity(INBOX_META_LEN);
         out.push(u8::from(self.closed));
         out.extend_from_slice(&self.live_topics.to_le_bytes());
-        for n in [self.dedupe, self.receipts, self.consumed] {
+        for n in [self.dedupe, self.receipts, self.consumed, self.dedupe_floor, self.receipts_floor] {
             out.extend_from_slice(&n.to_le_bytes());
         }
         out
@@ -86,6 +92,8 @@ impl InboxMeta {
             dedupe: n(5),
             receipts: n(13),
             consumed: n(21),
+            dedupe_floor: n(29),
+            receipts_floor: n(37),
         })
     }
 }

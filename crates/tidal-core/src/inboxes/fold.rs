@@ -3,6 +3,7 @@
 //! [`InboxOutcome`] the writer of the record is answered with.
 
 use std::collections::BTreeMap;
+use std::ops::Bound;
 
 use super::{
     dedupe_key, inbox_key, message_prefix, owner_prefix, receipt_key, seq_of, topic_key, with_seq, InboxMeta,
@@ -134,7 +135,8 @@ impl InboxState<'_> {
         self.put(key.clone(), encode_pair(at.seqno, at.now_ms));
         self.put(with_seq(owner_prefix(TAG_DEDUPE_ORDER, owner), at.seqno), key);
         let window = Window { order_tag: TAG_DEDUPE_ORDER, max: u64::from(limits.dedupe_max), age_ms };
-        meta.dedupe -= self.prune(owner, window, at, meta.dedupe)?;
+        let (count, floor) = (&mut meta.dedupe, &mut meta.dedupe_floor);
+        self.prune(owner, window, at, (count, floor))?;
         self.put(inbox_key(owner), meta.encode());
         Ok(InboxOutcome::Sent { inbox_seq: at.seqno, duplicate: false })
     }
@@ -215,7 +217,7 @@ impl InboxState<'_> {
         meta.receipts += 1;
         let age_ms = u64::from(limits.receipt_age_s) * 1000;
         let window = Window { order_tag: TAG_RECEIPT_ORDER, max: u64::from(limits.receipts_max), age_ms };
-        meta.receipts -= self.prune(owner, window, at, meta.receipts)?;
+        self.prune(owner, window, at, (&mut meta.receipts, &mut meta.receipts_floor))?;
         Ok(InboxOutcome::Received { count })
     }
 
@@ -384,31 +386,41 @@ impl InboxState<'_> {
 
     /// Evicts the oldest entries of a window (dedupe or receipts) while it holds more than its
     /// `max` or they are older than its age, at most [`PRUNE_PER_APPLY`], never the entry this
-    /// record wrote. Returns how many it evicted.
-    fn prune(&mut self, owner: &str, window: Window, at: At<'_>, count: u64) -> Result<u64, Error> {
+    /// record wrote; lowers `count` and raises `floor` past what it evicted. The scan starts above
+    /// the floor: the deletes of earlier evictions stay in the overlay until a flush, and a scan
+    /// from the window's start would walk them all at every apply.
+    fn prune(
+        &mut self,
+        owner: &str,
+        window: Window,
+        at: At<'_>,
+        (count, floor): (&mut u64, &mut u64),
+    ) -> Result<(), Error> {
+        if *floor + 1 >= at.seqno {
+            return Ok(());
+        }
+        let prefix = owner_prefix(window.order_tag, owner);
+        let from = with_seq(prefix.clone(), *floor + 1);
+        let to = with_seq(prefix, at.seqno.saturating_sub(1));
         let mut evict = Vec::new();
-        self.scan_prefix(&owner_prefix(window.order_tag, owner), |key, target| {
-            if seq_of(key)? >= at.seqno || evict.len() >= PRUNE_PER_APPLY {
-                return Ok(false);
-            }
+        self.scan((Bound::Included(from), Bound::Included(to)), |key, target| {
             evict.push((key.to_vec(), target.to_vec()));
-            Ok(true)
+            Ok(evict.len() < PRUNE_PER_APPLY)
         })?;
-        let mut evicted = 0;
         for (order_key, target) in evict {
             let time_ms = match self.get(&target)? {
                 Some(value) if value.len() >= 16 => decode_pair(&value[..16])?.1,
                 _ => 0,
             };
-            let over = count - evicted > window.max;
-            if !over && at.now_ms.saturating_sub(time_ms) <= window.age_ms {
+            if *count <= window.max && at.now_ms.saturating_sub(time_ms) <= window.age_ms {
                 break;
             }
+            *floor = seq_of(&order_key)?;
             self.delete(order_key);
             self.delete(target);
-            evicted += 1;
+            *count -= 1;
         }
-        Ok(evicted)
+        Ok(())
     }
 }
 
