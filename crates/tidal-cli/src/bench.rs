@@ -52,7 +52,8 @@ pub enum Workload {
     /// `--payload-bytes` of padding) to it and receives it back; a request is the whole round trip.
     InboxRoundtrip,
     /// Inbox delivery: one receiver parked (30 s waits) on a fresh inbox, one message sent at a
-    /// time (concurrency 1); the latency is from the start of the send until the receiver has it.
+    /// time (`--concurrency` is taken as 1); the latency is from the start of the send until the
+    /// receiver has it.
     InboxLatency,
     /// Inbox drain: `--messages` sends from `--concurrency` senders to one topic of a fresh inbox
     /// while one parked receiver takes up to 1000 per receive. Adds the time from the first send,
@@ -266,7 +267,11 @@ impl Summary {
 }
 
 /// Runs the bench and prints its table.
-pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
+pub async fn run(mut args: BenchArgs) -> anyhow::Result<()> {
+    if let Workload::InboxLatency = args.workload {
+        // One sender at a time: a sample is one message from its send to its delivery.
+        args.concurrency = 1;
+    }
     let summary = measure(&args).await?;
     summary.print(&args);
     Ok(())
@@ -276,6 +281,10 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
 pub async fn measure(args: &BenchArgs) -> anyhow::Result<Summary> {
     anyhow::ensure!(args.concurrency >= 1 && args.concurrency <= 4096, "concurrency must be 1..=4096");
     anyhow::ensure!(args.batch >= 1, "batch must be at least 1");
+    anyhow::ensure!(
+        !matches!(args.workload, Workload::InboxLatency) || args.concurrency == 1,
+        "inbox-latency sends one message at a time: concurrency must be 1"
+    );
     let mut spawned = None;
     let url = if args.spawn {
         let (url, handle) = spawn_node(args.dim as u32).await?;
@@ -291,8 +300,6 @@ pub async fn measure(args: &BenchArgs) -> anyhow::Result<Summary> {
     match args.workload {
         Workload::Feed => preload(&client, &args).await?,
         Workload::StreamRead => args.stream_read = Some(crate::bench_streams::preload(&client, &args).await?),
-        // One sender at a time: a sample is one message from its send to its delivery.
-        Workload::InboxLatency => args.concurrency = 1,
         _ => {}
     }
     if let Workload::Lag | Workload::ReadAnywhere | Workload::StreamLag = args.workload {

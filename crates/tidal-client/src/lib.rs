@@ -82,7 +82,7 @@ impl Client {
         Client { base: base.into().trim_end_matches('/').to_string(), token, http }
     }
 
-    /// Base URL.
+    /// The bearer token, if any.
     pub fn token(&self) -> Option<&str> {
         self.token.as_deref()
     }
