@@ -2,8 +2,10 @@
 """Tidal vs peers: reads this sitting's figures and writes REPORT.md and ratios.svg.
 
 Inputs (all from the same `make bench-peers` run):
-  --tidal-bench FILE   rows printed by `tidal bench` (markdown table rows): items, signals, and the
-                       stream workloads publish (batch 1 and 100), stream-lag and stream-read
+  --tidal-bench FILE   rows printed by `tidal bench` (markdown table rows): items, signals, the
+                       stream workloads publish (batch 1 and 100), stream-lag and stream-read, and
+                       the inbox workloads inbox-roundtrip (1 and 16), inbox-latency and inbox-drain
+                       (rows absent: their figures are "-")
   --tidal-gates FILE   `tidal gates --results FILE` key=value lines (replication-lag, heal-100k)
   --tidal-leader-bench FILE  (optional) `tidal bench` rows against a `--durability leader` cluster:
                        acknowledged after the leader's fsync, the promise Redis `appendfsync always`
@@ -95,17 +97,19 @@ def bench_figures(bench_file, suffix):
         workload, concurrency, batch = cells[0], int(cells[1]), int(cells[2])
         errors = int(cells[4])
         entry = {"rps": float(cells[6]), "eps": float(cells[7]), "p50": float(cells[8]),
-                 "p99": float(cells[9]), "errors": errors, "batch": batch, "workload": workload + suffix}
+                 "p99": float(cells[9]), "errors": errors, "batch": batch, "workload": workload + suffix,
+                 "seconds": float(cells[5])}
         figures[(workload_key(workload) + suffix, concurrency, batch)] = entry
     return figures
 
 
 def tidal_row(figures, workload, concurrency, batch=None):
-    """The row of that workload (any spelling), concurrency and batch (None: any batch), or None."""
+    """The row of that workload (any spelling), concurrency (None: any) and batch (None: any batch),
+    or None."""
     suffix = LEADER if workload.endswith(LEADER) else ""
     name = workload_key(workload[: len(workload) - len(suffix)]) + suffix
     for (key, clients, rows_batch), entry in sorted(figures.items()):
-        if key == name and clients == concurrency and batch in (None, rows_batch):
+        if key == name and concurrency in (None, clients) and batch in (None, rows_batch):
             return entry
     return None
 
@@ -134,6 +138,7 @@ def peer_figures(anchors):
                 redis["delivery"] = (p50, p99)
         for row in table_rows(text, "stream read"):
             redis[("xrange", int(row[1]))] = {"ops": number(row[3]), "p50": number(row[4]), "p99": number(row[5])}
+        redis.update(queue_figures(text))
         peers["redis"] = redis
     text, sources["postgres"] = newest(anchors, "postgres")
     if text:
@@ -156,6 +161,7 @@ def peer_figures(anchors):
                 batch = int(row[9]) if len(row) > 9 else 1
                 nats[(int(row[1]), int(row[2]), batch)] = {"ops": number(row[4]), "p50": number(row[5]),
                                                            "p99": number(row[6])}
+        nats.update(queue_figures(text))
         peers["nats"] = nats
     text, sources["etcd"] = newest(anchors, "etcd")
     if text:
@@ -165,6 +171,20 @@ def peer_figures(anchors):
                 etcd[int(row[1])] = {"ops": number(row[4]), "p50": number(row[5]), "p99": number(row[6])}
         peers["etcd"] = etcd
     return peers, sources
+
+
+def queue_figures(text):
+    """The queue tables Redis's and NATS's `queue` phase print (the same columns for both):
+    {("queue", pairs): round trips/s and their latency, "queue-latency": (p50, p99),
+    "queue-drain": seconds}."""
+    figures = {}
+    for row in table_rows(text, "queue | pairs"):
+        figures[("queue", int(row[1]))] = {"ops": number(row[2]), "p50": number(row[3]), "p99": number(row[4])}
+    for row in table_rows(text, "queue latency"):
+        figures["queue-latency"] = (number(row[2]), number(row[3]))
+    for row in table_rows(text, "queue drain"):
+        figures["queue-drain"] = number(row[3])
+    return figures
 
 
 def get(mapping, *keys):
@@ -232,6 +252,7 @@ def build_rows(figures, gates, peers):
         "postgres": get(pg, "catchup"),
     }, "restart -> caught up; Redis full-resyncs"))
     rows += stream_rows(figures, redis, nats)
+    rows += inbox_rows(figures, redis, nats)
     return rows
 
 
@@ -266,6 +287,35 @@ def stream_rows(figures, redis, nats):
         "redis": get(redis, ("xrange", 2), "ops"),
     }, "Tidal: `stream-read`, 2 readers (target >= 1M events/s); Redis: XRANGE COUNT 1000 from a random id, "
        "2 clients, on the primary"))
+    return rows
+
+
+def inbox_rows(figures, redis, nats):
+    """The inbox rows: durable work queues (send, receive with a long-poll, ack) against Redis
+    Streams consumer groups and a NATS JetStream R3 work-queue stream with a pull consumer."""
+    rows = []
+    for pairs in (1, 16):
+        rows.append((f"queue round trips/s, {pairs} pair(s): send, receive, ack", True,
+                     get(tidal_row(figures, "inbox-roundtrip", pairs), "eps"), {
+                         "redis": get(redis, ("queue", pairs), "ops"),
+                         "nats": get(nats, ("queue", pairs), "ops"),
+                     }, "Tidal: `inbox-roundtrip`; Redis: XADD, XREADGROUP COUNT 1 BLOCK, XACK on the primary "
+                        "(appendfsync always); NATS: publish (PubAck), fetch(1), ack_sync on an R3 work-queue "
+                        "stream; each pair's message may be taken by another pair"))
+    latency = tidal_row(figures, "inbox-latency", None)
+    for index, q in ((0, "p50"), (1, "p99")):
+        rows.append((f"queue delivery {q} ms (send -> a parked receiver has it)", False, get(latency, q), {
+            "redis": (get(redis, "queue-latency") or (None, None))[index],
+            "nats": (get(nats, "queue-latency") or (None, None))[index],
+        }, "Tidal: `inbox-latency`; Redis: XADD sent -> XREADGROUP BLOCK returns; NATS: publish sent -> "
+           "fetch(1) returns; one message at a time, the receiver parked again before the next"))
+    rows.append(("queue drain s, 10k messages, one consumer", False,
+                 get(tidal_row(figures, "inbox-drain", None), "seconds"), {
+                     "redis": get(redis, "queue-drain"),
+                     "nats": get(nats, "queue-drain"),
+                 }, "Tidal: `inbox-drain` (its seconds column); Redis: XREADGROUP COUNT 1000 + one XACK per batch "
+                    "(entries stay in the stream, out of the group's pending list); NATS: fetch(1000), ack each, "
+                    "the batch's last with ack_sync"))
     return rows
 
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs the peer scripts one after another and keeps each one's whole output in
 # results/run-<UTC time>/<peer>.txt beside this file (bench/peer_report.py reads the newest).
-#   bash bench/peers/run-all.sh                    # physical redis postgres nats etcd (~10 min)
+#   bash bench/peers/run-all.sh                    # physical redis postgres nats etcd (~11 min)
 #   bash bench/peers/run-all.sh physical redis     # the ones named, in that order
 # setup.sh runs first. A peer that fails does not stop the others; the exit code is non-zero
 # if any did. PEER_TIMEOUT (seconds, 600) bounds each peer from outside, on top of its own bounds.

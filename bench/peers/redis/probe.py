@@ -24,6 +24,18 @@
       Seconds until every replica reached the primary's offset (after a load run).
   probe.py counters --port P
       The primary's resync counters and offset.
+  probe.py queue --primary P [--pairs 1] [--seconds 8] [--max-messages 500000] [--bytes 100]
+      A work queue on one stream with one consumer group (`g`), on the primary. PAIRS threads, each
+      with its own connection and consumer name, loop: XADD one entry, XREADGROUP GROUP g cN COUNT 1
+      BLOCK .. STREAMS s > (the entry it gets may be another pair's), XACK it. Round trips/s and
+      the time of one round trip. Prints `kind=redis-queue ...`.
+  probe.py queue-latency --primary P [--samples 300] [--gap-ms 10] [--max-seconds 40]
+      One receiver parked in XREADGROUP .. BLOCK; a sender XADDs one entry at a time carrying its
+      send time, GAP ms after the receiver acked the previous one (so the receiver is parked
+      again). Send -> XREADGROUP reply (one process, one clock). Prints `kind=redis-queue-latency ...`.
+  probe.py queue-drain --primary P [--messages 10000] [--batch 1000] [--max-seconds 60]
+      XADD MESSAGES entries (pipelined), then one consumer XREADGROUP COUNT BATCH + one XACK of the
+      batch's ids until all are taken: the seconds that took. Prints `kind=redis-queue-drain ...`.
 Each prints one line of key=value pairs; every loop is bounded by count and time.
 """
 import argparse
@@ -35,7 +47,7 @@ import time
 import redis
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
-from stats import ms, quantile  # noqa: E402
+from stats import latency_ms, ms, quantile  # noqa: E402
 
 LOOPBACK = "127.0.0.1"
 
@@ -253,6 +265,155 @@ def counters(args):
           f"replicas={replication['connected_slaves']}")
 
 
+QUEUE_GROUP = "g"
+
+
+def fresh_group(primary, key):
+    """An empty stream KEY with the consumer group QUEUE_GROUP reading it from the start."""
+    primary.delete(key)
+    primary.xgroup_create(key, QUEUE_GROUP, id="0", mkstream=True)
+
+
+def group_state(primary, key):
+    """`pending=.. undelivered=.. length=..`: taken but not acked, not taken yet, entries kept."""
+    pending = primary.xpending(key, QUEUE_GROUP)["pending"]
+    groups = primary.xinfo_groups(key)
+    lag = groups[0].get("lag") if groups else None
+    return f"pending={pending} undelivered={'-' if lag is None else lag} length={primary.xlen(key)}"
+
+
+def queue(args):
+    """PAIRS threads: XADD, then XREADGROUP COUNT 1 BLOCK, then XACK; complete round trips."""
+    primary = client(args.primary)
+    key = "peers:queue"
+    fresh_group(primary, key)
+    body = b"q" * args.bytes
+    block_ms = int(args.block_seconds * 1000)
+    lock = threading.Lock()
+    started, errors, empty = [0], [0], [0]
+    latencies = [[] for _ in range(args.pairs)]
+    began = time.monotonic()
+    stop_at = began + args.seconds
+
+    def pair(index):
+        conn = client(args.primary, timeout=args.block_seconds + 10)
+        consumer, mine = f"c{index}", latencies[index]
+        while time.monotonic() < stop_at:
+            with lock:
+                if started[0] >= args.max_messages:
+                    break
+                started[0] += 1
+            before = time.monotonic()
+            try:
+                conn.xadd(key, {"b": body})
+                reply = conn.xreadgroup(QUEUE_GROUP, consumer, {key: ">"}, count=1, block=block_ms)
+                if not reply or not reply[0][1]:
+                    with lock:
+                        empty[0] += 1  # the BLOCK ran out; another pair takes the entry later
+                    continue
+                conn.xack(key, QUEUE_GROUP, reply[0][1][0][0])
+            except redis.RedisError:  # counted, never retried
+                with lock:
+                    errors[0] += 1
+                continue
+            mine.append(time.monotonic() - before)
+
+    threads = [threading.Thread(target=pair, args=(i,), daemon=True) for i in range(args.pairs)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=max(0.0, stop_at + args.block_seconds + 15 - time.monotonic()))
+    elapsed = time.monotonic() - began
+    round_trips = sorted(x for mine in latencies for x in mine)
+    print(f"kind=redis-queue pairs={args.pairs} round_trips={len(round_trips)} seconds={elapsed:.2f} "
+          f"msgs_per_s={len(round_trips) / elapsed:.0f} {latency_ms(round_trips)} errors={errors[0]} "
+          f"empty_reads={empty[0]} {group_state(primary, key)} bytes={args.bytes}")
+    primary.delete(key)
+
+
+def queue_latency(args):
+    """A receiver parked in XREADGROUP BLOCK; one XADD at a time; send -> receive."""
+    primary = client(args.primary)
+    key = "peers:queue-latency"
+    fresh_group(primary, key)
+    pad = b"l" * args.bytes
+    began = time.monotonic()
+    stop_at = began + args.max_seconds
+    received = threading.Event()
+    samples, expired, errors = [], [0], [0]
+    finished = threading.Event()
+
+    def receiver():
+        conn = client(args.primary, timeout=12.0)
+        while not finished.is_set() and time.monotonic() < stop_at and len(samples) < args.samples:
+            try:
+                reply = conn.xreadgroup(QUEUE_GROUP, "receiver", {key: ">"}, count=1, block=1000)
+                now = time.monotonic()
+                if not reply or not reply[0][1]:
+                    expired[0] += 1  # the BLOCK ran out with nothing sent: park again
+                    continue
+                entry_id, entry = reply[0][1][0]
+                samples.append(now - float(entry[b"t"]))
+                conn.xack(key, QUEUE_GROUP, entry_id)
+            except redis.RedisError:  # counted; the sender counts the sample as lost
+                errors[0] += 1
+                continue
+            received.set()
+
+    thread = threading.Thread(target=receiver, daemon=True)
+    thread.start()
+    time.sleep(0.3)  # the receiver is in XREADGROUP BLOCK
+    sent = lost = 0
+    while sent < args.samples and time.monotonic() < stop_at:
+        received.clear()
+        primary.xadd(key, {"t": repr(time.monotonic()), "b": pad})
+        sent += 1
+        if not received.wait(timeout=max(0.0, min(5.0, stop_at - time.monotonic()))):
+            lost += 1  # not received within 5 s (or the deadline): no sample
+        time.sleep(args.gap_ms / 1000)  # the receiver has acked and is parked again
+    finished.set()
+    thread.join(timeout=5)
+    took = sorted(samples)
+    print(f"kind=redis-queue-latency samples={len(took)} sent={sent} lost={lost} {latency_ms(took)} "
+          f"gap_ms={args.gap_ms:g} expired_reads={expired[0]} errors={errors[0]} "
+          f"seconds={time.monotonic() - began:.2f} {group_state(primary, key)}")
+    primary.delete(key)
+
+
+def queue_drain(args):
+    """XADD MESSAGES entries, then one consumer takes and acks them in batches; the seconds."""
+    primary = client(args.primary)
+    key = "peers:queue-drain"
+    fresh_group(primary, key)
+    body = b"w" * args.bytes
+    began = time.monotonic()
+    stop_at = began + args.max_seconds
+    added = 0
+    while added < args.messages and time.monotonic() < stop_at:
+        batch = primary.pipeline(transaction=False)
+        count = min(1000, args.messages - added)
+        for _ in range(count):
+            batch.xadd(key, {"b": body})
+        batch.execute()
+        added += count
+    filled = time.monotonic()
+    conn = client(args.primary, timeout=10.0)
+    drained = reads = 0
+    while drained < added and time.monotonic() < stop_at:
+        reply = conn.xreadgroup(QUEUE_GROUP, "drainer", {key: ">"}, count=args.batch, block=1000)
+        reads += 1
+        if not reply or not reply[0][1]:
+            break  # nothing left to take (or the BLOCK ran out): stop
+        ids = [entry_id for entry_id, _ in reply[0][1]]
+        conn.xack(key, QUEUE_GROUP, *ids)
+        drained += len(ids)
+    took = time.monotonic() - filled
+    print(f"kind=redis-queue-drain messages={added} drained={drained} seconds={took:.3f} "
+          f"msgs_per_s={drained / took:.0f} batch={args.batch} reads={reads} fill_seconds={filled - began:.2f} "
+          f"{group_state(primary, key)} bytes={args.bytes}")
+    primary.delete(key)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
@@ -293,6 +454,28 @@ def main():
     one = commands.add_parser("counters")
     one.add_argument("--port", type=int, required=True)
     one.set_defaults(run=counters)
+    one = commands.add_parser("queue")
+    one.add_argument("--primary", type=int, required=True)
+    one.add_argument("--pairs", type=int, default=1)
+    one.add_argument("--seconds", type=float, default=8)
+    one.add_argument("--max-messages", type=int, default=500_000)
+    one.add_argument("--bytes", type=int, default=100)
+    one.add_argument("--block-seconds", type=float, default=5)
+    one.set_defaults(run=queue)
+    one = commands.add_parser("queue-latency")
+    one.add_argument("--primary", type=int, required=True)
+    one.add_argument("--samples", type=int, default=300)
+    one.add_argument("--gap-ms", type=float, default=10)
+    one.add_argument("--bytes", type=int, default=100)
+    one.add_argument("--max-seconds", type=float, default=40)
+    one.set_defaults(run=queue_latency)
+    one = commands.add_parser("queue-drain")
+    one.add_argument("--primary", type=int, required=True)
+    one.add_argument("--messages", type=int, default=10_000)
+    one.add_argument("--batch", type=int, default=1000)
+    one.add_argument("--bytes", type=int, default=100)
+    one.add_argument("--max-seconds", type=float, default=60)
+    one.set_defaults(run=queue_drain)
     args = parser.parse_args()
     args.run(args)
 

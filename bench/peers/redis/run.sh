@@ -2,8 +2,8 @@
 # Redis 7: a primary and two replicas on 127.0.0.1, AOF on every node with `appendfsync always`.
 # A SET is acknowledged once the primary has appended it to its AOF and fsynced it; replication
 # is asynchronous, so the ack says nothing about the replicas (WAIT would).
-#   bash bench/peers/redis/run.sh            (about 2 min)
-# Phases (PHASES, default "bench lag catchup streams"; "streams" = the three stream-* phases):
+#   bash bench/peers/redis/run.sh            (about 3 min)
+# Phases (PHASES, default "bench lag catchup streams queue"; "streams" = the three stream-* phases):
 #   bench   redis-benchmark SET against the primary: SIZES x PIPELINES, CLIENTS connections,
 #           about BENCH_SECONDS each; then how long the replicas took to catch up.
 #   lag     under a background redis-benchmark load, LAG_WRITES sequential SETs, each followed
@@ -18,15 +18,22 @@
 #           reader in XREAD BLOCK on each replica: XADD reply -> read on the replicas.
 #   stream-read     READ_EVENTS entries (ids 1-0, 2-0, ...), then redis-benchmark XRANGE pages of
 #           READ_PAGE from a random id, READ_CLIENTS connections, about STREAM_SECONDS.
+#   queue   (after the others, on a fresh cluster of its own) a work queue on a stream with
+#           one consumer group, on the primary (probe.py queue, queue-latency, queue-drain):
+#           QUEUE_PAIRS threads each XADD, XREADGROUP COUNT 1 BLOCK, XACK for about QUEUE_SECONDS;
+#           QUEUE_SAMPLES sends to a receiver parked in XREADGROUP BLOCK (send -> receive);
+#           QUEUE_MESSAGES entries drained by one consumer, QUEUE_BATCH per XREADGROUP + XACK.
 # Env: BENCH_SECONDS (8), CLIENTS (50), SIZES ("100"), PIPELINES ("1 16"), LAG_WRITES (1000),
 #      CATCHUP_RECORDS (100000), RECORD_BYTES (200), REPLICA_FSYNC (always), PORT_BASE (17101),
 #      STREAM_SECONDS (BENCH_SECONDS), STREAM_CLIENTS ("1 16 50"), STREAM_BATCH (100),
 #      STREAM_BATCH_CLIENTS (16), EVENT_BYTES (100), DELIVERY_EVENTS (2000), DELIVERY_RATE (200),
-#      READ_EVENTS (200000), READ_PAGE (1000), READ_CLIENTS (2)
+#      READ_EVENTS (200000), READ_PAGE (1000), READ_CLIENTS (2), QUEUE_PAIRS ("1 16"),
+#      QUEUE_SECONDS (8), QUEUE_SAMPLES (300), QUEUE_GAP_MS (10), QUEUE_MESSAGES (10000),
+#      QUEUE_BATCH (1000)
 source "$(dirname "${BASH_SOURCE[0]}")/../lib/peers.sh"
 require redis-server redis-cli redis-benchmark
 require_venv
-PHASES="${PHASES:-bench lag catchup streams}"
+PHASES="${PHASES:-bench lag catchup streams queue}"
 BENCH_SECONDS="${BENCH_SECONDS:-8}"
 CLIENTS="${CLIENTS:-50}"
 SIZES="${SIZES:-100}"
@@ -46,6 +53,12 @@ DELIVERY_RATE="${DELIVERY_RATE:-200}"
 READ_EVENTS="${READ_EVENTS:-200000}"
 READ_PAGE="${READ_PAGE:-1000}"
 READ_CLIENTS="${READ_CLIENTS:-2}"
+QUEUE_PAIRS="${QUEUE_PAIRS:-1 16}"
+QUEUE_SECONDS="${QUEUE_SECONDS:-8}"
+QUEUE_SAMPLES="${QUEUE_SAMPLES:-300}"
+QUEUE_GAP_MS="${QUEUE_GAP_MS:-10}"
+QUEUE_MESSAGES="${QUEUE_MESSAGES:-10000}"
+QUEUE_BATCH="${QUEUE_BATCH:-1000}"
 PROBE=("$PEERS_PY" "$PEERS_ROOT/redis/probe.py")
 wants() { [[ " $PHASES " == *" $1 "* || ($1 == stream-* && " $PHASES " == *" streams "*) ]]; }
 wants_any() { local phase; for phase in "$@"; do wants "$phase" && return 0; done; return 1; }
@@ -111,9 +124,11 @@ small_aofs() {
 rewriting() { local i; for i in 0 1 2; do cli "${PORT[$i]}" info persistence | grep -q '^aof_rewrite_in_progress:1' && return 0; done; return 1; }
 no_rewrite() { ! rewriting; }
 
-declare -a BENCH_ROWS=() CATCHUP_ROWS=() PUBLISH_ROWS=() READ_ROWS=()
+declare -a BENCH_ROWS=() CATCHUP_ROWS=() PUBLISH_ROWS=() READ_ROWS=() QUEUE_ROWS=()
 LAG_LINE=""
 DELIVERY_LINE=""
+QUEUE_LATENCY_LINE=""
+QUEUE_DRAIN_LINE=""
 if wants_any bench lag "${STREAM_PHASES[@]}"; then
   note "primary on ${PORT[0]}, replicas on ${PORT[1]} and ${PORT[2]}"
   cluster_up main
@@ -281,6 +296,29 @@ if wants catchup; then
   for case in $CATCHUP_CASES; do catchup_case "${case%%:*}" "${case#*:}"; done
 fi
 
+if wants queue; then
+  # A fresh cluster (its AOFs small), so that the phase can run alone or after the others.
+  note "queue: a stream with one consumer group on the primary; primary on ${PORT[0]}, replicas on ${PORT[1]} and ${PORT[2]}"
+  cluster_up queue
+  for pairs in $QUEUE_PAIRS; do
+    note "queue: $pairs pair(s) of XADD -> XREADGROUP COUNT 1 BLOCK -> XACK, about $QUEUE_SECONDS s"
+    line="$(timeout $((QUEUE_SECONDS + 60)) "${PROBE[@]}" queue --primary "${PORT[0]}" --pairs "$pairs" \
+      --seconds "$QUEUE_SECONDS" --bytes "$EVENT_BYTES")"
+    echo "  $line"
+    QUEUE_ROWS+=("| Redis Streams, consumer group | $pairs | $(field "$line" msgs_per_s) | $(field "$line" p50_ms) | $(field "$line" p99_ms) | $(field "$line" max_ms) | $(field "$line" round_trips) | $(field "$line" errors) | $(field "$line" pending) / $(field "$line" undelivered) |")
+  done
+  note "queue: $QUEUE_SAMPLES sends to a receiver parked in XREADGROUP BLOCK"
+  QUEUE_LATENCY_LINE="$(timeout 100 "${PROBE[@]}" queue-latency --primary "${PORT[0]}" --samples "$QUEUE_SAMPLES" \
+    --gap-ms "$QUEUE_GAP_MS" --bytes "$EVENT_BYTES" --max-seconds 40)"
+  echo "  $QUEUE_LATENCY_LINE"
+  note "queue: XADD $QUEUE_MESSAGES, then one consumer drains them, $QUEUE_BATCH per XREADGROUP + XACK"
+  QUEUE_DRAIN_LINE="$(timeout 100 "${PROBE[@]}" queue-drain --primary "${PORT[0]}" --messages "$QUEUE_MESSAGES" \
+    --batch "$QUEUE_BATCH" --bytes "$EVENT_BYTES" --max-seconds 60)"
+  echo "  $QUEUE_DRAIN_LINE"
+  echo "  full resyncs seen by the replicas: $(resyncs queue)"
+  cluster_down
+fi
+
 echo
 echo "== redis $(redis-server --version | grep -o 'v=[0-9.]*' | cut -d= -f2): primary + 2 asynchronous replicas, appendonly yes, appendfsync always (replicas: $REPLICA_FSYNC) ($(date -u +%FT%TZ)) =="
 if wants bench; then
@@ -325,4 +363,18 @@ if wants catchup; then
   echo "| catch-up mode | repl-backlog-size | records missed | write rate rec/s | link up after s | caught up after s | caught up | resync |"
   echo "|---|---|---|---:|---:|---:|---|---|"
   printf '%s\n' "${CATCHUP_ROWS[@]}"
+fi
+if wants queue; then
+  wants catchup && echo
+  echo "| queue | pairs | msgs/s (round trips) | round trip p50 ms | p99 ms | max ms | round trips | errors | left: pending / undelivered |"
+  echo "|---|---:|---:|---:|---:|---:|---:|---:|---|"
+  printf '%s\n' "${QUEUE_ROWS[@]}"
+  echo
+  echo "| queue latency (XADD sent -> XREADGROUP reply of a parked receiver) | samples | p50 ms | p99 ms | max ms | lost |"
+  echo "|---|---:|---:|---:|---:|---:|"
+  echo "| Redis Streams, consumer group | $(field "$QUEUE_LATENCY_LINE" samples) | $(field "$QUEUE_LATENCY_LINE" p50_ms) | $(field "$QUEUE_LATENCY_LINE" p99_ms) | $(field "$QUEUE_LATENCY_LINE" max_ms) | $(field "$QUEUE_LATENCY_LINE" lost) |"
+  echo
+  echo "| queue drain (one consumer) | messages | drained | seconds | msgs/s | batch | left: pending / undelivered |"
+  echo "|---|---:|---:|---:|---:|---:|---|"
+  echo "| Redis Streams, XREADGROUP COUNT $QUEUE_BATCH + XACK | $(field "$QUEUE_DRAIN_LINE" messages) | $(field "$QUEUE_DRAIN_LINE" drained) | $(field "$QUEUE_DRAIN_LINE" seconds) | $(field "$QUEUE_DRAIN_LINE" msgs_per_s) | $(field "$QUEUE_DRAIN_LINE" batch) | $(field "$QUEUE_DRAIN_LINE" pending) / $(field "$QUEUE_DRAIN_LINE" undelivered) |"
 fi

@@ -45,6 +45,7 @@ use crate::feed_index::FeedIndex;
 use crate::flusher::{self, FlushHold, FlushShared, FlushStage, FlushStats, FlusherContext, FrozenOverlay};
 use crate::fold::{self, SignalsFold};
 use crate::idempotency::{self, IdempotencyRecord, NewKey, Window};
+use crate::inboxes::{self, InboxOutcome, InboxState};
 use crate::keys;
 use crate::negatives::{Actor, NegativesState, NEGATIVES_PER_USER_MAX};
 use crate::overlay::{Overlay, OverlayView, WriterDirty, ENTRY_OVERHEAD_BYTES};
@@ -58,7 +59,10 @@ use crate::stores::Stores;
 use crate::streams::{StoredEvent, StreamInfo, StreamMeta};
 use crate::trend::Trend;
 
+mod inbox_io;
 mod snapshot_io;
+
+pub use inbox_io::InboxListener;
 
 /// What [`TidalDb::apply`] did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -142,6 +146,8 @@ pub struct TidalDb {
     /// The thread that folds half of each large signal batch during a startup replay
     /// (experiments/047); `None` otherwise. Only the applier's thread uses it.
     fold_helper: Mutex<Option<rayon_core::ThreadPool>>,
+    /// What inbox records did, for their writers, and who to tell.
+    inbox_signals: inbox_io::InboxSignals,
     /// Dropped after everything above (fjall included): their receivers see the engine closed.
     close_watchers: Mutex<Vec<std::sync::mpsc::Sender<()>>>,
 }
@@ -165,6 +171,8 @@ struct Writer {
     frozen_seqno: Seqno,
     /// Hands frozen overlays to the flusher thread; `None` once the engine is closing.
     frozen_overlays: Option<SyncSender<Arc<FrozenOverlay>>>,
+    /// What the inbox record being applied did: published after the apply's frontier.
+    inbox_done: Option<(String, InboxOutcome)>,
 }
 
 /// A WAL batch with its payload decoded: what [`TidalDb::apply_decoded`] folds. Decoding needs
@@ -213,6 +221,12 @@ enum Change<'a> {
     },
     LeaderStart(Vec<u8>),
     Stream(crate::streams::StreamChange),
+    /// Inbox entries to set or delete, and what the record did (for its writer and waiters).
+    Inbox {
+        writes: std::collections::BTreeMap<Vec<u8>, Option<Vec<u8>>>,
+        owner: String,
+        outcome: InboxOutcome,
+    },
 }
 
 /// Why fjall refuses writes to `database` for good, if it does. fjall keeps its poisoned flag to
@@ -290,6 +304,7 @@ impl TidalDb {
                 idempotency_oldest_ms: None,
                 frozen_seqno: Seqno(applied_seqno),
                 frozen_overlays: Some(sender),
+                inbox_done: None,
             }),
             flush,
             flusher_thread: Some(flusher_thread),
@@ -299,6 +314,7 @@ impl TidalDb {
             import_incomplete: AtomicBool::new(import_incomplete),
             replaying: AtomicBool::new(false),
             fold_helper: Mutex::new(None),
+            inbox_signals: inbox_io::InboxSignals::default(),
             close_watchers: Mutex::new(Vec::new()),
         })
     }
@@ -429,7 +445,7 @@ impl TidalDb {
             },
         });
         if let FoldRecords::Tx(ops) = records {
-            let at = TxAt { first: first_seqno, last: last_seqno, time_ms: envelope.time_ms, now_ms };
+            let at = TxAt { first: first_seqno, last: last_seqno, envelope, now_ms };
             self.apply_tx(&mut writer, at, new_key.as_ref(), ops)?;
             tracing::trace!(%first_seqno, %last_seqno, ops = ops.len(), "applied a tx");
             return Ok(ApplyOutcome::Applied { first_seqno, last_seqno });
@@ -439,7 +455,7 @@ impl TidalDb {
             let (idempotency_writes, oldest_ms) =
                 self.fold_idempotency(&state, &writer, new_key.as_ref(), now_ms)?;
             (
-                self.fold_records(&state, first_seqno, envelope.time_ms, records)?,
+                self.fold_records(&state, first_seqno, (envelope, now_ms), records)?,
                 idempotency_writes,
                 oldest_ms,
             )
@@ -453,6 +469,9 @@ impl TidalDb {
         self.applied_seqno.store(last_seqno.0, Ordering::Release);
         self.last_time_ms.store(now_ms, Ordering::Release);
         drop(state);
+        if let Some((owner, outcome)) = writer.inbox_done.take() {
+            self.inbox_signals.applied(&owner, last_seqno, outcome);
+        }
         self.applied(&mut writer, bytes, last_seqno);
         tracing::trace!(%first_seqno, %last_seqno, kind = %batch.kind(), "applied");
         Ok(ApplyOutcome::Applied { first_seqno, last_seqno })
@@ -503,7 +522,7 @@ impl TidalDb {
     fn apply_tx(
         &self,
         writer: &mut Writer,
-        at: TxAt,
+        at: TxAt<'_>,
         new_key: Option<&NewKey<'_>>,
         ops: &mut [FoldRecords],
     ) -> Result<(), Error> {
@@ -513,7 +532,7 @@ impl TidalDb {
         let (mut seqno, mut bytes) = (at.first, 0);
         for (index, op) in ops.iter_mut().enumerate() {
             let events = op.event_count();
-            let change = match self.fold_records(&state, seqno, at.time_ms, op) {
+            let change = match self.fold_records(&state, seqno, (at.envelope, at.now_ms), op) {
                 Ok(change) => change,
                 Err(error) if index == 0 => return Err(error),
                 Err(error) => {
@@ -870,9 +889,10 @@ impl TidalDb {
         &self,
         state: &State,
         seqno: Seqno,
-        envelope_time_ms: u64,
+        (envelope, now_ms): (&Envelope, u64),
         records: &'a mut FoldRecords,
     ) -> Result<Change<'a>, Error> {
+        let envelope_time_ms = envelope.time_ms;
         let stores = &self.stores;
         let records = match records {
             FoldRecords::Signals(events) => {
@@ -924,6 +944,18 @@ impl TidalDb {
             }
             Records::StreamControl(StreamControl::Trim { stream, through }) => {
                 Change::Stream(state.view().fold_trim(stores, stream, *through)?)
+            }
+            Records::InboxSend(send) => {
+                let at = inboxes::At { seqno: seqno.0, now_ms, principal: &envelope.principal };
+                let mut inbox = InboxState::new(state.view(), stores);
+                let outcome = inbox.fold_send(at, send)?;
+                Change::Inbox { writes: inbox.pending, owner: send.owner.clone(), outcome }
+            }
+            Records::InboxConsume(consume) => {
+                let at = inboxes::At { seqno: seqno.0, now_ms, principal: &envelope.principal };
+                let mut inbox = InboxState::new(state.view(), stores);
+                let outcome = inbox.fold_consume(at, consume)?;
+                Change::Inbox { writes: inbox.pending, owner: consume.owner().to_string(), outcome }
             }
         })
     }
@@ -999,6 +1031,10 @@ impl TidalDb {
                 writer.dirty.leader_start = Some(value);
             }
             Change::Stream(change) => bytes += state.overlay.merge_stream(change),
+            Change::Inbox { writes, owner, outcome } => {
+                bytes += state.overlay.merge_inbox(writes);
+                writer.inbox_done = Some((owner, outcome));
+            }
         }
         bytes
     }
@@ -1132,11 +1168,11 @@ impl Drop for TidalDb {
 
 /// Where a tx sits in the log and the times it folds at.
 #[derive(Clone, Copy)]
-struct TxAt {
+struct TxAt<'e> {
     first: Seqno,
     last: Seqno,
-    /// The batch's logged time.
-    time_ms: u64,
+    /// The batch's envelope (its logged time, its principal).
+    envelope: &'e Envelope,
     /// "Now" after it: the later of the logged time and the last applied batch's.
     now_ms: u64,
 }

@@ -35,7 +35,9 @@ mod feed_index;
 mod flusher;
 mod fold;
 mod idempotency;
+mod inboxes;
 mod keys;
+mod layers;
 mod negatives;
 mod overlay;
 mod prefetch;
@@ -54,18 +56,20 @@ pub use config::{
     IDEMPOTENCY_WINDOW_MS_DEFAULT, OVERLAY_BATCHES_MAX_DEFAULT, OVERLAY_BYTES_MAX_DEFAULT,
     PROFILE_HALF_LIFE_MS_DEFAULT,
 };
-pub use db::{ApplyOutcome, DecodedBatch, EngineStats, ItemState, TidalDb};
+pub use db::{ApplyOutcome, DecodedBatch, EngineStats, InboxListener, ItemState, TidalDb};
 pub use error::Error;
 #[doc(hidden)]
 pub use flusher::{DurableGate, FlushHold, FlushStage, GateWait};
 pub use flusher::{FlushStats, FLUSH_DURATION_BUCKETS_MS};
 pub use idempotency::{IdempotencyRecord, PRUNE_PER_APPLY_MAX};
+pub use inboxes::{Availability, InboxMeta, InboxOutcome, Receipt, StoredMessage, TopicInfo, TopicMeta};
 pub use negatives::{Actor, NegativesState, NEGATIVES_PER_USER_MAX};
 pub use raft_store::{RaftStep, RaftStore, RaftStoreFaults, RaftWrite};
 pub use ranked::{Ranked, RankedEntry, RANKED_LIMIT_MAX};
 pub use record::{
     decode_payload, encode_payload, records_fingerprint, ControlRecord, EncodedPayload, Envelope,
-    PublishEvent, Records, SignalEvent, StreamControl,
+    InboxConsume, InboxSend, PublishEvent, ReceiveLimits, Records, SendLimits, SignalEvent, StreamControl,
+    INBOX_NAME_BYTES_MAX,
 };
 pub use record_error::RecordError;
 pub use snapshot::{SnapshotError, SnapshotInfo};

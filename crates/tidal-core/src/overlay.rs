@@ -49,6 +49,8 @@ pub struct Overlay {
     /// Trims of this window: a stream's event key prefix and its new horizon. The flush deletes
     /// fjall's events at or below it ([`crate::streams::delete_trimmed`]).
     pub stream_trims: Vec<(Vec<u8>, u64)>,
+    /// Inbox entries by fjall key; `None` if deleted.
+    pub inboxes: BTreeMap<Vec<u8>, Option<Vec<u8>>>,
 }
 
 /// A user's state changed since the last flush.
@@ -257,6 +259,23 @@ impl Overlay {
         for (key, value) in &self.stream_events {
             writes.insert(&stores.stream_events, key.as_slice(), value.as_slice());
         }
+        for (key, value) in &self.inboxes {
+            match value {
+                Some(value) => writes.insert(&stores.inboxes, key.as_slice(), value.as_slice()),
+                None => writes.remove(&stores.inboxes, key.as_slice()),
+            }
+        }
+    }
+
+    /// Merges an inbox record's change (values and deletes by key); returns the estimated bytes
+    /// added.
+    pub fn merge_inbox(&mut self, change: BTreeMap<Vec<u8>, Option<Vec<u8>>>) -> usize {
+        let mut bytes = 0;
+        for (key, value) in change {
+            bytes += ENTRY_OVERHEAD_BYTES + key.len() + value.as_ref().map_or(0, Vec::len);
+            self.inboxes.insert(key, value);
+        }
+        bytes
     }
 
     /// Merges a stream record's change; returns the estimated bytes added.

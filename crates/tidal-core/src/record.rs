@@ -14,7 +14,16 @@
 //! kind 6 StreamControl: tag u8, then
 //!                       1 = SaveOffset: stream u16 len + UTF-8 | consumer u16 len + UTF-8 | offset u64
 //!                       2 = Trim:       stream u16 len + UTF-8 | through u64
-//! kinds 7..8:           no applier yet: RecordError::NoApplier
+//! kind 7 InboxSend:     owner u16 len + UTF-8 | topic u16 len + UTF-8 | message_id u16 len + UTF-8 |
+//!                       backlog_max u32 | topics_max u32 | dedupe_max u32 | dedupe_age_s u32 |
+//!                       payload u32 len + JSON text                  (the sender is the principal)
+//! kind 8 InboxConsume:  tag u8, then
+//!                       1 = Receive: owner | receive_id | topic count u8 (>= 1) + topics (u16 len
+//!                           + UTF-8 each) | lease_ms u32 | max u32 | bytes_max u32 |
+//!                           receipts_max u32 | receipt_age_s u32
+//!                       2 = Ack:     owner | receive_id
+//!                       3 = Discard: owner | topic | through u64 | reason u8 (0 operator, 1 expired)
+//!                       4 = Close:   owner
 //! kind 9 Tx:            count u32, then per op: kind u8 (one of TX_OP_KINDS) | len u32 | the
 //!                       records of that kind as above, without an envelope (exactly len bytes)
 //! ```
@@ -35,6 +44,13 @@ use tidal_types::{NodeId, RecordKind, Seqno, Term};
 
 use crate::fast_hash::FastMap;
 use crate::record_error::RecordError;
+
+mod inbox;
+
+pub use inbox::{
+    InboxConsume, InboxSend, ReceiveLimits, SendLimits, INBOX_NAME_BYTES_MAX, INBOX_TAG_ACK, INBOX_TAG_CLOSE,
+    INBOX_TAG_DISCARD, INBOX_TAG_RECEIVE,
+};
 
 /// Byte range of the envelope time inside every payload; the WAL writer stamps it.
 pub const ENVELOPE_TIME_RANGE: std::ops::Range<usize> = 0..8;
@@ -165,6 +181,10 @@ pub enum Records {
     },
     /// Kind 6: a consumer offset or a trim.
     StreamControl(StreamControl),
+    /// Kind 7: one inbox message.
+    InboxSend(InboxSend),
+    /// Kind 8: an inbox consumption, ack, discard or close.
+    InboxConsume(InboxConsume),
     /// Kind 9: records of kinds [`TX_OP_KINDS`] written as one batch, applied in order, all or
     /// nothing; op i's first seqno follows the seqnos of the ops before it.
     Tx(Vec<Records>),
@@ -191,6 +211,8 @@ impl Records {
             Records::Control(_) => RecordKind::Control,
             Records::StreamEvents { .. } => RecordKind::StreamEvents,
             Records::StreamControl(_) => RecordKind::StreamControl,
+            Records::InboxSend(_) => RecordKind::InboxSend,
+            Records::InboxConsume(_) => RecordKind::InboxConsume,
             Records::Tx(_) => RecordKind::Tx,
         }
     }
@@ -270,6 +292,14 @@ fn encode_records(out: &mut Vec<u8>, records: &Records) -> u32 {
         Records::StreamEvents { stream, events } => put_stream_events(out, stream, events),
         Records::StreamControl(control) => {
             put_stream_control(out, control);
+            1
+        }
+        Records::InboxSend(send) => {
+            inbox::put_send(out, send);
+            1
+        }
+        Records::InboxConsume(consume) => {
+            inbox::put_consume(out, consume);
             1
         }
         Records::Tx(ops) => put_tx(out, ops),
@@ -491,7 +521,8 @@ fn decode_other(reader: &mut Reader<'_>, kind: RecordKind) -> Result<Records, Re
             RecordKind::Signal => decode_signals(reader),
             kind => decode_other(reader, kind),
         })?),
-        RecordKind::InboxSend | RecordKind::InboxConsume => return Err(RecordError::NoApplier(kind)),
+        RecordKind::InboxSend => inbox::decode_send(reader)?,
+        RecordKind::InboxConsume => inbox::decode_consume(reader)?,
     })
 }
 
@@ -895,6 +926,16 @@ mod tests {
                 leader: NodeId(3),
                 baseline: Seqno(100),
             }),
+            inbox_send("o-1", "t", "m-1"),
+            Records::InboxConsume(receive("o-1", "r-1", &["a", "b"])),
+            Records::InboxConsume(InboxConsume::Ack { owner: "o".into(), receive_id: "r".into() }),
+            Records::InboxConsume(InboxConsume::Discard {
+                owner: "o".into(),
+                topic: "t".into(),
+                through: 9,
+                expired: true,
+            }),
+            Records::InboxConsume(InboxConsume::Close { owner: "o".into() }),
         ];
         for records in all {
             let encoded = encode_payload(&envelope(), &records);
@@ -902,6 +943,76 @@ mod tests {
             let (env, back) = decode_payload(encoded.kind, &encoded.payload).unwrap();
             assert_eq!(env, envelope());
             assert_eq!(back, records);
+        }
+    }
+
+    fn inbox_send(owner: &str, topic: &str, message_id: &str) -> Records {
+        let limits = SendLimits { backlog_max: 10, topics_max: 4, dedupe_max: 100, dedupe_age_s: 60 };
+        let (owner, topic, message_id) = (owner.into(), topic.into(), message_id.into());
+        Records::InboxSend(InboxSend { owner, topic, message_id, payload: b"[1]".to_vec(), limits })
+    }
+
+    fn receive(owner: &str, receive_id: &str, topics: &[&str]) -> InboxConsume {
+        let limits = ReceiveLimits { max: 1, bytes_max: 1 << 20, receipts_max: 8, receipt_age_s: 60 };
+        InboxConsume::Receive {
+            owner: owner.into(),
+            receive_id: receive_id.into(),
+            topics: topics.iter().map(|t| t.to_string()).collect(),
+            lease_ms: 0,
+            limits,
+        }
+    }
+
+    /// Garbage in an inbox record is a specific error: names too long for their keys, a receive
+    /// of no topic, unknown tags and reasons, a payload that is not JSON, every truncation.
+    #[test]
+    fn inbox_records_refuse_garbage() {
+        let decode = |records: &Records| {
+            let encoded = encode_payload(&envelope(), records);
+            decode_both(encoded.kind, &encoded.payload)
+        };
+        let long = "o".repeat(INBOX_NAME_BYTES_MAX + 1);
+        assert_eq!(
+            decode(&inbox_send(&long, "t", "m")),
+            Err(RecordError::TooLong { field: "inbox owner", len: 256, max: 255 })
+        );
+        assert!(matches!(
+            decode(&inbox_send("o", "t", &"m".repeat(257))),
+            Err(RecordError::TooLong { field: "message id", .. })
+        ));
+        assert_eq!(decode(&inbox_send("o", "", "m")), Err(RecordError::EmptyName { field: "inbox topic" }));
+        let mut send = encode_payload(&envelope(), &inbox_send("o", "t", "m")).payload;
+        let at = send.len() - 3;
+        send[at..].copy_from_slice(b"[1 ");
+        assert!(matches!(decode_both(RecordKind::InboxSend, &send), Err(RecordError::BadJson { .. })));
+        let none = encode_payload(&envelope(), &Records::InboxConsume(receive("o", "r", &["t"])));
+        let mut no_topics = none.payload.clone();
+        let count_at = no_topics.len() - 5 * 4 - (2 + 1) - 1;
+        assert_eq!(no_topics[count_at], 1, "the topic count byte");
+        no_topics[count_at] = 0;
+        assert!(decode_both(RecordKind::InboxConsume, &no_topics).is_err());
+        let close =
+            encode_payload(&envelope(), &Records::InboxConsume(InboxConsume::Close { owner: "o".into() }));
+        let mut unknown = close.payload.clone();
+        let tag_at = unknown.len() - 1 - 2 - 1;
+        unknown[tag_at] = 9;
+        assert_eq!(
+            decode_both(RecordKind::InboxConsume, &unknown),
+            Err(RecordError::UnknownTag { field: "inbox control tag", tag: 9 })
+        );
+        let discard =
+            InboxConsume::Discard { owner: "o".into(), topic: "t".into(), through: 1, expired: false };
+        let mut reason = encode_payload(&envelope(), &Records::InboxConsume(discard)).payload;
+        *reason.last_mut().unwrap() = 7;
+        assert_eq!(
+            decode_both(RecordKind::InboxConsume, &reason),
+            Err(RecordError::UnknownTag { field: "discard reason", tag: 7 })
+        );
+        for payload in [send, none.payload, close.payload] {
+            for len in 0..payload.len() {
+                assert!(decode_both(RecordKind::InboxConsume, &payload[..len]).is_err(), "cut at {len}");
+                assert!(decode_both(RecordKind::InboxSend, &payload[..len]).is_err(), "cut at {len}");
+            }
         }
     }
 
@@ -918,9 +1029,6 @@ mod tests {
             decode_payload(RecordKind::ItemDelete, &encoded.payload[..encoded.payload.len() - 1]),
             Err(RecordError::Truncated { .. })
         ));
-        for kind in [RecordKind::InboxSend, RecordKind::InboxConsume] {
-            assert_eq!(decode_payload(kind, &encoded.payload), Err(RecordError::NoApplier(kind)));
-        }
         let nan = encode_payload(
             &envelope(),
             &Records::Signals(vec![SignalEvent {

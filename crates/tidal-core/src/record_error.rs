@@ -3,8 +3,6 @@
 //! Every variant is loud. A payload that fails to decode is never skipped: the apply path stops on
 //! it, because skipping would make this node's state diverge from the others'.
 
-use tidal_types::RecordKind;
-
 /// Why the bytes of a payload are not a valid envelope + records of their kind.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum RecordError {
@@ -72,7 +70,14 @@ pub enum RecordError {
     /// A control record tag this build does not know.
     #[error("unknown control record tag {0}")]
     UnknownControlTag(u8),
-    /// A record kind this build has no applier for (inboxes: not built yet).
-    #[error("no applier for record kind {0}")]
-    NoApplier(RecordKind),
+    /// A name or id longer than its field allows.
+    #[error("{field} of {len} bytes is longer than {max}")]
+    TooLong {
+        /// Which field.
+        field: &'static str,
+        /// Its length.
+        len: usize,
+        /// The most it may be.
+        max: usize,
+    },
 }

@@ -36,7 +36,7 @@ use crate::trend::{Trend, TREND_LEN};
 /// First bytes of every snapshot.
 pub const SNAPSHOT_MAGIC: [u8; 8] = *b"TIDALSNP";
 /// The format version this build writes and reads.
-pub const SNAPSHOT_VERSION: u32 = 2;
+pub const SNAPSHOT_VERSION: u32 = 3;
 /// Bytes of the fixed header.
 pub const SNAPSHOT_HEADER_LEN: usize = 32;
 /// Largest key: fjall's own key limit.
@@ -45,7 +45,7 @@ pub const SNAPSHOT_KEY_BYTES_MAX: usize = 65_536;
 /// nothing else the engine stores comes close.
 pub const SNAPSHOT_VALUE_BYTES_MAX: usize = 64 * 1024 * 1024 + 1024;
 /// Section names, in stream order: the log-derived keyspaces in digest order, then negatives.
-pub const SECTIONS: [&str; 11] = [
+pub const SECTIONS: [&str; 12] = [
     "meta",
     "items",
     "embeddings",
@@ -56,12 +56,13 @@ pub const SECTIONS: [&str; 11] = [
     "idempotency",
     "streams",
     "stream_events",
+    "inboxes",
     NEGATIVES,
 ];
 /// Name of the hard negatives section (not log-derived: merged by the importer).
 pub const NEGATIVES: &str = "negatives";
 /// Index of the negatives section in [`SECTIONS`].
-pub const NEGATIVES_SECTION: usize = 10;
+pub const NEGATIVES_SECTION: usize = 11;
 /// Index of the seen section in [`SECTIONS`]: the seen set's logical pairs, whatever layout the
 /// exporter stores them in (decisions/056).
 pub const SEEN_SECTION: usize = 6;
@@ -464,6 +465,7 @@ impl SectionCheck {
             "idempotency" => Ok(()),
             "streams" => crate::streams::check_stream_entry(key, value).map_err(|e| e.to_string()),
             "stream_events" => crate::streams::check_event_entry(key, value).map_err(|e| e.to_string()),
+            "inboxes" => crate::inboxes::check_inbox_entry(key, value).map_err(|e| e.to_string()),
             NEGATIVES => {
                 std::str::from_utf8(key).map_err(|_| "user is not UTF-8")?;
                 NegativesState::from_bytes(value).map(|_| ())

@@ -39,6 +39,8 @@ pub struct Stores {
     pub streams: Keyspace,
     /// Stream events by (stream, offset).
     pub stream_events: Keyspace,
+    /// Inboxes: metas, topics, messages, dedupe windows and receipts.
+    pub inboxes: Keyspace,
     /// Hard negatives (NOT log-derived).
     pub negatives: Keyspace,
     /// What this node keeps about its own fjall state to open fast: the item and user counts at
@@ -71,6 +73,7 @@ impl Stores {
             idempotency: keyspace("idempotency")?,
             streams: keyspace("streams")?,
             stream_events: keyspace("stream_events")?,
+            inboxes: keyspace("inboxes")?,
             negatives: keyspace("negatives")?,
             local: keyspace("local")?,
             database,
@@ -78,7 +81,7 @@ impl Stores {
     }
 
     /// Every log-derived keyspace with its name, in digest order.
-    pub fn log_derived(&self) -> [(&'static str, &Keyspace); 10] {
+    pub fn log_derived(&self) -> [(&'static str, &Keyspace); 11] {
         [
             ("meta", &self.meta),
             ("items", &self.items),
@@ -90,6 +93,7 @@ impl Stores {
             ("idempotency", &self.idempotency),
             ("streams", &self.streams),
             ("stream_events", &self.stream_events),
+            ("inboxes", &self.inboxes),
         ]
     }
 }

@@ -28,9 +28,8 @@
 use std::collections::BTreeMap;
 use std::ops::Bound;
 
-use fjall::Keyspace;
-
 use crate::error::Error;
+use crate::layers::{for_each_merged, Layer};
 use crate::overlay::OverlayView;
 use crate::record::PublishEvent;
 use crate::stores::Stores;
@@ -257,31 +256,9 @@ impl<'a> OverlayView<'a> {
             Layer::memory(
                 self.frozen.into_iter().flat_map(|f| f.stream_events.range::<Vec<u8>, _>(range.clone())),
             ),
-            Layer::fjall(&stores.stream_events, from, to),
+            Layer::fjall(&stores.stream_events, (Bound::Included(from), Bound::Included(to))),
         ];
-        loop {
-            // The smallest key of the three; the first layer holding it wins (the same value).
-            let mut smallest: Option<Vec<u8>> = None;
-            for layer in &mut layers {
-                if let Some((key, _)) = layer.peek()? {
-                    if smallest.as_ref().is_none_or(|s| key < s.as_slice()) {
-                        smallest = Some(key.to_vec());
-                    }
-                }
-            }
-            let Some(key) = smallest else { return Ok(()) };
-            let mut value = None;
-            for layer in &mut layers {
-                if layer.peek()?.is_some_and(|(k, _)| k == key.as_slice()) {
-                    let taken = layer.take();
-                    value.get_or_insert(taken);
-                }
-            }
-            let value = value.expect("some layer held the smallest key");
-            if !visit(offset_of(&key)?, &value)? {
-                return Ok(());
-            }
-        }
+        for_each_merged(&mut layers, |key, value| visit(offset_of(key)?, value))
     }
 
     /// Up to `limit` events of `stream` after `after` (and after the horizon), in offset order.
@@ -460,42 +437,6 @@ impl<'a> OverlayView<'a> {
             infos.push(StreamInfo { name, meta, first_offset });
         }
         Ok(infos)
-    }
-}
-
-/// A stored entry: key and value.
-type Entry = (Vec<u8>, Vec<u8>);
-/// A stored entry, borrowed.
-type EntryRef<'e> = (&'e [u8], &'e [u8]);
-
-/// One sorted source of event entries for [`OverlayView::for_each_event`].
-struct Layer<'a> {
-    next: Option<Entry>,
-    source: Box<dyn Iterator<Item = Result<Entry, Error>> + 'a>,
-}
-
-impl<'a> Layer<'a> {
-    fn memory(entries: impl Iterator<Item = (&'a Vec<u8>, &'a Vec<u8>)> + 'a) -> Layer<'a> {
-        Layer { next: None, source: Box::new(entries.map(|(k, v)| Ok((k.clone(), v.clone())))) }
-    }
-
-    fn fjall(keyspace: &Keyspace, from: Vec<u8>, to: Vec<u8>) -> Layer<'a> {
-        let entries = keyspace.range(from..=to).map(|guard| {
-            let (key, value) = guard.into_inner()?;
-            Ok((key.to_vec(), value.to_vec()))
-        });
-        Layer { next: None, source: Box::new(entries) }
-    }
-
-    fn peek(&mut self) -> Result<Option<EntryRef<'_>>, Error> {
-        if self.next.is_none() {
-            self.next = self.source.next().transpose()?;
-        }
-        Ok(self.next.as_ref().map(|(k, v)| (k.as_slice(), v.as_slice())))
-    }
-
-    fn take(&mut self) -> Vec<u8> {
-        self.next.take().map(|(_, value)| value).expect("peeked first")
     }
 }
 

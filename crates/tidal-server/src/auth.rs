@@ -17,6 +17,10 @@ pub enum Scope {
     Write,
     /// Operator routes.
     Admin,
+    /// Inbox receive and ack.
+    Receive,
+    /// Inbox discard and close.
+    InboxAdmin,
 }
 
 /// Who made a request.
@@ -25,24 +29,57 @@ pub struct Principal {
     /// Token name (logged in every batch envelope); `anonymous` without a token file.
     pub name: String,
     scopes: Vec<Scope>,
+    /// Owners whose inboxes the inbox routes may touch: glob patterns (`*` matches any run of
+    /// characters); every owner when the token file says nothing.
+    inbox_owners: Vec<String>,
 }
 
 impl Principal {
     /// The principal of an open node.
     pub fn anonymous() -> Principal {
-        Principal { name: "anonymous".into(), scopes: vec![Scope::Read, Scope::Write, Scope::Admin] }
+        Principal {
+            name: "anonymous".into(),
+            scopes: vec![Scope::Read, Scope::Write, Scope::Admin],
+            inbox_owners: vec!["*".into()],
+        }
     }
 
     /// The node itself, for the writes it makes on its own (retention trims): `name` is logged in
     /// the batch envelope. Names under the reserved prefix cannot be token names.
     pub fn system(name: &str) -> Principal {
-        Principal { name: name.into(), scopes: vec![Scope::Write] }
+        Principal {
+            name: name.into(),
+            scopes: vec![Scope::Write, Scope::InboxAdmin],
+            inbox_owners: vec!["*".into()],
+        }
     }
 
     /// Whether this principal holds `scope` (admin implies every scope).
     pub fn allows(&self, scope: Scope) -> bool {
         self.scopes.contains(&scope) || self.scopes.contains(&Scope::Admin)
     }
+
+    /// Whether the inbox routes may touch `owner`'s inbox for this principal.
+    pub fn may_use_inbox(&self, owner: &str) -> bool {
+        self.inbox_owners.iter().any(|pattern| glob_matches(pattern, owner))
+    }
+}
+
+/// Whether `text` matches `pattern`, where `*` matches any run of characters (none included) and
+/// every other character itself.
+pub fn glob_matches(pattern: &str, text: &str) -> bool {
+    let mut parts = pattern.split('*');
+    let first = parts.next().unwrap_or_default();
+    let Some(mut rest) = text.strip_prefix(first) else { return false };
+    let parts: Vec<&str> = parts.collect();
+    let Some((last, middle)) = parts.split_last() else { return rest.is_empty() };
+    for part in middle {
+        match rest.find(part) {
+            Some(at) => rest = &rest[at + part.len()..],
+            None => return false,
+        }
+    }
+    rest.len() >= last.len() && rest.ends_with(last)
 }
 
 #[derive(Deserialize)]
@@ -57,6 +94,8 @@ struct TokenEntry {
     name: String,
     token: String,
     scopes: Vec<String>,
+    #[serde(default)]
+    inbox_owners: Option<Vec<String>>,
 }
 
 struct Token {
@@ -79,7 +118,8 @@ pub enum AuthError {
 }
 
 impl Tokens {
-    /// Reads a token file: `[[token]]` tables with `name`, `token` (at least 16 bytes) and `scopes`.
+    /// Reads a token file: `[[token]]` tables with `name`, `token` (at least 16 bytes), `scopes`
+    /// and optionally `inbox_owners` (glob patterns).
     pub fn load(path: &Path) -> anyhow::Result<Tokens> {
         let text =
             std::fs::read_to_string(path).with_context(|| format!("read token file {}", path.display()))?;
@@ -101,12 +141,15 @@ impl Tokens {
                     "read" => Ok(Scope::Read),
                     "write" => Ok(Scope::Write),
                     "admin" => Ok(Scope::Admin),
+                    "receive" => Ok(Scope::Receive),
+                    "inbox_admin" => Ok(Scope::InboxAdmin),
                     other => Err(anyhow::anyhow!("token {:?} has unknown scope {other:?}", entry.name)),
                 })
                 .collect::<anyhow::Result<Vec<_>>>()?;
+            let inbox_owners = entry.inbox_owners.unwrap_or_else(|| vec!["*".into()]);
             tokens.push(Token {
                 digest: *blake3::hash(entry.token.as_bytes()).as_bytes(),
-                principal: Principal { name: entry.name, scopes },
+                principal: Principal { name: entry.name, scopes, inbox_owners },
             });
         }
         Ok(Tokens { tokens })
@@ -176,5 +219,29 @@ scopes = ["admin"]
             "[[token]]\nname = \"a\"\ntoken = \"long-enough-token-x\"\nscopes = [\"root\"]\n"
         )
         .is_err());
+    }
+
+    /// Owner patterns: `*` matches any run, everything else itself; a token without patterns
+    /// reaches every inbox, one with patterns only the owners they match.
+    #[test]
+    fn inbox_owner_patterns() {
+        for (pattern, text, expected) in [
+            ("*", "anything", true),
+            ("agent-*", "agent-7", true),
+            ("agent-*", "user-7", false),
+            ("*-eu", "shop-eu", true),
+            ("a*b*c", "a-x-b-y-c", true),
+            ("a*b*c", "a-x-c-y-b", false),
+            ("exact", "exact", true),
+            ("exact", "exactly", false),
+            ("ab*ba", "aba", false),
+        ] {
+            assert_eq!(glob_matches(pattern, text), expected, "{pattern} on {text}");
+        }
+        let file = "[[token]]\nname = \"a\"\ntoken = \"long-enough-token-x\"\nscopes = [\"write\", \"receive\"]\ninbox_owners = [\"agent-*\"]\n";
+        let tokens = Tokens::parse(file).unwrap();
+        let principal = tokens.check(Some("Bearer long-enough-token-x"), Scope::Receive).unwrap();
+        assert!(principal.may_use_inbox("agent-1") && !principal.may_use_inbox("user-1"));
+        assert!(Principal::anonymous().may_use_inbox("anyone"));
     }
 }

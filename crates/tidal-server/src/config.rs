@@ -194,6 +194,13 @@ pub struct FileConfig {
     stream_retention_events_max: Option<u64>,
     stream_retention_age_s: Option<u64>,
     stream_retention_interval_ms: Option<u64>,
+    inbox_payload_bytes_max: Option<u32>,
+    inbox_backlog_max: Option<u32>,
+    inbox_topics_max: Option<u32>,
+    inbox_dedupe_max: Option<u32>,
+    inbox_dedupe_age_s: Option<u32>,
+    inbox_receipts_max: Option<u32>,
+    inbox_receipt_age_s: Option<u32>,
     segment_bytes_max: Option<u64>,
     write_inflight_bytes_max: Option<usize>,
     wal_retention_bytes: Option<u64>,
@@ -241,6 +248,8 @@ pub struct ServeConfig {
     pub stream_retention_age_s: Option<u64>,
     /// How often the leader applies the retention bounds.
     pub stream_retention_interval_ms: u64,
+    /// The inbox limits (each leader writes them into its inbox records).
+    pub inbox: InboxConfig,
     /// WAL segment size.
     pub segment_bytes_max: u64,
     /// Bytes of each WAL segment written with zeros before use (capped at the segment size; 0: off).
@@ -319,6 +328,7 @@ impl ServeConfig {
             Some(path) => load_file(path)?,
             None => FileConfig::default(),
         };
+        let inbox = InboxConfig::from_file(&file);
         let signal_kinds = file.signal_kinds.unwrap_or_else(|| {
             DEFAULT_SIGNAL_KINDS.iter().map(|(name, weight)| (name.to_string(), *weight)).collect()
         });
@@ -388,6 +398,7 @@ impl ServeConfig {
             stream_retention_events_max: file.stream_retention_events_max,
             stream_retention_age_s: file.stream_retention_age_s,
             stream_retention_interval_ms: file.stream_retention_interval_ms.unwrap_or(10_000),
+            inbox,
             segment_bytes_max: file.segment_bytes_max.unwrap_or(64 * 1024 * 1024),
             wal_preallocate_bytes: wal_preallocate_bytes(
                 std::env::var("TIDAL_WAL_PREALLOCATE").ok().as_deref(),
@@ -434,6 +445,58 @@ impl ServeConfig {
             "stream_event_bytes_max and stream_events_per_request_max must be at least 1"
         );
         anyhow::ensure!(self.stream_subscribers_max >= 1, "stream_subscribers_max must be at least 1");
+        self.inbox.validate()?;
+        Ok(())
+    }
+}
+
+/// The inbox limits. The leader writes them into every send and receive it logs, so a change takes
+/// effect from the records written after it and every node judges a record by the same limits.
+#[derive(Debug, Clone, Copy)]
+pub struct InboxConfig {
+    /// Largest message payload (compact JSON bytes); 64 KiB.
+    pub payload_bytes_max: u32,
+    /// Most unconsumed messages per topic; a send past it is 429 `inbox_full`. 10,000.
+    pub backlog_max: u32,
+    /// Most topics with unconsumed messages per inbox; a send opening another is 429
+    /// `too_many_topics`. 64.
+    pub topics_max: u32,
+    /// Most (sender, message_id) pairs an inbox remembers for dedupe; 16,384.
+    pub dedupe_max: u32,
+    /// How long (seconds of logged time) a pair is remembered; one day.
+    pub dedupe_age_s: u32,
+    /// Most receipts (what each receive_id took) an inbox keeps for retries; 1,024.
+    pub receipts_max: u32,
+    /// How long (seconds of logged time) a receipt is kept; one hour.
+    pub receipt_age_s: u32,
+}
+
+impl InboxConfig {
+    fn from_file(file: &FileConfig) -> InboxConfig {
+        InboxConfig {
+            payload_bytes_max: file.inbox_payload_bytes_max.unwrap_or(64 * 1024),
+            backlog_max: file.inbox_backlog_max.unwrap_or(10_000),
+            topics_max: file.inbox_topics_max.unwrap_or(64),
+            dedupe_max: file.inbox_dedupe_max.unwrap_or(16_384),
+            dedupe_age_s: file.inbox_dedupe_age_s.unwrap_or(86_400),
+            receipts_max: file.inbox_receipts_max.unwrap_or(1_024),
+            receipt_age_s: file.inbox_receipt_age_s.unwrap_or(3_600),
+        }
+    }
+
+    fn validate(&self) -> anyhow::Result<()> {
+        let fields = [
+            ("inbox_payload_bytes_max", self.payload_bytes_max),
+            ("inbox_backlog_max", self.backlog_max),
+            ("inbox_topics_max", self.topics_max),
+            ("inbox_dedupe_max", self.dedupe_max),
+            ("inbox_dedupe_age_s", self.dedupe_age_s),
+            ("inbox_receipts_max", self.receipts_max),
+            ("inbox_receipt_age_s", self.receipt_age_s),
+        ];
+        for (name, value) in fields {
+            anyhow::ensure!(value >= 1, "{name} must be at least 1");
+        }
         Ok(())
     }
 }

@@ -26,6 +26,7 @@ use tidal_types::{
     USER_BYTES_MAX,
 };
 
+mod inboxes;
 mod streams;
 mod tx;
 
@@ -52,6 +53,8 @@ pub struct AppState {
     pub forward: Forwarder,
     /// Live stream subscriptions.
     pub streams: streams::Subscriptions,
+    /// Receivers waiting on inboxes, and the inbox counters.
+    pub inboxes: Arc<inboxes::Inboxes>,
 }
 
 /// Forwards writes from a follower to the leader, carrying the caller's own credential (there are
@@ -104,6 +107,8 @@ pub enum Serve {
     LeaderIfLinearizable,
     /// On the leader, which may take up to `catch_up_s` to answer (a learner catching up).
     LeaderMemberChange,
+    /// On the leader, which may wait up to a minute for something to answer (an inbox receive).
+    LeaderLongPoll,
 }
 
 impl Serve {
@@ -111,7 +116,7 @@ impl Serve {
     fn on_leader(self, query: Option<&str>) -> bool {
         match self {
             Serve::Anywhere => false,
-            Serve::Leader | Serve::LeaderMemberChange => true,
+            Serve::Leader | Serve::LeaderMemberChange | Serve::LeaderLongPoll => true,
             Serve::LeaderIfLinearizable => {
                 query.is_some_and(|q| q.split('&').any(|pair| pair == "consistency=linearizable"))
             }
@@ -135,15 +140,6 @@ pub struct Route {
     pub serve: Serve,
 }
 
-/// Every method but `GET` and `HEAD`: what the not-yet-built routes treat as writes.
-const NOT_READS: MethodFilter = MethodFilter::CONNECT
-    .or(MethodFilter::DELETE)
-    .or(MethodFilter::OPTIONS)
-    .or(MethodFilter::PATCH)
-    .or(MethodFilter::POST)
-    .or(MethodFilter::PUT)
-    .or(MethodFilter::TRACE);
-
 /// A route-table entry; `handler` is a handler function of this module.
 macro_rules! route {
     ($methods:expr, $path:literal, $handler:path, $access:expr, $serve:expr) => {
@@ -160,10 +156,14 @@ macro_rules! route {
 /// Every route of the API: the router and the authentication and forwarding middleware are all
 /// built from this table, so a route's policy is declared once, beside its handler.
 pub static ROUTES: &[Route] = {
-    use Serve::{Anywhere, Leader, LeaderIfLinearizable as LeaderIfAsked, LeaderMemberChange};
+    use Serve::{
+        Anywhere, Leader, LeaderIfLinearizable as LeaderIfAsked, LeaderLongPoll, LeaderMemberChange,
+    };
     const READ: Access = Access::Needs(Scope::Read);
     const WRITE: Access = Access::Needs(Scope::Write);
     const ADMIN: Access = Access::Needs(Scope::Admin);
+    const RECEIVE: Access = Access::Needs(Scope::Receive);
+    const INBOX_ADMIN: Access = Access::Needs(Scope::InboxAdmin);
     const GET: MethodFilter = MethodFilter::GET;
     const PUT: MethodFilter = MethodFilter::PUT;
     const POST: MethodFilter = MethodFilter::POST;
@@ -189,8 +189,12 @@ pub static ROUTES: &[Route] = {
         route!(GET, "/v1/streams/{stream}/consumers/{name}", streams::get_consumer, READ, LeaderIfAsked),
         route!(POST, "/v1/streams/{stream}/trim", streams::trim, WRITE, Leader),
         route!(POST, "/v1/tx", tx::post_tx, WRITE, Leader),
-        route!(GET, "/v1/inboxes/{*rest}", not_implemented, READ, LeaderIfAsked),
-        route!(NOT_READS, "/v1/inboxes/{*rest}", not_implemented, WRITE, Leader),
+        route!(POST, "/v1/inboxes/{owner}/messages", inboxes::send, WRITE, Leader),
+        route!(POST, "/v1/inboxes/{owner}/receive", inboxes::receive, RECEIVE, LeaderLongPoll),
+        route!(POST, "/v1/inboxes/{owner}/ack", inboxes::ack, RECEIVE, Leader),
+        route!(POST, "/v1/inboxes/{owner}/discard", inboxes::discard, INBOX_ADMIN, Leader),
+        route!(DELETE, "/v1/inboxes/{owner}", inboxes::close, INBOX_ADMIN, Leader),
+        route!(GET, "/v1/inboxes/{owner}", inboxes::show, READ, LeaderIfAsked),
         route!(GET, "/cluster/status", get_status, ADMIN, Anywhere),
         route!(GET, "/cluster/digest", get_digest, ADMIN, Anywhere),
         route!(POST, "/cluster/heal", post_heal, ADMIN, Leader),
@@ -283,6 +287,9 @@ async fn forward_to_leader(State(state): State<Arc<AppState>>, request: Request,
     if serve == Serve::LeaderMemberChange {
         // The leader may wait for a learner to catch up (`catch_up_s`).
         forwarded = forwarded.timeout(Duration::from_secs(MEMBER_CATCH_UP_MAX_S + 60));
+    }
+    if serve == Serve::LeaderLongPoll {
+        forwarded = forwarded.timeout(Duration::from_millis(inboxes::RECEIVE_WAIT_MS_MAX + 30_000));
     }
     for name in FORWARDED_HEADERS {
         if let Some(value) = headers.get(name) {
@@ -1148,6 +1155,7 @@ async fn metrics(State(state): State<Arc<AppState>>) -> Response {
     render_engine_metrics(&mut out, node);
     render_fatal_metrics(&mut out, node);
     streams::render_metrics(&mut out, &state);
+    inboxes::render_metrics(&mut out, &state);
     render_single(
         &mut out,
         "tidal_uptime_seconds",
@@ -1453,10 +1461,6 @@ fn render_fatal_metrics(out: &mut String, node: &Node) {
         let raised = fatal.as_ref().is_some_and(|fatal| fatal.source == source);
         out.push_str(&format!("tidal_fatal{{source=\"{source}\"}} {}\n", u8::from(raised)));
     }
-}
-
-async fn not_implemented() -> ApiError {
-    ApiError::new(StatusCode::NOT_IMPLEMENTED, ErrorCode::NotImplemented, "inboxes are not built yet")
 }
 
 async fn fallback() -> ApiError {

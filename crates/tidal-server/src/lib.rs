@@ -84,7 +84,10 @@ where
         metrics: Default::default(),
         forward,
         streams: Default::default(),
+        inboxes: Default::default(),
     });
+    let inboxes = state.inboxes.clone();
+    node.db().set_inbox_listener(Arc::new(move |owner: &str| inboxes.changed(owner)));
     // Stream subscriptions never end on their own: the stop ends them so the HTTP drain can finish.
     let shutdown = {
         let state = state.clone();

@@ -6,8 +6,8 @@
 #![deny(missing_docs)]
 
 pub mod activity;
-mod inbox_api;
 mod api;
+mod inbox_api;
 mod kind;
 mod position;
 

@@ -38,6 +38,10 @@ fn sample() -> (Vec<u8>, SnapshotInfo) {
                 let value = crate::streams::event_value(1_700_000_000, &event);
                 writer.entry(&crate::streams::event_key(&prefix, 9), &value).unwrap();
             }
+            "inboxes" => {
+                let meta = crate::inboxes::InboxMeta { live_topics: 1, ..Default::default() };
+                writer.entry(&crate::inboxes::inbox_key("o"), &meta.encode()).unwrap();
+            }
             NEGATIVES => {
                 let mut state = NegativesState::default();
                 state.add(crate::negatives::Actor { node: 1, incarnation: 1 }, 9);
@@ -59,7 +63,7 @@ fn read(bytes: &[u8]) -> Result<SnapshotInfo, SnapshotError> {
 fn a_snapshot_round_trips_and_every_entry_is_visited() {
     let (bytes, info) = sample();
     assert_eq!(info.bytes, bytes.len() as u64);
-    assert_eq!(info.entries, 13);
+    assert_eq!(info.entries, 14);
     let mut seen = Vec::new();
     let read_info = read_snapshot(&bytes[..], DIM, &mut |section, key, _| {
         seen.push((section, key.to_vec()));
@@ -67,7 +71,7 @@ fn a_snapshot_round_trips_and_every_entry_is_visited() {
     })
     .unwrap();
     assert_eq!(read_info, info);
-    assert_eq!(seen.len(), 13);
+    assert_eq!(seen.len(), 14);
     assert_eq!(seen.last().unwrap(), &(NEGATIVES_SECTION, b"u1".to_vec()));
 }
 
@@ -100,8 +104,9 @@ fn trailing_bytes_another_dimension_and_other_versions_are_refused() {
         read_snapshot(&bytes[..], DIM + 1, &mut |_, _, _| Ok(())),
         Err(SnapshotError::Incompatible { .. })
     ));
-    for version in [1u8, 3] {
-        // Version 1 had no stream sections: its sections would be read as the wrong keyspaces.
+    for version in [1u8, 2, 4] {
+        // Version 1 had no stream sections, version 2 no inbox section: their sections would be
+        // read as the wrong keyspaces.
         let mut other = bytes.clone();
         other[8] = version;
         assert!(matches!(read(&other), Err(SnapshotError::Incompatible { .. })), "version {version}");

@@ -1,0 +1,216 @@
+//! Inboxes over HTTP on one node: send and resend, receive (now, parked, retried), leases and
+//! acks, per-topic caps, discard, close, show, tokens that may not, and a restart.
+
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use common::{config, error_code, TestNode};
+use reqwest::Method;
+use serde_json::{json, Value};
+
+async fn post(node: &TestNode, path: &str, body: Value) -> (u16, Value) {
+    node.request(Method::POST, path, Some(&body.to_string()), &[]).await
+}
+
+async fn send(node: &TestNode, topic: &str, id: &str, payload: Value) -> (u16, Value) {
+    post(node, "/v1/inboxes/o/messages", json!({"topic": topic, "payload": payload, "message_id": id})).await
+}
+
+async fn receive(node: &TestNode, body: Value) -> (u16, Value) {
+    post(node, "/v1/inboxes/o/receive", body).await
+}
+
+async fn metric(node: &TestNode, name: &str) -> f64 {
+    let text = node.http.get(format!("{}/metrics", node.url)).send().await.unwrap().text().await.unwrap();
+    let line = text.lines().find(|line| line.starts_with(&format!("{name} "))).unwrap();
+    line.rsplit(' ').next().unwrap().parse().unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn send_receive_resend_and_a_parked_receiver_woken_once() {
+    common::trace();
+    let dir = tempfile::tempdir().unwrap();
+    let node = TestNode::start(config(dir.path(), 4)).await;
+    let (status, first) = send(&node, "a", "m1", json!({"n": 1.50})).await;
+    assert_eq!(status, 200, "{first}");
+    assert_eq!(first["duplicate"], false);
+    let (_, again) = send(&node, "a", "m1", json!({"other": true})).await;
+    assert_eq!(
+        (again["inbox_seq"].clone(), again["duplicate"].clone()),
+        (first["inbox_seq"].clone(), json!(true))
+    );
+
+    let (status, got) = receive(&node, json!({"topics": ["b", "a"], "receive_id": "r1"})).await;
+    assert_eq!(status, 200, "{got}");
+    assert_eq!(got["inbox_seq"], first["inbox_seq"]);
+    assert_eq!((got["topic"].as_str(), got["message_id"].as_str()), (Some("a"), Some("m1")));
+    assert_eq!(got["sender"], "anonymous");
+    assert_eq!(got["receive_id"], "r1");
+    assert_eq!(got["payload"], json!({"n": 1.50}));
+    // The same receive retried is answered from its receipt; a new one finds nothing.
+    assert_eq!(receive(&node, json!({"topics": ["a"], "receive_id": "r1"})).await.1, got);
+    let (status, _) = receive(&node, json!({"topics": ["a"], "receive_id": "r2"})).await;
+    assert_eq!(status, 204);
+    let (_, resent) = send(&node, "a", "m1", json!(1)).await;
+    assert_eq!(resent["duplicate"], true, "a resend after consumption is still a duplicate");
+
+    // A receiver parked before the send is woken by it, once.
+    let parks = metric(&node, "tidal_inbox_receive_parks_total").await;
+    let wakes = metric(&node, "tidal_inbox_receive_wakes_total").await;
+    let waiting = {
+        let (url, http) = (node.url.clone(), node.http.clone());
+        tokio::spawn(async move {
+            let body = json!({"topics": ["a"], "receive_id": "r3", "wait_ms": 20_000}).to_string();
+            let reply = http
+                .post(format!("{url}/v1/inboxes/o/receive"))
+                .header("content-type", "application/json")
+                .body(body)
+                .send()
+                .await
+                .unwrap();
+            (reply.status().as_u16(), reply.json::<Value>().await.unwrap())
+        })
+    };
+    while metric(&node, "tidal_inbox_receive_parks_total").await <= parks {
+        tokio::task::yield_now().await;
+    }
+    let (_, sent) = send(&node, "a", "m2", json!("late")).await;
+    let (status, woken) = waiting.await.unwrap();
+    assert_eq!((status, woken["inbox_seq"].clone()), (200, sent["inbox_seq"].clone()));
+    assert_eq!(metric(&node, "tidal_inbox_receive_wakes_total").await, wakes + 1.0);
+    node.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leases_batches_caps_discard_close_and_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = config(dir.path(), 4);
+    (cfg.inbox.backlog_max, cfg.inbox.topics_max) = (3, 2);
+    let node = TestNode::start(cfg.clone()).await;
+
+    // A lease not acked in time goes to the next receive, which waits for it; the late ack loses.
+    send(&node, "jobs", "j1", json!(1)).await;
+    let (status, held) =
+        receive(&node, json!({"topics": ["jobs"], "receive_id": "l1", "lease_ms": 300})).await;
+    assert_eq!(status, 200, "{held}");
+    assert!(held["lease_until_ms"].as_u64().is_some());
+    let (status, retaken) = receive(
+        &node,
+        json!({"topics": ["jobs"], "receive_id": "l2", "lease_ms": 60_000, "wait_ms": 10_000}),
+    )
+    .await;
+    assert_eq!((status, retaken["inbox_seq"].clone()), (200, held["inbox_seq"].clone()));
+    let (status, body) = post(&node, "/v1/inboxes/o/ack", json!({"receive_id": "l1"})).await;
+    assert_eq!((status, error_code(&body)), (409, "lease_lost"));
+    let (status, body) = post(&node, "/v1/inboxes/o/ack", json!({"receive_id": "l2"})).await;
+    assert_eq!((status, body["acked"].clone()), (200, json!(1)));
+    let (status, body) = post(&node, "/v1/inboxes/o/ack", json!({"receive_id": "never"})).await;
+    assert_eq!((status, error_code(&body)), (404, "unknown_receive"));
+
+    // Per-topic caps: the full topic refuses while another flows; a third live topic is refused.
+    for id in ["h1", "h2", "h3"] {
+        assert_eq!(send(&node, "hot", id, json!(id)).await.0, 200);
+    }
+    let (status, body) = send(&node, "hot", "h4", json!(4)).await;
+    assert_eq!((status, error_code(&body)), (429, "inbox_full"));
+    assert!(body["error"]["message"].as_str().unwrap().contains("hot"));
+    assert_eq!(send(&node, "cold", "c1", json!(1)).await.0, 200);
+    let (status, body) = send(&node, "third", "t1", json!(1)).await;
+    assert_eq!((status, error_code(&body)), (429, "too_many_topics"));
+
+    // A batch receive takes the oldest across its topics, in order.
+    let (status, batch) =
+        receive(&node, json!({"topics": ["cold", "hot"], "receive_id": "b1", "max": 2})).await;
+    assert_eq!(status, 200, "{batch}");
+    let ids: Vec<&str> =
+        batch["messages"].as_array().unwrap().iter().map(|m| m["message_id"].as_str().unwrap()).collect();
+    assert_eq!(ids, ["h1", "h2"]);
+
+    let (status, shown) = node.request(Method::GET, "/v1/inboxes/o", None, &[]).await;
+    assert_eq!(status, 200, "{shown}");
+    let topics: Vec<(&str, u64)> = shown["topics"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| (t["topic"].as_str().unwrap(), t["backlog"].as_u64().unwrap()))
+        .collect();
+    assert_eq!(topics, [("cold", 1), ("hot", 1)]);
+    assert_eq!(shown["consumed"], 3);
+
+    let (status, dropped) =
+        post(&node, "/v1/inboxes/o/discard", json!({"topic": "hot", "through": u64::MAX})).await;
+    assert_eq!((status, dropped["discarded"].clone()), (200, json!(1)));
+    let (status, closed) = node.request(Method::DELETE, "/v1/inboxes/o", None, &[]).await;
+    assert_eq!(status, 200, "{closed}");
+    assert_eq!(closed["unconsumed"], json!([{"topic": "cold", "count": 1}]));
+    let (status, body) = send(&node, "cold", "c2", json!(2)).await;
+    assert_eq!((status, error_code(&body)), (410, "inbox_closed"));
+    let (status, body) = receive(&node, json!({"topics": ["cold"], "receive_id": "z"})).await;
+    assert_eq!((status, error_code(&body)), (410, "inbox_closed"));
+    let digest = node.client.digest().await.unwrap();
+    node.stop().await;
+
+    let node = TestNode::start(cfg).await;
+    assert_eq!(node.client.digest().await.unwrap().digest, digest.digest);
+    let (_, shown) = node.request(Method::GET, "/v1/inboxes/o", None, &[]).await;
+    assert_eq!(shown["closed"], true);
+    node.stop().await;
+}
+
+const TOKENS: &str = r#"
+[[token]]
+name = "agents-only"
+token = "agents-only-token-0123"
+scopes = ["read", "write"]
+inbox_owners = ["agent-*"]
+
+[[token]]
+name = "worker"
+token = "worker-token-012345678"
+scopes = ["read", "receive"]
+
+[[token]]
+name = "ops"
+token = "ops-token-0123456789abcd"
+scopes = ["admin"]
+"#;
+
+/// A token may send only to the owners its patterns match, and receiving needs its own scope;
+/// either refusal writes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokens_reach_only_their_inboxes_and_refusals_write_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let token_file = dir.path().join("tokens.toml");
+    std::fs::write(&token_file, TOKENS).unwrap();
+    let mut cfg = config(&dir.path().join("data"), 2);
+    cfg.token_file = Some(token_file);
+    let node = TestNode::start(cfg).await;
+    let agents = ("Authorization", "Bearer agents-only-token-0123");
+    let worker = ("Authorization", "Bearer worker-token-012345678");
+    let message = json!({"topic": "t", "payload": 1, "message_id": "m"}).to_string();
+    let (status, body) =
+        node.request(Method::POST, "/v1/inboxes/agent-1/messages", Some(&message), &[agents]).await;
+    assert_eq!(status, 200, "{body}");
+    let ops = ("Authorization", "Bearer ops-token-0123456789abcd");
+    let before = node.request(Method::GET, "/cluster/status", None, &[ops]).await;
+    let applied = |status: &Value| status["applied_seqno"].clone();
+    let (status, body) =
+        node.request(Method::POST, "/v1/inboxes/user-1/messages", Some(&message), &[agents]).await;
+    assert_eq!((status, error_code(&body)), (403, "forbidden"));
+    let receive = json!({"topics": ["t"], "receive_id": "r"}).to_string();
+    let (status, body) =
+        node.request(Method::POST, "/v1/inboxes/agent-1/receive", Some(&receive), &[agents]).await;
+    assert_eq!((status, error_code(&body)), (403, "forbidden"));
+    let (status, body) =
+        node.request(Method::POST, "/v1/inboxes/agent-1/messages", Some(&message), &[worker]).await;
+    assert_eq!((status, error_code(&body)), (403, "forbidden"));
+    let (status, body) = node.request(Method::DELETE, "/v1/inboxes/agent-1", None, &[worker]).await;
+    assert_eq!((status, error_code(&body)), (403, "forbidden"));
+    let after = node.request(Method::GET, "/cluster/status", None, &[ops]).await;
+    assert_eq!(applied(&before.1), applied(&after.1), "a refusal wrote something");
+    let (status, got) =
+        node.request(Method::POST, "/v1/inboxes/agent-1/receive", Some(&receive), &[worker]).await;
+    assert_eq!((status, got["sender"].clone()), (200, json!("agents-only")));
+    node.stop().await;
+}
