@@ -52,8 +52,8 @@ pub enum Workload {
     /// `--payload-bytes` of padding) to it and receives it back; a request is the whole round trip.
     InboxRoundtrip,
     /// Inbox delivery: one receiver parked (30 s waits) on a fresh inbox, one message sent at a
-    /// time (`--concurrency` is taken as 1); the latency is from the start of the send until the
-    /// receiver has it.
+    /// time, 10 ms after the last delivery (`--concurrency` is taken as 1); the latency is from the
+    /// start of the send until the receiver has it.
     InboxLatency,
     /// Inbox drain: `--messages` sends from `--concurrency` senders to one topic of a fresh inbox
     /// while one parked receiver takes up to 1000 per receive. Adds the time from the first send,

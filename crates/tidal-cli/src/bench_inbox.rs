@@ -52,6 +52,9 @@ const BACKLOG_TIMED_SENDS: u64 = 2000;
 /// What a parked receive is given to reach the node before the first send: the node gives no
 /// sign that a receive has parked.
 const PARK_SETTLE: Duration = Duration::from_millis(200);
+/// The pause before each inbox-latency send, untimed: the receiver's next receive is parked again
+/// when the message comes (the peers' queue phase in bench/peers waits as long).
+const REPARK_GAP: Duration = Duration::from_millis(10);
 /// Receives a parked receiver may make beyond one per message (204s and lost answers).
 const SPARE_RECEIVES_MAX: u64 = 10_000;
 /// The node's counter of parked receives it woke.
@@ -181,6 +184,7 @@ impl LatencyBoard {
     /// Sends message `n` and waits for the receiver to have it: the time in µs from the start of
     /// the send until the delivery.
     async fn sample(&self, client: &Client, n: u64) -> anyhow::Result<u32> {
+        tokio::time::sleep(REPARK_GAP).await;
         let started = Instant::now();
         let deadline = started + DELIVERY_WAIT;
         send_one(client, &self.owner, n, &self.pad, OnFull::Stop, deadline)
