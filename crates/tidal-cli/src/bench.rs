@@ -15,6 +15,8 @@ use tidal_client::Client;
 use tidal_server::config::{ServeArgs, ServeConfig};
 use tidal_types::SignalIn;
 
+pub use crate::bench_inbox::{BacklogLevel, DrainFigures, InboxFigures, LevelOutcome, ReceiveCounts};
+
 /// Most latencies kept per worker: bounds the bench's own memory on long runs.
 const LATENCIES_PER_WORKER_MAX: usize = 2_000_000;
 
@@ -46,6 +48,25 @@ pub enum Workload {
     /// Stream reads: GET /v1/streams/{stream}/events pages of 1000 from one node, after publishing
     /// `--items` events to a fresh stream; events/s counts the events read.
     StreamRead,
+    /// Inbox round trips: each worker has its own fresh inbox, sends one message (with
+    /// `--payload-bytes` of padding) to it and receives it back; a request is the whole round trip.
+    InboxRoundtrip,
+    /// Inbox delivery: one receiver parked (30 s waits) on a fresh inbox, one message sent at a
+    /// time, 10 ms after the last delivery (`--concurrency` is taken as 1); the latency is from the
+    /// start of the send until the receiver has it.
+    InboxLatency,
+    /// Inbox drain: `--messages` sends from `--concurrency` senders to one topic of a fresh inbox
+    /// while one parked receiver takes up to 1000 per receive. Adds the time from the first send,
+    /// and from the last send's ack, until the receiver had every message, and the node's
+    /// parked-receive wakes (`n/a` if it does not count them). Fails unless every message arrived
+    /// exactly once in `inbox_seq` order. Bounded by its count and 300 s, not by `--seconds`.
+    InboxDrain,
+    /// Inbox send cost by backlog: for each of `--backlog-levels`, a fresh inbox's topic is filled
+    /// to the level by `--concurrency` senders (nothing receives), then 2000 sends on top (fewer
+    /// with `--requests-max`, within `--seconds`) are timed; one row per level. A level at or past
+    /// the node's per-topic cap (10,000 by default) shows `capped`: for every level to count,
+    /// start the nodes with the config key `inbox_backlog_max` at least the top level + 2000.
+    InboxSendBacklog,
 }
 
 /// `tidal bench` options.
@@ -104,10 +125,22 @@ pub struct BenchArgs {
     /// as a client of PostgreSQL writes to the primary.
     #[arg(long)]
     pub through_follower: bool,
+    /// Bytes of padding in each message's payload (inbox workloads).
+    #[arg(long, default_value_t = 64)]
+    pub payload_bytes: usize,
+    /// Messages the inbox-drain workload sends.
+    #[arg(long, default_value_t = 10_000)]
+    pub messages: u64,
+    /// The topic backlogs at which inbox-send-backlog times sends, comma separated.
+    #[arg(long, value_delimiter = ',', default_values_t = BACKLOG_LEVELS)]
+    pub backlog_levels: Vec<u64>,
     /// The stream the stream-read workload reads and its first offset (set by its preload).
     #[arg(skip)]
     pub stream_read: Option<(String, u64)>,
 }
+
+/// inbox-send-backlog's levels: empty, small, the node's default per-topic cap, twice that.
+const BACKLOG_LEVELS: [u64; 4] = [0, 1000, 10_000, 20_000];
 
 impl Default for BenchArgs {
     fn default() -> BenchArgs {
@@ -128,6 +161,9 @@ impl Default for BenchArgs {
             id_base: 0,
             quiet: false,
             through_follower: false,
+            payload_bytes: 64,
+            messages: 10_000,
+            backlog_levels: BACKLOG_LEVELS.to_vec(),
             stream_read: None,
         }
     }
@@ -162,6 +198,8 @@ pub struct Summary {
     /// CPU this process used per finished request over the run, in µs (Linux; with `--spawn` it
     /// includes the node): the load generator shares the cores with what it measures.
     pub client_cpu_us: Option<f64>,
+    /// What inbox-drain and inbox-send-backlog measured beyond the table.
+    pub inbox: Option<InboxFigures>,
 }
 
 /// The WAL fsyncs of one node between two reads of its `tidal_wal_fsync_seconds` histogram.
@@ -229,7 +267,11 @@ impl Summary {
 }
 
 /// Runs the bench and prints its table.
-pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
+pub async fn run(mut args: BenchArgs) -> anyhow::Result<()> {
+    if let Workload::InboxLatency = args.workload {
+        // One sender at a time: a sample is one message from its send to its delivery.
+        args.concurrency = 1;
+    }
     let summary = measure(&args).await?;
     summary.print(&args);
     Ok(())
@@ -239,6 +281,10 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
 pub async fn measure(args: &BenchArgs) -> anyhow::Result<Summary> {
     anyhow::ensure!(args.concurrency >= 1 && args.concurrency <= 4096, "concurrency must be 1..=4096");
     anyhow::ensure!(args.batch >= 1, "batch must be at least 1");
+    anyhow::ensure!(
+        !matches!(args.workload, Workload::InboxLatency) || args.concurrency == 1,
+        "inbox-latency sends one message at a time: concurrency must be 1"
+    );
     let mut spawned = None;
     let url = if args.spawn {
         let (url, handle) = spawn_node(args.dim as u32).await?;
@@ -286,7 +332,11 @@ pub async fn measure(args: &BenchArgs) -> anyhow::Result<Summary> {
         || async { fetch_metrics(client.base(), client.token()).await.ok().map(|text| fsync_buckets(&text)) };
     let before = fsync_histogram().await;
     let cpu_before = process_cpu_seconds();
-    let report = drive(&client, args).await;
+    let report = match args.workload {
+        Workload::InboxDrain => crate::bench_inbox::drain(&client, args).await,
+        Workload::InboxSendBacklog => crate::bench_inbox::send_backlog(&client, args).await,
+        _ => drive(&client, args).await,
+    };
     let cpu_after = process_cpu_seconds();
     let after = fsync_histogram().await;
     if let Some(handle) = spawned {
@@ -435,13 +485,15 @@ async fn preload(client: &Client, args: &BenchArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-struct Report {
-    requests: u64,
-    events: u64,
-    errors: u64,
-    elapsed: Duration,
-    latencies_us: Vec<u32>,
-    first_reader_us: Vec<u32>,
+/// What a run measured, before its summary: per-request latencies in µs, unsorted.
+pub(crate) struct Report {
+    pub(crate) requests: u64,
+    pub(crate) events: u64,
+    pub(crate) errors: u64,
+    pub(crate) elapsed: Duration,
+    pub(crate) latencies_us: Vec<u32>,
+    pub(crate) first_reader_us: Vec<u32>,
+    pub(crate) inbox: Option<InboxFigures>,
 }
 
 async fn drive(client: &Client, args: &BenchArgs) -> anyhow::Result<Report> {
@@ -460,6 +512,7 @@ async fn drive(client: &Client, args: &BenchArgs) -> anyhow::Result<Report> {
         }
         _ => None,
     };
+    let inbox = crate::bench_inbox::InboxLoad::start(client, args).await;
     let target = Target::new(client.base(), client.token())?;
     let counters = Arc::new(Counters::default());
     let started = Instant::now();
@@ -481,6 +534,7 @@ async fn drive(client: &Client, args: &BenchArgs) -> anyhow::Result<Report> {
                 everyone: everyone.clone(),
                 bodies: bodies.clone(),
                 board: board.clone(),
+                inbox: inbox.clone(),
                 conn: LeanConn::new(target.clone()),
                 counters: counters.clone(),
                 started,
@@ -502,6 +556,9 @@ async fn drive(client: &Client, args: &BenchArgs) -> anyhow::Result<Report> {
     if !args.quiet {
         eprintln!();
     }
+    if let Some(inbox) = inbox {
+        inbox.close(client, args.concurrency as u64).await;
+    }
     Ok(Report {
         requests: counters.done.load(Ordering::Relaxed),
         events: counters.events.load(Ordering::Relaxed),
@@ -509,6 +566,7 @@ async fn drive(client: &Client, args: &BenchArgs) -> anyhow::Result<Report> {
         elapsed,
         latencies_us,
         first_reader_us,
+        inbox: None,
     })
 }
 
@@ -536,6 +594,8 @@ struct Worker {
     bodies: Option<Arc<Vec<bytes::Bytes>>>,
     /// The followers' subscriptions (stream-lag).
     board: Option<Arc<crate::bench_streams::LagBoard>>,
+    /// The run's inboxes (inbox-roundtrip, inbox-latency).
+    inbox: Option<Arc<crate::bench_inbox::InboxLoad>>,
     conn: LeanConn,
     counters: Arc<Counters>,
     started: Instant,
@@ -596,6 +656,10 @@ impl Worker {
             Workload::StreamLag => {
                 let board = self.board.as_ref().expect("stream-lag follows the followers");
                 board.publish_and_wait(&self.client).await
+            }
+            Workload::InboxRoundtrip | Workload::InboxLatency => {
+                let inbox = self.inbox.as_ref().expect("the inbox workloads start their inboxes first");
+                return Ok((1, inbox.request(&self.client, self.index, n).await?));
             }
             _ => {
                 let request = Request {
@@ -727,6 +791,12 @@ async fn one_request(
         Workload::Lag | Workload::ReadAnywhere | Workload::StreamLag => {
             unreachable!("lag requests are timed by their own functions")
         }
+        Workload::InboxRoundtrip | Workload::InboxLatency => {
+            unreachable!("inbox requests are timed by their own functions")
+        }
+        Workload::InboxDrain | Workload::InboxSendBacklog => {
+            unreachable!("these inbox workloads run without the workers")
+        }
     }
 }
 
@@ -769,17 +839,19 @@ async fn lag_request(
     Ok((micros(total), micros(first)))
 }
 
+/// The `p` quantile (0 to 1) of latencies in µs sorted ascending, in ms; 0 when there are none.
+pub(crate) fn percentile(sorted_us: &[u32], p: f64) -> f64 {
+    if sorted_us.is_empty() {
+        return 0.0;
+    }
+    let index = ((sorted_us.len() as f64 - 1.0) * p).round() as usize;
+    f64::from(sorted_us[index]) / 1000.0
+}
+
 impl Report {
     fn summary(mut self) -> Summary {
         self.latencies_us.sort_unstable();
         self.first_reader_us.sort_unstable();
-        fn percentile(sorted_us: &[u32], p: f64) -> f64 {
-            if sorted_us.is_empty() {
-                return 0.0;
-            }
-            let index = ((sorted_us.len() as f64 - 1.0) * p).round() as usize;
-            f64::from(sorted_us[index]) / 1000.0
-        }
         Summary {
             first_p50_ms: percentile(&self.first_reader_us, 0.50),
             first_p99_ms: percentile(&self.first_reader_us, 0.99),
@@ -792,6 +864,7 @@ impl Report {
             max_ms: percentile(&self.latencies_us, 1.0),
             fsync: None,
             client_cpu_us: None,
+            inbox: self.inbox,
         }
     }
 }
@@ -839,6 +912,9 @@ impl Summary {
             let whose =
                 if args.spawn { "this process, the spawned node included" } else { "the load generator" };
             println!("\nCPU of {whose}: {cpu:.0} µs per request");
+        }
+        if let Some(inbox) = &self.inbox {
+            inbox.print(args.workload, args.concurrency);
         }
         if matches!(args.workload, Workload::Lag | Workload::ReadAnywhere) {
             println!(

@@ -33,6 +33,9 @@ enum Command {
     /// Streams: publish, read, tail (live), trim, consumer offsets, list.
     #[command(subcommand)]
     Stream(tidal_cli::stream_cmd::StreamCommand),
+    /// Inboxes: send, receive (waits up to --wait-ms), ack, discard, close, show.
+    #[command(subcommand)]
+    Inbox(tidal_cli::inbox_cmd::InboxCommand),
     /// Print the cluster's status as a table (asks the leader when it can).
     Status(tidal_cli::ops::VerbArgs),
     /// Make the node at --url (a follower) pull from its leader now.
@@ -150,6 +153,13 @@ fn main() -> anyhow::Result<()> {
         Command::Demo(args) => runtime.block_on(tidal_cli::demo::run(args)),
         Command::Cluster(command) => runtime.block_on(tidal_cli::cluster_cmd::run(command)),
         Command::Stream(command) => runtime.block_on(tidal_cli::stream_cmd::run(command)),
+        Command::Inbox(command) => {
+            if !runtime.block_on(tidal_cli::inbox_cmd::run(command))? {
+                // The receive said so on stderr; the status tells scripts.
+                std::process::exit(tidal_cli::inbox_cmd::NOTHING_RECEIVED_EXIT_CODE);
+            }
+            Ok(())
+        }
         Command::Status(verb) => runtime.block_on(tidal_cli::ops::status(verb)),
         Command::Catchup(verb) => runtime.block_on(tidal_cli::ops::catchup(verb)),
         Command::Heal { verb, node, dry_run } => runtime.block_on(tidal_cli::ops::heal(verb, node, dry_run)),

@@ -5,6 +5,7 @@
 //! connection pool and is cheap to clone.
 #![deny(missing_docs)]
 
+mod inboxes;
 pub mod node_log;
 mod streams;
 
@@ -81,7 +82,7 @@ impl Client {
         Client { base: base.into().trim_end_matches('/').to_string(), token, http }
     }
 
-    /// Base URL.
+    /// The bearer token, if any.
     pub fn token(&self) -> Option<&str> {
         self.token.as_deref()
     }
@@ -100,10 +101,16 @@ impl Client {
     }
 
     async fn send<T: DeserializeOwned>(builder: reqwest::RequestBuilder) -> Result<T, Error> {
+        Ok(Self::send_checked(builder).await?.json::<T>().await?)
+    }
+
+    /// The reply to `builder` when its status is 2xx (its body unread, for a caller to whom the
+    /// status matters); the error it carries otherwise.
+    async fn send_checked(builder: reqwest::RequestBuilder) -> Result<reqwest::Response, Error> {
         let reply = builder.send().await?;
         let status = reply.status();
         if status.is_success() {
-            return Ok(reply.json::<T>().await?);
+            return Ok(reply);
         }
         let bytes = reply.bytes().await?;
         Err(Error::from_reply(status.as_u16(), &bytes))

@@ -119,12 +119,7 @@ impl Client {
         if let Some(token) = &self.token {
             builder = builder.bearer_auth(token);
         }
-        let reply = builder.send().await?;
-        let status = reply.status();
-        if !status.is_success() {
-            let bytes = reply.bytes().await?;
-            return Err(Error::from_reply(status.as_u16(), &bytes));
-        }
+        let reply = Self::send_checked(builder).await?;
         Ok(Subscription { reply, buffer: Vec::new(), last_id: after })
     }
 }
