@@ -201,6 +201,8 @@ pub struct FileConfig {
     inbox_dedupe_age_s: Option<u32>,
     inbox_receipts_max: Option<u32>,
     inbox_receipt_age_s: Option<u32>,
+    inbox_ttl_s: Option<u32>,
+    inbox_topic_ttl_s: Option<BTreeMap<String, u32>>,
     segment_bytes_max: Option<u64>,
     write_inflight_bytes_max: Option<usize>,
     wal_retention_bytes: Option<u64>,
@@ -452,7 +454,7 @@ impl ServeConfig {
 
 /// The inbox limits. The leader writes them into every send and receive it logs, so a change takes
 /// effect from the records written after it and every node judges a record by the same limits.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct InboxConfig {
     /// Largest message payload (compact JSON bytes); 64 KiB.
     pub payload_bytes_max: u32,
@@ -469,6 +471,10 @@ pub struct InboxConfig {
     pub receipts_max: u32,
     /// How long (seconds of logged time) a receipt is kept; one hour.
     pub receipt_age_s: u32,
+    /// Messages older than this (seconds) are dropped by the leader (None: never).
+    pub ttl_s: Option<u32>,
+    /// Per-topic TTLs over `ttl_s` (0: never, for that topic).
+    pub topic_ttl_s: BTreeMap<String, u32>,
 }
 
 impl InboxConfig {
@@ -481,6 +487,8 @@ impl InboxConfig {
             dedupe_age_s: file.inbox_dedupe_age_s.unwrap_or(86_400),
             receipts_max: file.inbox_receipts_max.unwrap_or(1_024),
             receipt_age_s: file.inbox_receipt_age_s.unwrap_or(3_600),
+            ttl_s: file.inbox_ttl_s,
+            topic_ttl_s: file.inbox_topic_ttl_s.clone().unwrap_or_default(),
         }
     }
 
@@ -497,7 +505,22 @@ impl InboxConfig {
         for (name, value) in fields {
             anyhow::ensure!(value >= 1, "{name} must be at least 1");
         }
+        anyhow::ensure!(self.ttl_s != Some(0), "inbox_ttl_s must be at least 1 (leave it out for no TTL)");
         Ok(())
+    }
+
+    /// The TTL of `topic`, in seconds (None: its messages never expire).
+    pub fn ttl_of(&self, topic: &str) -> Option<u32> {
+        match self.topic_ttl_s.get(topic) {
+            Some(0) => None,
+            Some(ttl) => Some(*ttl),
+            None => self.ttl_s,
+        }
+    }
+
+    /// Whether any topic has a TTL.
+    pub fn expires(&self) -> bool {
+        self.ttl_s.is_some() || self.topic_ttl_s.values().any(|ttl| *ttl > 0)
     }
 }
 

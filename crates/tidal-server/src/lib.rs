@@ -17,6 +17,7 @@ pub mod auth;
 pub mod config;
 pub mod error;
 pub mod http;
+pub mod inbox_ttl;
 pub mod metrics;
 pub mod node;
 pub mod retention;

@@ -74,7 +74,8 @@ pub async fn round(node: &Arc<Node>) -> usize {
     }
 }
 
-/// Runs a round every `stream_retention_interval_ms` until `stop`.
+/// Runs a round of stream retention and one of inbox TTL expiry every
+/// `stream_retention_interval_ms` until `stop`.
 pub fn spawn(node: Arc<Node>, mut stop: tokio::sync::oneshot::Receiver<()>) -> tokio::task::JoinHandle<()> {
     let interval = Duration::from_millis(node.config().stream_retention_interval_ms.max(100));
     tokio::spawn(async move {
@@ -89,6 +90,10 @@ pub fn spawn(node: Arc<Node>, mut stop: tokio::sync::oneshot::Receiver<()>) -> t
                 if trims > 0 {
                     tracing::info!(trims, "stream retention trimmed");
                 }
+            }
+            let expiries = crate::inbox_ttl::round(&node).await;
+            if expiries > 0 {
+                tracing::info!(expiries, "inbox TTL dropped expired messages");
             }
         }
     })

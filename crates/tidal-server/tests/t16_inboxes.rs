@@ -214,3 +214,38 @@ async fn tokens_reach_only_their_inboxes_and_refusals_write_nothing() {
     assert_eq!((status, got["sender"].clone()), (200, json!("agents-only")));
     node.stop().await;
 }
+
+/// With a TTL, the leader drops messages older than it as logged discards; a topic whose TTL is 0
+/// keeps its messages, and a resend of an expired message is still a duplicate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_leader_expires_messages_past_their_ttl() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = config(dir.path(), 4);
+    cfg.inbox.ttl_s = Some(1);
+    cfg.inbox.topic_ttl_s.insert("keep".into(), 0);
+    cfg.stream_retention_interval_ms = 100;
+    let node = TestNode::start(cfg).await;
+    let (_, first) = send(&node, "jobs", "j1", json!(1)).await;
+    send(&node, "keep", "k1", json!(1)).await;
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(30);
+    let topics = loop {
+        let (_, shown) = node.request(Method::GET, "/v1/inboxes/o", None, &[]).await;
+        let topics: Vec<String> = shown["topics"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t["topic"].as_str().unwrap().to_string())
+            .collect();
+        if !topics.contains(&"jobs".to_string()) || tokio::time::Instant::now() > deadline {
+            break topics;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    };
+    assert_eq!(topics, ["keep"], "the expired topic drained, the one without a TTL did not");
+    let (_, resent) = send(&node, "jobs", "j1", json!(1)).await;
+    assert_eq!(
+        (resent["inbox_seq"].clone(), resent["duplicate"].clone()),
+        (first["inbox_seq"].clone(), json!(true))
+    );
+    node.stop().await;
+}

@@ -146,7 +146,7 @@ pub async fn send(
     check_id("message_id", &body.message_id)?;
     let payload =
         compact_json(body.payload.ok_or_else(|| ApiError::invalid("payload must not be null"))?.get());
-    let config = state.node.config().inbox;
+    let config = &state.node.config().inbox;
     if payload.len() > config.payload_bytes_max as usize {
         return Err(ApiError::too_large(format!("payload over {} bytes", config.payload_bytes_max)));
     }
@@ -280,7 +280,7 @@ async fn take(
     owner: &str,
     request: &ReceiveRequest,
 ) -> AppResult<Option<Receipt>> {
-    let config = state.node.config().inbox;
+    let config = &state.node.config().inbox;
     let limits = ReceiveLimits {
         max: request.max.unwrap_or(1),
         bytes_max: RECEIVE_BYTES_MAX,
