@@ -17,6 +17,7 @@ pub mod faults;
 pub mod files;
 pub mod history;
 pub mod http;
+pub mod inbox;
 pub mod net;
 pub mod redeliver;
 pub mod regressions;
@@ -1332,6 +1333,7 @@ pub fn run(seed: u64, scenario: &Scenario) -> anyhow::Result<Outcome> {
         embeddings: scenario.embeddings,
         reader: scenario.txs && scenario.durability == Durability::Quorum,
         txs: scenario.txs,
+        inboxes: scenario.txs && scenario.durability == Durability::Quorum,
     };
     sim.client("client", workload::run(workload, shared.clone()));
     let mut driver = Driver {
@@ -1624,6 +1626,12 @@ pub fn run(seed: u64, scenario: &Scenario) -> anyhow::Result<Outcome> {
     }
     for _ in 0..shared.counters_stale_source {
         counters.bump("refused_stale_source");
+    }
+    for _ in 0..shared.inbox.sent.len() {
+        counters.bump("inbox_sends_acked");
+    }
+    for _ in 0..shared.inbox.delivered.len() {
+        counters.bump("inbox_deliveries");
     }
     // The per-key linearizability check of the register history.
     if !shared.history.is_empty() {

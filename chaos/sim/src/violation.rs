@@ -272,6 +272,62 @@ pub enum Violation {
         expected: Option<u64>,
     },
 
+    // Invariant 6: inboxes deliver every acknowledged send exactly once, in order per topic.
+    /// An acknowledged send was never delivered, not even by the drain after the heal.
+    InboxMessageLost {
+        /// The writer id.
+        id: u64,
+        /// The sequence it was acknowledged with.
+        inbox_seq: u64,
+    },
+    /// A message was delivered to more than one receive.
+    InboxDeliveredTwice {
+        /// The message.
+        inbox_seq: u64,
+        /// The receive ids that got it.
+        receives: Vec<String>,
+    },
+    /// A topic delivered a message after a later one.
+    InboxOutOfOrder {
+        /// The topic.
+        topic: String,
+        /// `(receive seqno, inbox_seq)` delivered first.
+        earlier: (u64, u64),
+        /// `(receive seqno, inbox_seq)` delivered after it.
+        later: (u64, u64),
+    },
+    /// A resend of an acknowledged message was not answered as the first send.
+    InboxResendAnsweredAsNew {
+        /// The writer id.
+        id: u64,
+        /// The first send's sequence.
+        first: u64,
+        /// What the resend answered.
+        resent: u64,
+    },
+    /// A receive was refused with a 4xx.
+    InboxReceiveRefused {
+        /// The receive id.
+        receive_id: String,
+        /// The status.
+        status: u16,
+        /// The body.
+        body: String,
+    },
+    /// The inbox could not be read on a node, or a receive after the heal got no answer.
+    InboxUnreadable {
+        /// The node, if one was asked.
+        node: Option<Node>,
+        /// What the read or the receive returned.
+        read: String,
+    },
+    /// After the drain, nodes hold different inboxes or a backlog is left:
+    /// `(node, consumed, backlog)` each.
+    InboxStateDiffers {
+        /// Each node's view.
+        views: Vec<(Node, u64, u64)>,
+    },
+
     // Invariant 7: no unexpected exit.
     /// A node exited, and neither a refusal of a damaged WAL nor an injected fatal fault explains
     /// it.
@@ -439,7 +495,8 @@ impl Violation {
         match self {
             Violation::AckedItemUnreadable { id, .. }
             | Violation::AckedAboveFrontier { id, .. }
-            | Violation::AckedEventLost { id, .. } => Some(*id),
+            | Violation::AckedEventLost { id, .. }
+            | Violation::InboxMessageLost { id, .. } => Some(*id),
             _ => None,
         }
     }
@@ -538,6 +595,30 @@ impl fmt::Display for Violation {
                 f,
                 "invariant 5: a reader resuming across nodes read offset {read} as event {position}, the stream holds {expected:?} there"
             ),
+            Violation::InboxMessageLost { id, inbox_seq } => {
+                write!(f, "invariant 6: acked inbox send {id} (inbox_seq {inbox_seq}) was never delivered")
+            }
+            Violation::InboxDeliveredTwice { inbox_seq, receives } => {
+                write!(f, "invariant 6: inbox_seq {inbox_seq} delivered to several receives: {receives:?}")
+            }
+            Violation::InboxOutOfOrder { topic, earlier, later } => write!(
+                f,
+                "invariant 6: topic {topic} delivered inbox_seq {} (receive {}) after {} (receive {})",
+                later.1, later.0, earlier.1, earlier.0
+            ),
+            Violation::InboxResendAnsweredAsNew { id, first, resent } => {
+                write!(f, "invariant 6: resend of inbox send {id} (first {first}) answered {resent}, not a duplicate")
+            }
+            Violation::InboxReceiveRefused { receive_id, status, body } => {
+                write!(f, "receive {receive_id} refused with {status}: {body}")
+            }
+            Violation::InboxUnreadable { node, read } => match node {
+                Some(node) => write!(f, "invariant 6: the inbox of {node} is unreadable: {read}"),
+                None => write!(f, "invariant 6: receive {read} got no answer after the heal"),
+            },
+            Violation::InboxStateDiffers { views } => {
+                write!(f, "invariant 6: inboxes differ or hold a backlog after the drain (node, consumed, backlog): {views:?}")
+            }
             Violation::FeedMismatch { user, seqno, first: (a, first), other: (b, other) } => {
                 write!(f, "invariant 5: feed of u{user} at seqno {seqno} differs: {a} {first:?}, {b} {other:?}")
             }

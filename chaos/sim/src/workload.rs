@@ -13,7 +13,7 @@ use tidal_types::{ClusterStatus, DigestView};
 use tokio::time::Instant;
 
 /// Deadline of one request.
-const REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
 /// How long the cluster may take to elect its first leader.
 const FIRST_LEADER_DEADLINE: Duration = Duration::from_secs(30);
 /// How long the cluster may take to converge once every fault is healed.
@@ -105,6 +105,8 @@ pub struct Shared {
     /// Offsets a reader read in order while it moved from node to node, resuming after the last
     /// one it read ([`Workload::reader`]).
     pub reader: Vec<u64>,
+    /// What the client saw of the inbox.
+    pub inbox: crate::inbox::InboxLog,
     /// While set, no write attempt starts (a scripted fault plan holds the client still between
     /// two of its steps, `script.rs`); an attempt already sent runs to its answer.
     pub writes_paused: bool,
@@ -132,6 +134,7 @@ impl Shared {
             counters_feed_items: 0,
             writes_paused: false,
             reader: Vec::new(),
+            inbox: Default::default(),
         }
     }
 }
@@ -172,9 +175,14 @@ pub struct Workload {
     pub reader: bool,
     /// Whether writes with `id % 4 == 1` are txs (an item and an event about it).
     pub txs: bool,
+    /// Whether some writes also send an inbox message while a receiver takes them, checked
+    /// exactly-once after the heal (quorum mode only: in leader mode a failover may take back an
+    /// acknowledged send).
+    pub inboxes: bool,
 }
 
-fn host(node: usize) -> String {
+/// The HTTP address of node index `node`.
+pub fn host(node: usize) -> String {
     format!("n{}:{HTTP_PORT}", node + 1)
 }
 
@@ -232,6 +240,9 @@ pub async fn run(workload: Workload, shared: Rc<RefCell<Shared>>) -> turmoil::Re
     let load_end = Instant::now() + workload.load;
     let reader =
         workload.reader.then(|| tokio::task::spawn_local(read_along(workload.nodes, shared.clone())));
+    let receiver = workload
+        .inboxes
+        .then(|| tokio::task::spawn_local(crate::inbox::receive_along(workload.clone(), shared.clone())));
     let mut writers = Vec::new();
     for index in 0..workload.writers {
         writers.push(tokio::task::spawn_local(writer(workload.clone(), shared.clone(), load_end, index)));
@@ -239,8 +250,8 @@ pub async fn run(workload: Workload, shared: Rc<RefCell<Shared>>) -> turmoil::Re
     for writer in writers {
         let _ = writer.await;
     }
-    if let Some(reader) = reader {
-        reader.abort();
+    for task in [reader, receiver].into_iter().flatten() {
+        task.abort();
     }
     shared.borrow_mut().phase = Phase::HealRequested;
     while shared.borrow().phase != Phase::Healed {
@@ -320,6 +331,9 @@ async fn writer(workload: Workload, shared: Rc<RefCell<Shared>>, load_end: Insta
         if workload.txs && id % 16 == 8 {
             trim_stream(&shared, id).await;
         }
+        if workload.inboxes && crate::inbox::sends(id) {
+            crate::inbox::send(&workload, &shared, id).await;
+        }
         if workload.registers > 0 {
             register_op(&workload, &shared, id, &mut thread).await;
         }
@@ -328,7 +342,7 @@ async fn writer(workload: Workload, shared: Rc<RefCell<Shared>>, load_end: Insta
 }
 
 /// Returns once writes are not paused ([`Shared::writes_paused`]).
-async fn wait_unpaused(shared: &Rc<RefCell<Shared>>) {
+pub async fn wait_unpaused(shared: &Rc<RefCell<Shared>>) {
     while shared.borrow().writes_paused {
         // Poll step of a wait on the driver's flag (the script's step deadlines bound it).
         tokio::time::sleep(Duration::from_millis(10)).await;
@@ -364,49 +378,83 @@ async fn write_one(workload: &Workload, shared: &Rc<RefCell<Shared>>, id: u64) {
     };
     let body = serde_json::to_vec(&body).unwrap_or_default();
     let headers = [("idempotency-key", format!("w{id}"))];
+    match write_retrying(workload, shared, id, (method, &path), body, &headers).await {
+        Outcome::Acked { node, body } => {
+            let reply = serde_json::from_slice::<serde_json::Value>(&body).ok();
+            let seqno = reply.as_ref().and_then(|value| value.get("seqno").and_then(serde_json::Value::as_u64));
+            let offset =
+                reply.as_ref().and_then(|value| value.pointer("/offsets/0").and_then(serde_json::Value::as_u64));
+            let mut shared = shared.borrow_mut();
+            match seqno {
+                Some(seqno) => {
+                    shared.stats.acked += 1;
+                    // With the simulated time it came in: a replay must match it to the ms.
+                    let at = turmoil::sim_elapsed().map_or(0, |elapsed| elapsed.as_millis());
+                    shared.trace.push(format!("ack {id} {seqno} n{} at {at} ms", node + 1));
+                    shared.acks.push(Ack { id, item, seqno, node, offset });
+                }
+                None => shared.violations.push(Violation::AckWithoutSeqno { id }),
+            }
+        }
+        Outcome::Refused { status, body } => {
+            let mut shared = shared.borrow_mut();
+            shared.stats.refused += 1;
+            shared.violations.push(Violation::WriteRefused { id, status, body: body_start(&body) });
+        }
+        Outcome::Unknown => shared.borrow_mut().stats.unknown += 1,
+    }
+}
+
+/// How a write retried across nodes ended.
+pub enum Outcome {
+    /// A 2xx from `node`.
+    Acked {
+        /// The node that answered.
+        node: usize,
+        /// Its body.
+        body: Vec<u8>,
+    },
+    /// A 4xx other than 429: nothing was written.
+    Refused {
+        /// The status.
+        status: u16,
+        /// The body.
+        body: Vec<u8>,
+    },
+    /// No answer told: the write may or may not be in the log.
+    Unknown,
+}
+
+/// Sends a write to the node believed to lead; on an unknown outcome (503, 504, a timeout, a broken
+/// connection) sends it again, unchanged (the same Idempotency-Key or inbox id), to the next node
+/// after a back-off, at most [`WRITE_ATTEMPTS`] times.
+pub async fn write_retrying(
+    workload: &Workload,
+    shared: &Rc<RefCell<Shared>>,
+    id: u64,
+    (method, path): (&str, &str),
+    body: Vec<u8>,
+    headers: &[(&str, String)],
+) -> Outcome {
     for attempt in 0..WRITE_ATTEMPTS {
         wait_unpaused(shared).await;
         let node = shared.borrow().leader_guess;
         shared.borrow_mut().stats.attempts += 1;
-        let answer = request(&host(node), method, &path, Some(body.clone()), &headers, REQUEST_TIMEOUT).await;
-        tracing::debug!(id, node, attempt, status = ?answer.as_ref().map(|answer| answer.status), "write answered");
+        let answer = request(&host(node), method, path, Some(body.clone()), headers, REQUEST_TIMEOUT).await;
+        tracing::debug!(id, node, attempt, path, status = ?answer.as_ref().map(|answer| answer.status), "write answered");
         match answer {
-            Ok(Answer { status: 200..=299, body }) => {
-                let reply = serde_json::from_slice::<serde_json::Value>(&body).ok();
-                let seqno =
-                    reply.as_ref().and_then(|value| value.get("seqno").and_then(serde_json::Value::as_u64));
-                let offset = reply
-                    .as_ref()
-                    .and_then(|value| value.pointer("/offsets/0").and_then(serde_json::Value::as_u64));
-                let mut shared = shared.borrow_mut();
-                match seqno {
-                    Some(seqno) => {
-                        shared.stats.acked += 1;
-                        // With the simulated time it came in: a replay must match it to the ms.
-                        let at = turmoil::sim_elapsed().map_or(0, |elapsed| elapsed.as_millis());
-                        shared.trace.push(format!("ack {id} {seqno} n{} at {at} ms", node + 1));
-                        shared.acks.push(Ack { id, item, seqno, node, offset });
-                    }
-                    None => shared.violations.push(Violation::AckWithoutSeqno { id }),
-                }
-                return;
-            }
+            Ok(Answer { status: 200..=299, body }) => return Outcome::Acked { node, body },
             Ok(Answer { status, body }) if (400..500).contains(&status) && status != 429 => {
-                let mut shared = shared.borrow_mut();
-                shared.stats.refused += 1;
-                shared.violations.push(Violation::WriteRefused { id, status, body: body_start(&body) });
-                return;
+                return Outcome::Refused { status, body }
             }
             _ => {
-                // Unknown outcome (503, 504, timeout, broken connection): try the next node with
-                // the same Idempotency-Key after a back-off.
                 let next = (node + 1) % workload.nodes;
                 shared.borrow_mut().leader_guess = next;
                 tokio::time::sleep(Duration::from_millis(50 * u64::from(attempt + 1))).await;
             }
         }
     }
-    shared.borrow_mut().stats.unknown += 1;
+    Outcome::Unknown
 }
 
 /// A feed as read: `(item, score)` in rank order.
@@ -639,6 +687,11 @@ async fn converge_and_check(workload: &Workload, shared: &Rc<RefCell<Shared>>, h
         }
     }
     check_converged(workload, shared, position).await;
+    if workload.inboxes {
+        crate::inbox::drain(workload, shared).await;
+        let drained = shared.borrow().inbox.delivered.iter().map(|(_, seqno, ..)| *seqno).max().unwrap_or(0);
+        crate::inbox::check(workload, shared, drained.max(position.1)).await;
+    }
 }
 
 /// How many times the heal check converges and reads the digests when they come from different
