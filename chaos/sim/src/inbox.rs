@@ -95,7 +95,12 @@ enum Received {
 
 /// Receives with `receive_id` at the believed leader, retried with the same id on the next node
 /// until a node answers.
-async fn receive(workload: &Workload, shared: &Rc<RefCell<Shared>>, receive_id: &str, wait_ms: u64) -> Received {
+async fn receive(
+    workload: &Workload,
+    shared: &Rc<RefCell<Shared>>,
+    receive_id: &str,
+    wait_ms: u64,
+) -> Received {
     let body = serde_json::json!({"topics": TOPICS, "receive_id": receive_id, "wait_ms": wait_ms});
     let body = serde_json::to_vec(&body).unwrap_or_default();
     let path = format!("/v1/inboxes/{OWNER}/receive");
@@ -109,7 +114,8 @@ async fn receive(workload: &Workload, shared: &Rc<RefCell<Shared>>, receive_id: 
             Ok(Answer { status: 204, .. }) => return Received::Nothing,
             Ok(Answer { status, body }) if (400..500).contains(&status) && status != 429 => {
                 let receive_id = receive_id.to_string();
-                let violation = Violation::InboxReceiveRefused { receive_id, status, body: body_start(&body) };
+                let violation =
+                    Violation::InboxReceiveRefused { receive_id, status, body: body_start(&body) };
                 shared.borrow_mut().violations.push(violation);
                 return Received::Nothing;
             }
@@ -169,7 +175,10 @@ pub async fn drain(workload: &Workload, shared: &Rc<RefCell<Shared>>) {
             Received::Message => {}
             Received::Nothing => return,
             Received::Unknown => {
-                shared.borrow_mut().violations.push(Violation::InboxUnreadable { node: None, read: receive_id });
+                shared
+                    .borrow_mut()
+                    .violations
+                    .push(Violation::InboxUnreadable { node: None, read: receive_id });
                 return;
             }
         }
@@ -190,7 +199,8 @@ pub async fn check(workload: &Workload, shared: &Rc<RefCell<Shared>>, seqno: u64
     let mut violations = Vec::new();
     for (inbox_seq, receives) in &receives_of {
         if receives.len() > 1 {
-            violations.push(Violation::InboxDeliveredTwice { inbox_seq: *inbox_seq, receives: receives.clone() });
+            violations
+                .push(Violation::InboxDeliveredTwice { inbox_seq: *inbox_seq, receives: receives.clone() });
         }
     }
     for (id, (_, inbox_seq)) in &log.sent {
@@ -207,7 +217,11 @@ pub async fn check(workload: &Workload, shared: &Rc<RefCell<Shared>>, seqno: u64
         if let Some(previous) = last.insert(topic, (*seqno, *inbox_seq)) {
             if previous.1 >= *inbox_seq {
                 let later = (*seqno, *inbox_seq);
-                violations.push(Violation::InboxOutOfOrder { topic: topic.clone(), earlier: previous, later });
+                violations.push(Violation::InboxOutOfOrder {
+                    topic: topic.clone(),
+                    earlier: previous,
+                    later,
+                });
             }
         }
     }
@@ -239,9 +253,8 @@ async fn same_inbox_everywhere(workload: &Workload, seqno: u64) -> Vec<Violation
                 node: Some(Node(node)),
                 read: format!("{status} {}", body_start(&body)),
             }),
-            Err(error) => {
-                violations.push(Violation::InboxUnreadable { node: Some(Node(node)), read: format!("{error:#}") })
-            }
+            Err(error) => violations
+                .push(Violation::InboxUnreadable { node: Some(Node(node)), read: format!("{error:#}") }),
         }
     }
     let differ = views.windows(2).any(|pair| (pair[0].1, pair[0].2) != (pair[1].1, pair[1].2));

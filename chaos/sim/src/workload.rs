@@ -381,9 +381,11 @@ async fn write_one(workload: &Workload, shared: &Rc<RefCell<Shared>>, id: u64) {
     match write_retrying(workload, shared, id, (method, &path), body, &headers).await {
         Outcome::Acked { node, body } => {
             let reply = serde_json::from_slice::<serde_json::Value>(&body).ok();
-            let seqno = reply.as_ref().and_then(|value| value.get("seqno").and_then(serde_json::Value::as_u64));
-            let offset =
-                reply.as_ref().and_then(|value| value.pointer("/offsets/0").and_then(serde_json::Value::as_u64));
+            let seqno =
+                reply.as_ref().and_then(|value| value.get("seqno").and_then(serde_json::Value::as_u64));
+            let offset = reply
+                .as_ref()
+                .and_then(|value| value.pointer("/offsets/0").and_then(serde_json::Value::as_u64));
             let mut shared = shared.borrow_mut();
             match seqno {
                 Some(seqno) => {

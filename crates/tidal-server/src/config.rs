@@ -301,6 +301,9 @@ pub struct NodeIo {
     /// Faults injected into the control plane's store (a failed vote fsync, say), as `wal_files`
     /// injects the WAL's; `None` in production.
     pub raft_faults: Option<std::sync::Arc<dyn tidal_core::RaftStoreFaults>>,
+    /// A probe every inbox receive awaits at its steps (tests of the lost-wakeup interleavings);
+    /// `None` in production.
+    pub receive_probe: Option<crate::http::inboxes::ReceiveProbe>,
 }
 
 impl Default for NodeIo {
@@ -313,6 +316,7 @@ impl Default for NodeIo {
             apply_probe: None,
             close_watch: None,
             raft_faults: None,
+            receive_probe: None,
         }
     }
 }

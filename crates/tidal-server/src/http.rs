@@ -26,7 +26,7 @@ use tidal_types::{
     USER_BYTES_MAX,
 };
 
-mod inboxes;
+pub mod inboxes;
 mod streams;
 mod tx;
 

@@ -249,3 +249,65 @@ async fn the_leader_expires_messages_past_their_ttl() {
     );
     node.stop().await;
 }
+
+/// The lost-wakeup interleavings, put at exact points of a receive by the receive probe: a send
+/// applied after the receive registered but before it looked is taken by the look (no wait); a
+/// send applied after it looked and found nothing but before it waits wakes it (one wake). With a
+/// lost wakeup the receive would sleep its whole `wait_ms` (a minute) and the wake count would not
+/// move.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_send_at_either_step_of_a_receive_is_never_missed() {
+    use tidal_server::http::inboxes::{ReceiveProbe, ReceiveStep};
+    type Paused = (ReceiveStep, tokio::sync::oneshot::Sender<()>);
+    for at in [ReceiveStep::Registered, ReceiveStep::FoundNothing] {
+        let dir = tempfile::tempdir().unwrap();
+        let mut cfg = config(dir.path(), 4);
+        let (steps, mut paused) = tokio::sync::mpsc::unbounded_channel::<Paused>();
+        let probe: ReceiveProbe = std::sync::Arc::new(move |step| {
+            let steps = steps.clone();
+            Box::pin(async move {
+                let (resume, resumed) = tokio::sync::oneshot::channel();
+                if steps.send((step, resume)).is_ok() {
+                    let _ = resumed.await;
+                }
+            })
+        });
+        cfg.io.receive_probe = Some(probe);
+        let node = TestNode::start(cfg).await;
+        let (url, http) = (node.url.clone(), node.http.clone());
+        let mut receiver = tokio::spawn(async move {
+            let body = json!({"topics": ["a"], "receive_id": "r", "wait_ms": 60_000}).to_string();
+            let reply = http
+                .post(format!("{url}/v1/inboxes/o/receive"))
+                .header("content-type", "application/json")
+                .body(body)
+                .send()
+                .await
+                .unwrap();
+            (reply.status().as_u16(), reply.json::<Value>().await.unwrap())
+        });
+        let wakes = metric(&node, "tidal_inbox_receive_wakes_total").await;
+        let mut sent = None;
+        // A woken receive answers at once; a lost wakeup would keep it waiting its whole minute.
+        let lost = tokio::time::Instant::now() + std::time::Duration::from_secs(20);
+        let (status, got) = loop {
+            tokio::select! {
+                step = paused.recv() => {
+                    let (step, resume) = step.unwrap();
+                    if step == at && sent.is_none() {
+                        sent = Some(send(&node, "a", "m1", json!(1)).await.1["inbox_seq"].clone());
+                    }
+                    resume.send(()).unwrap();
+                }
+                answer = &mut receiver => break answer.unwrap(),
+                () = tokio::time::sleep_until(lost) => panic!("{at:?}: the send did not wake the receive"),
+            }
+        };
+        assert_eq!(status, 200, "{at:?}: {got}");
+        assert_eq!(Some(got["inbox_seq"].clone()), sent, "{at:?}");
+        let woken = metric(&node, "tidal_inbox_receive_wakes_total").await - wakes;
+        let expected = if at == ReceiveStep::FoundNothing { 1.0 } else { 0.0 };
+        assert_eq!(woken, expected, "{at:?}: wakes");
+        node.stop().await;
+    }
+}

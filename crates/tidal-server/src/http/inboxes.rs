@@ -47,6 +47,20 @@ const RECEIVE_BYTES_MAX: u32 = 4 * 1024 * 1024;
 /// Shortest and longest lease.
 const LEASE_MS: std::ops::RangeInclusive<u64> = 100..=3_600_000;
 
+/// Where a receive stops for a [`ReceiveProbe`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReceiveStep {
+    /// Registered with the owner's waiter; nothing looked at yet.
+    Registered,
+    /// Looked and found nothing to take; not waiting yet.
+    FoundNothing,
+}
+
+/// A test probe awaited at each [`ReceiveStep`] of every receive, so a test can put a send at an
+/// exact point of a receive (the lost-wakeup interleavings); `None` in production.
+pub type ReceiveProbe =
+    Arc<dyn Fn(ReceiveStep) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> + Send + Sync>;
+
 /// Receivers parked per owner, and the inbox counters.
 #[derive(Default)]
 pub struct Inboxes {
@@ -244,6 +258,7 @@ pub async fn receive(
         let notified = waiter.notify.notified();
         tokio::pin!(notified);
         notified.as_mut().enable();
+        probe(&state, ReceiveStep::Registered).await;
         if let Some(receipt) = db.inbox_receipt(&owner, &request.receive_id)? {
             return delivered(&state, &request, receipt);
         }
@@ -257,6 +272,7 @@ pub async fn receive(
                 None => continue,
             }
         }
+        probe(&state, ReceiveStep::FoundNothing).await;
         if tokio::time::Instant::now() >= deadline {
             return Ok(StatusCode::NO_CONTENT.into_response());
         }
@@ -270,6 +286,12 @@ pub async fn receive(
             () = &mut notified => { state.inboxes.wakes.fetch_add(1, Ordering::Relaxed); }
             () = tokio::time::sleep_until(until) => {}
         }
+    }
+}
+
+async fn probe(state: &AppState, step: ReceiveStep) {
+    if let Some(probe) = &state.node.config().io.receive_probe {
+        probe(step).await;
     }
 }
 
