@@ -564,6 +564,7 @@ impl SimulatedCluster {
             // Set per start, in `register`.
             close_watch: None,
             raft_faults: None,
+            receive_probe: None,
         };
         Ok(config)
     }

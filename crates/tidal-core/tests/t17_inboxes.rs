@@ -154,9 +154,10 @@ impl Model {
             .iter()
             .filter(|(_, m)| topics.contains(&m.0) && m.3 <= now)
             .map(|(s, _)| *s)
-            .take(max.max(1) as usize)
+            .take(max as usize)
             .collect();
-        if taken.is_empty() {
+        // max 0 closes the id with nothing taken.
+        if taken.is_empty() && max > 0 {
             return InboxOutcome::Empty;
         }
         for s in &taken {
@@ -229,7 +230,7 @@ fn any_op() -> impl Strategy<Value = Op> {
     let topics = prop::collection::vec(0u8..3, 1..3);
     prop_oneof![
         4 => (0u8..2, 0u8..3, 0u8..8).prop_map(|(sender, topic, id)| Op::Send { sender, topic, id }),
-        3 => (0u8..8, topics, 1u32..3, prop_oneof![Just(0u32), Just(5_000u32)])
+        3 => (0u8..8, topics, 0u32..3, prop_oneof![Just(0u32), Just(5_000u32)])
             .prop_map(|(id, topics, max, lease_ms)| Op::Receive { id, topics, max, lease_ms }),
         1 => (0u8..8).prop_map(|id| Op::Ack { id }),
         1 => (0u8..3, 0u64..6).prop_map(|(topic, through_back)| Op::Discard { topic, through_back }),
@@ -341,6 +342,25 @@ fn a_receive_takes_the_oldest_across_its_topics_and_is_bound_to_its_id() {
     assert_eq!((receipt.messages[0].sender.as_str(), receipt.messages[0].message_id.as_str()), ("s", "2"));
     assert_eq!(inbox.receive("r3", &["a"], 0).1, InboxOutcome::Empty);
     assert!(inbox.db.inbox_receipt("o", "r3").unwrap().is_none(), "an empty receive binds nothing");
+}
+
+/// A receive of `max` 0 binds its id to nothing: an attempt of the same id that was still in
+/// flight, applied after it, takes nothing even though a message is there.
+#[test]
+fn a_closed_receive_id_takes_nothing_later() {
+    let mut inbox = Inbox::new();
+    let close = InboxConsume::Receive {
+        owner: "o".into(),
+        receive_id: "r".into(),
+        topics: vec!["a".into()],
+        lease_ms: 0,
+        limits: ReceiveLimits { max: 0, ..TAKE_ONE },
+    };
+    assert_eq!(inbox.write("rx", Records::InboxConsume(close)).1, InboxOutcome::Received { count: 0 });
+    inbox.send("s", "a", "1", WIDE);
+    assert_eq!(inbox.receive("r", &["a"], 0).1, InboxOutcome::AlreadyBound);
+    assert!(inbox.taken("r").is_empty());
+    assert_eq!(inbox.db.inbox_topic("o", "a").unwrap().unwrap().backlog, 1, "the message is still there");
 }
 
 /// The dedupe key is (sender, message_id): a resend is answered with the first sequence even

@@ -151,9 +151,11 @@ impl InboxState<'_> {
         if let InboxConsume::Close { owner } = consume {
             return self.close(owner, meta.unwrap_or_default());
         }
-        let Some(mut meta) = meta else {
+        // A receive may close its id on an inbox nothing was sent to yet: that creates the inbox.
+        let Some(mut meta) =
+            meta.or_else(|| matches!(consume, InboxConsume::Receive { .. }).then(InboxMeta::default))
+        else {
             return Ok(match consume {
-                InboxConsume::Receive { .. } => InboxOutcome::Empty,
                 InboxConsume::Ack { .. } => InboxOutcome::UnknownReceive,
                 _ => InboxOutcome::Discarded { count: 0 },
             });
@@ -172,6 +174,10 @@ impl InboxState<'_> {
             }
             InboxConsume::Close { .. } => unreachable!("a close returned above"),
         };
+        if outcome == InboxOutcome::Empty {
+            // Nothing taken, nothing written (not even the inbox it would have created).
+            return Ok(outcome);
+        }
         self.settle(owner, touched, &mut meta)?;
         self.put(inbox_key(owner), meta.encode());
         Ok(outcome)
@@ -191,8 +197,10 @@ impl InboxState<'_> {
         if self.receipt(owner, receive_id)?.is_some() {
             return Ok(InboxOutcome::AlreadyBound);
         }
-        let taken = self.select(owner, topics, at.now_ms, limits)?;
-        if taken.is_empty() {
+        // `max` 0 closes the id with nothing: an earlier attempt of it still in flight then takes
+        // nothing either, so the empty answer its client got stays true.
+        let taken = if limits.max == 0 { Vec::new() } else { self.select(owner, topics, at.now_ms, limits)? };
+        if taken.is_empty() && limits.max > 0 {
             return Ok(InboxOutcome::Empty);
         }
         let lease_until_ms = if lease_ms == 0 { 0 } else { at.now_ms + lease_ms };
@@ -230,7 +238,7 @@ impl InboxState<'_> {
         now_ms: u64,
         limits: ReceiveLimits,
     ) -> Result<Vec<StoredMessage>, Error> {
-        let max = limits.max.max(1) as usize;
+        let max = limits.max as usize;
         let mut candidates = Vec::new();
         let mut seen_topics: Vec<&String> = Vec::with_capacity(topics.len());
         for topic in topics {

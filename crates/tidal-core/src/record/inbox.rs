@@ -50,7 +50,8 @@ pub struct InboxSend {
 /// The limits a receive is judged by.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ReceiveLimits {
-    /// Most messages the receive takes.
+    /// Most messages the receive takes; 0 takes none and binds the receive id to nothing (a
+    /// receive that found nothing in its wait closes its id so).
     pub max: u32,
     /// Most payload bytes it takes (it takes at least one message whatever its size).
     pub bytes_max: u32,

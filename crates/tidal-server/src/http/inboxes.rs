@@ -12,6 +12,10 @@
 //! - A receive answers only after its consumption is applied on the leader (committed by a
 //!   majority): a crash before that loses nothing, and the client's retry with the same
 //!   `receive_id` is answered from the receipt the first attempt left, if it got that far.
+//! - A receive that found nothing writes an empty receipt for its id before it answers 204: an
+//!   earlier attempt of the same id still in flight (its answer lost, its leader stalled) would
+//!   otherwise take a message later that no client hears of. Found by the simulation (a partition
+//!   with the receiver's first attempt on the isolated leader).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -267,14 +271,20 @@ pub async fn receive(
         }
         let availability = db.inbox_availability(&owner, &request.topics, wall_ms())?;
         if availability.now {
-            match take(&state, &principal, &owner, &request).await? {
+            match take(&state, &principal, &owner, &request, request.max.unwrap_or(1)).await? {
                 Some(receipt) => return delivered(&state, &request, receipt),
                 None => continue,
             }
         }
         probe(&state, ReceiveStep::FoundNothing).await;
         if tokio::time::Instant::now() >= deadline {
-            return Ok(StatusCode::NO_CONTENT.into_response());
+            // The id is closed in the log before the empty answer: an earlier attempt of it still
+            // in flight (a lost answer, a stalled leader) then takes nothing, and if one already
+            // took something, that is the answer.
+            let receipt = take(&state, &principal, &owner, &request, 0).await?;
+            let receipt =
+                receipt.ok_or_else(|| ApiError::internal("a receive of nothing left no receipt"))?;
+            return delivered(&state, &request, receipt);
         }
         let until = match availability.lease_ends_ms {
             Some(ends) => deadline
@@ -295,16 +305,18 @@ async fn probe(state: &AppState, step: ReceiveStep) {
     }
 }
 
-/// Writes the receive and reads what it took: `None` when another receive took everything first.
+/// Writes the receive (taking up to `max` messages; 0 closes the id with nothing) and reads what it
+/// took: `None` when another receive took everything first.
 async fn take(
     state: &AppState,
     principal: &Principal,
     owner: &str,
     request: &ReceiveRequest,
+    max: u32,
 ) -> AppResult<Option<Receipt>> {
     let config = &state.node.config().inbox;
     let limits = ReceiveLimits {
-        max: request.max.unwrap_or(1),
+        max,
         bytes_max: RECEIVE_BYTES_MAX,
         receipts_max: config.receipts_max,
         receipt_age_s: config.receipt_age_s,
@@ -329,7 +341,10 @@ async fn take(
 
 /// The reply to a receive from its receipt.
 fn delivered(state: &AppState, request: &ReceiveRequest, receipt: Receipt) -> AppResult<Response> {
-    let first = receipt.messages.first().ok_or_else(|| ApiError::internal("a receipt holds no message"))?;
+    let Some(first) = receipt.messages.first() else {
+        // The id was closed with nothing.
+        return Ok(StatusCode::NO_CONTENT.into_response());
+    };
     state.inboxes.received.fetch_add(receipt.messages.len() as u64, Ordering::Relaxed);
     let quoted = |text: &str| serde_json::to_string(text).expect("a string always serializes");
     let mut body = format!("{{\"receive_id\":{},", quoted(&request.receive_id));
