@@ -260,10 +260,12 @@ pub async fn drain(client: &Client, args: &BenchArgs) -> anyhow::Result<Report> 
     let all_received = all_received.context("the receiver stopped before it had every message")?;
     let wakes_after = receive_wakes(client).await;
     close_quietly(client, &owner).await;
+    let preloaded = drain_preloaded(client, args, &pad).await?;
     let figures = DrainFigures {
         messages: args.messages,
         total: all_received.saturating_duration_since(first_send),
         drain: all_received.saturating_duration_since(sent.last_ack.unwrap_or(first_send)),
+        preloaded,
         receives,
         wakes: wakes_after.zip(wakes_before).and_then(|(after, before)| after.checked_sub(before)),
     };
@@ -276,6 +278,35 @@ pub async fn drain(client: &Client, args: &BenchArgs) -> anyhow::Result<Report> 
         first_reader_us: Vec::new(),
         inbox: Some(InboxFigures::Drain(figures)),
     })
+}
+
+/// The drain the peers' queue phases time: `--messages` sent first with nobody receiving, then one
+/// receiver taking up to [`DRAIN_RECEIVE_MAX`] at a time until it has them all, in order.
+async fn drain_preloaded(client: &Client, args: &BenchArgs, pad: &str) -> anyhow::Result<Duration> {
+    let owner = format!("{}-preloaded", run_prefix());
+    let until = Instant::now() + PHASE_TIME_MAX;
+    let sent =
+        send_many(client, &owner, 0..args.messages, args.concurrency, pad, until, OnFull::Wait).await?;
+    anyhow::ensure!(sent.acked == args.messages, "preloaded {} of {} messages", sent.acked, args.messages);
+    let receiver = ParkedReceiver {
+        client: client.clone(),
+        owner: owner.clone(),
+        max: Some(DRAIN_RECEIVE_MAX),
+        until,
+        receives_max: args.messages.saturating_add(SPARE_RECEIVES_MAX),
+    };
+    let mut tally = DrainTally::new(args.messages);
+    let started = Instant::now();
+    receiver
+        .run(|messages, _| {
+            tally.take(&messages)?;
+            Ok(tally.is_complete())
+        })
+        .await
+        .with_context(|| format!("inbox-drain (preloaded) on {owner}"))?;
+    let drained = started.elapsed();
+    close_quietly(client, &owner).await;
+    Ok(drained)
 }
 
 /// inbox-send-backlog: at each `--backlog-levels` level, a fresh inbox's topic is filled to the
@@ -368,6 +399,9 @@ pub struct DrainFigures {
     /// From the last send's acknowledgement until the receiver had every message (0 when it had
     /// them first).
     pub drain: Duration,
+    /// With every message sent before the receiver starts: how long it takes them all (what the
+    /// peers' queue drains time).
+    pub preloaded: Duration,
     /// The receiver's receives.
     pub receives: ReceiveCounts,
     /// How many times the node woke a parked receive over the run, from its `/metrics` before and
@@ -411,18 +445,20 @@ impl InboxFigures {
     pub fn print(&self, workload: Workload, concurrency: usize) {
         match self {
             InboxFigures::Drain(drain) => {
-                println!("\n| workload | messages | senders | total ms | drain ms | receives | empty receives | receive wakes |");
-                println!("|---|---|---|---|---|---|---|---|");
+                println!("\n| workload | messages | senders | total ms | drain ms | receives | empty receives | receive wakes | preloaded drain ms |");
+                println!("|---|---|---|---|---|---|---|---|---|");
                 println!(
-                    "| {workload:?} | {} | {concurrency} | {:.1} | {:.1} | {} | {} | {} |",
+                    "| {workload:?} | {} | {concurrency} | {:.1} | {:.1} | {} | {} | {} | {:.1} |",
                     drain.messages,
                     drain.total.as_secs_f64() * 1000.0,
                     drain.drain.as_secs_f64() * 1000.0,
                     drain.receives.delivered,
                     drain.receives.empty,
                     drain.wakes.map_or("n/a".to_string(), |wakes| wakes.to_string()),
+                    drain.preloaded.as_secs_f64() * 1000.0,
                 );
-                println!("\ntotal: first send until the receiver had every message; drain: last send's ack until then");
+                println!("\ntotal: first send until the receiver had every message; drain: last send's ack until then;");
+                println!("preloaded drain: every message sent first, then one receiver takes them all");
             }
             InboxFigures::Backlog(levels) => {
                 println!("\n| workload | backlog | sends | seconds | sends/s | p50 ms | p99 ms |");
