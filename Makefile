@@ -143,6 +143,12 @@ bench-peers: build peers-work
 	$(TIDAL) bench --url http://127.0.0.1:27070 --workload publish --batch 100 --concurrency 16 --seconds $(BENCH_SECONDS) | tee -a $(REPORT_DIR)/tidal-bench.md
 	$(TIDAL) bench --url http://127.0.0.1:27070 --workload stream-lag --concurrency 4 --seconds $(BENCH_SECONDS) | tee -a $(REPORT_DIR)/tidal-bench.md
 	$(TIDAL) bench --url http://127.0.0.1:27070 --workload stream-read --concurrency 2 --seconds $(BENCH_SECONDS) | tee -a $(REPORT_DIR)/tidal-bench.md
+	# Inboxes (issue 40), set against Redis XADD/XREADGROUP/XACK and a NATS JetStream work queue.
+	for c in 1 16; do \
+	  $(TIDAL) bench --url http://127.0.0.1:27070 --workload inbox-roundtrip --concurrency $$c --seconds $(BENCH_SECONDS) | tee -a $(REPORT_DIR)/tidal-bench.md || exit 1; \
+	done
+	$(TIDAL) bench --url http://127.0.0.1:27070 --workload inbox-latency --seconds $(BENCH_SECONDS) | tee -a $(REPORT_DIR)/tidal-bench.md
+	$(TIDAL) bench --url http://127.0.0.1:27070 --workload inbox-drain --concurrency 32 --messages 10000 | tee -a $(REPORT_DIR)/tidal-bench.md
 	$(TIDAL) cluster down --dir $(REPORT_DIR)/cluster
 	# The same writes acknowledged after the leader's fsync alone: Redis's promise, set against it.
 	$(TIDAL) cluster down --dir $(REPORT_DIR)/cluster-leader 2>/dev/null || true

@@ -58,8 +58,10 @@ pub enum Workload {
     /// Inbox drain: `--messages` sends from `--concurrency` senders to one topic of a fresh inbox
     /// while one parked receiver takes up to 1000 per receive. Adds the time from the first send,
     /// and from the last send's ack, until the receiver had every message, and the node's
-    /// parked-receive wakes (`n/a` if it does not count them). Fails unless every message arrived
-    /// exactly once in `inbox_seq` order. Bounded by its count and 300 s, not by `--seconds`.
+    /// parked-receive wakes (`n/a` if it does not count them). Then the preloaded drain, what the
+    /// peers' queue drains time: the same count sent first to another inbox, then one receiver
+    /// takes them all. Fails unless every message arrived exactly once in `inbox_seq` order.
+    /// Bounded by its count and 300 s per phase, not by `--seconds`.
     InboxDrain,
     /// Inbox send cost by backlog: for each of `--backlog-levels`, a fresh inbox's topic is filled
     /// to the level by `--concurrency` senders (nothing receives), then 2000 sends on top (fewer
