@@ -94,6 +94,9 @@ impl AppliedWaiter for WriteWaiter {
     }
 }
 
+/// Called once a write is handed to the WAL ([`Node::write_then`]).
+pub type Submitted = Box<dyn FnOnce() + Send>;
+
 /// A running node.
 pub struct Node {
     config: ServeConfig,
@@ -285,6 +288,18 @@ impl Node {
         idempotency_key: Option<String>,
         records: Records,
     ) -> Result<u64, ApiError> {
+        self.write_then(principal, idempotency_key, records, None).await
+    }
+
+    /// [`Node::write`], calling `submitted` once the batch is handed to the WAL (sequenced, not
+    /// yet durable): a write submitted after that gets a later seqno.
+    pub async fn write_then(
+        self: &Arc<Self>,
+        principal: &Principal,
+        idempotency_key: Option<String>,
+        records: Records,
+        submitted: Option<Submitted>,
+    ) -> Result<u64, ApiError> {
         let envelope = Envelope {
             time_ms: 0,
             principal: principal.name.clone(),
@@ -298,8 +313,8 @@ impl Node {
         // The whole write runs in its own task: a client hanging up must not cancel it half way.
         tokio::spawn(async move {
             match idempotency_key {
-                None => node.write_inner(request).await,
-                Some(key) => node.write_idempotent(principal, key, request).await,
+                None => node.write_inner(request, submitted).await,
+                Some(key) => node.write_idempotent(principal, key, request, submitted).await,
             }
         })
         .await
@@ -311,6 +326,7 @@ impl Node {
         principal: String,
         key: String,
         request: AppendRequest,
+        submitted: Option<Submitted>,
     ) -> Result<u64, ApiError> {
         let fingerprint = tidal_core::records_fingerprint(&request.payload);
         let slot = (principal, key);
@@ -345,20 +361,27 @@ impl Node {
             Err(error) => Err(ApiError::from(error)),
             Ok(Some(record)) if record.fingerprint == fingerprint => Ok(record.last_seqno.get()),
             Ok(Some(_)) => Err(idempotency_conflict()),
-            Ok(None) => self.clone().write_inner(request).await,
+            Ok(None) => self.clone().write_inner(request, submitted).await,
         };
         let _ = done_tx.send(Some(result.clone()));
         result
     }
 
     /// One write, admitted, appended, committed (in a cluster) and applied, or refused.
-    async fn write_inner(self: Arc<Self>, request: AppendRequest) -> Result<u64, ApiError> {
+    async fn write_inner(
+        self: Arc<Self>,
+        request: AppendRequest,
+        submitted: Option<Submitted>,
+    ) -> Result<u64, ApiError> {
         let _admitted = self.admit(request.payload.len()).await?;
         if let Some(fatal) = self.fatal() {
             return Err(ApiError::unavailable(ErrorCode::NotReady, fatal.to_string()));
         }
         let (mut office, ticket) = self.write_office()?;
         let mut written = self.submit(request, ticket)?;
+        if let Some(submitted) = submitted {
+            submitted();
+        }
         let written = wait_written(&mut written, office.as_mut()).await?;
         self.answer(written)
     }

@@ -68,26 +68,51 @@ pub type ReceiveProbe =
 /// Receivers parked per owner, and the inbox counters.
 #[derive(Default)]
 pub struct Inboxes {
-    waiters: Mutex<HashMap<String, Arc<Notify>>>,
+    waiters: Mutex<HashMap<String, Arc<OwnerWaiters>>>,
     parks: AtomicU64,
     wakes: AtomicU64,
+    early_takes: AtomicU64,
     sent: AtomicU64,
     received: AtomicU64,
+}
+
+/// What the receivers parked on one owner share: the wake-up, and how many sends to each topic
+/// were handed to the WAL since the first of them registered.
+#[derive(Default)]
+struct OwnerWaiters {
+    notify: Notify,
+    submitted: Mutex<HashMap<String, u64>>,
 }
 
 impl Inboxes {
     /// Wakes the receivers parked on `owner` (the engine's listener: an inbox record applied).
     pub fn changed(&self, owner: &str) {
         let waiters = self.waiters.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(notify) = waiters.get(owner) {
-            notify.notify_waiters();
+        if let Some(owner) = waiters.get(owner) {
+            owner.notify.notify_waiters();
+        }
+    }
+
+    /// A send to `owner`'s `topic` was handed to the WAL: wakes the receivers parked on the owner,
+    /// which may write their receive right behind it (it is sequenced after the send, so its apply
+    /// sees the message) instead of waiting for the send's commit and apply.
+    fn submitted(&self, owner: &str, topic: &str) {
+        let waiters = self.waiters.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(owner) = waiters.get(owner) {
+            *owner
+                .submitted
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .entry(topic.to_string())
+                .or_default() += 1;
+            owner.notify.notify_waiters();
         }
     }
 
     fn waiter(self: &Arc<Self>, owner: &str) -> Waiter {
         let mut waiters = self.waiters.lock().unwrap_or_else(PoisonError::into_inner);
-        let notify = waiters.entry(owner.to_string()).or_default().clone();
-        Waiter { inboxes: self.clone(), owner: owner.to_string(), notify }
+        let shared = waiters.entry(owner.to_string()).or_default().clone();
+        Waiter { inboxes: self.clone(), owner: owner.to_string(), shared }
     }
 }
 
@@ -95,14 +120,22 @@ impl Inboxes {
 struct Waiter {
     inboxes: Arc<Inboxes>,
     owner: String,
-    notify: Arc<Notify>,
+    shared: Arc<OwnerWaiters>,
+}
+
+impl Waiter {
+    /// Sends to any of `topics` handed to the WAL so far (while someone waited on the owner).
+    fn submitted_to(&self, topics: &[String]) -> u64 {
+        let submitted = self.shared.submitted.lock().unwrap_or_else(PoisonError::into_inner);
+        topics.iter().filter_map(|topic| submitted.get(topic)).sum()
+    }
 }
 
 impl Drop for Waiter {
     fn drop(&mut self) {
         let mut waiters = self.inboxes.waiters.lock().unwrap_or_else(PoisonError::into_inner);
         // The map's handle and this one: nobody else waits on the owner.
-        if Arc::strong_count(&self.notify) == 2 {
+        if Arc::strong_count(&self.shared) == 2 {
             waiters.remove(&self.owner);
         }
     }
@@ -182,7 +215,10 @@ pub async fn send(
         payload,
         limits,
     };
-    let seqno = state.node.write(&principal, key, Records::InboxSend(send)).await?;
+    let inboxes = state.inboxes.clone();
+    let (o, t) = (owner.clone(), topic.clone());
+    let submitted: crate::node::Submitted = Box::new(move || inboxes.submitted(&o, &t));
+    let seqno = state.node.write_then(&principal, key, Records::InboxSend(send), Some(submitted)).await?;
     match outcome(&state, seqno)? {
         InboxOutcome::Sent { inbox_seq, duplicate } => {
             state.inboxes.sent.fetch_add(u64::from(!duplicate), Ordering::Relaxed);
@@ -256,10 +292,13 @@ pub async fn receive(
     let request = receive_request(json_body(&state, body).await?)?;
     let deadline = tokio::time::Instant::now() + request.wait;
     let db = state.node.db();
+    let mut sends_seen = None;
+    // Held for the whole receive: the owner's count of sends handed to the WAL lives while
+    // someone waits on it.
+    let waiter = state.inboxes.waiter(&owner);
     loop {
-        // Registered before looking: a send applied from here on wakes this receive.
-        let waiter = state.inboxes.waiter(&owner);
-        let notified = waiter.notify.notified();
+        // Registered before looking: a send applied (or handed to the WAL) from here on wakes it.
+        let notified = waiter.shared.notify.notified();
         tokio::pin!(notified);
         notified.as_mut().enable();
         probe(&state, ReceiveStep::Registered).await;
@@ -270,7 +309,13 @@ pub async fn receive(
             return Err(closed(&owner));
         }
         let availability = db.inbox_availability(&owner, &request.topics, wall_ms())?;
-        if availability.now {
+        // A send to these topics handed to the WAL since the last look, not applied yet: a receive
+        // written now is sequenced after it and takes it at its apply (or finds it taken).
+        let sends = waiter.submitted_to(&request.topics);
+        let early = sends_seen.is_some_and(|seen| sends > seen);
+        sends_seen = Some(sends);
+        if availability.now || early {
+            state.inboxes.early_takes.fetch_add(u64::from(!availability.now), Ordering::Relaxed);
             match take(&state, &principal, &owner, &request, request.max.unwrap_or(1)).await? {
                 Some(receipt) => return delivered(&state, &request, receipt),
                 None => continue,
@@ -496,4 +541,6 @@ pub fn render_metrics(out: &mut String, state: &AppState) {
     render_single(out, "tidal_inbox_receive_parks_total", "counter", help, count(&inboxes.parks));
     let help = "Times a waiting receive was woken by an inbox change.";
     render_single(out, "tidal_inbox_receive_wakes_total", "counter", help, count(&inboxes.wakes));
+    let help = "Receives written right behind a send still on its way to commit (no wait for its apply).";
+    render_single(out, "tidal_inbox_receive_early_takes_total", "counter", help, count(&inboxes.early_takes));
 }
