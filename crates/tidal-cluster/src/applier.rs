@@ -16,10 +16,10 @@
 //!   every waiter is woken with an error, and a restart replays the WAL.
 //! - [`ApplyProbe`] is a test seam (chaos/sim's `apply` crash points); production has none.
 
-mod inbox;
+mod mailbox;
 mod waiters;
 
-use inbox::{InboxReceiver, InboxSender, SendError};
+use mailbox::{MailboxReceiver, MailboxSender, SendError};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::SyncSender;
@@ -72,11 +72,11 @@ pub enum ApplierInput {
 /// full channel refused is also re-sent by [`ApplierSender::resend_commit`] after the next fsync.
 ///
 /// Batches are queued without waking the applier unless the commit frontier told so far already
-/// covers them (`inbox.rs`, decisions/027): they cannot be applied before a commit message, which
+/// covers them (`mailbox.rs`, decisions/027): they cannot be applied before a commit message, which
 /// wakes it. Every other message wakes it.
 #[derive(Clone)]
 pub struct ApplierSender {
-    tx: InboxSender<ApplierInput>,
+    tx: MailboxSender<ApplierInput>,
     /// Cuts sent so far.
     cuts: Arc<AtomicU64>,
     /// The highest commit frontier told, with the number of cuts sent when it was told.
@@ -101,7 +101,7 @@ impl ApplierSender {
     }
 
     /// Whether the applier may apply something of `message` at once: batches whose first one the
-    /// commit frontier told so far covers. Asked under the input's lock (see `inbox.rs`): a commit
+    /// commit frontier told so far covers. Asked under the input's lock (see `mailbox.rs`): a commit
     /// told after this answer is queued after the batches, and wakes the applier itself.
     fn applicable(&self, message: &ApplierInput) -> bool {
         match message {
@@ -194,7 +194,7 @@ impl Applier {
         db: Arc<TidalDb>,
         probe: Option<Arc<dyn ApplyProbe>>,
     ) -> std::io::Result<(Applier, ApplierSender)> {
-        let (tx, rx) = inbox::inbox(APPLIER_INPUT_MAX);
+        let (tx, rx) = mailbox::mailbox(APPLIER_INPUT_MAX);
         let (applied_tx, applied_rx) = watch::channel(db.applied_seqno());
         let waiters = AppliedWaiters::new(db.applied_seqno());
         let publisher = Publisher { watch: applied_tx, waiters: waiters.clone() };
@@ -287,7 +287,7 @@ impl Drop for PanicGuard {
 
 fn run(
     db: Arc<TidalDb>,
-    input: InboxReceiver<ApplierInput>,
+    input: MailboxReceiver<ApplierInput>,
     told: &Mutex<(Seqno, u64)>,
     applied: Publisher,
     fatal: Arc<Mutex<Option<String>>>,
@@ -369,7 +369,7 @@ fn run(
 /// (so its senders never block) until the node's senders are gone or it is told to stop, and the
 /// watch of the applied frontier stays open meanwhile (its waiters wait, as a dead process's
 /// clients do).
-fn drain_dead(input: &InboxReceiver<ApplierInput>) {
+fn drain_dead(input: &MailboxReceiver<ApplierInput>) {
     tracing::warn!("apply probe: the node died in its applier");
     while let Some((message, _turn)) = input.recv_in_turn() {
         match message {
@@ -556,7 +556,7 @@ mod tests {
         // while it holds the OLD batch: it must wait for the cut.
         let dir = tempfile::tempdir().unwrap();
         let db = Arc::new(TidalDb::open(dir.path(), EngineConfig::with_dimension(4)).unwrap());
-        let (tx, rx) = inbox::inbox(APPLIER_INPUT_MAX);
+        let (tx, rx) = mailbox::mailbox(APPLIER_INPUT_MAX);
         let told = Arc::new(Mutex::new((Seqno::ZERO, 0)));
         let sender = ApplierSender {
             tx,

@@ -10,7 +10,7 @@
 //! together with the next message that wakes the applier (or whenever the applier is awake anyway).
 //!
 //! Delicate: a sender deciding not to wake must decide under the queue's lock
-//! ([`InboxSender::send`] evaluates its `wake` there), else a message that became useful between
+//! ([`MailboxSender::send`] evaluates its `wake` there), else a message that became useful between
 //! the decision and the push (the commit frontier moved past it in another thread, whose own wake
 //! the applier already consumed) could sit in the queue with the applier asleep.
 
@@ -29,7 +29,7 @@ struct State<T> {
     senders_waiting: usize,
 }
 
-struct Inbox<T> {
+struct Mailbox<T> {
     capacity: usize,
     state: Mutex<State<T>>,
     /// The receiver waits here.
@@ -41,7 +41,7 @@ struct Inbox<T> {
     handoff: tidal_types::activity::Handoff,
 }
 
-impl<T> Inbox<T> {
+impl<T> Mailbox<T> {
     fn lock(&self) -> MutexGuard<'_, State<T>> {
         self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
@@ -50,25 +50,25 @@ impl<T> Inbox<T> {
 /// Why a send failed; the message comes back.
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) enum SendError<T> {
-    /// The queue holds `capacity` messages (only [`InboxSender::try_send`]).
+    /// The queue holds `capacity` messages (only [`MailboxSender::try_send`]).
     Full(T),
     /// The receiver is gone.
     Disconnected(T),
 }
 
 /// Sends to the applier; clones count as senders.
-pub(crate) struct InboxSender<T> {
-    inbox: Arc<Inbox<T>>,
+pub(crate) struct MailboxSender<T> {
+    mailbox: Arc<Mailbox<T>>,
 }
 
 /// The applier's end.
-pub(crate) struct InboxReceiver<T> {
-    inbox: Arc<Inbox<T>>,
+pub(crate) struct MailboxReceiver<T> {
+    mailbox: Arc<Mailbox<T>>,
 }
 
 /// A queue holding at most `capacity` messages (at least 1).
-pub(crate) fn inbox<T>(capacity: usize) -> (InboxSender<T>, InboxReceiver<T>) {
-    let inbox = Arc::new(Inbox {
+pub(crate) fn mailbox<T>(capacity: usize) -> (MailboxSender<T>, MailboxReceiver<T>) {
+    let mailbox = Arc::new(Mailbox {
         capacity: capacity.max(1),
         state: Mutex::new(State {
             queue: VecDeque::new(),
@@ -81,43 +81,43 @@ pub(crate) fn inbox<T>(capacity: usize) -> (InboxSender<T>, InboxReceiver<T>) {
         space: Condvar::new(),
         handoff: tidal_types::activity::Handoff::on_current(),
     });
-    (InboxSender { inbox: inbox.clone() }, InboxReceiver { inbox })
+    (MailboxSender { mailbox: mailbox.clone() }, MailboxReceiver { mailbox })
 }
 
-impl<T> Clone for InboxSender<T> {
+impl<T> Clone for MailboxSender<T> {
     fn clone(&self) -> Self {
-        self.inbox.lock().senders += 1;
-        InboxSender { inbox: self.inbox.clone() }
+        self.mailbox.lock().senders += 1;
+        MailboxSender { mailbox: self.mailbox.clone() }
     }
 }
 
-impl<T> Drop for InboxSender<T> {
+impl<T> Drop for MailboxSender<T> {
     fn drop(&mut self) {
-        let mut state = self.inbox.lock();
+        let mut state = self.mailbox.lock();
         state.senders -= 1;
         if state.senders == 0 {
             drop(state);
-            self.inbox.ready.notify_all();
+            self.mailbox.ready.notify_all();
         }
     }
 }
 
-impl<T> InboxSender<T> {
+impl<T> MailboxSender<T> {
     /// Queues `message`, waiting for space; `wake` is asked under the queue's lock whether the
     /// receiver must be woken for it (see the module doc).
     pub(crate) fn send(&self, message: T, wake: impl FnOnce(&T) -> bool) -> Result<(), SendError<T>> {
-        let mut state = self.inbox.lock();
+        let mut state = self.mailbox.lock();
         loop {
             if state.receiver_gone {
                 return Err(SendError::Disconnected(message));
             }
-            if state.queue.len() < self.inbox.capacity {
+            if state.queue.len() < self.mailbox.capacity {
                 break;
             }
             state.senders_waiting += 1;
             // The receiver needs its turn to make space (the simulation, decisions/052).
             state = tidal_types::activity::blocked(|| {
-                self.inbox.space.wait(state).unwrap_or_else(std::sync::PoisonError::into_inner)
+                self.mailbox.space.wait(state).unwrap_or_else(std::sync::PoisonError::into_inner)
             });
             state.senders_waiting -= 1;
         }
@@ -125,13 +125,13 @@ impl<T> InboxSender<T> {
         Ok(())
     }
 
-    /// Queues `message` if there is space now (never waits); `wake` as for [`InboxSender::send`].
+    /// Queues `message` if there is space now (never waits); `wake` as for [`MailboxSender::send`].
     pub(crate) fn try_send(&self, message: T, wake: impl FnOnce(&T) -> bool) -> Result<(), SendError<T>> {
-        let state = self.inbox.lock();
+        let state = self.mailbox.lock();
         if state.receiver_gone {
             return Err(SendError::Disconnected(message));
         }
-        if state.queue.len() >= self.inbox.capacity {
+        if state.queue.len() >= self.mailbox.capacity {
             return Err(SendError::Full(message));
         }
         self.push(state, message, wake);
@@ -142,27 +142,27 @@ impl<T> InboxSender<T> {
         let notify = state.receiver_waiting && wake(&message);
         if notify || !state.receiver_waiting {
             // Taken before the receiver waits again: it is busy until then.
-            self.inbox.handoff.woken();
+            self.mailbox.handoff.woken();
         }
         state.queue.push_back(message);
         drop(state);
         if notify {
-            self.inbox.ready.notify_one();
+            self.mailbox.ready.notify_one();
         }
     }
 }
 
-impl<T> InboxReceiver<T> {
+impl<T> MailboxReceiver<T> {
     /// The next message with the receiver's turn to act on it (the simulation's step barrier,
     /// decisions/051): the message is taken inside the turn, so what the queue holds then does not
     /// depend on when other threads' turns ran (decisions/052). `None` as for
-    /// [`InboxReceiver::recv`].
+    /// [`MailboxReceiver::recv`].
     pub(crate) fn recv_in_turn(&self) -> Option<(T, tidal_types::activity::Turn)> {
-        if !self.inbox.handoff.counted() {
+        if !self.mailbox.handoff.counted() {
             return self.recv().map(|message| (message, tidal_types::activity::Turn::none()));
         }
         loop {
-            let mut state = self.inbox.lock();
+            let mut state = self.mailbox.lock();
             while state.queue.is_empty() {
                 if state.senders == 0 {
                     return None;
@@ -170,9 +170,9 @@ impl<T> InboxReceiver<T> {
                 state = self.wait(state);
             }
             drop(state);
-            let turn = self.inbox.handoff.turn();
+            let turn = self.mailbox.handoff.turn();
             // Only this receiver takes messages: the queue still holds the one seen above.
-            if let Some(message) = self.pop(self.inbox.lock()) {
+            if let Some(message) = self.pop(self.mailbox.lock()) {
                 return Some((message, turn));
             }
         }
@@ -184,7 +184,7 @@ impl<T> InboxReceiver<T> {
         let notify = state.senders_waiting > 0;
         drop(state);
         if notify {
-            self.inbox.space.notify_all();
+            self.mailbox.space.notify_all();
         }
         Some(message)
     }
@@ -193,7 +193,7 @@ impl<T> InboxReceiver<T> {
     /// is full); `None` once every sender is gone and the queue is empty. Messages queued while the
     /// receiver is awake are taken without a wake.
     pub(crate) fn recv(&self) -> Option<T> {
-        let mut state = self.inbox.lock();
+        let mut state = self.mailbox.lock();
         loop {
             if !state.queue.is_empty() {
                 return self.pop(state);
@@ -211,8 +211,8 @@ impl<T> InboxReceiver<T> {
         // the senders or a full queue (a sender waiting for space) ends it.
         loop {
             state.receiver_waiting = true;
-            self.inbox.handoff.parked();
-            state = self.inbox.ready.wait(state).unwrap_or_else(std::sync::PoisonError::into_inner);
+            self.mailbox.handoff.parked();
+            state = self.mailbox.ready.wait(state).unwrap_or_else(std::sync::PoisonError::into_inner);
             state.receiver_waiting = false;
             // A spurious wake with lazy messages queued is harmless: they are taken in order.
             if !state.queue.is_empty() || state.senders == 0 {
@@ -222,18 +222,18 @@ impl<T> InboxReceiver<T> {
     }
 }
 
-impl<T> Drop for InboxReceiver<T> {
+impl<T> Drop for MailboxReceiver<T> {
     fn drop(&mut self) {
-        let mut state = self.inbox.lock();
+        let mut state = self.mailbox.lock();
         state.receiver_gone = true;
-        self.inbox.handoff.parked();
+        self.mailbox.handoff.parked();
         state.queue.clear();
         drop(state);
-        self.inbox.space.notify_all();
+        self.mailbox.space.notify_all();
     }
 }
 
-impl<T> Iterator for &InboxReceiver<T> {
+impl<T> Iterator for &MailboxReceiver<T> {
     type Item = T;
 
     fn next(&mut self) -> Option<T> {
@@ -248,7 +248,7 @@ mod tests {
     use std::time::Duration;
 
     /// Starts a receiver thread that reports every message it takes.
-    fn receiver_thread(receiver: InboxReceiver<u32>) -> (mpsc::Receiver<u32>, std::thread::JoinHandle<()>) {
+    fn receiver_thread(receiver: MailboxReceiver<u32>) -> (mpsc::Receiver<u32>, std::thread::JoinHandle<()>) {
         let (seen_tx, seen_rx) = mpsc::channel();
         let thread = std::thread::spawn(move || {
             for message in &receiver {
@@ -260,10 +260,10 @@ mod tests {
 
     #[test]
     fn a_message_sent_without_a_wake_is_taken_in_order_with_the_next_wake() {
-        let (sender, receiver) = inbox::<u32>(8);
+        let (sender, receiver) = mailbox::<u32>(8);
         let (seen, thread) = receiver_thread(receiver);
         // Wait until the receiver is asleep, so the lazy message really finds it waiting.
-        while !sender.inbox.lock().receiver_waiting {
+        while !sender.mailbox.lock().receiver_waiting {
             std::thread::yield_now();
         }
         sender.send(1, |_| false).unwrap();
@@ -282,7 +282,7 @@ mod tests {
 
     #[test]
     fn the_receiver_sees_the_end_once_every_sender_is_gone() {
-        let (sender, receiver) = inbox::<u32>(8);
+        let (sender, receiver) = mailbox::<u32>(8);
         let other = sender.clone();
         let (seen, thread) = receiver_thread(receiver);
         sender.send(7, |_| false).unwrap();
@@ -295,7 +295,7 @@ mod tests {
 
     #[test]
     fn a_full_queue_refuses_try_send_and_makes_send_wait_for_space() {
-        let (sender, receiver) = inbox::<u32>(2);
+        let (sender, receiver) = mailbox::<u32>(2);
         sender.try_send(1, |_| false).unwrap();
         sender.try_send(2, |_| false).unwrap();
         assert_eq!(sender.try_send(3, |_| true), Err(SendError::Full(3)));
@@ -315,13 +315,13 @@ mod tests {
 
     #[test]
     fn a_sender_waiting_for_space_is_released_when_the_receiver_goes() {
-        let (sender, receiver) = inbox::<u32>(1);
+        let (sender, receiver) = mailbox::<u32>(1);
         sender.send(1, |_| false).unwrap();
         let blocked = {
             let sender = sender.clone();
             std::thread::spawn(move || sender.send(2, |_| false))
         };
-        while sender.inbox.lock().senders_waiting == 0 {
+        while sender.mailbox.lock().senders_waiting == 0 {
             std::thread::yield_now();
         }
         drop(receiver);
