@@ -1516,7 +1516,9 @@ mod tests {
             let write = route.methods.or(MethodFilter::GET) != MethodFilter::GET;
             let in_log = route.path.starts_with("/v1/") && !route.path.contains("/negatives");
             if write && in_log {
-                assert_eq!(route.serve, Serve::Leader, "{}", route.path);
+                // Always forwarded: `Leader`, or `LeaderLongPoll` for the receive that may wait.
+                assert!(route.serve.on_leader(None), "{}", route.path);
+                assert!(matches!(route.serve, Serve::Leader | Serve::LeaderLongPoll), "{}", route.path);
             }
         }
         assert!(Serve::LeaderIfLinearizable.on_leader(Some("min_seqno=3&consistency=linearizable")));
