@@ -69,3 +69,65 @@ async fn one_order_on_every_node_and_a_receive_retried_across_a_failover() {
     assert!(same(&digests), "replicas differ after the failover: {digests:?}");
     cluster.stop_all().await;
 }
+
+/// Senders on all three nodes at once (two of them forwarding) into one topic: every message is
+/// delivered once, and each sender's messages in the order it sent them. A discard racing a
+/// receive for the same message: exactly one of them gets it, every time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_senders_on_every_node_and_a_discard_racing_a_receive() {
+    common::trace();
+    let root = tempfile::tempdir().unwrap();
+    let mut cluster = Cluster::new(root.path(), 3, Durability::Quorum, |_| {});
+    cluster.start_all().await;
+    let l = cluster.leader().await;
+    const PER_SENDER: u64 = 20;
+    let senders = (0..3).map(|node| {
+        let client = cluster.client(node).clone();
+        tokio::spawn(async move {
+            for i in 0..PER_SENDER {
+                let body = json!({"topic": "jobs", "payload": {"node": node, "i": i}, "message_id": format!("n{node}-{i}")});
+                retrying(|| client.json::<Value, InboxSent>(Method::POST, "/v1/inboxes/o/messages", Some(&body))).await;
+            }
+        })
+    });
+    for sender in senders.collect::<Vec<_>>() {
+        sender.await.unwrap();
+    }
+    let client = cluster.client(l).clone();
+    let body = json!({"topics": ["jobs"], "receive_id": "all", "max": 1000});
+    let all: InboxReceived =
+        retrying(|| client.json::<Value, InboxReceived>(Method::POST, "/v1/inboxes/o/receive", Some(&body)))
+            .await;
+    let messages = all.messages.unwrap();
+    assert_eq!(messages.len() as u64, 3 * PER_SENDER, "every message once");
+    assert!(messages.windows(2).all(|w| w[0].inbox_seq < w[1].inbox_seq));
+    for node in 0..3u64 {
+        let order: Vec<u64> = messages
+            .iter()
+            .filter(|m| m.payload["node"] == node)
+            .map(|m| m.payload["i"].as_u64().unwrap())
+            .collect();
+        assert_eq!(order, (0..PER_SENDER).collect::<Vec<_>>(), "node {node}'s sends in its order");
+    }
+
+    let followers = cluster.followers_of(l);
+    for round in 0..10 {
+        let id = format!("race-{round}");
+        let body = json!({"topic": "race", "payload": round, "message_id": id});
+        retrying(|| client.json::<Value, InboxSent>(Method::POST, "/v1/inboxes/o/messages", Some(&body)))
+            .await;
+        let http = reqwest::Client::new();
+        let receive_url = format!("{}/v1/inboxes/o/receive", cluster.client(followers[round % 2]).base());
+        let discard_url = format!("{}/v1/inboxes/o/discard", client.base());
+        let receive = json!({"topics": ["race"], "receive_id": id, "wait_ms": 0});
+        let discard = json!({"topic": "race", "through": u64::MAX});
+        let (received, discarded) = tokio::join!(
+            http.post(receive_url).json(&receive).send(),
+            http.post(discard_url).json(&discard).send(),
+        );
+        let got = received.unwrap().status().as_u16() == 200;
+        let dropped: Value = discarded.unwrap().json().await.unwrap();
+        assert_eq!(u64::from(got) + dropped["discarded"].as_u64().unwrap(), 1, "round {round}: {dropped}");
+    }
+    cluster.stop_all().await;
+}
