@@ -89,6 +89,12 @@ impl Connector {
         Connector { custom: None, ship_tap: None, control_tap: None }
     }
 
+    /// This connector with `other`'s way of opening connections (its taps stay).
+    pub fn with_connect_of(mut self, other: &Connector) -> Connector {
+        self.custom = other.custom.clone();
+        self
+    }
+
     /// Connections opened by `connect`, called with the peer's `host:port`.
     pub fn new<F>(connect: F) -> Connector
     where
@@ -149,14 +155,35 @@ impl tower_service::Service<tonic::codegen::http::Uri> for Service {
     }
 }
 
-/// An accepted stream for [`crate::serve`] when the transport is not the OS's TCP: tonic asks every
-/// incoming stream for its connection info; this one has none.
-pub struct Accepted<T>(pub T);
+/// An accepted stream for [`crate::serve`] when the transport is not tonic's own TCP listener. Its
+/// connection info is the [`Proof`] the server calls once a request on it carried the cluster
+/// secret (the accepting side uses that to protect proven connections from eviction).
+pub struct Accepted<T>(pub T, pub Proof);
+
+/// Told once a connection carried a request with the cluster secret.
+#[derive(Clone, Default)]
+pub struct Proof(Option<Arc<dyn Fn() + Send + Sync>>);
+
+impl Proof {
+    /// A proof that calls `proven` (possibly many times: once per request that carried the secret).
+    pub fn new(proven: impl Fn() + Send + Sync + 'static) -> Proof {
+        Proof(Some(Arc::new(proven)))
+    }
+
+    /// The connection proved itself.
+    pub fn proven(&self) {
+        if let Some(proven) = &self.0 {
+            proven();
+        }
+    }
+}
 
 impl<T> tonic::transport::server::Connected for Accepted<T> {
-    type ConnectInfo = ();
+    type ConnectInfo = Proof;
 
-    fn connect_info(&self) -> Self::ConnectInfo {}
+    fn connect_info(&self) -> Self::ConnectInfo {
+        self.1.clone()
+    }
 }
 
 impl<T: AsyncRead + Unpin> AsyncRead for Accepted<T> {

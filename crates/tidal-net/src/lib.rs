@@ -16,7 +16,7 @@ pub mod snapshot_message;
 mod stream_path;
 
 pub use client::{NetError, Peer};
-pub use connector::{Accepted, Connector, ControlTap, ShipTap};
+pub use connector::{Accepted, BoxStream, Connector, ControlTap, Proof, ShipTap};
 pub use control::{Probe, ProbeOutcome, ProbeReply, RaftCall, RAFT_PAYLOAD_BYTES_MAX};
 pub use message::{
     join_batches, split_batches, Chunk, ChunkOutcome, Pull, Ship, ShipAnswer, ShipOutcome, WireError,

@@ -389,12 +389,18 @@ where
     let service = ReplicationServer::new(Service { handler, closing })
         .max_decoding_message_size(MESSAGE_BATCH_BYTES_MAX + 1024 * 1024)
         .max_encoding_message_size(MESSAGE_BATCH_BYTES_MAX + 1024 * 1024);
-    let intercepted = tonic::service::interceptor::InterceptedService::new(service, move |request| {
-        check.check(request).inspect_err(|_| {
-            tracing::warn!("refused an RPC without the cluster secret");
-            refusals.refused(ServiceRefusal::WrongSecret);
-        })
-    });
+    let intercepted =
+        tonic::service::interceptor::InterceptedService::new(service, move |request: tonic::Request<()>| {
+            let proof = request.extensions().get::<crate::Proof>().cloned();
+            let checked = check.check(request).inspect_err(|_| {
+                tracing::warn!("refused an RPC without the cluster secret");
+                refusals.refused(ServiceRefusal::WrongSecret);
+            })?;
+            if let Some(proof) = proof {
+                proof.proven();
+            }
+            Ok(checked)
+        });
     let serving = tonic::transport::Server::builder()
         .tcp_nodelay(true)
         // Calls a client gave up on (a late heartbeat under load) must not make h2's rapid-reset

@@ -29,9 +29,22 @@ pub struct ServeArgs {
     /// Token file (TOML: [[token]] name, token, scopes).
     #[arg(long, env = "TIDAL_TOKEN_FILE")]
     pub token_file: Option<PathBuf>,
-    /// Allow a non-loopback bind without tokens.
+    /// Allow a non-loopback bind without tokens or without TLS.
     #[arg(long)]
     pub insecure: bool,
+    /// TLS certificate chain (PEM) for the HTTP and RPC ports; with `--tls-key`.
+    #[arg(long, env = "TIDAL_TLS_CERT", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// TLS private key (PEM), mode 0600.
+    #[arg(long, env = "TIDAL_TLS_KEY", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+    /// The cluster CA (PEM) that verifies peers' certificates.
+    #[arg(long, env = "TIDAL_TLS_CA")]
+    pub tls_ca: Option<PathBuf>,
+    /// Mutual TLS between peers: the RPC port requires a certificate of the cluster CA naming a
+    /// node (`node-<id>`), and this node presents its own when it dials one.
+    #[arg(long, env = "TIDAL_TLS_PEER_AUTH")]
+    pub tls_peer_auth: bool,
     /// Embedding dimension (fixed per database).
     #[arg(long, env = "TIDAL_DIMENSION")]
     pub dimension: Option<u32>,
@@ -181,6 +194,15 @@ pub struct FileConfig {
     http: Option<SocketAddr>,
     token_file: Option<PathBuf>,
     insecure: Option<bool>,
+    tls_cert: Option<PathBuf>,
+    tls_key: Option<PathBuf>,
+    tls_ca: Option<PathBuf>,
+    tls_peer_auth: Option<bool>,
+    http_connections_max: Option<usize>,
+    rpc_connections_max: Option<usize>,
+    idle_timeout_ms: Option<u64>,
+    body_timeout_ms: Option<u64>,
+    inflight_body_bytes_max: Option<usize>,
     dimension: Option<u32>,
     half_life_ms: Option<u64>,
     profile_half_life_ms: Option<u64>,
@@ -222,8 +244,10 @@ pub struct ServeConfig {
     pub http: SocketAddr,
     /// Token file, if any.
     pub token_file: Option<PathBuf>,
-    /// Allow a non-loopback bind without tokens.
+    /// Allow a non-loopback bind without tokens or TLS.
     pub insecure: bool,
+    /// Connection bounds and TLS of both ports.
+    pub net: crate::transport::NetConfig,
     /// Embedding dimension.
     pub dimension: u32,
     /// Trending half-life.
@@ -335,6 +359,7 @@ impl ServeConfig {
             None => FileConfig::default(),
         };
         let inbox = InboxConfig::from_file(&file);
+        let net = net_config(args, &file)?;
         let signal_kinds = file.signal_kinds.unwrap_or_else(|| {
             DEFAULT_SIGNAL_KINDS.iter().map(|(name, weight)| (name.to_string(), *weight)).collect()
         });
@@ -391,6 +416,7 @@ impl ServeConfig {
                 .unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 7070))),
             token_file: args.token_file.clone().or(file.token_file),
             insecure: args.insecure || file.insecure.unwrap_or(false),
+            net,
             dimension: args.dimension.or(file.dimension).unwrap_or(128),
             half_life_ms: file.half_life_ms.unwrap_or(6 * 3600 * 1000),
             profile_half_life_ms: file.profile_half_life_ms.unwrap_or(7 * 24 * 3600 * 1000),
@@ -445,6 +471,10 @@ impl ServeConfig {
             self.write_inflight_bytes_max >= self.body_bytes_max,
             "write_inflight_bytes_max must hold at least one whole body"
         );
+        anyhow::ensure!(
+            self.net.inflight_body_bytes_max >= self.body_bytes_max,
+            "inflight_body_bytes_max must hold at least one whole body (body_bytes_max)"
+        );
         anyhow::ensure!(self.segment_bytes_max >= 4096, "segment_bytes_max must be at least 4096");
         anyhow::ensure!(
             self.stream_event_bytes_max >= 1 && self.stream_events_per_request_max >= 1,
@@ -454,6 +484,35 @@ impl ServeConfig {
         self.inbox.validate()?;
         Ok(())
     }
+}
+
+/// The connection bounds and TLS: the command line's TLS files win over the config file's.
+fn net_config(args: &ServeArgs, file: &FileConfig) -> anyhow::Result<crate::transport::NetConfig> {
+    let defaults = crate::transport::NetConfig::default();
+    let tls = crate::transport::TlsKeys {
+        cert: args.tls_cert.clone().or_else(|| file.tls_cert.clone()),
+        key: args.tls_key.clone().or_else(|| file.tls_key.clone()),
+        ca: args.tls_ca.clone().or_else(|| file.tls_ca.clone()),
+        peer_auth: args.tls_peer_auth || file.tls_peer_auth.unwrap_or(false),
+    };
+    let net = crate::transport::NetConfig {
+        http_connections_max: file.http_connections_max.unwrap_or(defaults.http_connections_max),
+        rpc_connections_max: file.rpc_connections_max.unwrap_or(defaults.rpc_connections_max),
+        idle_timeout: file.idle_timeout_ms.map_or(defaults.idle_timeout, std::time::Duration::from_millis),
+        body_timeout: file.body_timeout_ms.map_or(defaults.body_timeout, std::time::Duration::from_millis),
+        inflight_body_bytes_max: file.inflight_body_bytes_max.unwrap_or(defaults.inflight_body_bytes_max),
+        tls: tls.resolve()?,
+    };
+    anyhow::ensure!(
+        net.http_connections_max >= 1 && net.rpc_connections_max >= 1,
+        "http_connections_max and rpc_connections_max must be at least 1"
+    );
+    anyhow::ensure!(
+        net.idle_timeout >= std::time::Duration::from_millis(100)
+            && net.body_timeout >= std::time::Duration::from_millis(100),
+        "idle_timeout_ms and body_timeout_ms must be at least 100"
+    );
+    Ok(net)
 }
 
 /// The inbox limits. The leader writes them into every send and receive it logs, so a change takes

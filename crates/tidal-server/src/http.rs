@@ -26,6 +26,7 @@ use tidal_types::{
     USER_BYTES_MAX,
 };
 
+mod guard;
 pub mod inboxes;
 mod streams;
 mod tx;
@@ -55,6 +56,8 @@ pub struct AppState {
     pub streams: streams::Subscriptions,
     /// Receivers waiting on inboxes, and the inbox counters.
     pub inboxes: Arc<inboxes::Inboxes>,
+    /// The ports' connection tables and the in-flight body budget.
+    pub net: Arc<crate::transport::NetState>,
 }
 
 /// Forwards writes from a follower to the leader, carrying the caller's own credential (there are
@@ -62,17 +65,21 @@ pub struct AppState {
 pub struct Forwarder {
     replica: Option<Arc<tidal_cluster::Replica>>,
     http: reqwest::Client,
+    scheme: &'static str,
 }
 
 impl Forwarder {
-    /// A forwarder for `node`: forwards only while the node is a follower that knows its leader.
-    pub fn new(node: &Node) -> Forwarder {
-        let http = reqwest::Client::builder()
-            .timeout(Duration::from_secs(30))
-            .build()
-            .expect("a client with only a timeout always builds");
+    /// A forwarder for `node`: forwards only while the node is a follower that knows its leader;
+    /// over HTTPS verified by `tls` (the cluster CA) when the nodes serve TLS.
+    pub fn new(node: &Node, tls: Option<rustls::ClientConfig>) -> Forwarder {
+        let builder = reqwest::Client::builder().timeout(Duration::from_secs(30));
+        let (builder, scheme) = match tls {
+            Some(tls) => (builder.use_preconfigured_tls(tls), "https"),
+            None => (builder, "http"),
+        };
+        let http = builder.build().expect("a client with a timeout and a rustls configuration always builds");
         let replica = node.replica().filter(|_| node.config().io.forward_writes).cloned();
-        Forwarder { replica, http }
+        Forwarder { replica, http, scheme }
     }
 
     /// Where writes go now: the leader's URL, or None to handle them here (this node leads, takes
@@ -83,7 +90,7 @@ impl Forwarder {
             return None;
         }
         let leader = replica.leader().filter(|leader| *leader != replica.me())?;
-        replica.members().nodes.get(&leader).map(|node| format!("http://{}", node.http))
+        replica.members().nodes.get(&leader).map(|node| format!("{}://{}", self.scheme, node.http))
     }
 }
 
@@ -256,8 +263,24 @@ pub fn router(state: Arc<AppState>) -> Router {
     table_router(|route| (route.handler)(route.methods))
         .fallback(fallback)
         .layer(axum::middleware::from_fn_with_state(state.clone(), forward_to_leader))
+        .layer(axum::middleware::from_fn_with_state(state.clone(), refuse_browsers))
         .layer(axum::middleware::from_fn_with_state(state.clone(), authenticate))
         .with_state(state)
+}
+
+/// Refuses what a web page could make a browser send ([`guard`]), before anything is forwarded.
+async fn refuse_browsers(State(state): State<Arc<AppState>>, request: Request, next: Next) -> Response {
+    let open = state.tokens.is_none() && !state.node.config().insecure;
+    match guard::check(request.method(), request.headers(), open) {
+        Ok(()) => next.run(request).await,
+        Err(refusal) => {
+            let code = match refusal {
+                guard::Refusal::NotJson => ErrorCode::UnsupportedMediaType,
+                _ => ErrorCode::Forbidden,
+            };
+            ApiError::new(refusal.status(), code, refusal.message()).into_response()
+        }
+    }
 }
 
 /// Headers a forwarded request keeps.
@@ -371,7 +394,9 @@ async fn json_body<T: DeserializeOwned>(state: &AppState, body: axum::body::Body
     parse_json(&read_body(state, body).await?)
 }
 
-/// Reads a request body of at most `body_bytes_max` bytes.
+/// Reads a request body of at most `body_bytes_max` bytes, within the node's body timeout and its
+/// budget of body bytes in flight (503 `overloaded` when a body would pass it: half-sent bodies
+/// must not pile up memory without a bound).
 ///
 /// A body over the limit is still read to its end (and dropped) as long as it stays within
 /// [`BODY_DRAIN_MAX`] past the limit, before the 413 goes out: a server that answers and closes with
@@ -379,6 +404,17 @@ async fn json_body<T: DeserializeOwned>(state: &AppState, body: axum::body::Body
 /// has not read yet (the client sees a broken connection instead of `payload_too_large`). A body
 /// declared (or found) larger than that is refused without reading it all.
 async fn read_body(state: &AppState, body: axum::body::Body) -> AppResult<axum::body::Bytes> {
+    let timeout = state.net.body_timeout;
+    tokio::time::timeout(timeout, read_body_untimed(state, body)).await.unwrap_or_else(|_| {
+        Err(ApiError::new(
+            StatusCode::REQUEST_TIMEOUT,
+            ErrorCode::InvalidArgument,
+            format!("the request body did not arrive within {} ms", timeout.as_millis()),
+        ))
+    })
+}
+
+async fn read_body_untimed(state: &AppState, body: axum::body::Body) -> AppResult<axum::body::Bytes> {
     use tokio_stream::StreamExt as _;
     let limit = state.node.config().body_bytes_max;
     let too_large = || ApiError::too_large(format!("request body over {limit} bytes"));
@@ -386,6 +422,7 @@ async fn read_body(state: &AppState, body: axum::body::Body) -> AppResult<axum::
     if axum::body::HttpBody::size_hint(&body).lower() > drain_max as u64 {
         return Err(too_large());
     }
+    let mut budget = BodyBudget::new(&state.net);
     let mut stream = body.into_data_stream();
     let mut chunks: Vec<axum::body::Bytes> = Vec::new();
     let mut total = 0usize;
@@ -393,11 +430,13 @@ async fn read_body(state: &AppState, body: axum::body::Body) -> AppResult<axum::
         let chunk = chunk.map_err(|e| ApiError::invalid(format!("could not read the request body: {e}")))?;
         total = total.saturating_add(chunk.len());
         if total <= limit {
+            budget.take(chunk.len())?;
             chunks.push(chunk);
         } else if total > drain_max {
             break;
         } else {
             chunks.clear();
+            budget.release();
         }
     }
     if total > limit {
@@ -407,6 +446,42 @@ async fn read_body(state: &AppState, body: axum::body::Body) -> AppResult<axum::
         1 => chunks.pop().unwrap_or_default(),
         _ => chunks.concat().into(),
     })
+}
+
+/// The share of the node's in-flight body budget one request holds while its body is read.
+struct BodyBudget<'a> {
+    net: &'a crate::transport::NetState,
+    held: Option<tokio::sync::OwnedSemaphorePermit>,
+}
+
+impl<'a> BodyBudget<'a> {
+    fn new(net: &'a crate::transport::NetState) -> BodyBudget<'a> {
+        BodyBudget { net, held: None }
+    }
+
+    fn take(&mut self, bytes: usize) -> AppResult<()> {
+        let Ok(bytes) = u32::try_from(bytes) else {
+            return Err(ApiError::too_large("a request body chunk over 4 GiB"));
+        };
+        let permit = self.net.body_budget.clone().try_acquire_many_owned(bytes).map_err(|_| {
+            ApiError::unavailable(
+                ErrorCode::Overloaded,
+                format!(
+                    "the node is reading {} bytes of request bodies already (inflight_body_bytes_max); retry",
+                    self.net.body_budget_max
+                ),
+            )
+        })?;
+        match &mut self.held {
+            Some(held) => held.merge(permit),
+            None => self.held = Some(permit),
+        }
+        Ok(())
+    }
+
+    fn release(&mut self) {
+        self.held = None;
+    }
 }
 
 /// How far past `body_bytes_max` an oversize body is still read (and dropped) so that its 413
@@ -1156,6 +1231,7 @@ async fn metrics(State(state): State<Arc<AppState>>) -> Response {
     render_fatal_metrics(&mut out, node);
     streams::render_metrics(&mut out, &state);
     inboxes::render_metrics(&mut out, &state);
+    state.net.render(&mut out);
     render_single(
         &mut out,
         "tidal_uptime_seconds",

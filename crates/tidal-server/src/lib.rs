@@ -21,18 +21,36 @@ pub mod inbox_ttl;
 pub mod metrics;
 pub mod node;
 pub mod retention;
+pub mod transport;
 
 use anyhow::Context;
-use std::future::{Future, IntoFuture};
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-/// Whether a node may serve on `addr` with the given token setting.
-pub fn check_bind_policy(addr: std::net::SocketAddr, has_tokens: bool, insecure: bool) -> anyhow::Result<()> {
-    if !addr.ip().is_loopback() && !has_tokens && !insecure {
+/// Whether a node may serve on `addr` with the given token and TLS settings: off loopback, a node
+/// without tokens lets anyone in and a node without TLS sends tokens and data in cleartext, so
+/// either needs `--insecure`.
+pub fn check_bind_policy(
+    addr: std::net::SocketAddr,
+    has_tokens: bool,
+    has_tls: bool,
+    insecure: bool,
+) -> anyhow::Result<()> {
+    if addr.ip().is_loopback() || insecure {
+        return Ok(());
+    }
+    if !has_tokens {
         anyhow::bail!(
             "refusing to serve on non-loopback address {addr} without a token file: every route would be \
              open to the network. Pass --token-file FILE, or --insecure if that is really what you want"
+        );
+    }
+    if !has_tls {
+        anyhow::bail!(
+            "refusing to serve on non-loopback address {addr} without TLS: tokens, the cluster secret and \
+             all data would cross the network in cleartext. Pass --tls-cert and --tls-key (and --tls-ca on \
+             a cluster), or --insecure if the network is private"
         );
     }
     Ok(())
@@ -74,11 +92,14 @@ where
     H: Listener<Addr = std::net::SocketAddr>,
     R: Listener<Addr = std::net::SocketAddr>,
 {
+    let mut config = config;
     let tokens = config.token_file.as_deref().map(auth::Tokens::load).transpose()?;
-    check_bind_policy(listener.local_addr()?, tokens.is_some(), config.insecure)?;
+    check_bind_policy(listener.local_addr()?, tokens.is_some(), config.net.tls.is_some(), config.insecure)?;
+    let tls = transport::Tls::load(&mut config)?;
+    let net = Arc::new(transport::NetState::new(&config.net));
     let node = open_node(config.clone()).await?;
-    let replication = Replication::start(&node, rpc_listener).await?;
-    let forward = http::Forwarder::new(&node);
+    let replication = Replication::start(&node, rpc_listener, &net, tls.rpc.clone()).await?;
+    let forward = http::Forwarder::new(&node, tls.forward.clone());
     let state = Arc::new(http::AppState {
         node: node.clone(),
         tokens,
@@ -86,6 +107,7 @@ where
         forward,
         streams: Default::default(),
         inboxes: Default::default(),
+        net,
     });
     let inboxes = state.inboxes.clone();
     node.db().set_inbox_listener(Arc::new(move |owner: &str| inboxes.changed(owner)));
@@ -100,7 +122,17 @@ where
     let background = Background::start(&node);
     tracing::info!(addr = %listener.local_addr()?, data_dir = %config.data_dir.display(), "serving");
     let grace = Duration::from_millis(config.fatal_exit_grace_ms);
-    let served = serve_http(listener, http::router(state), node.fatal_state(), grace, shutdown).await;
+    let port = transport::http::HttpPort {
+        conns: state.net.http_conns.clone(),
+        idle_timeout: config.net.idle_timeout,
+        tls: tls.http.clone(),
+    };
+    let reload = tls.spawn_reload();
+    let served = serve_http(listener, http::router(state), port, node.fatal_state(), grace, shutdown).await;
+    if let Some((stop, task)) = reload {
+        let _ = stop.send(true);
+        let _ = task.await;
+    }
     background.stop().await;
     if let Some(fatal) = node.fatal_state().get() {
         return Err(stop_after_fatal(node, replication, fatal).await);
@@ -139,7 +171,12 @@ struct Replication {
 impl Replication {
     /// Serves replication RPCs on `rpc_listener` and starts the control plane. If that fails the
     /// RPC server stops and the node shuts down before the error is returned.
-    async fn start<R>(node: &Arc<node::Node>, rpc_listener: Option<R>) -> anyhow::Result<Replication>
+    async fn start<R>(
+        node: &Arc<node::Node>,
+        rpc_listener: Option<R>,
+        net: &transport::NetState,
+        tls: Option<Arc<transport::tls::TlsServer>>,
+    ) -> anyhow::Result<Replication>
     where
         R: Listener<Addr = std::net::SocketAddr>,
     {
@@ -152,7 +189,12 @@ impl Replication {
         let service = Arc::new(tidal_cluster::ReplicaService(replica.clone()));
         let secret = replica.spec().secret.clone();
         tracing::info!(addr = %rpc_listener.local_addr()?, "serving replication RPCs");
-        let incoming = accepted_stream(rpc_listener, stopped.clone());
+        let port = transport::rpc::RpcPort {
+            conns: net.rpc_conns.clone(),
+            idle_timeout: node.config().net.idle_timeout,
+            tls,
+        };
+        let incoming = transport::rpc::accepted(rpc_listener, port, stopped.clone());
         let mut until_stopped = stopped;
         let task = tokio::spawn(async move {
             let until = async move {
@@ -211,6 +253,7 @@ impl Background {
 async fn serve_http<H>(
     listener: H,
     router: axum::Router,
+    port: transport::http::HttpPort,
     fatal: &tidal_cluster::Fatal,
     grace: Duration,
     shutdown: impl Future<Output = ()> + Send + 'static,
@@ -230,7 +273,7 @@ where
             }
         }
     };
-    let serving = axum::serve(listener, router).with_graceful_shutdown(stop_serving).into_future();
+    let serving = transport::http::serve(listener, router, port, stop_serving);
     let drain_deadline = async {
         let _ = fatal.raised().await;
         tokio::time::sleep(grace + FATAL_HTTP_DRAIN).await;
@@ -357,26 +400,6 @@ async fn wait_for_release(release: std::sync::mpsc::Receiver<()>, data_dir: &std
             "the node is still held {RELEASE_WAIT:?} after shutdown; returning with its data dir open"
         );
     }
-}
-
-/// The connections `listener` accepts, as the stream tonic serves, until `stop` is set.
-fn accepted_stream<R: Listener>(
-    mut listener: R,
-    mut stop: tokio::sync::watch::Receiver<bool>,
-) -> tokio_stream::wrappers::ReceiverStream<std::io::Result<tidal_net::Accepted<R::Io>>> {
-    let (sender, receiver) = tokio::sync::mpsc::channel(16);
-    tokio::spawn(async move {
-        loop {
-            let (io, _) = tokio::select! {
-                accepted = listener.accept() => accepted,
-                _ = stop.wait_for(|stop| *stop) => return,
-            };
-            if sender.send(Ok(tidal_net::Accepted(io))).await.is_err() {
-                return;
-            }
-        }
-    });
-    tokio_stream::wrappers::ReceiverStream::new(receiver)
 }
 
 fn spawn_checkpointer(

@@ -66,11 +66,16 @@ async fn routes_need_the_right_scope() {
 }
 
 #[test]
-fn non_loopback_bind_without_tokens_is_refused_unless_insecure() {
+fn non_loopback_bind_without_tokens_or_tls_is_refused_unless_insecure() {
+    use tidal_server::check_bind_policy as policy;
     let public: std::net::SocketAddr = "0.0.0.0:7070".parse().unwrap();
     let loopback: std::net::SocketAddr = "127.0.0.1:7070".parse().unwrap();
-    assert!(tidal_server::check_bind_policy(public, false, false).is_err());
-    assert!(tidal_server::check_bind_policy(public, true, false).is_ok());
-    assert!(tidal_server::check_bind_policy(public, false, true).is_ok());
-    assert!(tidal_server::check_bind_policy(loopback, false, false).is_ok());
+    // (tokens, tls, insecure)
+    let no_tokens = policy(public, false, true, false).unwrap_err().to_string();
+    assert!(no_tokens.contains("without a token file"), "{no_tokens}");
+    let no_tls = policy(public, true, false, false).unwrap_err().to_string();
+    assert!(no_tls.contains("without TLS") && no_tls.contains("--tls-cert"), "{no_tls}");
+    assert!(policy(public, true, true, false).is_ok());
+    assert!(policy(public, false, false, true).is_ok(), "--insecure allows both");
+    assert!(policy(loopback, false, false, false).is_ok(), "loopback needs neither");
 }

@@ -57,6 +57,8 @@ pub enum ErrorCode {
     UnknownReceive,
     /// An ack came after the lease ran out and the message went to another receive.
     LeaseLost,
+    /// A request body that is not declared `application/json` (415).
+    UnsupportedMediaType,
 }
 
 impl ErrorCode {
@@ -86,6 +88,7 @@ impl ErrorCode {
             ErrorCode::InboxClosed => "inbox_closed",
             ErrorCode::UnknownReceive => "unknown_receive",
             ErrorCode::LeaseLost => "lease_lost",
+            ErrorCode::UnsupportedMediaType => "unsupported_media_type",
         }
     }
 }
