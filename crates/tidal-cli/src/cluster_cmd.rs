@@ -35,6 +35,10 @@ pub enum ClusterCommand {
         /// lose the last writes). Written to a new cluster file; an existing one must agree.
         #[arg(long, default_value = "quorum", value_parser = ["quorum", "leader"])]
         durability: String,
+        /// Serve HTTPS and TLS between peers (mutual), with a throwaway CA made under `--dir/tls`
+        /// (kept across runs). Clients verify with `--ca DIR/tls/ca.pem` or `TIDAL_CA`.
+        #[arg(long)]
+        tls: bool,
     },
     /// Stop the local cluster started from `--dir`.
     Down {
@@ -90,7 +94,11 @@ pub enum ClusterCommand {
 /// Runs a `tidal cluster` subcommand.
 pub async fn run(command: ClusterCommand) -> anyhow::Result<()> {
     match command {
-        ClusterCommand::Up { nodes, dir, port_base, durability } => {
+        ClusterCommand::Up { nodes, dir, port_base, durability, tls } => {
+            if tls {
+                std::fs::create_dir_all(&dir).with_context(|| format!("create {}", dir.display()))?;
+                crate::local_tls::ensure(&dir, &(1..=nodes).collect::<Vec<_>>())?;
+            }
             up(nodes, &dir, port_base, &durability).await
         }
         ClusterCommand::Down { dir } => down(&dir),
@@ -161,10 +169,11 @@ async fn up(nodes: u64, dir: &Path, port_base: u16, durability: &str) -> anyhow:
             None => println!("{name}: already running"),
         }
     }
-    let client = reqwest::Client::builder().timeout(Duration::from_secs(2)).build()?;
+    let client = crate::local_tls::http_client(dir, Duration::from_secs(2))?;
     // Every node is ready, so every node knows the leader openraft elected; ask the first.
     let status: Option<tidal_types::ClusterStatus> =
-        match client.get(format!("http://{}/cluster/status", membership.spec.nodes[0].http)).send().await {
+        match client.get(format!("{}/cluster/status", url(dir, &membership.spec.nodes[0].http))).send().await
+        {
             Ok(reply) => reply.json().await.ok(),
             Err(_) => None,
         };
@@ -177,14 +186,27 @@ async fn up(nodes: u64, dir: &Path, port_base: u16, durability: &str) -> anyhow:
     );
     for node in &membership.spec.nodes {
         let role = if Some(node.id) == leader { "leader" } else { "follower" };
-        println!("  n{}  {role:<8}  http://{}  (rpc {})", node.id.0, node.http, node.rpc);
+        println!("  n{}  {role:<8}  {}  (rpc {})", node.id.0, url(dir, &node.http), node.rpc);
     }
     let (first, last) = (&membership.spec.nodes[0], &membership.spec.nodes[membership.spec.nodes.len() - 1]);
+    let curl = match crate::local_tls::enabled(dir) {
+        true => format!("curl -s --cacert {}", crate::local_tls::ca_path(dir).display()),
+        false => "curl -s".to_string(),
+    };
     println!("\nTry:");
-    println!("  curl -s -X PUT {}/v1/items/1 -d '{{\"metadata\":{{\"title\":\"hello\"}}}}'", url(&last.http));
-    println!("  curl -s -X POST {}/v1/signals -d '{{\"signals\":[{{\"user\":\"u1\",\"item\":1,\"kind\":\"like\"}}]}}'", url(&first.http));
-    println!("  curl -s {}/v1/trending", url(&last.http));
-    println!("  curl -s {}/cluster/status", url(&first.http));
+    if crate::local_tls::enabled(dir) {
+        println!(
+            "  export TIDAL_CA={}   # the tidal CLI verifies the nodes with it",
+            crate::local_tls::ca_path(dir).display()
+        );
+    }
+    println!(
+        "  {curl} -X PUT {}/v1/items/1 --json '{{\"metadata\":{{\"title\":\"hello\"}}}}'",
+        url(dir, &last.http)
+    );
+    println!("  {curl} -X POST {}/v1/signals --json '{{\"signals\":[{{\"user\":\"u1\",\"item\":1,\"kind\":\"like\"}}]}}'", url(dir, &first.http));
+    println!("  {curl} {}/v1/trending", url(dir, &last.http));
+    println!("  {curl} {}/cluster/status", url(dir, &first.http));
     println!("  tidal cluster down --dir {}", dir.display());
     Ok(())
 }
@@ -246,18 +268,19 @@ const ADD_NODE_CATCH_UP_S: u64 = 600;
 
 /// A running member's HTTP address (the first that answers), to send a verb to.
 async fn live_member(
+    dir: &Path,
     membership: &tidal_server::config::ClusterMembership,
     except: u64,
 ) -> anyhow::Result<String> {
-    let client = reqwest::Client::builder().timeout(Duration::from_secs(2)).build()?;
+    let client = crate::local_tls::http_client(dir, Duration::from_secs(2))?;
     for node in membership.spec.nodes.iter().filter(|node| node.id.0 != except) {
         if client
-            .get(format!("http://{}/healthz", node.http))
+            .get(format!("{}/healthz", url(dir, &node.http)))
             .send()
             .await
             .is_ok_and(|r| r.status().is_success())
         {
-            return Ok(url(&node.http));
+            return Ok(url(dir, &node.http));
         }
     }
     anyhow::bail!("no member of the local cluster answers; start it with `tidal cluster up`")
@@ -280,25 +303,33 @@ async fn add_node(dir: &Path, dry_run: bool) -> anyhow::Result<()> {
         format!("127.0.0.1:{}", port_base + offset),
         format!("127.0.0.1:{}", port_base + RPC_PORT_OFFSET + offset),
     );
-    let leader_url = live_member(&membership, 0).await?;
+    let leader_url = live_member(dir, &membership, 0).await?;
     if dry_run {
         println!("would start n{id} (http {http}, rpc {rpc}) with --join and ask {leader_url} to add it");
-        let verb = crate::ops::VerbArgs { url: leader_url, token: None };
+        let verb = local_verb(dir, leader_url);
         return crate::ops::members_add(verb, id, &http, &rpc, ADD_NODE_CATCH_UP_S, true).await;
     }
     let mut text = std::fs::read_to_string(&cluster_file).context("read cluster file")?;
     text.push_str(&format!("\n[[node]]\nid = {id}\nhttp = \"{http}\"\nrpc = \"{rpc}\"\n"));
     std::fs::write(&cluster_file, text).context("write cluster file")?;
+    if crate::local_tls::enabled(dir) {
+        crate::local_tls::ensure(dir, &[id])?;
+    }
     let pid = start_node_with(dir, id, true)?;
     println!("n{id}: started with --join (pid {pid}), log {}", dir.join(format!("n{id}.log")).display());
-    let client = reqwest::Client::builder().timeout(Duration::from_secs(2)).build()?;
+    let client = crate::local_tls::http_client(dir, Duration::from_secs(2))?;
     let deadline = Instant::now() + READY_TIMEOUT;
-    while !client.get(format!("http://{http}/healthz")).send().await.is_ok_and(|r| r.status().is_success()) {
+    while !client
+        .get(format!("{}/healthz", url(dir, &http)))
+        .send()
+        .await
+        .is_ok_and(|r| r.status().is_success())
+    {
         anyhow::ensure!(Instant::now() < deadline, "n{id} did not start; see its log");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     println!("n{id}: catching up as a learner, then a voter (members add on {leader_url})");
-    let verb = crate::ops::VerbArgs { url: leader_url, token: None };
+    let verb = local_verb(dir, leader_url);
     crate::ops::members_add(verb, id, &http, &rpc, ADD_NODE_CATCH_UP_S, false).await
 }
 
@@ -306,8 +337,8 @@ async fn remove_node(dir: &Path, id: u64, dry_run: bool) -> anyhow::Result<()> {
     let cluster_file = dir.join("cluster.toml");
     let membership = tidal_server::config::load_cluster(&cluster_file, 1)
         .with_context(|| format!("no local cluster in {} (run `tidal cluster up` first)", dir.display()))?;
-    let url = live_member(&membership, id).await?;
-    let verb = crate::ops::VerbArgs { url, token: None };
+    let url = live_member(dir, &membership, id).await?;
+    let verb = local_verb(dir, url);
     crate::ops::members_remove(verb, id, dry_run).await?;
     if dry_run {
         return Ok(());
@@ -360,6 +391,7 @@ fn start_node_with(dir: &Path, id: u64, join: bool) -> anyhow::Result<u32> {
         .arg("--data-dir")
         .arg(dir.join(&name))
         .args(join.then_some("--join"))
+        .args(if crate::local_tls::enabled(dir) { crate::local_tls::serve_args(dir, id) } else { Vec::new() })
         .stdin(Stdio::null())
         .stdout(log.try_clone()?)
         .stderr(log)
@@ -384,12 +416,12 @@ fn start_node_with(dir: &Path, id: u64, join: bool) -> anyhow::Result<u32> {
 /// the node's last answer (why it was not ready) and quotes the end of its log, so an operator (or
 /// a CI log) sees the cause without another step.
 pub async fn wait_ready(dir: &Path, id: u64, http: &str, timeout: Duration) -> anyhow::Result<()> {
-    let client = reqwest::Client::builder().timeout(Duration::from_secs(2)).build()?;
+    let client = crate::local_tls::http_client(dir, Duration::from_secs(2))?;
     let deadline = Instant::now() + timeout;
     let pid_path = dir.join(format!("n{id}.pid"));
     let log = dir.join(format!("n{id}.log"));
     loop {
-        let last_answer = match client.get(format!("http://{http}/readyz")).send().await {
+        let last_answer = match client.get(format!("{}/readyz", url(dir, http))).send().await {
             Ok(reply) if reply.status().is_success() => return Ok(()),
             Ok(reply) => {
                 let status = reply.status();
@@ -444,8 +476,15 @@ pub fn kill_node(dir: &Path, id: u64) -> anyhow::Result<u32> {
     Ok(pid)
 }
 
-fn url(http: &str) -> String {
-    format!("http://{http}")
+/// A node's base URL in the local cluster of `dir`.
+pub fn url(dir: &Path, http: &str) -> String {
+    format!("{}://{http}", crate::local_tls::scheme(dir))
+}
+
+/// Verb options for the local cluster of `dir`: its CA when it serves TLS.
+fn local_verb(dir: &Path, url: String) -> crate::ops::VerbArgs {
+    let ca = crate::local_tls::enabled(dir).then(|| crate::local_tls::ca_path(dir));
+    crate::ops::VerbArgs { url, token: None, ca }
 }
 
 fn running_pid(pid_path: &Path) -> Option<u32> {

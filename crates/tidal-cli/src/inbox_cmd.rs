@@ -114,7 +114,7 @@ pub async fn run(command: InboxCommand) -> anyhow::Result<bool> {
             let payload: serde_json::Value = serde_json::from_str(&payload)
                 .with_context(|| format!("the payload is not JSON: {payload}"))?;
             let message_id = message_id.unwrap_or_else(|| fresh_id("m"));
-            let sent = client(&verb).inbox_send(&owner, &topic, payload, &message_id).await?;
+            let sent = client(&verb)?.inbox_send(&owner, &topic, payload, &message_id).await?;
             let line = serde_json::json!({
                 "message_id": message_id, "inbox_seq": sent.inbox_seq, "duplicate": sent.duplicate
             });
@@ -123,27 +123,27 @@ pub async fn run(command: InboxCommand) -> anyhow::Result<bool> {
         InboxCommand::Receive { verb, owner, topics, wait_ms, receive_id, lease_ms, max } => {
             let receive_id = receive_id.unwrap_or_else(|| fresh_id("r"));
             let receive = InboxReceive { topics, wait_ms, receive_id, lease_ms, max };
-            return receive_and_print(&client(&verb), &owner, &receive).await;
+            return receive_and_print(&client(&verb)?, &owner, &receive).await;
         }
         InboxCommand::Ack { verb, owner, receive_id } => {
-            println!("{}", serde_json::to_string(&client(&verb).inbox_ack(&owner, &receive_id).await?)?);
+            println!("{}", serde_json::to_string(&client(&verb)?.inbox_ack(&owner, &receive_id).await?)?);
         }
         InboxCommand::Discard { verb, owner, topic, through } => {
-            let discarded = client(&verb).inbox_discard(&owner, &topic, through).await?;
+            let discarded = client(&verb)?.inbox_discard(&owner, &topic, through).await?;
             println!("{}", serde_json::to_string(&discarded)?);
         }
         InboxCommand::Close { verb, owner } => {
-            println!("{}", serde_json::to_string(&client(&verb).inbox_close(&owner).await?)?);
+            println!("{}", serde_json::to_string(&client(&verb)?.inbox_close(&owner).await?)?);
         }
         InboxCommand::Show { verb, owner } => {
-            println!("{}", serde_json::to_string_pretty(&client(&verb).inbox_show(&owner).await?)?);
+            println!("{}", serde_json::to_string_pretty(&client(&verb)?.inbox_show(&owner).await?)?);
         }
     }
     Ok(true)
 }
 
-fn client(verb: &VerbArgs) -> Client {
-    Client::new(verb.url.clone(), verb.token.clone())
+fn client(verb: &VerbArgs) -> anyhow::Result<Client> {
+    verb.client()
 }
 
 /// One receive: prints the reply and returns true, or says on stderr that nothing came and

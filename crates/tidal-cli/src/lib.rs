@@ -24,5 +24,6 @@ pub mod cluster_cmd;
 pub mod demo;
 pub mod gates;
 pub mod inbox_cmd;
+pub mod local_tls;
 pub mod ops;
 pub mod stream_cmd;

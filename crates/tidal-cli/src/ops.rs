@@ -21,6 +21,39 @@ pub struct VerbArgs {
     /// Admin token.
     #[arg(long, env = "TIDAL_TOKEN")]
     pub token: Option<String>,
+    /// CA certificate (PEM) that verifies the node's HTTPS certificate (`tidal cluster up --tls`
+    /// prints it); needed for an `https://` URL.
+    #[arg(long, env = "TIDAL_CA")]
+    pub ca: Option<std::path::PathBuf>,
+}
+
+impl VerbArgs {
+    /// A client for `url` with this token and CA; requests give up after `timeout`.
+    pub fn client_with_timeout(&self, url: &str, timeout: Duration) -> anyhow::Result<Client> {
+        match &self.ca {
+            None => Ok(Client::with_timeout(url, self.token.clone(), timeout)),
+            Some(ca) => {
+                let pem =
+                    std::fs::read(ca).with_context(|| format!("read CA certificate {}", ca.display()))?;
+                Client::with_ca(url, self.token.clone(), timeout, &pem)
+                    .with_context(|| format!("CA certificate {}", ca.display()))
+            }
+        }
+    }
+
+    /// A client for `--url` (30 s per request).
+    pub fn client(&self) -> anyhow::Result<Client> {
+        self.client_with_timeout(&self.url, Duration::from_secs(30))
+    }
+
+    /// The scheme nodes answer on: `https` with a CA, else `http`.
+    pub fn scheme(&self) -> &'static str {
+        if self.ca.is_some() {
+            "https"
+        } else {
+            "http"
+        }
+    }
 }
 
 /// Renders a status as a table.
@@ -74,16 +107,19 @@ pub fn status_table(status: &ClusterStatus) -> String {
 
 /// `tidal status`.
 pub async fn status(args: VerbArgs) -> anyhow::Result<()> {
-    let client = Client::new(args.url.clone(), args.token);
+    let client = args.client()?;
     let status = client.status().await.with_context(|| format!("GET {}/cluster/status", args.url))?;
     // A follower only knows what the leader last told it; the leader knows every follower.
     let status = match status.leader_id {
         Some(leader) if leader != status.node_id => {
-            let leader_url =
-                status.nodes.iter().find(|n| n.id == leader).map(|n| format!("http://{}", n.http));
+            let leader_url = status
+                .nodes
+                .iter()
+                .find(|n| n.id == leader)
+                .map(|n| format!("{}://{}", args.scheme(), n.http));
             match leader_url {
                 Some(url) => {
-                    Client::new(url, client.token().map(str::to_string)).status().await.unwrap_or(status)
+                    args.client_with_timeout(&url, Duration::from_secs(30))?.status().await.unwrap_or(status)
                 }
                 None => status,
             }
@@ -96,7 +132,7 @@ pub async fn status(args: VerbArgs) -> anyhow::Result<()> {
 
 /// POSTs an operator verb to the node at `--url` and prints its JSON answer.
 async fn post_verb(args: VerbArgs, path: &str) -> anyhow::Result<()> {
-    send_verb(Client::new(args.url.clone(), args.token), reqwest::Method::POST, path).await
+    send_verb(args.client()?, reqwest::Method::POST, path).await
 }
 
 async fn send_verb(client: Client, method: reqwest::Method, path: &str) -> anyhow::Result<()> {
@@ -140,8 +176,7 @@ pub async fn members_add(
     catch_up_s: u64,
     dry_run: bool,
 ) -> anyhow::Result<()> {
-    let client =
-        Client::with_timeout(args.url.clone(), args.token, std::time::Duration::from_secs(catch_up_s + 60));
+    let client = args.client_with_timeout(&args.url, Duration::from_secs(catch_up_s + 60))?;
     let path = format!(
         "/cluster/members/{node}?http={http}&rpc={rpc}&catch_up_s={catch_up_s}{}",
         dry_run_query(dry_run, '&')
@@ -192,7 +227,7 @@ fn retryable_verb_error(error: &tidal_client::Error) -> bool {
 
 /// `tidal members remove --node N [--dry-run]`: the leader removes node N from the membership.
 pub async fn members_remove(args: VerbArgs, node: u64, dry_run: bool) -> anyhow::Result<()> {
-    let client = Client::new(args.url.clone(), args.token);
+    let client = args.client()?;
     let path = format!("/cluster/members/{node}{}", dry_run_query(dry_run, '?'));
     send_membership_verb(client, reqwest::Method::DELETE, &path, std::time::Duration::from_secs(120)).await
 }

@@ -97,11 +97,11 @@ pub async fn run(command: StreamCommand) -> anyhow::Result<()> {
     match command {
         StreamCommand::Publish { verb, stream, payloads, key, idempotency_key } => {
             let events = parse_payloads(&payloads, key)?;
-            let reply = client(&verb).publish(&stream, &events, idempotency_key.as_deref()).await?;
+            let reply = client(&verb)?.publish(&stream, &events, idempotency_key.as_deref()).await?;
             println!("{}", serde_json::to_string(&reply)?);
         }
         StreamCommand::Read { verb, stream, after, consumer, limit } => {
-            let client = client(&verb);
+            let client = client(&verb)?;
             let page = match consumer {
                 Some(consumer) => client.read_consumer(&stream, &consumer, limit).await?,
                 None => client.read_stream(&stream, after, limit).await?,
@@ -110,12 +110,12 @@ pub async fn run(command: StreamCommand) -> anyhow::Result<()> {
                 println!("{}", serde_json::to_string(&event)?);
             }
         }
-        StreamCommand::Tail { verb, stream, after } => tail(&client(&verb), &stream, after).await?,
+        StreamCommand::Tail { verb, stream, after } => tail(&client(&verb)?, &stream, after).await?,
         StreamCommand::Trim { verb, stream, through } => {
-            println!("{}", serde_json::to_string(&client(&verb).trim(&stream, through).await?)?);
+            println!("{}", serde_json::to_string(&client(&verb)?.trim(&stream, through).await?)?);
         }
         StreamCommand::Offset { verb, stream, consumer, set } => {
-            let client = client(&verb);
+            let client = client(&verb)?;
             let offset = match set {
                 Some(offset) => client.save_offset(&stream, &consumer, offset).await?,
                 None => client.get_offset(&stream, &consumer).await?,
@@ -123,15 +123,15 @@ pub async fn run(command: StreamCommand) -> anyhow::Result<()> {
             println!("{}", serde_json::to_string(&offset)?);
         }
         StreamCommand::List { verb } => {
-            let list = client(&verb).streams("", 1000).await?;
+            let list = client(&verb)?.streams("", 1000).await?;
             println!("{}", serde_json::to_string_pretty(&list)?);
         }
     }
     Ok(())
 }
 
-fn client(verb: &VerbArgs) -> Client {
-    Client::new(verb.url.clone(), verb.token.clone())
+fn client(verb: &VerbArgs) -> anyhow::Result<Client> {
+    verb.client()
 }
 
 /// The events to publish: each argument, or each non-empty stdin line for `-`, parsed as JSON.
