@@ -404,8 +404,20 @@ async fn json_body<T: DeserializeOwned>(state: &AppState, body: axum::body::Body
 /// has not read yet (the client sees a broken connection instead of `payload_too_large`). A body
 /// declared (or found) larger than that is refused without reading it all.
 async fn read_body(state: &AppState, body: axum::body::Body) -> AppResult<axum::body::Bytes> {
+    read_body_within(state, body, state.node.config().body_bytes_max).await
+}
+
+/// [`read_body`] with a route's own, smaller limit: a route whose body is parsed into a tree
+/// (metadata) refuses a body larger than it can use before parsing it, so parsing never costs a
+/// multiple of a body the node would refuse anyway.
+async fn read_body_within(
+    state: &AppState,
+    body: axum::body::Body,
+    limit: usize,
+) -> AppResult<axum::body::Bytes> {
     let timeout = state.net.body_timeout;
-    tokio::time::timeout(timeout, read_body_untimed(state, body)).await.unwrap_or_else(|_| {
+    let limit = limit.min(state.node.config().body_bytes_max);
+    tokio::time::timeout(timeout, read_body_untimed(state, body, limit)).await.unwrap_or_else(|_| {
         Err(ApiError::new(
             StatusCode::REQUEST_TIMEOUT,
             ErrorCode::InvalidArgument,
@@ -414,9 +426,12 @@ async fn read_body(state: &AppState, body: axum::body::Body) -> AppResult<axum::
     })
 }
 
-async fn read_body_untimed(state: &AppState, body: axum::body::Body) -> AppResult<axum::body::Bytes> {
+async fn read_body_untimed(
+    state: &AppState,
+    body: axum::body::Body,
+    limit: usize,
+) -> AppResult<axum::body::Bytes> {
     use tokio_stream::StreamExt as _;
-    let limit = state.node.config().body_bytes_max;
     let too_large = || ApiError::too_large(format!("request body over {limit} bytes"));
     let drain_max = limit.saturating_add(BODY_DRAIN_MAX);
     if axum::body::HttpBody::size_hint(&body).lower() > drain_max as u64 {
@@ -668,7 +683,8 @@ async fn put_item(
 ) -> AppResult<Json<WriteReply>> {
     let item = parse_item_id(&id)?;
     let key = idempotency_key(&headers)?;
-    let request: ItemPut = json_body(&state, body).await?;
+    // Compact metadata is at most METADATA_BYTES_MAX; allow as much again for whitespace.
+    let request: ItemPut = parse_json(&read_body_within(&state, body, 2 * METADATA_BYTES_MAX + 1024).await?)?;
     let metadata = metadata_bytes(&request.metadata)?;
     let seqno = state.node.write(&principal, key, Records::ItemMetadata { item, metadata }).await?;
     Ok(Json(WriteReply { seqno }))
@@ -740,8 +756,42 @@ async fn get_embedding(
 
 #[derive(serde::Deserialize)]
 #[serde(deny_unknown_fields)]
-struct EmbeddingBody {
-    vector: Vec<serde_json::Value>,
+struct EmbeddingBody<'a> {
+    #[serde(borrow)]
+    vector: &'a serde_json::value::RawValue,
+}
+
+/// A JSON array read into at most `max` values: a longer one is refused at element `max + 1`, so a
+/// huge vector body never becomes a huge tree of values.
+struct BoundedArray {
+    max: usize,
+}
+
+impl<'de> serde::de::DeserializeSeed<'de> for BoundedArray {
+    type Value = Vec<serde_json::Value>;
+
+    fn deserialize<D: serde::Deserializer<'de>>(self, deserializer: D) -> Result<Self::Value, D::Error> {
+        deserializer.deserialize_seq(self)
+    }
+}
+
+impl<'de> serde::de::Visitor<'de> for BoundedArray {
+    type Value = Vec<serde_json::Value>;
+
+    fn expecting(&self, formatter: &mut std::fmt::Formatter) -> std::fmt::Result {
+        write!(formatter, "an array of at most {} numbers", self.max)
+    }
+
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+        let mut values = Vec::with_capacity(self.max.min(4096));
+        while let Some(value) = seq.next_element::<serde_json::Value>()? {
+            if values.len() == self.max {
+                return Err(serde::de::Error::custom(format!("more than {} dimensions", self.max)));
+            }
+            values.push(value);
+        }
+        Ok(values)
+    }
 }
 
 /// Parses an embedding body. JSON has no NaN or infinity: clients send them as `null` (JavaScript's
@@ -750,14 +800,22 @@ struct EmbeddingBody {
 async fn parse_vector(state: &AppState, body: axum::body::Body) -> AppResult<Vec<f32>> {
     let invalid = |message: String| ApiError::bad_request(ErrorCode::InvalidVector, message);
     let bytes = read_body(state, body).await?;
-    let parsed: EmbeddingBody = match serde_json::from_slice(&bytes) {
-        Ok(parsed) => parsed,
-        Err(error) if error.to_string().contains("number out of range") => {
-            return Err(invalid(format!("vector holds a number that is not finite: {error}")))
-        }
-        Err(error) => return Err(json_error(error)),
+    let out_of_range = |error: serde_json::Error| match error.to_string().contains("number out of range") {
+        true => invalid(format!("vector holds a number that is not finite: {error}")),
+        false => json_error(error),
     };
-    vector_from_values(state, &parsed.vector)
+    let parsed: EmbeddingBody = serde_json::from_slice(&bytes).map_err(out_of_range)?;
+    let dimension = state.node.config().dimension as usize;
+    let mut array = serde_json::Deserializer::from_str(parsed.vector.get());
+    let values = serde::de::DeserializeSeed::deserialize(BoundedArray { max: dimension }, &mut array)
+        .map_err(|error| match error.to_string().contains("dimensions") {
+            true => ApiError::bad_request(
+                ErrorCode::DimensionMismatch,
+                format!("vector has more than {dimension} dimensions, this database has {dimension}"),
+            ),
+            false => out_of_range(error),
+        })?;
+    vector_from_values(state, &values)
 }
 
 /// An embedding from JSON values: the database's dimension, every value a finite f32.

@@ -36,6 +36,18 @@ fn rss() -> u64 {
     statm.split_whitespace().nth(1).unwrap().parse::<u64>().unwrap() * 4096
 }
 
+/// Peak resident memory of this process since the last [`reset_peak`], in bytes.
+fn peak() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let line = status.lines().find(|line| line.starts_with("VmHWM:")).unwrap();
+    line.split_whitespace().nth(1).unwrap().parse::<u64>().unwrap() * 1024
+}
+
+/// Starts a new peak-memory window (Linux: `5` to clear_refs resets VmHWM to the current RSS).
+fn reset_peak() {
+    std::fs::write("/proc/self/clear_refs", "5").unwrap();
+}
+
 /// Reads until the node closes the socket (EOF or reset); what it sent before that.
 async fn until_closed(socket: &mut TcpStream, within: Duration) -> String {
     let mut seen = Vec::new();
@@ -137,5 +149,32 @@ async fn half_sent_bodies_are_bounded_in_bytes_and_in_time() {
     assert_eq!(metric(&node, budget).await, 0.0);
     let digest_before = node.client.digest().await.unwrap();
     assert_eq!(digest_before.applied_seqno, 0, "nothing was written");
+    node.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_huge_vector_or_metadata_body_costs_about_its_size_not_a_tree_of_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = TestNode::start(common::config(dir.path(), 4)).await;
+    // 12 MB of `0,`: parsed into a tree of values it cost ~16x its size (issue 41).
+    let zeros = "0,".repeat(6 << 20);
+    let vector = format!("{{\"vector\":[{}0]}}", zeros);
+    let metadata = format!("{{\"metadata\":{{\"list\":[{}0]}}}}", zeros);
+    for (path, body, expected) in [
+        ("/v1/items/1/embedding", &vector, (400, "dimension_mismatch")),
+        ("/v1/items/1", &metadata, (413, "payload_too_large")),
+    ] {
+        reset_peak();
+        let before = rss();
+        let (status, reply) = node.request(reqwest::Method::PUT, path, Some(body), &[]).await;
+        assert_eq!((status, common::error_code(&reply)), expected, "{reply}");
+        // The client's copy of the body and the node's are both in this process: 2x is the floor.
+        let peak = peak().saturating_sub(before);
+        assert!(
+            peak < 4 * body.len() as u64,
+            "a {} byte body to {path} peaked at {peak} more bytes",
+            body.len()
+        );
+    }
     node.stop().await;
 }
