@@ -230,7 +230,10 @@ where
             }
         }
     };
-    let serving = axum::serve(listener, router).with_graceful_shutdown(stop_serving).into_future();
+    // With the peer's address, which the refusal log names (`http::log_refusal`).
+    let router = router.into_make_service_with_connect_info::<http::PeerAddr>();
+    let serving =
+        axum::serve(http::PeerListener(listener), router).with_graceful_shutdown(stop_serving).into_future();
     let drain_deadline = async {
         let _ = fatal.raised().await;
         tokio::time::sleep(grace + FATAL_HTTP_DRAIN).await;
