@@ -424,12 +424,24 @@ fn test_secret() -> String {
     format!("tidal-procs-{}-{nanos}", std::process::id())
 }
 
+/// Writes a file only its owner may read (mode 0600 from its creation): a node refuses a secret
+/// or token file that group or others may read.
+pub fn write_private(path: &Path, contents: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    let mut options = std::fs::OpenOptions::new();
+    options.write(true).create(true).truncate(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+    options.open(path)?.write_all(contents)
+}
+
 fn write_cluster_file(
     root: &Path,
     durability: &str,
     addresses: &[(u64, SocketAddr, SocketAddr)],
 ) -> anyhow::Result<PathBuf> {
-    std::fs::write(root.join("secret"), format!("{}\n", test_secret())).context("write cluster secret")?;
+    write_private(&root.join("secret"), format!("{}\n", test_secret()).as_bytes())
+        .context("write cluster secret")?;
     let mut text = format!(
         "# Written by tidal-procs (chaos/process).\ncluster_id = \"procs\"\nsecret_file = \"secret\"\ndurability = \"{durability}\"\n"
     );

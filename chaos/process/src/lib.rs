@@ -34,7 +34,7 @@ mod relay;
 mod single;
 mod test_dir;
 
-pub use cluster::{Converged, ProcessCluster};
+pub use cluster::{write_private, Converged, ProcessCluster};
 pub use ports::PortLease;
 pub use process::NodeProcess;
 pub use relay::Relay;

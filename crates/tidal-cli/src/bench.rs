@@ -80,8 +80,9 @@ pub struct BenchArgs {
     /// Start a fresh node in-process in a temporary dir and drive it.
     #[arg(long)]
     pub spawn: bool,
-    /// Bearer token.
-    #[arg(long, env = "TIDAL_TOKEN")]
+    /// Bearer token. Prefer the TIDAL_TOKEN environment variable: a `--token` value is in the
+    /// command line, which every user of the machine can read (`ps`).
+    #[arg(long, env = "TIDAL_TOKEN", hide_env_values = true)]
     pub token: Option<String>,
     /// What to write.
     #[arg(long, value_enum, default_value = "signals")]

@@ -132,7 +132,9 @@ fn write_cluster_file(nodes: u64, dir: &Path, port_base: u16, durability: &str) 
         .and_then(|mut file| std::io::Read::read_exact(&mut file, &mut random))
         .context("read /dev/urandom for the cluster secret")?;
     let secret: String = random.iter().map(|b| format!("{b:02x}")).collect();
-    std::fs::write(&secret_path, format!("{secret}\n")).context("write cluster secret")?;
+    // Created 0600: a node refuses a secret file that group or others may read.
+    tidal_server::auth::write_private_file(&secret_path, format!("{secret}\n").as_bytes())
+        .with_context(|| format!("write cluster secret {}", secret_path.display()))?;
     let mut text = String::from(
         "# Local Tidal cluster (tidal cluster up). Every node reads this same file.\n\
          cluster_id = \"local\"\nsecret_file = \"secret\"\n",

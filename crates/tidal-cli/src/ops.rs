@@ -18,8 +18,9 @@ pub struct VerbArgs {
     /// Any node of the cluster.
     #[arg(long, default_value = "http://127.0.0.1:7070")]
     pub url: String,
-    /// Admin token.
-    #[arg(long, env = "TIDAL_TOKEN")]
+    /// Admin token. Prefer the TIDAL_TOKEN environment variable: a `--token` value is in the
+    /// command line, which every user of the machine can read (`ps`).
+    #[arg(long, env = "TIDAL_TOKEN", hide_env_values = true)]
     pub token: Option<String>,
     /// CA certificate (PEM) that verifies the node's HTTPS certificate (`tidal cluster up --tls`
     /// prints it); needed for an `https://` URL.

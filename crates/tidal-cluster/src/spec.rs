@@ -26,8 +26,9 @@ pub struct NodeSpec {
     pub rpc: String,
 }
 
-/// The cluster, as every member's cluster file says.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// The cluster, as every member's cluster file says. Its `Debug` leaves the secret out (a config
+/// printed in a log or a failed assertion must not carry it).
+#[derive(Clone, PartialEq, Eq)]
 pub struct ClusterSpec {
     /// Cluster id: RPCs naming another cluster are refused.
     pub cluster_id: String,
@@ -41,6 +42,19 @@ pub struct ClusterSpec {
     /// of the member's `rpc` (`tidal serve --dial ID=ADDR`: a relay, NAT, this node's own view of the
     /// network). Not part of the shared cluster file: the membership openraft records keeps `rpc`.
     pub dial: BTreeMap<NodeId, String>,
+}
+
+impl std::fmt::Debug for ClusterSpec {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        formatter
+            .debug_struct("ClusterSpec")
+            .field("cluster_id", &self.cluster_id)
+            .field("secret", &"<redacted>")
+            .field("durability", &self.durability)
+            .field("nodes", &self.nodes)
+            .field("dial", &self.dial)
+            .finish()
+    }
 }
 
 impl ClusterSpec {
@@ -88,5 +102,24 @@ impl ClusterSpec {
             return Err(Error::Spec("every http and rpc address must be distinct".into()));
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn debug_leaves_the_secret_out() {
+        let spec = ClusterSpec {
+            cluster_id: "c".into(),
+            secret: "do-not-print-this-secret".into(),
+            durability: Durability::Quorum,
+            nodes: vec![NodeSpec { id: NodeId(1), http: "127.0.0.1:1".into(), rpc: "127.0.0.1:2".into() }],
+            dial: BTreeMap::new(),
+        };
+        let printed = format!("{spec:?} {spec:#?}");
+        assert!(!printed.contains("do-not-print"), "{printed}");
+        assert!(printed.contains("<redacted>"), "{printed}");
     }
 }

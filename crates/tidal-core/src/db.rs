@@ -363,6 +363,20 @@ impl TidalDb {
         Seqno(self.applied_seqno.load(Ordering::Acquire))
     }
 
+    /// The identity recorded in this state by [`TidalDb::record_identity`], if any (the server's
+    /// encoding; decisions/063).
+    pub fn identity(&self) -> Result<Option<Vec<u8>>, Error> {
+        Ok(self.stores.local.get(keys::LOCAL_IDENTITY)?.map(|value| value.to_vec()))
+    }
+
+    /// Records the identity of the node this state belongs to, fsynced. Node-local: a snapshot
+    /// install neither carries nor removes it.
+    pub fn record_identity(&self, identity: &[u8]) -> Result<(), Error> {
+        self.stores.local.insert(keys::LOCAL_IDENTITY, identity)?;
+        self.stores.database.persist(PersistMode::SyncAll)?;
+        Ok(())
+    }
+
     /// Makes every flush to fjall wait until `gate` says the WAL is durable through the flushed
     /// overlay's applied seqno, for a node that applies batches before its own fsync
     /// (decisions/025). Once; false if a gate is set already.

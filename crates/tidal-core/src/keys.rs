@@ -33,6 +33,10 @@ pub const META_LEADER_START: &[u8] = b"leader_start";
 /// them; an open uses it only if its seqno is fjall's applied seqno (decisions/048).
 pub const LOCAL_COUNTS: &[u8] = b"counts";
 
+/// local key: the data dir's identity (which node of which cluster this state belongs to), as the
+/// server writes it (decisions/063). Node-local: never in the digest or a snapshot.
+pub const LOCAL_IDENTITY: &[u8] = b"identity";
+
 /// The [`LOCAL_COUNTS`] value.
 pub fn counts_value(applied: Seqno, items: u64, users: u64) -> [u8; 24] {
     let mut value = [0u8; 24];

@@ -150,10 +150,8 @@ pub fn load_cluster(path: &Path, node_id: u64) -> anyhow::Result<ClusterMembersh
     let file: ClusterFile =
         toml::from_str(&text).with_context(|| format!("parse cluster file {}", path.display()))?;
     let secret_path = path.parent().unwrap_or(Path::new(".")).join(&file.secret_file);
-    let secret = std::fs::read_to_string(&secret_path)
-        .with_context(|| format!("read cluster secret {}", secret_path.display()))?
-        .trim()
-        .to_string();
+    // Refused if group or others may read it, as a token file is.
+    let secret = crate::auth::read_private_file(&secret_path, "cluster secret file")?.trim().to_string();
     let durability = parse_durability(&file.durability)?;
     let defaults = tidal_cluster::ControlTiming::default();
     let ms = |value: Option<u64>, default: std::time::Duration| {
@@ -638,7 +636,7 @@ mod tests {
         }
         assert!(parse_dial(&["2=a:1".into(), "2=b:2".into()]).is_err(), "a node named twice");
         let dir = tempfile::tempdir().unwrap();
-        std::fs::write(dir.path().join("secret"), "0123456789abcdef0123\n").unwrap();
+        crate::auth::write_private_file(&dir.path().join("secret"), b"0123456789abcdef0123\n").unwrap();
         let cluster = dir.path().join("cluster.toml");
         std::fs::write(
             &cluster,

@@ -223,6 +223,11 @@ impl Route {
         MethodFilter::try_from(method).is_ok_and(|filter| self.methods.or(filter) == self.methods)
     }
 
+    /// The table's own `&'static` path for a matched `path` (None: no route has it).
+    fn template(path: &str) -> Option<&'static str> {
+        ROUTES.iter().find(|route| route.path == path).map(|route| route.path)
+    }
+
     /// The table's route for a request that axum matched to `path` (None: no route takes it).
     fn find(method: &Method, path: Option<&str>) -> Option<&'static Route> {
         let path = path?;
@@ -353,13 +358,18 @@ async fn leader_reply(reply: reqwest::Response) -> Response {
 type AppResult<T> = Result<T, ApiError>;
 
 /// Checks the caller's token against the route's access, records the request's metrics, and
-/// hands the route's policy on to [`forward_to_leader`].
+/// hands the route's policy on to [`forward_to_leader`]. Refusals (401, 403) are logged, rate
+/// limited ([`log_refusal`]).
 async fn authenticate(State(state): State<Arc<AppState>>, mut request: Request, next: Next) -> Response {
     let started = Instant::now();
     let method = request.method().clone();
     let matched = request.extensions().get::<MatchedPath>().map(|path| path.as_str().to_string());
+    // A label from the route table, never the request's own text (its cardinality is bounded).
+    let route = matched.as_deref().and_then(Route::template).unwrap_or(UNMATCHED_ROUTE);
+    let remote =
+        request.extensions().get::<axum::extract::ConnectInfo<std::net::SocketAddr>>().map(|info| info.0);
     let policy = Policy::of(&method, matched.as_deref());
-    let principal = match (&state.tokens, policy.access) {
+    let principal: Result<Principal, AuthError> = match (&state.tokens, policy.access) {
         (None, _) | (_, Access::Open) => Ok(Principal::anonymous()),
         (Some(tokens), Access::Needs(scope)) => {
             let header =
@@ -369,24 +379,58 @@ async fn authenticate(State(state): State<Arc<AppState>>, mut request: Request, 
     };
     let response = match principal {
         Ok(principal) => {
+            let name = principal.name.clone();
             request.extensions_mut().insert(principal);
             request.extensions_mut().insert(policy);
-            next.run(request).await
+            let response = next.run(request).await;
+            let status = response.status();
+            if status == StatusCode::UNAUTHORIZED || status == StatusCode::FORBIDDEN {
+                // The route itself refused (an inbox owner the token may not reach), or the leader
+                // did, for a forwarded request.
+                log_refusal(&state, route, remote, Some(&name), status, "refused by the route");
+            }
+            response
         }
-        Err(AuthError::Unauthorized) => ApiError::new(
-            StatusCode::UNAUTHORIZED,
-            ErrorCode::Unauthorized,
-            "missing or unknown bearer token",
-        )
-        .into_response(),
-        Err(AuthError::Forbidden) => {
-            ApiError::new(StatusCode::FORBIDDEN, ErrorCode::Forbidden, "token lacks the scope for this route")
-                .into_response()
+        Err(refusal) => {
+            let (status, code, message) = if refusal.unauthorized() {
+                (StatusCode::UNAUTHORIZED, ErrorCode::Unauthorized, "missing or unknown bearer token")
+            } else {
+                (StatusCode::FORBIDDEN, ErrorCode::Forbidden, "token lacks the scope for this route")
+            };
+            log_refusal(&state, route, remote, refusal.token_name(), status, &refusal.reason());
+            ApiError::new(status, code, message).into_response()
         }
     };
-    let route = matched.as_deref().unwrap_or("unmatched");
     state.metrics.record(method.as_str(), route, response.status().as_u16(), started.elapsed().as_secs_f64());
     response
+}
+
+/// The route label of a request no route takes.
+const UNMATCHED_ROUTE: &str = "unmatched";
+
+/// Logs a refused request at WARN: route template, remote address, token name (never its value)
+/// and reason, at most [`crate::auth::REFUSAL_LINES_PER_SECOND`] lines a second; each line says how
+/// many refusals went unlogged before it.
+fn log_refusal(
+    state: &AppState,
+    route: &str,
+    remote: Option<std::net::SocketAddr>,
+    token: Option<&str>,
+    status: StatusCode,
+    reason: &str,
+) {
+    let Some(tokens) = &state.tokens else { return };
+    let Some(suppressed) = tokens.refusals.admit(Instant::now()) else { return };
+    let remote = remote.map_or_else(|| "unknown".to_string(), |address| address.to_string());
+    tracing::warn!(
+        status = status.as_u16(),
+        route,
+        remote = %remote,
+        token = token.unwrap_or("-"),
+        reason,
+        suppressed,
+        "request refused"
+    );
 }
 
 /// Reads and parses a JSON body with the node's size limit, mapping every failure to a contract code.

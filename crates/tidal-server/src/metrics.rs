@@ -1,8 +1,10 @@
 //! Prometheus text exposition, hand-rolled: a few counters, gauges and one histogram family do not
 //! justify a metrics framework.
 //!
-//! Every metric is named `tidal_*`. HTTP counters are labelled by the route TEMPLATE (never the raw
-//! path), so label cardinality stays bounded whatever clients send.
+//! Every metric is named `tidal_*`. Every HTTP label comes from a fixed set, so the number of series
+//! stays bounded whatever clients send (random methods once grew `/metrics` from 8 KB to 21 MB):
+//! the method is one of [`METHOD_LABELS`] or `other`, the route the matched route TEMPLATE (never the
+//! raw path) or `unmatched`, and the status one of [`STATUS_LABELS`] or its class.
 
 use std::collections::BTreeMap;
 use std::fmt::Write;
@@ -18,22 +20,54 @@ struct Histogram {
     sum: f64,
 }
 
+/// Methods labelled as themselves; every other is `other`.
+pub const METHOD_LABELS: [&str; 7] = ["GET", "POST", "PUT", "DELETE", "PATCH", "HEAD", "OPTIONS"];
+
+/// Statuses labelled as themselves; every other is its class (`1xx` .. `5xx`, else `other`).
+pub const STATUS_LABELS: [&str; 22] = [
+    "200", "201", "204", "304", "400", "401", "403", "404", "405", "406", "408", "409", "410", "411", "413",
+    "415", "422", "429", "500", "502", "503", "504",
+];
+
+/// The label of `method`.
+pub fn method_label(method: &str) -> &'static str {
+    METHOD_LABELS.iter().find(|label| **label == method).copied().unwrap_or("other")
+}
+
+/// The label of `status`.
+pub fn status_label(status: u16) -> &'static str {
+    let code = status.to_string();
+    if let Some(label) = STATUS_LABELS.iter().find(|label| **label == code) {
+        return label;
+    }
+    match status / 100 {
+        1 => "1xx",
+        2 => "2xx",
+        3 => "3xx",
+        4 => "4xx",
+        5 => "5xx",
+        _ => "other",
+    }
+}
+
 /// HTTP request metrics.
 #[derive(Default)]
 pub struct HttpMetrics {
-    requests: Mutex<BTreeMap<(String, String, u16), u64>>,
-    latency: Mutex<BTreeMap<String, Histogram>>,
+    requests: Mutex<BTreeMap<(&'static str, &'static str, &'static str), u64>>,
+    latency: Mutex<BTreeMap<&'static str, Histogram>>,
 }
 
 impl HttpMetrics {
-    /// Records one finished request.
-    pub fn record(&self, method: &str, route: &str, status: u16, seconds: f64) {
+    /// Records one finished request: `route` is a route template from the router's table (or
+    /// `unmatched`): `'static`, so no request can make a label of its own text.
+    pub fn record(&self, method: &str, route: &'static str, status: u16, seconds: f64) {
+        let key = (method_label(method), route, status_label(status));
         {
             let mut requests = self.requests.lock().expect("metrics lock is never held across a panic");
-            *requests.entry((method.to_string(), route.to_string(), status)).or_default() += 1;
+            *requests.entry(key).or_default() += 1;
         }
         let mut latency = self.latency.lock().expect("metrics lock is never held across a panic");
-        let histogram = latency.entry(route.to_string()).or_default();
+        let histogram = latency.entry(route).or_default();
         for (i, bound) in LATENCY_BOUNDS_S.iter().enumerate() {
             if seconds <= *bound {
                 histogram.buckets[i] += 1;
@@ -136,5 +170,25 @@ mod tests {
         let mut out = String::new();
         render_histogram(&mut out, "tidal_x_seconds", "x", &[0.1, 1.0], &[3, 2], 1.5);
         assert!(out.contains("tidal_x_seconds_bucket{le=\"1\"} 5"));
+    }
+
+    #[test]
+    fn labels_come_from_a_fixed_set() {
+        let metrics = HttpMetrics::default();
+        for i in 0..1000u16 {
+            metrics.record(&format!("M{i}"), "unmatched", 100 + i % 600, 0.001);
+        }
+        metrics.record("GET", "/v1/trending", 200, 0.001);
+        let mut out = String::new();
+        metrics.render(&mut out);
+        let series = out.lines().filter(|line| line.starts_with("tidal_http_requests_total{")).count();
+        assert!(series <= 1 + STATUS_LABELS.len() + 6, "{series} series:\n{out}");
+        assert!(out.contains("method=\"other\",route=\"unmatched\",status=\"5xx\""), "{out}");
+        assert!(out.contains("status=\"404\""), "{out}");
+        assert!(out.contains("method=\"GET\",route=\"/v1/trending\",status=\"200\"} 1"), "{out}");
+        assert!(!out.contains("M1"), "{out}");
+        assert_eq!(method_label("get"), "other", "methods are case-sensitive");
+        assert_eq!(status_label(299), "2xx");
+        assert_eq!(status_label(999), "other");
     }
 }

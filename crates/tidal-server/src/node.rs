@@ -39,6 +39,7 @@ use tidal_types::{ErrorCode, Seqno, Term};
 use tidal_wal::{AppendRequest, SubmitError, Wal};
 use tokio::sync::{oneshot, watch, OwnedSemaphorePermit, Semaphore};
 
+mod identity;
 mod open;
 mod replay;
 
@@ -145,7 +146,10 @@ impl Node {
         std::fs::create_dir_all(&config.data_dir)
             .with_context(|| format!("create data dir {}", config.data_dir.display()))?;
         let lock = open::lock_data_dir(&config.data_dir)?;
+        // Another node's WAL or engine is refused before anything is written to it (decisions/063).
+        let identity = identity::check_wal(&config)?;
         let open::Storage { db, recovered, engine_open, wal_recovery } = open::open_storage(&config)?;
+        identity::check_engine_and_record(identity, &db, &config.data_dir)?;
         let (applier, sender) =
             Applier::spawn_probed(db.clone(), config.io.apply_probe.clone()).context("start applier")?;
         let cluster = open::cluster_parts(&config, &db, &sender)?;

@@ -182,7 +182,7 @@ scopes = ["admin"]
 async fn tokens_reach_only_their_inboxes_and_refusals_write_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let token_file = dir.path().join("tokens.toml");
-    std::fs::write(&token_file, TOKENS).unwrap();
+    tidal_server::auth::write_private_file(&token_file, TOKENS.as_bytes()).unwrap();
     let mut cfg = config(&dir.path().join("data"), 2);
     cfg.token_file = Some(token_file);
     let node = TestNode::start(cfg).await;

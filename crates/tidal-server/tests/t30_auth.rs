@@ -28,7 +28,7 @@ scopes = ["admin"]
 async fn routes_need_the_right_scope() {
     let dir = tempfile::tempdir().unwrap();
     let token_file = dir.path().join("tokens.toml");
-    std::fs::write(&token_file, TOKENS).unwrap();
+    tidal_server::auth::write_private_file(&token_file, TOKENS.as_bytes()).unwrap();
     let mut config = config(&dir.path().join("data"), 2);
     config.token_file = Some(token_file);
     let node = TestNode::start(config).await;

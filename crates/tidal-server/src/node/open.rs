@@ -71,7 +71,10 @@ pub(super) fn open_storage(config: &ServeConfig) -> anyhow::Result<Storage> {
     // Joined before either result is looked at: nothing of this open outlives a failure.
     let (recovered, wal_recovery) =
         recovering.join().map_err(|_| anyhow::anyhow!("the WAL recovery thread panicked"))?;
-    let db = Arc::new(db.context("open engine")?);
+    // fjall's errors do not say where: a damaged engine is named by its directory.
+    let db = Arc::new(
+        db.with_context(|| format!("open the engine at {}", config.data_dir.join("state").display()))?,
+    );
     let recovered = recovered.context("open WAL")?;
     Ok(Storage { db, recovered, engine_open, wal_recovery })
 }

@@ -65,8 +65,11 @@ fn read_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
     Ok(certs)
 }
 
+/// The private key, from a file only its owner may read (like the token file and the secret).
 fn read_key(path: &Path) -> Result<PrivateKeyDer<'static>, TlsError> {
-    PrivateKeyDer::from_pem_file(path).map_err(|e| file_error(path, e))
+    let text =
+        crate::auth::read_private_file(path, "TLS key").map_err(|e| file_error(path, format!("{e:#}")))?;
+    PrivateKeyDer::from_pem_slice(text.as_bytes()).map_err(|e| file_error(path, e))
 }
 
 fn read_roots(path: &Path) -> Result<rustls::RootCertStore, TlsError> {
