@@ -344,6 +344,11 @@ impl ServeConfig {
                 "signal kind name {name:?} must be 1..=64 bytes"
             );
             anyhow::ensure!(weight.is_finite(), "signal kind {name} has a non-finite weight");
+            // The bound the API puts on a signal's own weight (tidal_types::SIGNAL_WEIGHT_MAX).
+            anyhow::ensure!(
+                weight.abs() <= tidal_types::SIGNAL_WEIGHT_MAX,
+                "signal kind {name} has a weight outside -1e6..=1e6"
+            );
         }
         let cluster = match (&args.cluster, args.node_id) {
             (Some(path), Some(id)) => {

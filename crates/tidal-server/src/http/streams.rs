@@ -263,8 +263,10 @@ fn start_after(
     headers: &HeaderMap,
 ) -> AppResult<u64> {
     if let Some(value) = headers.get("last-event-id") {
-        let id = value.to_str().ok().and_then(|id| id.trim().parse::<u64>().ok());
-        return id.ok_or_else(|| ApiError::invalid("Last-Event-ID must be an offset"));
+        // Whitespace around a header value is not part of it (RFC 9110, 5.5); the offset itself is
+        // canonical decimal, as ids in paths are.
+        let id = value.to_str().ok().and_then(|id| tidal_types::parse_canonical_u64(id.trim()));
+        return id.ok_or_else(|| ApiError::invalid("Last-Event-ID must be an offset in canonical decimal"));
     }
     let after = query_u64(query, "after")?;
     let consumer = query_name(query, "consumer")?;
