@@ -19,14 +19,15 @@ use axum::{Extension, Json, Router};
 use serde::de::DeserializeOwned;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tidal_core::{Records, SignalEvent};
+use tidal_core::Records;
 use tidal_types::parse_canonical_u64;
 use tidal_types::{
-    Accepted, ClusterStatus, DigestView, EmbeddingView, ErrorCode, ItemPut, ItemView, NegativeAdd,
-    NegativesView, NodeStatus, RankedItem, RankedList, SignalsRequest, WriteReply, RESERVED_PREFIX,
-    SIGNAL_TS_AHEAD_MAX_MS, SIGNAL_WEIGHT_MAX, USER_BYTES_MAX,
+    Accepted, ClusterStatus, DigestView, EmbeddingView, ErrorCode, ItemView, NegativeAdd, NegativesView,
+    NodeStatus, RankedItem, RankedList, WriteReply, RESERVED_PREFIX, SIGNAL_TS_AHEAD_MAX_MS,
+    SIGNAL_WEIGHT_MAX, USER_BYTES_MAX,
 };
 
+pub mod decode;
 pub mod inboxes;
 mod rejections;
 mod streams;
@@ -553,53 +554,15 @@ async fn post_signals(
     body: axum::body::Body,
 ) -> AppResult<Json<WriteReply>> {
     let key = idempotency_key(&headers)?;
-    let request: SignalsRequest = json_body(&state, body).await?;
-    let events = signal_events(&state, request.signals)?;
+    let events = decode::signals(&read_body(&state, body).await?, &decode::Limits::of(state.node.config()))?;
     let seqno = state.node.write(&principal, key, Records::Signals(events)).await?;
     Ok(Json(WriteReply { seqno }))
-}
-
-/// The signals of a write, checked: 1..=max of them, known kinds, bounded finite weights, plausible
-/// times.
-fn signal_events(state: &AppState, signals: Vec<tidal_types::SignalIn>) -> AppResult<Vec<SignalEvent>> {
-    let config = state.node.config();
-    if signals.is_empty() {
-        return Err(ApiError::invalid("signals must not be empty"));
-    }
-    if signals.len() > config.signals_per_request_max {
-        return Err(ApiError::too_large(format!(
-            "at most {} signals per request",
-            config.signals_per_request_max
-        )));
-    }
-    // The node's clock as the WAL stamps logged times with it, read once for the whole request.
-    let now_ms = i64::try_from(config.io.wal_clock.now_ms()).unwrap_or(i64::MAX);
-    let mut events = Vec::with_capacity(signals.len());
-    for (i, signal) in signals.into_iter().enumerate() {
-        check_name("user", &signal.user, USER_BYTES_MAX).map_err(|e| prefix(e, i))?;
-        let Some(default_weight) = config.signal_kinds.get(&signal.kind) else {
-            return Err(ApiError::bad_request(
-                ErrorCode::UnknownSignalKind,
-                format!("signals[{i}]: unknown signal kind {:?}", signal.kind),
-            ));
-        };
-        let weight = signal.weight.unwrap_or(*default_weight);
-        check_signal(weight, signal.ts, now_ms).map_err(|e| prefix(e, i))?;
-        events.push(SignalEvent {
-            user: signal.user,
-            item: signal.item,
-            kind: signal.kind,
-            weight,
-            ts_ms: signal.ts,
-        });
-    }
-    Ok(events)
 }
 
 /// A signal's weight is finite and at most [`SIGNAL_WEIGHT_MAX`] in absolute value; its `ts`, if
 /// given, is a unix time in ms, not past the year 2200 nor more than [`SIGNAL_TS_AHEAD_MAX_MS`]
 /// after `now_ms`.
-fn check_signal(weight: f64, ts: Option<i64>, now_ms: i64) -> AppResult<()> {
+pub(crate) fn check_signal(weight: f64, ts: Option<i64>, now_ms: i64) -> AppResult<()> {
     if !weight.is_finite() {
         return Err(ApiError::bad_request(ErrorCode::NonFiniteNumber, "weight is not finite"));
     }
@@ -635,8 +598,7 @@ async fn put_item(
 ) -> AppResult<Json<WriteReply>> {
     let item = parse_item_id(&id)?;
     let key = idempotency_key(&headers)?;
-    let request: ItemPut = json_body(&state, body).await?;
-    let metadata = metadata_bytes(&request.metadata)?;
+    let metadata = decode::item_metadata(&read_body(&state, body).await?)?;
     let seqno = state.node.write(&principal, key, Records::ItemMetadata { item, metadata }).await?;
     Ok(Json(WriteReply { seqno }))
 }
