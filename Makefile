@@ -31,11 +31,12 @@ test:
 	$(CARGO) nextest run --workspace --no-fail-fast
 
 # The decoders under libFuzzer (fuzz/): WAL segments as recovery scans them (encoded, then damaged),
-# record payloads, replication RPC messages; FUZZ_SECONDS each. Needs a nightly toolchain and
+# record payloads, replication RPC messages, the write routes' request bodies (http_request);
+# FUZZ_SECONDS each. Needs a nightly toolchain and
 # `cargo install cargo-fuzz`; not part of `make test`. A crash leaves its input in fuzz/artifacts/.
 FUZZ_SECONDS ?= 60
 fuzz:
-	cd fuzz && for target in wal_segment payload rpc; do \
+	cd fuzz && for target in wal_segment payload rpc http_request; do \
 	  cargo +nightly fuzz run $$target -- -max_total_time=$(FUZZ_SECONDS) || exit 1; \
 	done
 

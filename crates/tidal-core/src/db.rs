@@ -766,6 +766,15 @@ impl TidalDb {
         crate::streams::stored_event_count(&self.stores, stream)
     }
 
+    /// A user's profile vector as the applied state holds it (`None`: no signal yet), for tests and
+    /// debugging.
+    #[doc(hidden)]
+    pub fn profile(&self, user: &str) -> Result<Option<Vec<f32>>, Error> {
+        let state = self.read_state();
+        let profile = state.view().profile(&self.stores, user, self.config.dimension as usize)?;
+        Ok(profile.map(|profile| profile.vector))
+    }
+
     /// An item's trending score as stored (not decayed), for tests and debugging.
     pub fn trend(&self, item: u64) -> Option<Trend> {
         self.read_state().index.trend(item)

@@ -32,7 +32,7 @@ use crate::overlay::{DirtyUser, Overlay, OverlayView};
 use crate::prefetch::{prefetch, prefetch_address, prefetch_slice};
 use crate::record::{ControlRecord, SignalColumns, SignalRef};
 use crate::stores::Stores;
-use crate::trend::{decay_factor, distance_ms, Trend};
+use crate::trend::{decay_factor, distance_ms, finite_weight, Trend};
 
 /// What the read phase of a signal batch found, borrowing user names from the decoded events.
 pub struct SignalsFold<'a> {
@@ -207,6 +207,11 @@ pub fn count_signals(counters: &mut Counters, scores: &mut ScoresMut<'_>, events
 /// Profile rule, the trend rule on a vector: decay to the later of the two times, add
 /// `weight * embedding` (decayed to the reference if the event is late). Without an embedding the
 /// event still moves the reference time, so every replica decays the same way.
+///
+/// Saturating, as the trend rule is (see `trend`): the weight is made finite first, and each value is
+/// stored as [`to_f32_saturating`] of its f64 result, so a value never becomes infinite or NaN in
+/// f32 (a weight of `1e6` times an embedding value of `1e33` is finite in f64 but not in f32). For
+/// every result that fit in f32 before, the bits are the same.
 fn add_to_profile(
     profile: &mut Profile,
     t_ms: i64,
@@ -214,28 +219,48 @@ fn add_to_profile(
     embedding: Option<&[f32]>,
     half_life_ms: u64,
 ) {
+    let weight = finite_weight(weight);
     let factor = decay_factor(distance_ms(t_ms, profile.ref_ms), half_life_ms);
+    // A value stored by an older version may be infinite: `stored` makes it finite before it is
+    // multiplied, so `inf * 0` cannot make a NaN.
     if t_ms >= profile.ref_ms {
         profile.ref_ms = t_ms;
         match embedding {
             Some(embedding) => {
                 for (value, e) in profile.vector.iter_mut().zip(embedding) {
-                    *value = (f64::from(*value) * factor + weight * f64::from(*e)) as f32;
+                    *value = to_f32_saturating(stored(*value) * factor + weight * f64::from(*e));
                 }
             }
             // A factor of exactly 1 (no time passed) leaves every value bit-identical: skip the loop.
             None if factor == 1.0 => {}
             None => {
                 for value in profile.vector.iter_mut() {
-                    *value = (f64::from(*value) * factor) as f32;
+                    *value = to_f32_saturating(stored(*value) * factor);
                 }
             }
         }
     } else if let Some(embedding) = embedding {
         for (value, e) in profile.vector.iter_mut().zip(embedding) {
-            *value = (f64::from(*value) + weight * factor * f64::from(*e)) as f32;
+            *value = to_f32_saturating(stored(*value) + weight * factor * f64::from(*e));
         }
     }
+}
+
+/// `x as f32`, except that what would round to an infinity is the largest finite f32 of its sign
+/// and a NaN is 0. For every `x` that `as f32` keeps finite, the same bits (a value between
+/// `f32::MAX` and the rounding midpoint above it rounds to `f32::MAX` either way). Branch-free, so
+/// the profile loops stay vectorized.
+#[inline]
+fn to_f32_saturating(x: f64) -> f32 {
+    let max = f64::from(f32::MAX);
+    let x = if x.is_nan() { 0.0 } else { x.clamp(-max, max) };
+    x as f32
+}
+
+/// A stored profile value, made finite the same way (an older version may have stored an infinity).
+#[inline]
+fn stored(value: f32) -> f64 {
+    f64::from(if value.is_nan() { 0.0 } else { value.clamp(-f32::MAX, f32::MAX) })
 }
 
 /// The meta value of a control record: LeaderStart is remembered (it changes no data).
@@ -264,5 +289,23 @@ mod tests {
         assert_eq!(profile, Profile { ref_ms: 1000, vector: vec![2.0, 1.0] });
         add_to_profile(&mut profile, 2000, 5.0, None, 1000);
         assert_eq!(profile, Profile { ref_ms: 2000, vector: vec![1.0, 0.5] });
+    }
+
+    #[test]
+    fn profile_values_saturate_in_f32() {
+        let mut profile = Profile { ref_ms: 0, vector: vec![0.0, 1.0, f32::INFINITY] };
+        add_to_profile(&mut profile, 0, 1e6, Some(&[1e33, -1e33, 0.0]), 1000);
+        assert_eq!(profile.vector, vec![f32::MAX, -f32::MAX, f32::MAX]);
+        // Far later, the factor is 0: a stored infinity decays to 0, not NaN.
+        profile.vector[2] = f32::INFINITY;
+        add_to_profile(&mut profile, i64::MAX, f64::NAN, Some(&[1.0, 1.0, 1.0]), 1000);
+        assert_eq!(profile.vector, vec![0.0, 0.0, 0.0]);
+        add_to_profile(&mut profile, 0, f64::INFINITY, Some(&[f32::MAX, -f32::MAX, 0.0]), 1);
+        assert_eq!(profile.vector, vec![0.0, 0.0, 0.0], "a late event decayed to nothing adds nothing");
+        for x in [0.0, -0.0, 1.5, -7.25, f64::from(f32::MAX), 1e-50, 3.4028235e38] {
+            assert_eq!(to_f32_saturating(x).to_bits(), (x as f32).to_bits(), "{x}");
+        }
+        assert_eq!(to_f32_saturating(f64::NAN), 0.0);
+        assert_eq!(to_f32_saturating(-1e39), -f32::MAX);
     }
 }

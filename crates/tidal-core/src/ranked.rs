@@ -11,7 +11,7 @@ use std::collections::{BinaryHeap, HashSet};
 use tidal_types::Seqno;
 
 use crate::feed_index::{dot, inverse_norm, FeedIndex};
-use crate::trend::Trend;
+use crate::trend::{saturate, Trend};
 
 /// Most entries any ranked list returns: bounds the heap and the reply.
 pub const RANKED_LIMIT_MAX: usize = 1000;
@@ -72,7 +72,7 @@ pub fn rank_feed(index: &FeedIndex, profile: Option<&[f32]>, params: &RankParams
                 continue;
             }
             let similarity = match profile {
-                Some(profile) if profile_inv > 0.0 => f64::from(dot(profile, row)) * row_inv * profile_inv,
+                Some(profile) if profile_inv > 0.0 => cosine(profile, row, row_inv, profile_inv),
                 _ => 0.0,
             };
             let trending = *trending;
@@ -80,6 +80,20 @@ pub fn rank_feed(index: &FeedIndex, profile: Option<&[f32]>, params: &RankParams
             top.push(RankedEntry { item, score, similarity, trending });
         }
     })
+}
+
+/// `cos(query, row)` from the inverse norms. The f32 dot product overflows for vectors of large values
+/// (a profile saturated at `f32::MAX`, an embedding of `1e30`s), which made a score infinite or NaN
+/// (`null` in the API): only then is it computed again in f64, where it cannot overflow (values of at
+/// most `f32::MAX` squared, summed over at most `DIMENSION_MAX` lanes). Every finite result keeps its
+/// bits, and the fallback has a fixed order, so every node ranks alike.
+fn cosine(query: &[f32], row: &[f32], row_inv: f64, query_inv: f64) -> f64 {
+    let similarity = f64::from(dot(query, row)) * row_inv * query_inv;
+    if similarity.is_finite() {
+        return similarity;
+    }
+    let wide: f64 = query.iter().zip(row).map(|(q, r)| f64::from(*q) * f64::from(*r)).sum();
+    saturate(wide * row_inv * query_inv)
 }
 
 /// Runs `part` over row ranges covering `0..rows`, on up to [`SCAN_THREADS_MAX`] threads, and
@@ -127,7 +141,7 @@ pub fn rank_similar(index: &FeedIndex, item: u64, limit: usize) -> Option<Vec<Ra
             if other == item {
                 continue;
             }
-            let similarity = f64::from(dot(query, row)) * row_inv * query_inv;
+            let similarity = cosine(query, row, row_inv, query_inv);
             top.push(RankedEntry { item: other, score: similarity, similarity, trending: 0.0 });
         }
     }))
@@ -223,6 +237,18 @@ mod tests {
         top.push(entry(1, 1.0));
         assert!(top.into_sorted().is_empty());
         assert_eq!(TopK::new(usize::MAX).limit, RANKED_LIMIT_MAX);
+    }
+
+    #[test]
+    fn a_cosine_of_huge_values_is_finite_and_ordinary_ones_keep_their_bits() {
+        let huge = [f32::MAX, f32::MAX, -f32::MAX, 1e30];
+        let inv = crate::feed_index::inverse_norm(&huge);
+        assert!(!dot(&huge, &huge).is_finite(), "the f32 dot product overflows");
+        let cos = cosine(&huge, &huge, inv, inv);
+        assert!((cos - 1.0).abs() < 1e-9, "{cos}");
+        let (a, b) = ([0.5f32, -1.0, 2.0, 0.25], [1.0f32, 0.5, -0.75, 3.0]);
+        let (ia, ib) = (crate::feed_index::inverse_norm(&a), crate::feed_index::inverse_norm(&b));
+        assert_eq!(cosine(&a, &b, ib, ia).to_bits(), (f64::from(dot(&a, &b)) * ib * ia).to_bits());
     }
 
     #[test]

@@ -7,6 +7,13 @@
 //! Delicate: every node must compute bit-identical values, so the operations and their order are
 //! fixed here, in f64, from logged times only; never reorder the arithmetic. Reading a score at a
 //! "now" before its reference time returns it undecayed: we never extrapolate backwards.
+//!
+//! Saturation: a fold never makes a value infinite or NaN, whatever the log holds (the API bounds a
+//! weight, but a WAL written by an older version may hold `1e308`, and two of those overflow). A
+//! weight is [`finite_weight`]-ed before it is used and every result is [`saturate`]d: the largest
+//! finite f64 instead of an infinity, 0 instead of a NaN. Both are the identity on every finite
+//! value, so a fold that never overflowed computes the same bits it always did; and both are pure
+//! functions of their input, so every node saturates alike.
 
 /// Decay multiplier for `delta_ms` of elapsed logged time: `2^(-delta / half_life)`.
 pub fn decay_factor(delta_ms: u64, half_life_ms: u64) -> f64 {
@@ -17,6 +24,23 @@ pub fn decay_factor(delta_ms: u64, half_life_ms: u64) -> f64 {
         return 1.0;
     }
     (-(delta_ms as f64) / half_life_ms as f64).exp2()
+}
+
+/// `x`, or the nearest finite value: +-inf to +-`f64::MAX`, NaN to 0. The identity on finite values.
+#[inline]
+pub fn saturate(x: f64) -> f64 {
+    if x.is_nan() {
+        0.0
+    } else {
+        x.clamp(-f64::MAX, f64::MAX)
+    }
+}
+
+/// A weight as the fold uses it: [`saturate`]d, so a NaN weight adds nothing and an infinite one
+/// adds the largest finite value.
+#[inline]
+pub fn finite_weight(weight: f64) -> f64 {
+    saturate(weight)
 }
 
 /// `|a - b|` of two logged times, in ms.
@@ -39,26 +63,32 @@ pub const TREND_LEN: usize = 16;
 impl Trend {
     /// A trend created by its first event.
     pub fn first(t_ms: i64, weight: f64) -> Trend {
-        Trend { score: weight, ref_ms: t_ms }
+        Trend { score: finite_weight(weight), ref_ms: t_ms }
     }
 
-    /// Folds an event of `weight` at `t_ms`.
+    /// Folds an event of `weight` at `t_ms`, saturating (see the module's doc).
     pub fn add(&mut self, t_ms: i64, weight: f64, half_life_ms: u64) {
+        let weight = finite_weight(weight);
+        // A score stored by an older version may be infinite: saturate it first, so `inf * 0` (an
+        // event far enough after it that the factor is 0) cannot make a NaN.
+        let score = saturate(self.score);
         let factor = decay_factor(distance_ms(t_ms, self.ref_ms), half_life_ms);
         if t_ms >= self.ref_ms {
-            self.score = self.score * factor + weight;
+            self.score = saturate(score * factor + weight);
             self.ref_ms = t_ms;
         } else {
-            self.score += weight * factor;
+            self.score = saturate(score + weight * factor);
         }
     }
 
-    /// The score decayed to `now_ms` (undecayed if `now_ms` is before the reference).
+    /// The score decayed to `now_ms` (undecayed if `now_ms` is before the reference); finite even
+    /// for a score an older version stored infinite.
     pub fn score_at(&self, now_ms: i64, half_life_ms: u64) -> f64 {
+        let score = saturate(self.score);
         if now_ms <= self.ref_ms {
-            return self.score;
+            return score;
         }
-        self.score * decay_factor(distance_ms(now_ms, self.ref_ms), half_life_ms)
+        saturate(score * decay_factor(distance_ms(now_ms, self.ref_ms), half_life_ms))
     }
 
     /// The ranking term of a score: `sign(s) * ln(1 + |s|)`, which tames heavy hitters.
@@ -114,6 +144,29 @@ mod tests {
         assert_eq!(Trend::term(0.0), 0.0);
         assert_eq!(Trend::term(std::f64::consts::E - 1.0), 1.0);
         assert_eq!(Trend::term(-(std::f64::consts::E - 1.0)), -1.0);
+    }
+
+    #[test]
+    fn overflow_saturates_and_finite_values_are_untouched() {
+        let mut trend = Trend::first(0, 1e308);
+        trend.add(0, 1e308, HOUR);
+        assert_eq!(trend.score, f64::MAX);
+        // Far enough later that the factor is 0: `inf * 0` would have been NaN.
+        trend.add(i64::MAX, 1.0, HOUR);
+        assert_eq!(trend, Trend { score: 1.0, ref_ms: i64::MAX });
+        trend.add(0, -f64::MAX, 1);
+        assert_eq!(trend.score, 1.0, "an event decayed to nothing adds nothing");
+        let mut late = Trend::first(10, -f64::MAX);
+        late.add(10, f64::NEG_INFINITY, HOUR);
+        late.add(9, f64::NAN, HOUR);
+        assert_eq!(late.score, -f64::MAX);
+        let stored = Trend { score: f64::INFINITY, ref_ms: 0 };
+        assert_eq!(stored.score_at(i64::MAX, HOUR), 0.0);
+        assert_eq!(stored.score_at(0, HOUR), f64::MAX);
+        assert!(Trend::term(f64::MAX).is_finite());
+        for x in [0.0, -0.0, 1.5, -7.25, f64::MIN_POSITIVE, 5e-324, f64::MAX, -f64::MAX] {
+            assert_eq!(saturate(x).to_bits(), x.to_bits(), "{x}");
+        }
     }
 
     #[test]

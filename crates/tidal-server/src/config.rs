@@ -108,6 +108,24 @@ struct ClusterFile {
     node: Vec<ClusterFileNode>,
 }
 
+/// Signal kind names are 1..=64 bytes and their weights finite and within the bound the API puts on
+/// a signal's own weight ([`tidal_types::SIGNAL_WEIGHT_MAX`]): a kind's weight is what a signal
+/// without one folds.
+fn check_signal_kinds(signal_kinds: &BTreeMap<String, f64>) -> anyhow::Result<()> {
+    for (name, weight) in signal_kinds {
+        anyhow::ensure!(
+            !name.is_empty() && name.len() <= 64,
+            "signal kind name {name:?} must be 1..=64 bytes"
+        );
+        anyhow::ensure!(weight.is_finite(), "signal kind {name} has a non-finite weight");
+        anyhow::ensure!(
+            weight.abs() <= tidal_types::SIGNAL_WEIGHT_MAX,
+            "signal kind {name} has a weight outside -1e6..=1e6"
+        );
+    }
+    Ok(())
+}
+
 fn default_durability() -> String {
     "quorum".into()
 }
@@ -361,13 +379,7 @@ impl ServeConfig {
         let signal_kinds = file.signal_kinds.unwrap_or_else(|| {
             DEFAULT_SIGNAL_KINDS.iter().map(|(name, weight)| (name.to_string(), *weight)).collect()
         });
-        for (name, weight) in &signal_kinds {
-            anyhow::ensure!(
-                !name.is_empty() && name.len() <= 64,
-                "signal kind name {name:?} must be 1..=64 bytes"
-            );
-            anyhow::ensure!(weight.is_finite(), "signal kind {name} has a non-finite weight");
-        }
+        check_signal_kinds(&signal_kinds)?;
         let cluster = match (&args.cluster, args.node_id) {
             (Some(path), Some(id)) => {
                 let mut membership = load_cluster(path, id)?;
@@ -624,6 +636,18 @@ mod tests {
         assert_eq!(config.dimension, 16);
         assert_eq!(config.signal_kinds.len(), 1);
         assert_eq!(config.data_dir, PathBuf::from("./tidal-data"));
+    }
+
+    #[test]
+    fn signal_kind_weights_are_bounded_like_signal_weights() {
+        let kinds = |weight: f64| [("click".to_string(), weight)].into_iter().collect();
+        for ok in [0.0, -0.5, 1e6, -1e6] {
+            assert!(check_signal_kinds(&kinds(ok)).is_ok(), "{ok}");
+        }
+        for bad in [1e6 + 1.0, -1e308, f64::NAN, f64::INFINITY] {
+            assert!(check_signal_kinds(&kinds(bad)).is_err(), "{bad}");
+        }
+        assert!(check_signal_kinds(&[(String::new(), 1.0)].into_iter().collect()).is_err());
     }
 
     #[test]

@@ -19,15 +19,18 @@ use axum::{Extension, Json, Router};
 use serde::de::DeserializeOwned;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tidal_core::{Records, SignalEvent};
+use tidal_core::Records;
+use tidal_types::parse_canonical_u64;
 use tidal_types::{
-    Accepted, ClusterStatus, DigestView, EmbeddingView, ErrorCode, ItemPut, ItemView, NegativeAdd,
-    NegativesView, NodeStatus, RankedItem, RankedList, SignalsRequest, WriteReply, RESERVED_PREFIX,
-    USER_BYTES_MAX,
+    Accepted, ClusterStatus, DigestView, EmbeddingView, ErrorCode, ItemView, NegativeAdd, NegativesView,
+    NodeStatus, RankedItem, RankedList, WriteReply, RESERVED_PREFIX, SIGNAL_TS_AHEAD_MAX_MS,
+    SIGNAL_WEIGHT_MAX, USER_BYTES_MAX,
 };
 
+pub mod decode;
 mod guard;
 pub mod inboxes;
+mod rejections;
 mod streams;
 mod tx;
 
@@ -263,13 +266,16 @@ fn table_router<S: Clone + Send + Sync + 'static>(
     ROUTES.iter().fold(Router::new(), |router, route| router.route(route.path, handler(route)))
 }
 
-/// Builds the router.
+/// Builds the router. Its outermost layer gives every 4xx the JSON error body, including the ones
+/// axum makes before a handler runs (405, a path that is not UTF-8).
 pub fn router(state: Arc<AppState>) -> Router {
     table_router(|route| (route.handler)(route.methods))
         .fallback(fallback)
         .layer(axum::middleware::from_fn_with_state(state.clone(), forward_to_leader))
         .layer(axum::middleware::from_fn_with_state(state.clone(), refuse_browsers))
+        .layer(axum::middleware::from_fn_with_state(state.clone(), body_first))
         .layer(axum::middleware::from_fn_with_state(state.clone(), authenticate))
+        .layer(axum::middleware::from_fn(rejections::json_errors))
         .with_state(state)
 }
 
@@ -285,6 +291,19 @@ async fn refuse_browsers(State(state): State<Arc<AppState>>, request: Request, n
             };
             ApiError::new(refusal.status(), code, refusal.message()).into_response()
         }
+    }
+}
+
+/// Reads an authenticated request's whole body (within `body_bytes_max`, else 413) before any
+/// handler runs. A handler that refuses a request without reading its body (a bad id, a route that
+/// takes none, a 405) would otherwise answer with the body still unread in the socket, and the reset
+/// that follows the close can discard the answer before the client reads it (see [`read_body`]):
+/// the client saw a broken connection instead of its 4xx. Handlers read the buffered body as before.
+async fn body_first(State(state): State<Arc<AppState>>, request: Request, next: Next) -> Response {
+    let (parts, body) = request.into_parts();
+    match read_body(&state, body).await {
+        Ok(bytes) => next.run(Request::from_parts(parts, axum::body::Body::from(bytes))).await,
+        Err(error) => error.into_response(),
     }
 }
 
@@ -567,10 +586,13 @@ fn query_param<'a>(query: &'a Option<String>, name: &str) -> Option<&'a str> {
     })
 }
 
+/// An unsigned query parameter, in canonical decimal only (see [`parse_canonical_u64`]).
 fn query_u64(query: &Option<String>, name: &str) -> AppResult<Option<u64>> {
     query_param(query, name)
         .map(|value| {
-            value.parse::<u64>().map_err(|_| ApiError::invalid(format!("{name} must be an unsigned integer")))
+            parse_canonical_u64(value).ok_or_else(|| {
+                ApiError::invalid(format!("{name} must be an unsigned integer in canonical decimal"))
+            })
         })
         .transpose()
 }
@@ -622,9 +644,12 @@ fn with_applied<T: IntoResponse>(applied: u64, body: T) -> Response {
     response
 }
 
+/// An item id from a path or a query, in canonical decimal only: `+1`, `01` or `1.0` is refused,
+/// never taken as item 1.
 fn parse_item_id(raw: &str) -> AppResult<u64> {
-    raw.parse::<u64>()
-        .map_err(|_| ApiError::invalid(format!("item id {raw:?} is not an unsigned 64-bit integer")))
+    parse_canonical_u64(raw).ok_or_else(|| {
+        ApiError::invalid(format!("item id {raw:?} is not an unsigned 64-bit integer in canonical decimal"))
+    })
 }
 
 fn check_name(what: &str, name: &str, max: usize) -> AppResult<()> {
@@ -663,54 +688,34 @@ async fn post_signals(
     body: axum::body::Body,
 ) -> AppResult<Json<WriteReply>> {
     let key = idempotency_key(&headers)?;
-    let request: SignalsRequest = json_body(&state, body).await?;
-    let events = signal_events(&state, request.signals)?;
+    let events = decode::signals(&read_body(&state, body).await?, &decode::Limits::of(state.node.config()))?;
     let seqno = state.node.write(&principal, key, Records::Signals(events)).await?;
     Ok(Json(WriteReply { seqno }))
 }
 
-/// The signals of a write, checked: 1..=max of them, known kinds, finite weights, plausible times.
-fn signal_events(state: &AppState, signals: Vec<tidal_types::SignalIn>) -> AppResult<Vec<SignalEvent>> {
-    let config = state.node.config();
-    if signals.is_empty() {
-        return Err(ApiError::invalid("signals must not be empty"));
+/// A signal's weight is finite and at most [`SIGNAL_WEIGHT_MAX`] in absolute value; its `ts`, if
+/// given, is a unix time in ms, not past the year 2200 nor more than [`SIGNAL_TS_AHEAD_MAX_MS`]
+/// after `now_ms`.
+pub(crate) fn check_signal(weight: f64, ts: Option<i64>, now_ms: i64) -> AppResult<()> {
+    if !weight.is_finite() {
+        return Err(ApiError::bad_request(ErrorCode::NonFiniteNumber, "weight is not finite"));
     }
-    if signals.len() > config.signals_per_request_max {
-        return Err(ApiError::too_large(format!(
-            "at most {} signals per request",
-            config.signals_per_request_max
+    if weight.abs() > SIGNAL_WEIGHT_MAX {
+        return Err(ApiError::invalid(format!(
+            "weight {weight} is outside -{SIGNAL_WEIGHT_MAX}..={SIGNAL_WEIGHT_MAX}"
         )));
     }
-    let mut events = Vec::with_capacity(signals.len());
-    for (i, signal) in signals.into_iter().enumerate() {
-        check_name("user", &signal.user, USER_BYTES_MAX).map_err(|e| prefix(e, i))?;
-        let Some(default_weight) = config.signal_kinds.get(&signal.kind) else {
-            return Err(ApiError::bad_request(
-                ErrorCode::UnknownSignalKind,
-                format!("signals[{i}]: unknown signal kind {:?}", signal.kind),
-            ));
-        };
-        let weight = signal.weight.unwrap_or(*default_weight);
-        if !weight.is_finite() {
-            return Err(ApiError::bad_request(
-                ErrorCode::NonFiniteNumber,
-                format!("signals[{i}]: weight is not finite"),
-            ));
-        }
-        if let Some(ts) = signal.ts {
-            if !(0..=SIGNAL_TS_MAX_MS).contains(&ts) {
-                return Err(ApiError::invalid(format!("signals[{i}]: ts {ts} is not a unix time in ms")));
-            }
-        }
-        events.push(SignalEvent {
-            user: signal.user,
-            item: signal.item,
-            kind: signal.kind,
-            weight,
-            ts_ms: signal.ts,
-        });
+    let Some(ts) = ts else { return Ok(()) };
+    if !(0..=SIGNAL_TS_MAX_MS).contains(&ts) {
+        return Err(ApiError::invalid(format!("ts {ts} is not a unix time in ms")));
     }
-    Ok(events)
+    let latest = now_ms.saturating_add(SIGNAL_TS_AHEAD_MAX_MS);
+    if ts > latest {
+        return Err(ApiError::invalid(format!(
+            "ts {ts} is more than {SIGNAL_TS_AHEAD_MAX_MS} ms after the node's clock ({now_ms})"
+        )));
+    }
+    Ok(())
 }
 
 fn prefix(mut error: ApiError, index: usize) -> ApiError {
@@ -728,8 +733,8 @@ async fn put_item(
     let item = parse_item_id(&id)?;
     let key = idempotency_key(&headers)?;
     // Compact metadata is at most METADATA_BYTES_MAX; allow as much again for whitespace.
-    let request: ItemPut = parse_json(&read_body_within(&state, body, 2 * METADATA_BYTES_MAX + 1024).await?)?;
-    let metadata = metadata_bytes(&request.metadata)?;
+    let metadata =
+        decode::item_metadata(&read_body_within(&state, body, 2 * METADATA_BYTES_MAX + 1024).await?)?;
     let seqno = state.node.write(&principal, key, Records::ItemMetadata { item, metadata }).await?;
     Ok(Json(WriteReply { seqno }))
 }
@@ -911,15 +916,13 @@ async fn get_feed(
     let exclude = match query_param(&query, "exclude") {
         None | Some("") => Vec::new(),
         Some(list) => {
-            list.split(',').map(|id| parse_item_id(id.trim())).collect::<AppResult<Vec<u64>>>().and_then(
-                |ids| {
-                    if ids.len() > EXCLUDE_MAX {
-                        Err(ApiError::invalid(format!("exclude lists at most {EXCLUDE_MAX} ids")))
-                    } else {
-                        Ok(ids)
-                    }
-                },
-            )?
+            list.split(',').map(parse_item_id).collect::<AppResult<Vec<u64>>>().and_then(|ids| {
+                if ids.len() > EXCLUDE_MAX {
+                    Err(ApiError::invalid(format!("exclude lists at most {EXCLUDE_MAX} ids")))
+                } else {
+                    Ok(ids)
+                }
+            })?
         }
     };
     let applied = read_barrier(&state, &query).await?;
@@ -1171,8 +1174,8 @@ async fn delete_member(
 }
 
 fn member_id(id: &str) -> AppResult<tidal_types::NodeId> {
-    match id.parse::<u64>() {
-        Ok(id) if id > 0 => Ok(tidal_types::NodeId(id)),
+    match parse_canonical_u64(id) {
+        Some(id) if id > 0 => Ok(tidal_types::NodeId(id)),
         _ => Err(ApiError::invalid(format!("member id {id:?} is not a node id (1, 2, ...)"))),
     }
 }

@@ -7,6 +7,28 @@ use serde::{Deserialize, Serialize};
 /// hard-negatives anti-entropy.
 pub const USER_BYTES_MAX: usize = 256;
 
+/// Largest `|weight|` of a signal (and of a signal kind's configured weight). Trending scores and
+/// profiles are sums of weights: a bound keeps any realistic sum far from f64's range (the fold also
+/// saturates, for logs written before the bound), and a million is far above any weight a ranking
+/// needs (the defaults are 1 to 5).
+pub const SIGNAL_WEIGHT_MAX: f64 = 1e6;
+
+/// How far past the node's clock a signal's `ts` may be, in ms. A score is never decayed before its
+/// reference time, so an event from the future would keep its item's score undecayed until then,
+/// and decay every earlier event of the item as late; an hour covers clients' clock skew.
+pub const SIGNAL_TS_AHEAD_MAX_MS: i64 = 3_600_000;
+
+/// Parses an id the API takes as a u64 (an item id in a path, a query parameter, a header) in its
+/// canonical decimal form only: ASCII digits, no sign, no leading zero (`0` itself is canonical),
+/// no spaces, no fraction or exponent, at most `u64::MAX`. Anything else is `None`, so `+1`, `01`
+/// and ` 1` never alias item 1. (Rust's `u64::from_str` takes `+1` and `0001`.)
+pub fn parse_canonical_u64(raw: &str) -> Option<u64> {
+    let bytes = raw.as_bytes();
+    let digits = !bytes.is_empty() && bytes.iter().all(u8::is_ascii_digit);
+    let canonical = digits && (bytes[0] != b'0' || bytes.len() == 1);
+    canonical.then(|| raw.parse::<u64>().ok()).flatten()
+}
+
 /// Error codes of the contract. The string form is what clients match on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum ErrorCode {
@@ -31,6 +53,8 @@ pub enum ErrorCode {
     PayloadTooLarge,
     /// No such item / resource.
     NotFound,
+    /// The path exists but does not answer this method (405).
+    MethodNotAllowed,
     /// Missing or bad bearer token.
     Unauthorized,
     /// Token lacks the scope the route needs.
@@ -75,6 +99,7 @@ impl ErrorCode {
             ErrorCode::NonFiniteNumber => "non_finite_number",
             ErrorCode::PayloadTooLarge => "payload_too_large",
             ErrorCode::NotFound => "not_found",
+            ErrorCode::MethodNotAllowed => "method_not_allowed",
             ErrorCode::Unauthorized => "unauthorized",
             ErrorCode::Forbidden => "forbidden",
             ErrorCode::NotReady => "not_ready",
@@ -119,10 +144,12 @@ pub struct SignalIn {
     pub item: u64,
     /// Signal kind, one of the configured kinds.
     pub kind: String,
-    /// Weight; defaults to the kind's configured weight.
+    /// Weight; defaults to the kind's configured weight. At most [`SIGNAL_WEIGHT_MAX`] in absolute
+    /// value.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub weight: Option<f64>,
-    /// Event time (unix ms); defaults to the batch's logged time.
+    /// Event time (unix ms); defaults to the batch's logged time. At most
+    /// [`SIGNAL_TS_AHEAD_MAX_MS`] past the node's clock.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ts: Option<i64>,
 }
@@ -407,4 +434,37 @@ pub struct TxReply {
     pub seqno: u64,
     /// Offsets of its published events.
     pub offsets: Vec<u64>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_canonical_decimal_u64_parses() {
+        for (raw, value) in [("0", 0), ("1", 1), ("42", 42), ("18446744073709551615", u64::MAX)] {
+            assert_eq!(parse_canonical_u64(raw), Some(value), "{raw:?}");
+        }
+        for raw in [
+            "",
+            "+1",
+            "-1",
+            "-0",
+            "01",
+            "0001",
+            "00",
+            " 1",
+            "1 ",
+            "1.0",
+            "1e3",
+            "0x1",
+            "1_000",
+            "١",
+            "18446744073709551616",
+            "99999999999999999999999",
+            "１",
+        ] {
+            assert_eq!(parse_canonical_u64(raw), None, "{raw:?}");
+        }
+    }
 }

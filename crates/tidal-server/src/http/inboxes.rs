@@ -26,8 +26,6 @@ use axum::extract::{Path, RawQuery, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
-use serde::Deserialize;
-use serde_json::value::RawValue;
 use tidal_core::{InboxConsume, InboxOutcome, InboxSend, Receipt, ReceiveLimits, Records, SendLimits};
 use tidal_types::{
     ErrorCode, InboxAck, InboxAcked, InboxClosed, InboxDiscard, InboxDiscarded, InboxReceive, InboxSent,
@@ -35,8 +33,9 @@ use tidal_types::{
 };
 use tokio::sync::Notify;
 
-use super::streams::{check_stream_name, compact_json};
-use super::{idempotency_key, json_body, read_barrier, with_applied, AppResult, AppState};
+use super::decode::Limits;
+use super::streams::check_stream_name;
+use super::{idempotency_key, json_body, read_barrier, read_body, with_applied, AppResult, AppState};
 use crate::auth::Principal;
 use crate::error::ApiError;
 
@@ -150,7 +149,7 @@ fn check_owner(principal: &Principal, owner: &str) -> AppResult<()> {
     Ok(())
 }
 
-fn check_id(what: &str, id: &str) -> AppResult<()> {
+pub(super) fn check_id(what: &str, id: &str) -> AppResult<()> {
     if id.is_empty() || id.len() > INBOX_ID_BYTES_MAX {
         return Err(ApiError::invalid(format!("{what} must be 1..={INBOX_ID_BYTES_MAX} bytes")));
     }
@@ -174,14 +173,6 @@ fn unexpected(outcome: InboxOutcome) -> ApiError {
     ApiError::internal(format!("an inbox record had an outcome its route does not expect: {outcome:?}"))
 }
 
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct SendBody {
-    topic: String,
-    payload: Option<Box<RawValue>>,
-    message_id: String,
-}
-
 /// `POST /v1/inboxes/{owner}/messages`.
 pub async fn send(
     State(state): State<Arc<AppState>>,
@@ -192,27 +183,21 @@ pub async fn send(
 ) -> AppResult<Json<InboxSent>> {
     check_owner(&principal, &owner)?;
     let key = idempotency_key(&headers)?;
-    let body: SendBody = json_body(&state, body).await?;
-    check_stream_name("topic", &body.topic)?;
-    check_id("message_id", &body.message_id)?;
-    let payload =
-        compact_json(body.payload.ok_or_else(|| ApiError::invalid("payload must not be null"))?.get());
+    let message =
+        super::decode::inbox_send(&read_body(&state, body).await?, &Limits::of(state.node.config()))?;
     let config = &state.node.config().inbox;
-    if payload.len() > config.payload_bytes_max as usize {
-        return Err(ApiError::too_large(format!("payload over {} bytes", config.payload_bytes_max)));
-    }
     let limits = SendLimits {
         backlog_max: config.backlog_max,
         topics_max: config.topics_max,
         dedupe_max: config.dedupe_max,
         dedupe_age_s: config.dedupe_age_s,
     };
-    let topic = body.topic;
+    let topic = message.topic;
     let send = InboxSend {
         owner: owner.clone(),
         topic: topic.clone(),
-        message_id: body.message_id,
-        payload,
+        message_id: message.message_id,
+        payload: message.payload,
         limits,
     };
     let inboxes = state.inboxes.clone();

@@ -26,14 +26,15 @@ use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use serde::Deserialize;
-use serde_json::value::RawValue;
-use tidal_core::{PublishEvent, Records, StoredEvent, StreamControl, STREAM_NAME_BYTES_MAX};
+use tidal_core::{Records, StoredEvent, StreamControl, STREAM_NAME_BYTES_MAX};
 use tidal_types::{
     ConsumerOffset, ConsumerView, ErrorCode, Published, StreamList, StreamView, Trimmed, RESERVED_PREFIX,
 };
 
+use super::decode::Limits;
 use super::{
-    idempotency_key, json_body, query_param, query_u64, read_barrier, with_applied, AppResult, AppState,
+    idempotency_key, json_body, query_param, query_u64, read_barrier, read_body, with_applied, AppResult,
+    AppState,
 };
 use crate::auth::Principal;
 use crate::error::ApiError;
@@ -118,7 +119,7 @@ pub fn check_stream_name(what: &str, name: &str) -> AppResult<()> {
     Ok(())
 }
 
-fn check_key(key: &Option<String>) -> AppResult<()> {
+pub(super) fn check_key(key: &Option<String>) -> AppResult<()> {
     match key {
         None => Ok(()),
         Some(key) if key.is_empty() => Err(invalid_name("key must be null or a non-empty string".into())),
@@ -127,25 +128,6 @@ fn check_key(key: &Option<String>) -> AppResult<()> {
         }
         Some(_) => Ok(()),
     }
-}
-
-/// One event of a publish body.
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct EventIn {
-    payload: Option<Box<RawValue>>,
-    #[serde(default)]
-    key: Option<String>,
-}
-
-/// `{"payload", "key"}` or `{"events": [...]}`.
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct PublishBody {
-    payload: Option<Box<RawValue>>,
-    #[serde(default)]
-    key: Option<String>,
-    events: Option<Vec<EventIn>>,
 }
 
 /// The JSON text `raw` without the whitespace between tokens; strings are kept byte for byte.
@@ -169,47 +151,6 @@ pub fn compact_json(raw: &str) -> Vec<u8> {
     out
 }
 
-/// The events of a publish body, checked: 1..=max events, keys, payload sizes.
-fn publish_events(state: &AppState, body: PublishBody) -> AppResult<Vec<PublishEvent>> {
-    let config = state.node.config();
-    let list = match (body.payload, body.events) {
-        (Some(payload), None) => vec![EventIn { payload: Some(payload), key: body.key }],
-        (None, Some(events)) if body.key.is_none() => events,
-        (None, Some(_)) => return Err(ApiError::invalid("a key goes on each event of \"events\"")),
-        (Some(_), Some(_)) => return Err(ApiError::invalid("send \"payload\" or \"events\", not both")),
-        (None, None) => return Err(ApiError::invalid("\"payload\" (not null) or \"events\" is required")),
-    };
-    if list.is_empty() {
-        return Err(ApiError::invalid("events must not be empty"));
-    }
-    if list.len() > config.stream_events_per_request_max {
-        let max = config.stream_events_per_request_max;
-        return Err(ApiError::too_large(format!("at most {max} events per publish")));
-    }
-    let mut events = Vec::with_capacity(list.len());
-    for (i, event) in list.into_iter().enumerate() {
-        let at = |e: ApiError| ApiError { message: format!("events[{i}]: {}", e.message), ..e };
-        events.push(publish_event(state, event.payload, event.key).map_err(at)?);
-    }
-    Ok(events)
-}
-
-/// One event to publish, checked: its key, a payload that is not null, compacted, within
-/// `stream_event_bytes_max`. The publish route and the tx's `publish` op both build events here.
-pub(super) fn publish_event(
-    state: &AppState,
-    payload: Option<Box<RawValue>>,
-    key: Option<String>,
-) -> AppResult<PublishEvent> {
-    check_key(&key)?;
-    let payload = compact_json(payload.ok_or_else(|| ApiError::invalid("payload must not be null"))?.get());
-    let max = state.node.config().stream_event_bytes_max;
-    if payload.len() > max {
-        return Err(ApiError::too_large(format!("payload over {max} bytes")));
-    }
-    Ok(PublishEvent { key, payload })
-}
-
 /// Refuses a consumer offset past the stream's last offset. Every offset a client was answered is
 /// applied on the leader, which applies before it answers.
 pub(super) fn check_consumer_offset(state: &AppState, stream: &str, offset: u64) -> AppResult<()> {
@@ -231,8 +172,7 @@ pub async fn publish(
 ) -> AppResult<Json<Published>> {
     check_stream_name("stream", &stream)?;
     let key = idempotency_key(&headers)?;
-    let body: PublishBody = json_body(&state, body).await?;
-    let events = publish_events(&state, body)?;
+    let events = super::decode::publish(&read_body(&state, body).await?, &Limits::of(state.node.config()))?;
     let count = events.len() as u64;
     let seqno = state.node.write(&principal, key, Records::StreamEvents { stream, events }).await?;
     state.streams.published.fetch_add(count, Ordering::Relaxed);
@@ -263,8 +203,10 @@ fn start_after(
     headers: &HeaderMap,
 ) -> AppResult<u64> {
     if let Some(value) = headers.get("last-event-id") {
-        let id = value.to_str().ok().and_then(|id| id.trim().parse::<u64>().ok());
-        return id.ok_or_else(|| ApiError::invalid("Last-Event-ID must be an offset"));
+        // Whitespace around a header value is not part of it (RFC 9110, 5.5); the offset itself is
+        // canonical decimal, as ids in paths are.
+        let id = value.to_str().ok().and_then(|id| tidal_types::parse_canonical_u64(id.trim()));
+        return id.ok_or_else(|| ApiError::invalid("Last-Event-ID must be an offset in canonical decimal"));
     }
     let after = query_u64(query, "after")?;
     let consumer = query_name(query, "consumer")?;

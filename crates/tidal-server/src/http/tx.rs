@@ -16,10 +16,9 @@ use serde_json::value::RawValue;
 use tidal_core::{Records, StreamControl};
 use tidal_types::{SignalIn, TxReply};
 
-use super::streams::{check_consumer_offset, check_stream_name, publish_event};
-use super::{
-    idempotency_key, json_body, metadata_bytes, signal_events, vector_from_values, AppResult, AppState,
-};
+use super::decode::{publish_event, signal_events, Limits};
+use super::streams::{check_consumer_offset, check_stream_name};
+use super::{idempotency_key, json_body, metadata_bytes, vector_from_values, AppResult, AppState};
 use crate::auth::Principal;
 use crate::error::ApiError;
 
@@ -98,7 +97,7 @@ fn parse<T: serde::de::DeserializeOwned>(raw: &RawValue) -> AppResult<T> {
 }
 
 /// One op of the body, checked as its own route checks it.
-fn op_records(state: &AppState, raw: &RawValue) -> AppResult<Records> {
+fn op_records(state: &AppState, limits: &Limits, raw: &RawValue) -> AppResult<Records> {
     let OpTag { op } = parse(raw)?;
     Ok(match op.as_str() {
         "put_item" => {
@@ -110,11 +109,11 @@ fn op_records(state: &AppState, raw: &RawValue) -> AppResult<Records> {
             let PutEmbedding { item, vector, .. } = parse(raw)?;
             Records::ItemEmbedding { item, vector: vector_from_values(state, &vector)? }
         }
-        "signals" => Records::Signals(signal_events(state, parse::<Signals>(raw)?.signals)?),
+        "signals" => Records::Signals(signal_events(limits, parse::<Signals>(raw)?.signals)?),
         "publish" => {
             let Publish { stream, payload, key, .. } = parse(raw)?;
             check_stream_name("stream", &stream)?;
-            Records::StreamEvents { stream, events: vec![publish_event(state, payload, key)?] }
+            Records::StreamEvents { stream, events: vec![publish_event(limits, payload, key)?] }
         }
         "save_offset" => {
             let SaveOffset { stream, consumer, offset, .. } = parse(raw)?;
@@ -145,9 +144,10 @@ pub async fn post_tx(
     if ops.len() > TX_OPS_MAX {
         return Err(ApiError::too_large(format!("a tx holds at most {TX_OPS_MAX} ops")));
     }
+    let limits = Limits::of(state.node.config());
     let mut records = Vec::with_capacity(ops.len());
     for (i, raw) in ops.iter().enumerate() {
-        let record = op_records(&state, raw)
+        let record = op_records(&state, &limits, raw)
             .map_err(|e| ApiError { message: format!("ops[{i}]: {}", e.message), ..e })?;
         records.push(record);
     }
