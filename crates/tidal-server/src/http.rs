@@ -20,11 +20,10 @@ use serde::de::DeserializeOwned;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tidal_core::Records;
-use tidal_types::parse_canonical_u64;
 use tidal_types::{
-    Accepted, ClusterStatus, DigestView, EmbeddingView, ErrorCode, ItemView, NegativeAdd, NegativesView,
-    NodeStatus, RankedItem, RankedList, WriteReply, RESERVED_PREFIX, SIGNAL_TS_AHEAD_MAX_MS,
-    SIGNAL_WEIGHT_MAX, USER_BYTES_MAX,
+    parse_canonical_u64, Accepted, ClusterStatus, DigestView, EmbeddingView, ErrorCode, ItemView,
+    NegativeAdd, NegativesView, NodeStatus, RankedItem, RankedList, WriteReply, RESERVED_PREFIX,
+    SIGNAL_TS_AHEAD_MAX_MS, SIGNAL_WEIGHT_MAX, USER_BYTES_MAX,
 };
 
 pub mod decode;
