@@ -143,7 +143,14 @@ async fn refusals_and_failures_show_no_token() {
         assert!(matches!(reply.status().as_u16(), 401 | 403), "{method} {token:?}: {}", reply.status());
         assert_no_canary("a refusal's body", &reply.text().await.unwrap());
     }
-    let reply = http.put(&item).bearer_auth(WRITER_TOKEN).header("content-type", "application/json").body("{\"metadata\":{}}").send().await.unwrap();
+    let reply = http
+        .put(&item)
+        .bearer_auth(WRITER_TOKEN)
+        .header("content-type", "application/json")
+        .body("{\"metadata\":{}}")
+        .send()
+        .await
+        .unwrap();
     assert_eq!(reply.status(), 200);
     // A second node on the same address: a refused bind.
     let address = node.url().trim_start_matches("http://").to_string();
