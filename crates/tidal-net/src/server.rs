@@ -378,6 +378,8 @@ where
 {
     let check = SecretCheck::new(secret);
     let refusals = handler.clone();
+    // Anyone who reaches the port can send refused RPCs: at most 10 log lines a second.
+    let log_limit = Arc::new(tidal_types::LogLimit::new(10, std::time::Duration::from_secs(1)));
     // Tonic polls its shutdown signal only while it accepts: when `incoming` ends first (ours end
     // at the same shutdown), the signal is never polled again. So the signal that ends the streams
     // is driven here, beside the server, not by tonic.
@@ -393,7 +395,9 @@ where
         tonic::service::interceptor::InterceptedService::new(service, move |request: tonic::Request<()>| {
             let proof = request.extensions().get::<crate::Proof>().cloned();
             let checked = check.check(request).inspect_err(|_| {
-                tracing::warn!("refused an RPC without the cluster secret");
+                if let Some(suppressed) = log_limit.admit(std::time::Instant::now()) {
+                    tracing::warn!(suppressed, "refused an RPC without the cluster secret");
+                }
                 refusals.refused(ServiceRefusal::WrongSecret);
             })?;
             if let Some(proof) = proof {

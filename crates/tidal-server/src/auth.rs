@@ -191,7 +191,10 @@ impl Tokens {
             let inbox_owners = entry.inbox_owners.unwrap_or_else(|| vec!["*".into()]);
             tokens.push(Token { digest, principal: Principal { name: entry.name, scopes, inbox_owners } });
         }
-        Ok(Tokens { tokens, refusals: RefusalLimit::default() })
+        Ok(Tokens {
+            tokens,
+            refusals: RefusalLimit::new(REFUSAL_LINES_PER_SECOND, std::time::Duration::from_secs(1)),
+        })
     }
 
     /// Checks an `Authorization` header value against `scope`.
@@ -220,53 +223,8 @@ impl Tokens {
 pub const REFUSAL_LINES_PER_SECOND: u32 = 10;
 
 /// The rate limit on the refusal log (401 and 403 answers are logged at WARN): a client trying
-/// tokens, or one misconfigured, must not flood the log. At most `lines` lines per `window`; the
-/// refusals beyond are counted, and the count goes out with the next line written. Pure: the
-/// caller passes the time.
-#[derive(Debug)]
-pub struct RefusalLimit {
-    lines: u32,
-    window: std::time::Duration,
-    state: std::sync::Mutex<LimitState>,
-}
-
-#[derive(Debug, Default)]
-struct LimitState {
-    window_start: Option<std::time::Instant>,
-    written: u32,
-    suppressed: u64,
-}
-
-impl Default for RefusalLimit {
-    fn default() -> RefusalLimit {
-        RefusalLimit::new(REFUSAL_LINES_PER_SECOND, std::time::Duration::from_secs(1))
-    }
-}
-
-impl RefusalLimit {
-    /// At most `lines` lines in each `window`.
-    pub fn new(lines: u32, window: std::time::Duration) -> RefusalLimit {
-        RefusalLimit { lines, window, state: Default::default() }
-    }
-
-    /// Whether a refusal at `now` gets a line: `Some(n)` with the `n` refusals not logged since the
-    /// last line written, `None` when this one is suppressed (and counted).
-    pub fn admit(&self, now: std::time::Instant) -> Option<u64> {
-        let mut state = self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        let expired =
-            state.window_start.is_none_or(|start| now.saturating_duration_since(start) >= self.window);
-        if expired {
-            state.window_start = Some(now);
-            state.written = 0;
-        }
-        if state.written >= self.lines {
-            state.suppressed += 1;
-            return None;
-        }
-        state.written += 1;
-        Some(std::mem::take(&mut state.suppressed))
-    }
-}
+/// tokens, or one misconfigured, must not flood the log.
+pub type RefusalLimit = tidal_types::LogLimit;
 
 fn parse_scopes(name: &str, scopes: &[String]) -> anyhow::Result<Vec<Scope>> {
     scopes

@@ -9,11 +9,13 @@ pub mod activity;
 mod api;
 mod inbox_api;
 mod kind;
+mod log_limit;
 mod position;
 
 pub use api::*;
 pub use inbox_api::*;
 pub use kind::RecordKind;
+pub use log_limit::LogLimit;
 pub use position::{NodeId, Seqno, Term, TermSeqno};
 
 /// Names starting with this prefix are reserved for Tidal itself.
