@@ -37,11 +37,13 @@ fn roots(ca: &std::path::Path) -> rustls::RootCertStore {
 /// certificate the server presented, or the handshake's error.
 /// With `probe`, also sends an HTTP/2 preface and waits for the server's first bytes.
 async fn handshake(address: &str, ca: &std::path::Path, probe: bool) -> std::io::Result<Vec<u8>> {
-    let config = rustls::ClientConfig::builder_with_provider(provider())
+    let mut config = rustls::ClientConfig::builder_with_provider(provider())
         .with_safe_default_protocol_versions()
         .unwrap()
         .with_root_certificates(roots(ca))
         .with_no_client_auth();
+    // What curl offers: a port must pick only a protocol it speaks.
+    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
     let tcp = tokio::net::TcpStream::connect(address).await?;
     let name = rustls::pki_types::ServerName::try_from("127.0.0.1").unwrap();
     let mut stream = tokio_rustls::TlsConnector::from(Arc::new(config)).connect(name, tcp).await?;
@@ -54,6 +56,10 @@ async fn handshake(address: &str, ca: &std::path::Path, probe: bool) -> std::io:
         if read.await.map_err(std::io::Error::other)?? == 0 {
             return Err(std::io::Error::other("closed by the server"));
         }
+    }
+    let alpn = stream.get_ref().1.alpn_protocol().map(<[u8]>::to_vec);
+    if !probe {
+        assert_eq!(alpn.as_deref(), Some(&b"http/1.1"[..]), "the HTTP port must not agree to h2");
     }
     Ok(stream.get_ref().1.peer_certificates().unwrap()[0].to_vec())
 }

@@ -74,7 +74,11 @@ impl Forwarder {
     /// A forwarder for `node`: forwards only while the node is a follower that knows its leader;
     /// over HTTPS verified by `tls` (the cluster CA) when the nodes serve TLS.
     pub fn new(node: &Node, tls: Option<rustls::ClientConfig>) -> Forwarder {
-        let builder = reqwest::Client::builder().timeout(Duration::from_secs(30));
+        // Pooled connections are dropped before the leader's idle timeout (60 s by default)
+        // closes them, so a forwarded write does not race that close.
+        let builder = reqwest::Client::builder()
+            .timeout(Duration::from_secs(30))
+            .pool_idle_timeout(Duration::from_secs(30));
         let (builder, scheme) = match tls {
             Some(tls) => (builder.use_preconfigured_tls(tls), "https"),
             None => (builder, "http"),

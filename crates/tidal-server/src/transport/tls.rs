@@ -85,7 +85,7 @@ fn config_error(error: impl std::fmt::Display) -> TlsError {
 }
 
 /// The server side of one port.
-fn server_config(files: &TlsFiles, verify_peers: bool) -> Result<rustls::ServerConfig, TlsError> {
+fn server_config(files: &TlsFiles, verify_peers: bool, port: Port) -> Result<rustls::ServerConfig, TlsError> {
     let builder = rustls::ServerConfig::builder_with_provider(provider())
         .with_safe_default_protocol_versions()
         .map_err(config_error)?;
@@ -104,7 +104,12 @@ fn server_config(files: &TlsFiles, verify_peers: bool) -> Result<rustls::ServerC
     };
     let mut config =
         builder.with_single_cert(read_certs(&files.cert)?, read_key(&files.key)?).map_err(config_error)?;
-    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    // Offer only what the port speaks: a client offered h2 on the HTTP port (curl takes it) would
+    // speak HTTP/2 to a port that serves HTTP/1.1.
+    config.alpn_protocols = match port {
+        Port::Rpc => vec![b"h2".to_vec()],
+        Port::Http => vec![b"http/1.1".to_vec()],
+    };
     Ok(config)
 }
 
@@ -139,33 +144,44 @@ pub fn http_client_config(ca: &Path) -> Result<rustls::ClientConfig, TlsError> {
     Ok(config)
 }
 
+/// Which port a server configuration is for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Port {
+    Http,
+    Rpc,
+}
+
 /// The TLS server of one port, reloadable.
 pub struct TlsServer {
     files: TlsFiles,
     verify_peers: bool,
+    port: Port,
     acceptor: RwLock<tokio_rustls::TlsAcceptor>,
 }
 
 impl TlsServer {
     /// The HTTP port's TLS (clients authenticate with tokens, not certificates).
     pub fn http(files: &TlsFiles) -> Result<Arc<TlsServer>, TlsError> {
-        TlsServer::new(files, false)
+        TlsServer::new(files, false, Port::Http)
     }
 
     /// The RPC port's TLS: peers must present a node certificate when `peer_auth` is on.
     pub fn rpc(files: &TlsFiles) -> Result<Arc<TlsServer>, TlsError> {
-        TlsServer::new(files, files.peer_auth)
+        TlsServer::new(files, files.peer_auth, Port::Rpc)
     }
 
-    fn new(files: &TlsFiles, verify_peers: bool) -> Result<Arc<TlsServer>, TlsError> {
-        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(server_config(files, verify_peers)?));
-        Ok(Arc::new(TlsServer { files: files.clone(), verify_peers, acceptor: RwLock::new(acceptor) }))
+    fn new(files: &TlsFiles, verify_peers: bool, port: Port) -> Result<Arc<TlsServer>, TlsError> {
+        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(server_config(files, verify_peers, port)?));
+        Ok(Arc::new(TlsServer { files: files.clone(), verify_peers, port, acceptor: RwLock::new(acceptor) }))
     }
 
     /// Reads the files again; on failure the current configuration stays.
     pub fn reload(&self) -> Result<(), TlsError> {
-        let acceptor =
-            tokio_rustls::TlsAcceptor::from(Arc::new(server_config(&self.files, self.verify_peers)?));
+        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(server_config(
+            &self.files,
+            self.verify_peers,
+            self.port,
+        )?));
         *self.acceptor.write().unwrap_or_else(|poisoned| poisoned.into_inner()) = acceptor;
         Ok(())
     }
