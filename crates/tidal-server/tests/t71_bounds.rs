@@ -10,13 +10,10 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-/// A metric's value, read over a fresh connection (a pooled one may be the one evicted).
+/// A metric's value, read over a fresh connection (a pooled one may be the one evicted):
+/// `common::cluster::metric` makes a new client per call.
 async fn metric(node: &TestNode, line_prefix: &str) -> f64 {
-    let http = reqwest::Client::builder().pool_max_idle_per_host(0).build().unwrap();
-    let text = http.get(format!("{}/metrics", node.url)).send().await.unwrap().text().await.unwrap();
-    let line =
-        text.lines().find(|line| line.starts_with(line_prefix)).unwrap_or_else(|| panic!("no {line_prefix}"));
-    line.rsplit(' ').next().unwrap().parse().unwrap()
+    common::cluster::metric(&node.client, line_prefix).await.unwrap_or_else(|| panic!("no {line_prefix}"))
 }
 
 /// Waits (bounded) until `metric` reaches `at_least`.
