@@ -170,6 +170,16 @@ impl ProcessCluster {
         Ok(())
     }
 
+    /// Stops `id` gracefully (SIGTERM) and waits until it exits; the exit status is returned, and a
+    /// process still alive at the deadline is killed and reported as an error.
+    pub async fn stop(&self, id: u64) -> anyhow::Result<std::process::ExitStatus> {
+        let process = lock(&self.member(id)?.process).take();
+        let process = process.with_context(|| format!("node {id} is not running"))?;
+        let status = process.terminate(Instant::now() + DEADLINE).await?;
+        tracing::info!(node = id, %status, "stopped (SIGTERM)");
+        Ok(status)
+    }
+
     /// Starts `id` again on its data dir (or for the first time); does not wait for it.
     pub fn restart(&self, id: u64) -> anyhow::Result<()> {
         let member = self.member(id)?;

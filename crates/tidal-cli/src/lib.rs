@@ -25,5 +25,6 @@ pub mod demo;
 pub mod gates;
 pub mod inbox_cmd;
 pub mod local_tls;
+pub mod logging;
 pub mod ops;
 pub mod stream_cmd;

@@ -115,13 +115,7 @@ enum MembersCommand {
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| "info,fjall=warn,lsm_tree=warn".into()),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    tidal_cli::logging::init();
     // Against a running node the load generator runs on one thread, as redis-benchmark does: a
     // reply wakes no second worker (experiments/035). With --spawn the node shares its runtime.
     let one_thread = matches!(&cli.command, Command::Bench(args) if !args.spawn);
@@ -178,6 +172,9 @@ fn main() -> anyhow::Result<()> {
 
 async fn serve(args: config::ServeArgs) -> anyhow::Result<()> {
     let config = config::ServeConfig::resolve(&args)?;
+    if let Some(membership) = &config.cluster {
+        tidal_cli::logging::set_node(membership.me.0);
+    }
     let listener = tokio::net::TcpListener::bind(config.http)
         .await
         .with_context(|| format!("bind HTTP address {}", config.http))?;

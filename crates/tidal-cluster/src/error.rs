@@ -48,7 +48,16 @@ pub enum Error {
         /// What ended it.
         why: String,
     },
-    /// The office could not be taken (a voter is ahead, the deadline passed, a restored term).
+    /// A voter answered the office's probe from a higher term: another node was elected, which is
+    /// the protocol working (not a fault), so it is logged at WARN.
+    #[error("a voter is at term {higher}: stepping down from term {term}")]
+    Superseded {
+        /// The office's term.
+        term: Term,
+        /// The voter's term.
+        higher: Term,
+    },
+    /// The office could not be taken (the deadline passed, a restored term).
     #[error("could not take office of term {term}: {why}")]
     NoOffice {
         /// The office's term.

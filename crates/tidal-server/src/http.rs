@@ -21,14 +21,16 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tidal_core::Records;
 use tidal_types::{
-    parse_canonical_u64, Accepted, ClusterStatus, DigestView, EmbeddingView, ErrorCode, ItemView,
-    NegativeAdd, NegativesView, NodeStatus, RankedItem, RankedList, WriteReply, RESERVED_PREFIX,
+    parse_canonical_u64, Accepted, CatchupView, ClusterStatus, DigestView, EmbeddingView, ErrorCode,
+    HealView, ItemView, MembersView, NegativeAdd, NegativesView, NodeStatus, PositionView, PromoteView,
+    RankedItem, RankedList, ReconcilePeerView, ReconcileView, WriteReply, RESERVED_PREFIX,
     SIGNAL_TS_AHEAD_MAX_MS, SIGNAL_WEIGHT_MAX, USER_BYTES_MAX,
 };
 
 pub mod decode;
 mod guard;
 pub mod inboxes;
+pub mod openapi;
 mod rejections;
 mod streams;
 mod tx;
@@ -219,6 +221,7 @@ pub static ROUTES: &[Route] = {
         route!(GET, "/healthz", healthz, Access::Open, Anywhere),
         route!(GET, "/readyz", readyz, Access::Open, Anywhere),
         route!(GET, "/metrics", metrics, READ, Anywhere),
+        route!(GET, "/openapi.json", openapi::get, Access::Open, Anywhere),
     ]
 };
 
@@ -1089,38 +1092,38 @@ fn cluster_replica(state: &AppState) -> AppResult<&Arc<tidal_cluster::Replica>> 
 async fn post_heal(
     State(state): State<Arc<AppState>>,
     RawQuery(query): RawQuery,
-) -> AppResult<Json<serde_json::Value>> {
+) -> AppResult<Json<HealView>> {
     let replica = cluster_replica(&state)?;
     let node = query_u64(&query, "node")?.ok_or_else(|| ApiError::invalid("heal needs ?node=<id>"))?;
     let dry_run = query_param(&query, "dry_run") == Some("true");
     let report = replica.heal(tidal_types::NodeId(node), dry_run).map_err(ApiError::from)?;
-    Ok(Json(serde_json::json!({
-        "node": report.node.0,
-        "matched": {"term": report.matched.term.get(), "seqno": report.matched.seqno.get()},
-        "applied_seqno": report.applied.get(),
-        "dry_run": dry_run,
-        "action": report.action,
-    })))
+    Ok(Json(HealView {
+        node: report.node.0,
+        matched: PositionView { term: report.matched.term.get(), seqno: report.matched.seqno.get() },
+        applied_seqno: report.applied.get(),
+        dry_run,
+        action: report.action,
+    }))
 }
 
 async fn post_promote(
     State(state): State<Arc<AppState>>,
     RawQuery(query): RawQuery,
-) -> AppResult<Json<serde_json::Value>> {
+) -> AppResult<Json<PromoteView>> {
     let replica = cluster_replica(&state)?;
     let node = query_u64(&query, "node")?.ok_or_else(|| ApiError::invalid("promote needs ?node=<id>"))?;
     let dry_run = query_param(&query, "dry_run") == Some("true");
     let report = replica.promote(tidal_types::NodeId(node), dry_run).await?;
-    Ok(Json(serde_json::json!({
-        "from": report.from.0,
-        "to": report.to.0,
-        "term": report.term.get(),
-        "behind_seqnos": report.behind,
-        "new_leader": report.new_leader.map(|id| id.0),
-        "elapsed_ms": report.elapsed.as_millis() as u64,
-        "dry_run": dry_run,
-        "action": report.action,
-    })))
+    Ok(Json(PromoteView {
+        from: report.from.0,
+        to: report.to.0,
+        term: report.term.get(),
+        behind_seqnos: report.behind,
+        new_leader: report.new_leader.map(|id| id.0),
+        elapsed_ms: report.elapsed.as_millis() as u64,
+        dry_run,
+        action: report.action,
+    }))
 }
 
 /// Default time a new member may take to catch up as a learner (`?catch_up_s=` overrides).
@@ -1132,7 +1135,7 @@ async fn post_member(
     State(state): State<Arc<AppState>>,
     Path(id): Path<String>,
     RawQuery(query): RawQuery,
-) -> AppResult<Json<serde_json::Value>> {
+) -> AppResult<Json<MembersView>> {
     let replica = cluster_replica(&state)?;
     let id = member_id(&id)?;
     // Clients may percent-encode the port's colon.
@@ -1169,7 +1172,7 @@ async fn delete_member(
     State(state): State<Arc<AppState>>,
     Path(id): Path<String>,
     RawQuery(query): RawQuery,
-) -> AppResult<Json<serde_json::Value>> {
+) -> AppResult<Json<MembersView>> {
     let replica = cluster_replica(&state)?;
     let id = member_id(&id)?;
     let dry_run = query_param(&query, "dry_run") == Some("true");
@@ -1187,7 +1190,7 @@ async fn member_change(
     replica: &Arc<tidal_cluster::Replica>,
     change: tidal_cluster::MemberChange,
     dry_run: bool,
-) -> AppResult<Json<serde_json::Value>> {
+) -> AppResult<Json<MembersView>> {
     let ids =
         |set: &std::collections::BTreeSet<tidal_types::NodeId>| set.iter().map(|id| id.0).collect::<Vec<_>>();
     // In its own task: a client that hangs up does not cut a change short halfway.
@@ -1197,49 +1200,52 @@ async fn member_change(
         ApiError::unavailable(ErrorCode::NotReady, format!("membership change task failed: {e}"))
     })?;
     let report = report?;
-    Ok(Json(serde_json::json!({
-        "term": report.term.get(),
-        "voters_before": ids(&report.voters_before),
-        "voters_after": ids(&report.voters_after),
-        "learners_after": ids(&report.learners_after),
-        "elapsed_ms": report.elapsed.as_millis() as u64,
-        "dry_run": dry_run,
-        "action": report.action,
-    })))
+    Ok(Json(MembersView {
+        term: report.term.get(),
+        voters_before: ids(&report.voters_before),
+        voters_after: ids(&report.voters_after),
+        learners_after: ids(&report.learners_after),
+        elapsed_ms: report.elapsed.as_millis() as u64,
+        dry_run,
+        action: report.action,
+    }))
 }
 
 async fn post_reconcile(
     State(state): State<Arc<AppState>>,
     RawQuery(query): RawQuery,
-) -> AppResult<Json<serde_json::Value>> {
+) -> AppResult<Json<ReconcileView>> {
     let replica = cluster_replica(&state)?;
     let dry_run = query_param(&query, "dry_run") == Some("true");
-    let peers: Vec<serde_json::Value> = replica
+    let peers = replica
         .reconcile(dry_run)
         .await
         .into_iter()
-        .map(|peer| {
-            serde_json::json!({
-                "node": peer.node.0,
-                "differed": peer.differed,
-                "merged_users": peer.merged_users,
-                "refused": peer.refused,
-                "outcome": peer.outcome,
-            })
+        .map(|peer| ReconcilePeerView {
+            node: peer.node.0,
+            differed: peer.differed,
+            merged_users: peer.merged_users,
+            refused: peer.refused,
+            outcome: peer.outcome,
         })
         .collect();
-    Ok(Json(serde_json::json!({"node": replica.me().0, "dry_run": dry_run, "peers": peers})))
+    Ok(Json(ReconcileView { node: replica.me().0, dry_run, peers }))
 }
 
-async fn post_catchup(State(state): State<Arc<AppState>>) -> AppResult<Json<serde_json::Value>> {
+async fn post_catchup(State(state): State<Arc<AppState>>) -> AppResult<Json<CatchupView>> {
     let replica = cluster_replica(&state)?;
     let started = replica.catchup()?;
-    Ok(Json(serde_json::json!({
-        "node": replica.me().0,
-        "leader": replica.leader().map(|id| id.0),
-        "pull_started": started,
-        "note": if started { "pulling from the leader now" } else { "a pull is already running or started moments ago" },
-    })))
+    let note = if started {
+        "pulling from the leader now"
+    } else {
+        "a pull is already running or started moments ago"
+    };
+    Ok(Json(CatchupView {
+        node: replica.me().0,
+        leader: replica.leader().map(|id| id.0),
+        pull_started: started,
+        note: note.to_string(),
+    }))
 }
 
 async fn get_digest(

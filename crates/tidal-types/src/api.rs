@@ -86,6 +86,59 @@ pub enum ErrorCode {
 }
 
 impl ErrorCode {
+    /// Every code, in declaration order.
+    pub const ALL: [ErrorCode; 25] = [
+        ErrorCode::MalformedJson,
+        ErrorCode::InvalidArgument,
+        ErrorCode::InvalidName,
+        ErrorCode::InvalidOffset,
+        ErrorCode::UnknownSignalKind,
+        ErrorCode::DimensionMismatch,
+        ErrorCode::InvalidVector,
+        ErrorCode::NonFiniteNumber,
+        ErrorCode::PayloadTooLarge,
+        ErrorCode::NotFound,
+        ErrorCode::MethodNotAllowed,
+        ErrorCode::Unauthorized,
+        ErrorCode::Forbidden,
+        ErrorCode::NotReady,
+        ErrorCode::Overloaded,
+        ErrorCode::NotCaughtUp,
+        ErrorCode::IdempotencyConflict,
+        ErrorCode::NotImplemented,
+        ErrorCode::Internal,
+        ErrorCode::InboxFull,
+        ErrorCode::TooManyTopics,
+        ErrorCode::InboxClosed,
+        ErrorCode::UnknownReceive,
+        ErrorCode::LeaseLost,
+        ErrorCode::UnsupportedMediaType,
+    ];
+
+    /// The HTTP status the contract pairs with the code. One exception: a body that did not arrive
+    /// within the body timeout is 408 with `invalid_argument`.
+    pub fn status(self) -> u16 {
+        use ErrorCode::*;
+        match self {
+            MalformedJson | InvalidArgument | InvalidName | InvalidOffset | UnknownSignalKind
+            | DimensionMismatch | InvalidVector | NonFiniteNumber => 400,
+            Unauthorized => 401,
+            Forbidden => 403,
+            NotFound | UnknownReceive => 404,
+            MethodNotAllowed => 405,
+            LeaseLost => 409,
+            InboxClosed => 410,
+            PayloadTooLarge => 413,
+            UnsupportedMediaType => 415,
+            IdempotencyConflict => 422,
+            InboxFull | TooManyTopics => 429,
+            Internal => 500,
+            NotImplemented => 501,
+            NotReady | Overloaded => 503,
+            NotCaughtUp => 504,
+        }
+    }
+
     /// The wire string.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -119,14 +172,14 @@ impl ErrorCode {
 }
 
 /// `{"error": {"code", "message"}}`.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, schemars::JsonSchema)]
 pub struct ErrorBody {
     /// The error.
     pub error: ErrorDetail,
 }
 
 /// The inside of [`ErrorBody`].
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, schemars::JsonSchema)]
 pub struct ErrorDetail {
     /// One of [`ErrorCode`]'s strings.
     pub code: String,
@@ -135,7 +188,7 @@ pub struct ErrorDetail {
 }
 
 /// One signal in `POST /v1/signals`.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SignalIn {
     /// User id (non-empty, not reserved).
@@ -155,7 +208,7 @@ pub struct SignalIn {
 }
 
 /// Body of `POST /v1/signals`.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SignalsRequest {
     /// The signals; one request is one batch.
@@ -163,7 +216,7 @@ pub struct SignalsRequest {
 }
 
 /// Body of `PUT /v1/items/{id}`.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ItemPut {
     /// Arbitrary JSON metadata.
@@ -171,7 +224,7 @@ pub struct ItemPut {
 }
 
 /// Body of `PUT /v1/items/{id}/embedding`.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct EmbeddingPut {
     /// The vector; must have the database's dimension and be finite.
@@ -179,14 +232,14 @@ pub struct EmbeddingPut {
 }
 
 /// Reply to every write: the last seqno it consumed.
-#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq)]
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, schemars::JsonSchema)]
 pub struct WriteReply {
     /// Last seqno the write consumed.
     pub seqno: u64,
 }
 
 /// `GET /v1/items/{id}`.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, schemars::JsonSchema)]
 pub struct ItemView {
     /// Item id.
     pub id: u64,
@@ -199,7 +252,7 @@ pub struct ItemView {
 }
 
 /// `GET /v1/items/{id}/embedding`.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, schemars::JsonSchema)]
 pub struct EmbeddingView {
     /// Item id.
     pub id: u64,
@@ -210,7 +263,7 @@ pub struct EmbeddingView {
 }
 
 /// One entry of a ranked list (feed, similar, trending).
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, schemars::JsonSchema)]
 pub struct RankedItem {
     /// Item id.
     pub item: u64,
@@ -223,7 +276,7 @@ pub struct RankedItem {
 }
 
 /// A ranked list with the applied frontier it was computed at.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, schemars::JsonSchema)]
 pub struct RankedList {
     /// Items, best first; ties broken by item id.
     pub items: Vec<RankedItem>,
@@ -232,7 +285,7 @@ pub struct RankedList {
 }
 
 /// Body of `POST /v1/users/{user}/negatives`.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct NegativeAdd {
     /// Item the user is not interested in.
@@ -240,14 +293,14 @@ pub struct NegativeAdd {
 }
 
 /// Reply of the negatives writes.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, schemars::JsonSchema)]
 pub struct Accepted {
     /// Always true.
     pub accepted: bool,
 }
 
 /// `GET /v1/users/{user}/negatives`.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, schemars::JsonSchema)]
 pub struct NegativesView {
     /// User id.
     pub user: String,
@@ -256,7 +309,7 @@ pub struct NegativesView {
 }
 
 /// `GET /cluster/digest`.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, schemars::JsonSchema)]
 pub struct DigestView {
     /// Node id.
     pub node_id: u64,
@@ -269,7 +322,7 @@ pub struct DigestView {
 }
 
 /// One node in `GET /cluster/status`.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, schemars::JsonSchema)]
 pub struct NodeStatus {
     /// Node id.
     pub id: u64,
@@ -302,7 +355,7 @@ pub struct NodeStatus {
 }
 
 /// `GET /cluster/status`.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, schemars::JsonSchema)]
 pub struct ClusterStatus {
     /// This node.
     pub node_id: u64,
@@ -337,7 +390,7 @@ pub struct ClusterStatus {
 
 /// Reply to `POST /v1/streams/{stream}/events`: each event's offset (its seqno), and the write's
 /// last seqno.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq, schemars::JsonSchema)]
 pub struct Published {
     /// The events' offsets, in the order sent.
     pub offsets: Vec<u64>,
@@ -346,7 +399,7 @@ pub struct Published {
 }
 
 /// A stream event as reads and subscriptions return it.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, schemars::JsonSchema)]
 pub struct StreamEventView {
     /// The event's seqno: global, never renumbered.
     pub offset: u64,
@@ -361,7 +414,7 @@ pub struct StreamEventView {
 }
 
 /// Reply to `GET /v1/streams/{stream}/events`.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, schemars::JsonSchema)]
 pub struct StreamEvents {
     /// Events after the requested offset, ascending.
     pub events: Vec<StreamEventView>,
@@ -371,7 +424,7 @@ pub struct StreamEvents {
 
 /// A consumer's offset: the reply to `GET` and `PUT /v1/streams/{stream}/consumers/{name}` (a
 /// save also gives its seqno).
-#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq, schemars::JsonSchema)]
 pub struct ConsumerOffset {
     /// The saved offset.
     pub offset: u64,
@@ -381,7 +434,7 @@ pub struct ConsumerOffset {
 }
 
 /// Reply to `POST /v1/streams/{stream}/trim`.
-#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq, schemars::JsonSchema)]
 pub struct Trimmed {
     /// The trim's seqno.
     pub seqno: u64,
@@ -390,7 +443,7 @@ pub struct Trimmed {
 }
 
 /// One stream of `GET /v1/streams`.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq, schemars::JsonSchema)]
 pub struct StreamView {
     /// The stream's name.
     pub stream: String,
@@ -409,7 +462,7 @@ pub struct StreamView {
 }
 
 /// A consumer in [`StreamView`].
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq, schemars::JsonSchema)]
 pub struct ConsumerView {
     /// Its name.
     pub name: String,
@@ -418,7 +471,7 @@ pub struct ConsumerView {
 }
 
 /// Reply to `GET /v1/streams`.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq, schemars::JsonSchema)]
 pub struct StreamList {
     /// Streams by name.
     pub streams: Vec<StreamView>,
@@ -428,7 +481,7 @@ pub struct StreamList {
 
 /// Reply to `POST /v1/tx`: the last seqno the tx consumed, and the offsets of the events it
 /// published, in op order.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq, schemars::JsonSchema)]
 pub struct TxReply {
     /// Last seqno the tx consumed.
     pub seqno: u64,

@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 pub const INBOX_ID_BYTES_MAX: usize = 256;
 
 /// Body of `POST /v1/inboxes/{owner}/messages`.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct InboxSend {
     /// The topic (a name: non-empty, at most 255 bytes, not reserved).
@@ -22,7 +22,7 @@ pub struct InboxSend {
 }
 
 /// Reply to `POST /v1/inboxes/{owner}/messages`.
-#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq, schemars::JsonSchema)]
 pub struct InboxSent {
     /// The message's sequence: the seqno of the send that stored it.
     pub inbox_seq: u64,
@@ -31,7 +31,7 @@ pub struct InboxSent {
 }
 
 /// Body of `POST /v1/inboxes/{owner}/receive`.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct InboxReceive {
     /// The topics to take from (1..=64 distinct names): the oldest available message across them.
@@ -53,7 +53,7 @@ pub struct InboxReceive {
 }
 
 /// One delivered message.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, schemars::JsonSchema)]
 pub struct InboxMessageView {
     /// Its topic.
     pub topic: String,
@@ -71,7 +71,7 @@ pub struct InboxMessageView {
 
 /// Reply to `POST /v1/inboxes/{owner}/receive` (204 with no body when nothing came in time): the
 /// first message taken, flattened, with the receive's id.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, schemars::JsonSchema)]
 pub struct InboxReceived {
     /// The receive this delivery is bound to.
     pub receive_id: String,
@@ -89,7 +89,7 @@ pub struct InboxReceived {
 }
 
 /// Body of `POST /v1/inboxes/{owner}/ack`.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct InboxAck {
     /// The receive whose leased messages are done.
@@ -97,7 +97,7 @@ pub struct InboxAck {
 }
 
 /// Reply to `POST /v1/inboxes/{owner}/ack`.
-#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq, schemars::JsonSchema)]
 pub struct InboxAcked {
     /// Messages this ack consumed (0 when they already were).
     pub acked: u64,
@@ -106,7 +106,7 @@ pub struct InboxAcked {
 }
 
 /// Body of `POST /v1/inboxes/{owner}/discard`.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct InboxDiscard {
     /// The topic.
@@ -116,7 +116,7 @@ pub struct InboxDiscard {
 }
 
 /// Reply to `POST /v1/inboxes/{owner}/discard`.
-#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq, schemars::JsonSchema)]
 pub struct InboxDiscarded {
     /// Messages dropped.
     pub discarded: u64,
@@ -125,7 +125,7 @@ pub struct InboxDiscarded {
 }
 
 /// Reply to `DELETE /v1/inboxes/{owner}`.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq, schemars::JsonSchema)]
 pub struct InboxClosed {
     /// Messages that were never consumed, by topic (dropped with the inbox).
     pub unconsumed: Vec<InboxTopicCount>,
@@ -134,7 +134,7 @@ pub struct InboxClosed {
 }
 
 /// A topic and a count.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq, schemars::JsonSchema)]
 pub struct InboxTopicCount {
     /// The topic.
     pub topic: String,
@@ -143,7 +143,7 @@ pub struct InboxTopicCount {
 }
 
 /// One live topic of `GET /v1/inboxes/{owner}`.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq, schemars::JsonSchema)]
 pub struct InboxTopicView {
     /// The topic.
     pub topic: String,
@@ -164,7 +164,7 @@ pub struct InboxTopicView {
 }
 
 /// Reply to `GET /v1/inboxes/{owner}`.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq, schemars::JsonSchema)]
 pub struct InboxView {
     /// The owner.
     pub owner: String,

@@ -11,12 +11,14 @@ mod inbox_api;
 mod kind;
 mod log_limit;
 mod position;
+mod verbs_api;
 
 pub use api::*;
 pub use inbox_api::*;
 pub use kind::RecordKind;
 pub use log_limit::LogLimit;
 pub use position::{NodeId, Seqno, Term, TermSeqno};
+pub use verbs_api::*;
 
 /// Names starting with this prefix are reserved for Tidal itself.
 pub const RESERVED_PREFIX: &str = "__tidal";

@@ -244,7 +244,12 @@ impl Replica {
                     // every other node from standing, so no one would take writes. Without them the
                     // voters' lease runs out and they elect another node, whose higher term deposes
                     // us (as a leadership transfer does, replica/promote.rs).
-                    tracing::error!(%term, "could not take office: {why}; heartbeats off so that another node is elected");
+                    if matches!(why, Error::Superseded { .. }) {
+                        // Another node won a later election: the protocol working, not a fault.
+                        tracing::warn!(%term, "did not take office: {why}; heartbeats off");
+                    } else {
+                        tracing::error!(%term, "could not take office: {why}; heartbeats off so that another node is elected");
+                    }
                     replica.set_heartbeats(false);
                 }
                 Err(why) => tracing::warn!(%term, "did not take office: {why}"),
@@ -342,10 +347,7 @@ impl Replica {
             match plan_office(self.me, term, &own, &answers, &self.commit.quorum()) {
                 OfficePlan::Wait => tokio::time::sleep(PROBE_RETRY).await,
                 OfficePlan::StepDown { term: higher } => {
-                    return Err(Error::NoOffice {
-                        term,
-                        why: format!("a voter is at term {higher}: stepping down"),
-                    });
+                    return Err(Error::Superseded { term, higher });
                 }
                 OfficePlan::Sync { source, target, pull_from, quarantine_from, needs_snapshot } => {
                     tracing::warn!(%term, %source, %target, %pull_from, ?quarantine_from, "adopting a more up-to-date log");

@@ -177,6 +177,28 @@ impl Replica {
         Ok(report)
     }
 
+    /// On a graceful stop (SIGTERM): if this node is the serving leader and another voter answered
+    /// it recently, hands leadership to the one that has matched the most of its log
+    /// ([`shutdown_target`]), so the cluster keeps taking writes after a pause of one transfer instead
+    /// of waiting out an election timeout after the process is gone. `Ok(None)`: nothing to hand over.
+    pub async fn hand_off_for_shutdown(self: &Arc<Self>) -> Result<Option<PromoteReport>, Error> {
+        let Ok((control, _term)) = self.leading_control() else {
+            return Ok(None);
+        };
+        let voters: Vec<NodeId> = control.state().membership.membership().voter_ids().map(NodeId).collect();
+        let progress = self.progress();
+        let candidates = voters.iter().filter(|voter| **voter != self.me).map(|voter| {
+            let heard =
+                progress.get(voter).and_then(|p| p.last_ack.map(|at| (p.matched.seqno, at.elapsed())));
+            (*voter, heard)
+        });
+        let Some(target) = shutdown_target(candidates) else {
+            return Ok(None);
+        };
+        tracing::info!(%target, "stopping: handing leadership over first");
+        self.promote(target, false).await.map(Some)
+    }
+
     /// The target must be a voter that answered this leader recently: its peer and progress.
     fn promote_target(
         &self,
@@ -311,5 +333,52 @@ impl Replica {
             return Err(Error::Unavailable("lost office while confirming leadership".into()));
         }
         Ok(index)
+    }
+}
+
+/// The voter a stopping leader hands over to: among the other voters (id, and when it was heard
+/// from: its matched seqno and the silence since), one heard within [`PROMOTE_SILENCE_MAX`] that
+/// matched the most; the lowest id among equals. None: no voter is fit (a single voter, or every
+/// other voter silent, which a transfer would only stall on).
+pub(crate) fn shutdown_target(
+    candidates: impl IntoIterator<Item = (NodeId, Option<(Seqno, Duration)>)>,
+) -> Option<NodeId> {
+    candidates
+        .into_iter()
+        .filter_map(|(id, heard)| {
+            heard.filter(|(_, silence)| *silence <= PROMOTE_SILENCE_MAX).map(|(m, _)| (m, id))
+        })
+        .max_by(|(m1, id1), (m2, id2)| m1.cmp(m2).then(id2.cmp(id1)))
+        .map(|(_, id)| id)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const RECENT: Duration = Duration::from_millis(100);
+
+    #[test]
+    fn a_stopping_leader_hands_over_to_the_voter_that_matched_most_and_was_heard_recently() {
+        let heard = |seqno: u64, silence: Duration| Some((Seqno(seqno), silence));
+        // The most matched wins; silence past the limit disqualifies however far it got.
+        let target = shutdown_target([
+            (NodeId(2), heard(40, RECENT)),
+            (NodeId(3), heard(90, RECENT)),
+            (NodeId(4), heard(99, PROMOTE_SILENCE_MAX + RECENT)),
+            (NodeId(5), None),
+        ]);
+        assert_eq!(target, Some(NodeId(3)));
+        // Equals: the lowest id, whatever the order they come in.
+        assert_eq!(
+            shutdown_target([(NodeId(3), heard(7, RECENT)), (NodeId(2), heard(7, RECENT))]),
+            Some(NodeId(2))
+        );
+        // No fit voter: nothing to hand over (a lone voter, or every other one silent).
+        assert_eq!(shutdown_target([]), None);
+        assert_eq!(
+            shutdown_target([(NodeId(2), None), (NodeId(3), heard(5, PROMOTE_SILENCE_MAX * 2))]),
+            None
+        );
     }
 }

@@ -93,19 +93,26 @@ pub fn item_metadata(bytes: &[u8]) -> AppResult<Vec<u8>> {
 }
 
 /// `{"payload", "key"}` or `{"events": [...]}`.
-#[derive(Deserialize)]
+/// Body of a publish: one event (`payload`, `key`) or several (`events`), not both.
+#[derive(Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
-struct PublishBody {
+pub(crate) struct PublishBody {
+    /// One event's payload: any JSON but null.
+    #[schemars(with = "Option<serde_json::Value>")]
     payload: Option<Box<RawValue>>,
+    /// That event's key.
     #[serde(default)]
     key: Option<String>,
+    /// Several events, each with its own payload and key.
     events: Option<Vec<EventIn>>,
 }
 
 /// One event of `events`.
-#[derive(Deserialize)]
+#[derive(Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 struct EventIn {
+    /// Any JSON but null.
+    #[schemars(with = "Option<serde_json::Value>")]
     payload: Option<Box<RawValue>>,
     #[serde(default)]
     key: Option<String>,

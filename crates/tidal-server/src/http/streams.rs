@@ -285,9 +285,10 @@ pub async fn read(
     Ok(with_applied(applied, response))
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
-struct OffsetBody {
+pub(crate) struct OffsetBody {
+    /// The offset consumed through.
     offset: u64,
 }
 
@@ -325,9 +326,10 @@ pub async fn get_consumer(
     Ok(with_applied(applied, Json(ConsumerOffset { offset, seqno: None })))
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
-struct TrimBody {
+pub(crate) struct TrimBody {
+    /// Delete every event at or below this offset (clamped to the last).
     through: u64,
 }
 

@@ -25,10 +25,40 @@ use crate::error::ApiError;
 /// Most ops in one tx.
 pub const TX_OPS_MAX: usize = 1_000;
 
-#[derive(Deserialize)]
+/// Body of a tx: its ops, each an object tagged by `op` (parsed one by one: see [`op_records`]).
+#[derive(Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
-struct TxBody {
+pub(crate) struct TxBody {
+    /// The ops, in order.
+    #[schemars(schema_with = "ops_schema")]
     ops: Vec<Box<RawValue>>,
+}
+
+/// Every op a tx takes, by its tag.
+const OP_NAMES: [&str; 6] = ["put_item", "delete_item", "put_embedding", "signals", "publish", "save_offset"];
+
+/// The schema of `ops`: one of the op structs, each with its tag as the constant `op`.
+fn ops_schema(generator: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    use schemars::JsonSchema;
+    let shapes = [
+        PutItem::json_schema(generator),
+        DeleteItem::json_schema(generator),
+        PutEmbedding::json_schema(generator),
+        Signals::json_schema(generator),
+        Publish::json_schema(generator),
+        SaveOffset::json_schema(generator),
+    ];
+    let one_of: Vec<serde_json::Value> = OP_NAMES
+        .iter()
+        .zip(shapes)
+        .map(|(name, shape)| {
+            let mut shape = shape.to_value();
+            shape["properties"]["op"] = serde_json::json!({"const": name});
+            shape
+        })
+        .collect();
+    let ops = serde_json::json!({"type": "array", "minItems": 1, "maxItems": TX_OPS_MAX, "items": {"oneOf": one_of}});
+    schemars::Schema::try_from(ops).expect("an object is a schema")
 }
 
 /// Just the tag of an op, to pick its shape.
@@ -37,7 +67,7 @@ struct OpTag {
     op: String,
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 struct PutItem {
     #[allow(dead_code)]
@@ -46,7 +76,7 @@ struct PutItem {
     metadata: serde_json::Value,
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 struct DeleteItem {
     #[allow(dead_code)]
@@ -54,7 +84,7 @@ struct DeleteItem {
     item: u64,
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 struct PutEmbedding {
     #[allow(dead_code)]
@@ -63,7 +93,7 @@ struct PutEmbedding {
     vector: Vec<serde_json::Value>,
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 struct Signals {
     #[allow(dead_code)]
@@ -71,18 +101,19 @@ struct Signals {
     signals: Vec<SignalIn>,
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 struct Publish {
     #[allow(dead_code)]
     op: String,
     stream: String,
+    #[schemars(with = "Option<serde_json::Value>")]
     payload: Option<Box<RawValue>>,
     #[serde(default)]
     key: Option<String>,
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 struct SaveOffset {
     #[allow(dead_code)]
@@ -123,7 +154,7 @@ fn op_records(state: &AppState, limits: &Limits, raw: &RawValue) -> AppResult<Re
             Records::StreamControl(StreamControl::SaveOffset { stream, consumer, offset })
         }
         other => {
-            let known = "put_item, delete_item, put_embedding, signals, publish, save_offset";
+            let known = OP_NAMES.join(", ");
             return Err(ApiError::invalid(format!("unknown op {other:?} (one of {known})")));
         }
     })

@@ -2,6 +2,7 @@
 #![allow(dead_code, clippy::unwrap_used)]
 
 pub mod cluster;
+pub mod schema;
 
 use std::path::Path;
 use std::time::Duration;

@@ -137,7 +137,8 @@ impl Replica {
             }
             ShipOutcome::Gap(last) => Reply::Gap(last),
             ShipOutcome::Fenced => {
-                tracing::error!(%follower, term = %answer.term, "a follower has a higher term; this leader must step down");
+                // An election this leader lost: expected (a partition, a transfer), not for a person.
+                tracing::warn!(%follower, term = %answer.term, "a follower has a higher term; this leader must step down");
                 Reply::Unchanged
             }
             ShipOutcome::NotYet => Reply::Unchanged,
