@@ -37,7 +37,10 @@ fi
 
 work="$2"
 tidal="$TIDAL"
-export PATH="$(dirname "$tidal"):$PATH"
+# start.sh runs `tidal` from PATH, as in the image.
+mkdir -p "$work/bin"
+ln -sf "$tidal" "$work/bin/tidal"
+export PATH="$work/bin:$PATH"
 declare -A pids
 
 cleanup() {
@@ -81,7 +84,7 @@ start_pod() { # start_pod ORDINAL: what the kubelet does for pod tidal-ORDINAL
 
 wait_ready() { # wait_ready ORDINAL: the readiness probe of the StatefulSet passes
     local ordinal="$1" waited=0
-    until TIDAL_PROBE_HOST="$(ip_of "$ordinal")" "$probe" '/readyz?max_lag_ms=5000'; do
+    until TIDAL_PROBE_HOST="$(ip_of "$ordinal")" "$probe" '/readyz?max_lag_ms=5000' 2> /dev/null; do
         if ! kill -0 "${pids[$ordinal]}" 2>/dev/null || [ "$waited" -ge $((deadline_s * 10)) ]; then
             echo "test-start: pod tidal-$ordinal never became ready; its log:" >&2
             tail -20 "$work/tidal-$ordinal.log" >&2
@@ -119,8 +122,9 @@ tidal stream publish deploy-check '{"n":1}' --url "http://$(host_of 1):7070" > /
 echo "three nodes ready under their DNS names; a write through a follower was acknowledged"
 
 echo "== scale up: pod tidal-3 (node 4) starts with --join and is added"
+POD_NAME=tidal-3 POD_NAMESPACE=test TIDAL_RUN_DIR="$work/dry-run" TIDAL_START_DRY_RUN=1 \
+    sh "$here/start.sh" | grep -q -- "--node-id 4 .*--join"
 start_pod 3
-grep -q -- "--join" "$work/tidal-3.log"
 tidal members add --url "http://$(host_of 0):7070" --node 4 \
     --http "$(host_of 3):7070" --rpc "$(host_of 3):7170" --catch-up-s 60 > "$work/add.txt"
 wait_ready 3
