@@ -118,7 +118,8 @@ async fn cluster_names(cluster: &ProcessCluster) -> BTreeSet<String> {
 async fn every_metric_the_rules_and_the_dashboard_use_is_exported() {
     let root = repository_root();
     let rules = std::fs::read_to_string(root.join(RULES)).unwrap();
-    let dashboard: Value = serde_json::from_str(&std::fs::read_to_string(root.join(DASHBOARD)).unwrap()).unwrap();
+    let dashboard: Value =
+        serde_json::from_str(&std::fs::read_to_string(root.join(DASHBOARD)).unwrap()).unwrap();
 
     let (mut used, mut used_recorded, defined) = rules_names(&rules);
     let mut queries = Vec::new();
@@ -164,7 +165,9 @@ fn names_are_read_from_expressions_and_expositions() {
     );
     assert_eq!(
         exported,
-        ["tidal_follower_snapshot", "tidal_up", "tidal_x_seconds", "tidal_x_seconds_bucket"].map(String::from).into()
+        ["tidal_follower_snapshot", "tidal_up", "tidal_x_seconds", "tidal_x_seconds_bucket"]
+            .map(String::from)
+            .into()
     );
     let mut queries = Vec::new();
     dashboard_queries(

@@ -216,7 +216,9 @@ fn member_http_listen(
         return Ok(Some(address));
     }
     anyhow::ensure!(
-        node.http.rsplit_once(':').is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok()),
+        node.http
+            .rsplit_once(':')
+            .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok()),
         "http address {:?} of node {} in the cluster file: expected HOST:PORT",
         node.http,
         membership.me
