@@ -184,8 +184,9 @@ bench-replay:
 # Offline checks of deploy/ (deploy/check.sh): the systemd unit (systemd-analyze verify), the compose
 # file (docker-compose config and its pieces against each other), the Dockerfile (BuildKit's
 # parser), the Kubernetes manifests against the API's schemas (kubernetes-validate --strict), the
-# Prometheus rules and their unit tests (promtool), and the Kubernetes start script run for real:
-# three "pods" of the test-profile binary in private namespaces, scaled to four and back. No Docker
+# Prometheus rules and their unit tests (promtool); then, with the test-profile binary in private
+# namespaces (root), the compose pieces (tidal-init, the node commands, healthchecks) and the
+# Kubernetes start script (three "pods", scaled to four and back) run for real. No Docker
 # engine or API server needed; .ci/run installs the tools. The metric names the rules and the
 # dashboard use are checked by a test in `make test` (crates/tidal-cli/tests/t81_deploy_metrics.rs).
 .PHONY: deploy-check

@@ -62,6 +62,12 @@ else
     missing docker-compose "apt-get install docker-compose"
 fi
 step "compose structure" python3 deploy/check_deploy.py compose
+if [ -n "${TIDAL:-}" ] && [ -x "$TIDAL" ]; then
+    step "compose pieces with the real binary (tidal-init, node commands, healthchecks, scrape)" \
+        bash deploy/compose/test-compose.sh
+else
+    missing tidal "set TIDAL to the tidal binary to run the compose pieces for real"
+fi
 
 # The image: BuildKit's parser, then what the Dockerfile must do.
 if python3 -c "import dockerfile" 2> /dev/null; then

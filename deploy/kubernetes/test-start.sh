@@ -1,8 +1,9 @@
 #!/bin/bash
 # Runs start.sh the way the StatefulSet does, with the real tidal binary, on this machine: three
 # "pods" in a private network and mount namespace, each on its own loopback address, their stable
-# DNS names (tidal-N.tidal-peers.test.svc.cluster.local) given by a private /etc/hosts, the secrets
-# group-readable (0440) as the kubelet leaves them under fsGroup. Then it scales up the way
+# DNS names (tidal-N.tidal-peers.test.svc.cluster.local) given by a private /etc/hosts, running as
+# uid/gid 10001 (runAsUser, fsGroup) with the secrets owned by root and group-readable (0440), as
+# the kubelet leaves them under fsGroup. Then it scales up the way
 # README.md says (pod tidal-3 starts with --join, `tidal members add`), scales down
 # (`tidal members remove`, the pod stops), and stops every node with SIGTERM, which must exit 0.
 #
@@ -19,12 +20,13 @@ deadline_s=90
 
 if [ "${1:-}" != "--inside" ]; then
     tidal="$(realpath "${TIDAL:?TIDAL must name the tidal binary}")"
-    if ! unshare -m -n true 2>/dev/null; then
-        echo "skipped: unshare -m -n is not permitted here (needs root)"
+    if ! unshare -m -n true 2>/dev/null || ! command -v setpriv > /dev/null; then
+        echo "skipped: unshare -m -n or setpriv is not available here (needs root)"
         [ "${TIDAL_DEPLOY_CHECK_STRICT:-0}" = "1" ] && exit 1
         exit 0
     fi
     work="$(mktemp -d)"
+    chmod 0755 "$work"
     status=0
     TIDAL="$tidal" unshare -m -n bash "$0" --inside "$work" || status=$?
     if [ "$status" = 0 ]; then
@@ -37,9 +39,11 @@ fi
 
 work="$2"
 tidal="$TIDAL"
-# start.sh runs `tidal` from PATH, as in the image.
+# start.sh runs `tidal` from PATH, as in the image; the pods run as uid 10001 (runAsUser), so the
+# binary and the script are copied where it can read them (the checkout may not be).
 mkdir -p "$work/bin"
-ln -sf "$tidal" "$work/bin/tidal"
+install -m 0755 "$tidal" "$work/bin/tidal"
+install -m 0755 "$here/start.sh" "$work/start.sh"
 export PATH="$work/bin:$PATH"
 declare -A pids
 
@@ -68,17 +72,21 @@ name = "admin"
 token = "$admin_token"
 scopes = ["admin"]
 TOKENS
+chown -R 0:10001 "$work/secrets"
+chmod 0750 "$work/secrets"
 chmod 0440 "$work/secrets/cluster-secret" "$work/secrets/tokens.toml"
 export TIDAL_TOKEN="$admin_token"
 
 start_pod() { # start_pod ORDINAL: what the kubelet does for pod tidal-ORDINAL
     local ordinal="$1"
+    # The emptyDir and the claim, writable by the pod's user and fsGroup.
+    install -d -o 10001 -g 10001 -m 0700 "$work/run$ordinal" "$work/data$ordinal"
     POD_NAME="tidal-$ordinal" POD_NAMESPACE=test POD_IP="$(ip_of "$ordinal")" \
         TIDAL_HTTP_LISTEN="$(ip_of "$ordinal"):7070" TIDAL_INITIAL_NODES=3 \
         TIDAL_RUN_DIR="$work/run$ordinal" TIDAL_DATA_DIR="$work/data$ordinal" \
         TIDAL_SECRETS_DIR="$work/secrets" TIDAL_ALLOW_CLEARTEXT=true \
         RUST_LOG=info,fjall=warn,lsm_tree=warn,openraft=warn \
-        sh "$here/start.sh" > "$work/tidal-$ordinal.log" 2>&1 &
+        setpriv --reuid 10001 --regid 10001 --clear-groups sh "$work/start.sh" > "$work/tidal-$ordinal.log" 2>&1 &
     pids[$ordinal]=$!
 }
 
