@@ -181,5 +181,18 @@ REPLAY_MB ?= 256
 bench-replay:
 	$(CARGO) run --release -p tidal-server --example replay_bench -- $(REPLAY_WORKLOAD) $(REPLAY_MB) 3
 
+# Offline checks of deploy/ (deploy/check.sh): the systemd unit (systemd-analyze verify), the compose
+# file (docker-compose config and its pieces against each other), the Dockerfile (BuildKit's
+# parser), the Kubernetes manifests against the API's schemas (kubernetes-validate --strict), the
+# Prometheus rules and their unit tests (promtool); then, with the test-profile binary in private
+# namespaces (root), the compose pieces (tidal-init, the node commands, healthchecks) and the
+# Kubernetes start script (three "pods", scaled to four and back) run for real. No Docker
+# engine or API server needed; .ci/run installs the tools. The metric names the rules and the
+# dashboard use are checked by a test in `make test` (crates/tidal-cli/tests/t81_deploy_metrics.rs).
+.PHONY: deploy-check
+deploy-check:
+	$(CARGO) build --profile test -p tidal-cli --bin tidal
+	TIDAL=$(or $(CARGO_TARGET_DIR),target)/debug/tidal bash deploy/check.sh
+
 clean:
 	$(CARGO) clean

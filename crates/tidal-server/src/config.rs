@@ -202,6 +202,38 @@ pub fn load_cluster(path: &Path, node_id: u64) -> anyhow::Result<ClusterMembersh
     Ok(ClusterMembership { spec, me, timing, join: false })
 }
 
+/// Where a cluster member's HTTP server listens: its own `http` address in the cluster file when
+/// that is an IP address and port, as on machines with fixed addresses. A host name there (a
+/// Kubernetes pod's stable DNS name, a compose service name: the address peers and clients use,
+/// while the IP behind it changes) cannot be bound, so `listen` (`--http`) must then say where.
+fn member_http_listen(
+    cluster: Option<&ClusterMembership>,
+    listen: Option<SocketAddr>,
+) -> anyhow::Result<Option<SocketAddr>> {
+    let Some(membership) = cluster else { return Ok(None) };
+    let node = membership.spec.node(membership.me).expect("load_cluster checked the id");
+    if let Ok(address) = node.http.parse::<SocketAddr>() {
+        return Ok(Some(address));
+    }
+    anyhow::ensure!(
+        node.http
+            .rsplit_once(':')
+            .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok()),
+        "http address {:?} of node {} in the cluster file: expected HOST:PORT",
+        node.http,
+        membership.me
+    );
+    anyhow::ensure!(
+        listen.is_some(),
+        "the cluster file names node {}'s http address by host name ({:?}): give the address to listen \
+         on with --http (for example 0.0.0.0:{})",
+        membership.me,
+        node.http,
+        node.http.rsplit_once(':').map_or("7070", |(_, port)| port)
+    );
+    Ok(listen)
+}
+
 /// The config file. Every field optional; the command line wins.
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -407,17 +439,7 @@ impl ServeConfig {
             cluster.is_none() || data_dir.is_some(),
             "a cluster member needs its own --data-dir (nodes must never share one)"
         );
-        let cluster_http = match &cluster {
-            Some(membership) => {
-                let node = membership.spec.node(membership.me).expect("load_cluster checked the id");
-                Some(
-                    node.http
-                        .parse::<SocketAddr>()
-                        .with_context(|| format!("http address {:?}", node.http))?,
-                )
-            }
-            None => None,
-        };
+        let cluster_http = member_http_listen(cluster.as_ref(), args.http.or(file.http))?;
         let config = ServeConfig {
             data_dir: data_dir.unwrap_or_else(|| PathBuf::from("./tidal-data")),
             http: cluster_http
@@ -682,6 +704,37 @@ mod tests {
         assert_eq!(node2.rpc, "127.0.0.1:7171", "the shared address is unchanged");
         args.dial = vec!["5=127.0.0.1:9999".into()];
         assert!(ServeConfig::resolve(&args).is_err(), "an override for a non-member");
+    }
+
+    #[test]
+    fn a_member_named_by_host_name_listens_where_http_says() {
+        let dir = tempfile::tempdir().unwrap();
+        crate::auth::write_private_file(&dir.path().join("secret"), b"0123456789abcdef0123\n").unwrap();
+        let cluster = dir.path().join("cluster.toml");
+        std::fs::write(
+            &cluster,
+            "cluster_id = \"t\"\nsecret_file = \"secret\"\n\
+             [[node]]\nid = 1\nhttp = \"tidal-0.tidal-peers:7070\"\nrpc = \"tidal-0.tidal-peers:7170\"\n\
+             [[node]]\nid = 2\nhttp = \"127.0.0.1:7071\"\nrpc = \"127.0.0.1:7171\"\n",
+        )
+        .unwrap();
+        let mut args = ServeArgs {
+            cluster: Some(cluster),
+            node_id: Some(1),
+            data_dir: Some(dir.path().join("n1")),
+            ..Default::default()
+        };
+        let refused = ServeConfig::resolve(&args).unwrap_err().to_string();
+        assert!(refused.contains("--http"), "{refused}");
+        args.http = Some("0.0.0.0:7070".parse().unwrap());
+        let config = ServeConfig::resolve(&args).unwrap();
+        assert_eq!(config.http, "0.0.0.0:7070".parse::<SocketAddr>().unwrap());
+        let node1 = config.cluster.unwrap().spec.node(tidal_types::NodeId(1)).unwrap().clone();
+        assert_eq!(node1.http, "tidal-0.tidal-peers:7070", "peers and clients still use the name");
+        args.node_id = Some(2);
+        args.http = Some("0.0.0.0:9999".parse().unwrap());
+        let config = ServeConfig::resolve(&args).unwrap();
+        assert_eq!(config.http.port(), 7071, "an IP address in the cluster file is where it listens");
     }
 
     #[test]

@@ -1353,6 +1353,7 @@ async fn metrics(State(state): State<Arc<AppState>>) -> Response {
         "Seconds since start.",
         node.uptime().as_secs_f64(),
     );
+    crate::metrics::render_data_dir_space(&mut out, &node.config().data_dir);
     state.metrics.render(&mut out);
     ([(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4")], out).into_response()
 }

@@ -147,6 +147,31 @@ pub fn render_histogram(
     let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {total}\n{name}_sum {sum_s}\n{name}_count {total}");
 }
 
+/// Appends the size and the space left for the node's files (`statvfs`'s available blocks: what an
+/// unprivileged writer may still use) of the file system holding the data directory. A full disk
+/// fails a WAL write, which is fatal (the node exits and its restart fails again), so operators
+/// alert on this before it happens. A file system that cannot be queried leaves both series out:
+/// an absent series is what the alert rules treat as unknown, never as full.
+pub fn render_data_dir_space(out: &mut String, data_dir: &std::path::Path) {
+    let Ok(stat) = rustix::fs::statvfs(data_dir) else { return };
+    let size = stat.f_blocks.saturating_mul(stat.f_frsize);
+    let available = stat.f_bavail.saturating_mul(stat.f_frsize);
+    render_single(
+        out,
+        "tidal_data_dir_size_bytes",
+        "gauge",
+        "Size of the file system holding the data directory.",
+        size as f64,
+    );
+    render_single(
+        out,
+        "tidal_data_dir_available_bytes",
+        "gauge",
+        "Bytes of that file system the node may still write (statvfs f_bavail).",
+        available as f64,
+    );
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -170,6 +195,23 @@ mod tests {
         let mut out = String::new();
         render_histogram(&mut out, "tidal_x_seconds", "x", &[0.1, 1.0], &[3, 2], 1.5);
         assert!(out.contains("tidal_x_seconds_bucket{le=\"1\"} 5"));
+    }
+
+    #[test]
+    fn data_dir_space_is_reported_for_a_real_directory() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut out = String::new();
+        render_data_dir_space(&mut out, dir.path());
+        let value = |name: &str| -> f64 {
+            let line = out.lines().find(|line| line.starts_with(&format!("{name} "))).unwrap();
+            line.rsplit_once(' ').unwrap().1.parse().unwrap()
+        };
+        let size = value("tidal_data_dir_size_bytes");
+        let available = value("tidal_data_dir_available_bytes");
+        assert!(size > 0.0 && available <= size, "size {size} available {available}\n{out}");
+        let mut out = String::new();
+        render_data_dir_space(&mut out, &dir.path().join("missing"));
+        assert!(out.is_empty(), "{out}");
     }
 
     #[test]
