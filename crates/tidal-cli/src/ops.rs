@@ -118,15 +118,20 @@ pub fn status_table_with_rates(status: &ClusterStatus, rates: Option<&Rates>) ->
         status.quarantined_seqnos,
         status.quarantine_files
     );
-    if let Some(rates) = rates {
-        out.push_str(&format!(", committing {}/s", crate::progress::grouped(rates.commit.round() as u64)));
+    match rates {
+        // The first refresh has nothing to compare with.
+        Some(rates) if rates.applied.is_empty() => out.push_str(", committing -/s"),
+        Some(rates) => {
+            out.push_str(&format!(", committing {}/s", crate::progress::grouped(rates.commit.round() as u64)))
+        }
+        None => {}
     }
     out.push_str("\n\n");
     out.push_str(&format!(
         "{:<5} {:<10} {:<22} {:>12} {:>12} {:>12} {:>10} {:>12} {:>8}",
         "id", "role", "http", "matched", "durable", "applied", "lag", "last ack", "pulling"
     ));
-    out.push_str(if rates.is_some() { &"   applied/s\n" } else { "\n" });
+    out.push_str(if rates.is_some() { "   applied/s\n" } else { "\n" });
     for node in &status.nodes {
         let lag = status.commit_seqno.saturating_sub(node.applied_seqno);
         let ack = match node.lag_ms {
@@ -220,7 +225,7 @@ pub async fn status(args: StatusArgs) -> anyhow::Result<()> {
         print!("{}", status_table(&fetch_status(&args.verb).await?));
         return Ok(());
     };
-    anyhow::ensure!(interval >= 0.1 && interval <= 3600.0, "--watch takes 0.1 to 3600 seconds");
+    anyhow::ensure!((0.1..=3600.0).contains(&interval), "--watch takes 0.1 to 3600 seconds");
     let in_place = std::io::IsTerminal::is_terminal(&std::io::stdout());
     let mut previous: Option<(Instant, ClusterStatus)> = None;
     let mut refresh = 0u64;

@@ -96,11 +96,15 @@ pub fn line(label: &str, unit: Unit, done: u64, total: u64, elapsed: Duration, n
         (Unit::Seqnos, 0) => format!("{} seqnos", grouped(done)),
         (Unit::Seqnos, _) => format!("{}/{} seqnos", grouped(done), grouped(total)),
         (Unit::Bytes, 0) => format!("{:.1} MiB", mib(done)),
+        // Small files in KiB: "0.0/0.0 MiB" says nothing.
+        (Unit::Bytes, _) if total < 1 << 20 => {
+            format!("{}/{} KiB", done.div_ceil(1024), total.div_ceil(1024))
+        }
         (Unit::Bytes, _) => format!("{:.1}/{:.1} MiB", mib(done), mib(total)),
     };
     let mut out = format!("{label}: {amount}");
-    if total > 0 {
-        out.push_str(&format!(" ({}%)", (done.min(total) * 100) / total));
+    if let Some(percent) = (done.min(total) * 100).checked_div(total) {
+        out.push_str(&format!(" ({percent}%)"));
     }
     out.push_str(&match unit {
         Unit::Seqnos => format!(", {}/s", grouped(rate.round() as u64)),
@@ -120,7 +124,7 @@ pub fn grouped(value: u64) -> String {
     let digits = value.to_string();
     let mut out = String::with_capacity(digits.len() + digits.len() / 3);
     for (index, digit) in digits.chars().enumerate() {
-        if index > 0 && (digits.len() - index) % 3 == 0 {
+        if index > 0 && (digits.len() - index).is_multiple_of(3) {
             out.push(',');
         }
         out.push(digit);

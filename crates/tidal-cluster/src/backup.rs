@@ -173,7 +173,8 @@ pub fn cut_backup(db: &TidalDb, wal: &Wal, data_dir: &Path, id: u64) -> Result<C
 /// Verifies the backup at `path` whole (trailer checksum, footer, every snapshot record, the
 /// snapshot's state digest) and returns what it holds. Reads the file once; writes nothing.
 pub fn verify_backup(path: &Path) -> Result<BackupInfo, BackupError> {
-    let not_a_backup = |reason: String| BackupError::NotABackup { path: path.to_path_buf(), reason };
+    let not_a_backup =
+        |damage: Damage| BackupError::NotABackup { path: path.to_path_buf(), reason: damage.0 };
     let mut file = File::open(path).map_err(io_at("open", path))?;
     let bytes = file.metadata().map_err(io_at("stat", path))?.len();
     let mut head = [0u8; SNAPSHOT_HEADER_LEN];
@@ -181,16 +182,16 @@ pub fn verify_backup(path: &Path) -> Result<BackupInfo, BackupError> {
         || file.read_exact(&mut head).is_err()
         || head[..8] != SNAPSHOT_MAGIC
     {
-        return Err(not_a_backup(format!("{bytes} bytes do not start with a snapshot header")));
+        return Err(not_a_backup(Damage(format!("{bytes} bytes do not start with a snapshot header"))));
     }
     let dimension = u32::from_le_bytes(head[12..16].try_into().expect("4 bytes"));
     let (footer, footer_len) = read_footer(&mut file, bytes).map_err(not_a_backup)?;
     let (snapshot_bytes, position, history) = decode_footer(&footer).map_err(not_a_backup)?;
-    if snapshot_bytes + footer_len + BACKUP_TRAILER_LEN != bytes {
-        return Err(not_a_backup(format!(
+    if snapshot_bytes.checked_add(footer_len + BACKUP_TRAILER_LEN) != Some(bytes) {
+        return Err(not_a_backup(Damage(format!(
             "the footer says {snapshot_bytes} snapshot bytes, the file has {} before its footer",
             bytes.saturating_sub(footer_len + BACKUP_TRAILER_LEN)
-        )));
+        ))));
     }
     file.seek(SeekFrom::Start(0)).map_err(io_at("rewind", path))?;
     let mut reader = HashingReader {
@@ -270,44 +271,50 @@ fn encode_footer(snapshot_bytes: u64, position: TermSeqno, history: &[TermSeqno]
     out
 }
 
+/// What is wrong with a file that is not a whole backup (becomes [`BackupError::NotABackup`]).
+#[derive(Debug, PartialEq, Eq)]
+struct Damage(String);
+
 /// The footer's bytes and length, found from the trailer at the end of a `bytes`-long file.
-fn read_footer(file: &mut File, bytes: u64) -> Result<(Vec<u8>, u64), String> {
+fn read_footer(file: &mut File, bytes: u64) -> Result<(Vec<u8>, u64), Damage> {
     let mut trailer = [0u8; BACKUP_TRAILER_LEN as usize];
     file.seek(SeekFrom::Start(bytes - BACKUP_TRAILER_LEN))
         .and_then(|_| file.read_exact(&mut trailer))
-        .map_err(|error| format!("read its trailer: {error}"))?;
+        .map_err(|error| Damage(format!("read its trailer: {error}")))?;
     let footer_len = u64::from(u32::from_le_bytes(trailer[..4].try_into().expect("4 bytes")));
     let footer_max = (FOOTER_FIXED_LEN + 16 * TERM_HISTORY_LEN_MAX) as u64;
     if !(FOOTER_FIXED_LEN as u64..=footer_max).contains(&footer_len)
         || footer_len + BACKUP_TRAILER_LEN > bytes
     {
-        return Err(format!(
+        return Err(Damage(format!(
             "no backup footer at its end (truncated?): footer length {footer_len} in {bytes} bytes"
-        ));
+        )));
     }
     let mut footer = vec![0u8; footer_len as usize];
     file.seek(SeekFrom::Start(bytes - BACKUP_TRAILER_LEN - footer_len))
         .and_then(|_| file.read_exact(&mut footer))
-        .map_err(|error| format!("read its footer: {error}"))?;
+        .map_err(|error| Damage(format!("read its footer: {error}")))?;
     Ok((footer, footer_len))
 }
 
-fn decode_footer(footer: &[u8]) -> Result<(u64, TermSeqno, Vec<TermSeqno>), String> {
+fn decode_footer(footer: &[u8]) -> Result<(u64, TermSeqno, Vec<TermSeqno>), Damage> {
     let u64_at = |at: usize| u64::from_le_bytes(footer[at..at + 8].try_into().expect("8 bytes"));
     if footer[..8] != BACKUP_MAGIC {
-        return Err("no backup footer at its end (truncated?)".into());
+        return Err(Damage("no backup footer at its end (truncated?)".into()));
     }
     let version = u32::from_le_bytes(footer[8..12].try_into().expect("4 bytes"));
     if version != BACKUP_VERSION {
-        return Err(format!("backup format version {version}; this build reads version {BACKUP_VERSION}"));
+        return Err(Damage(format!(
+            "backup format version {version}; this build reads version {BACKUP_VERSION}"
+        )));
     }
     let position = TermSeqno { term: Term(u64_at(20)), seqno: Seqno(u64_at(28)) };
     let count = u32::from_le_bytes(footer[36..40].try_into().expect("4 bytes")) as usize;
     if count > TERM_HISTORY_LEN_MAX || footer.len() != FOOTER_FIXED_LEN + 16 * count {
-        return Err(format!(
+        return Err(Damage(format!(
             "its footer's {count} term history entries do not fit its {} bytes",
             footer.len()
-        ));
+        )));
     }
     let history = (0..count)
         .map(|i| TermSeqno { term: Term(u64_at(40 + 16 * i)), seqno: Seqno(u64_at(48 + 16 * i)) })
@@ -321,17 +328,17 @@ fn check_consistent(
     snapshot: &SnapshotInfo,
     position: TermSeqno,
     history: &[TermSeqno],
-) -> Result<(), String> {
+) -> Result<(), Damage> {
     if snapshot.position != position {
-        return Err(format!("its footer says {position}, its snapshot holds {}", snapshot.position));
+        return Err(Damage(format!("its footer says {position}, its snapshot holds {}", snapshot.position)));
     }
     let ordered = history.windows(2).all(|pair| pair[0].term < pair[1].term && pair[0].seqno < pair[1].seqno);
     let term_at_s = history.iter().rev().find(|entry| entry.seqno <= position.seqno).map(|entry| entry.term);
     if position.seqno > Seqno::ZERO && (!ordered || term_at_s != Some(position.term)) {
-        return Err(format!(
+        return Err(Damage(format!(
             "its term history {history:?} does not put term {} at seqno {}",
             position.term, position.seqno
-        ));
+        )));
     }
     Ok(())
 }
@@ -420,11 +427,11 @@ mod tests {
         assert_eq!(decode_footer(&footer).unwrap(), (12345, at(3, 900), history));
         let mut wrong_magic = footer.clone();
         wrong_magic[0] ^= 1;
-        assert!(decode_footer(&wrong_magic).unwrap_err().contains("no backup footer"));
+        assert!(decode_footer(&wrong_magic).unwrap_err().0.contains("no backup footer"));
         let mut wrong_version = footer.clone();
         wrong_version[8] = 9;
-        assert!(decode_footer(&wrong_version).unwrap_err().contains("version 9"));
-        assert!(decode_footer(&footer[..footer.len() - 1]).unwrap_err().contains("do not fit"));
+        assert!(decode_footer(&wrong_version).unwrap_err().0.contains("version 9"));
+        assert!(decode_footer(&footer[..footer.len() - 1]).unwrap_err().0.contains("do not fit"));
     }
 
     #[test]

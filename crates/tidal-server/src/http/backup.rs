@@ -94,7 +94,7 @@ pub(super) async fn get_backup(State(state): State<Arc<AppState>>) -> AppResult<
         tracing::info!(position = %info.position, bytes = info.bytes, "backup served");
     });
     let body = Body::from_stream(tokio_stream::wrappers::ReceiverStream::new(rx));
-    Ok(response.body(body).map_err(|error| ApiError::internal(format!("backup response: {error}")))?)
+    response.body(body).map_err(|error| ApiError::internal(format!("backup response: {error}")))
 }
 
 /// Waits until the cut's seqno is committed on this node (always at once on a single node and on
