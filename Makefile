@@ -27,7 +27,12 @@ single: build
 	$(TIDAL) serve
 
 # Every test in the workspace (unit, crate integration, recovery, golden fixture, HTTP end to end).
+# Installs cargo-nextest first when this machine lacks it (a fresh machine with only Rust).
 test:
+	@$(CARGO) nextest --version >/dev/null 2>&1 || { \
+	  echo "make test: cargo-nextest is not installed; installing it: $(CARGO) install cargo-nextest --locked (a few minutes, once)"; \
+	  $(CARGO) install cargo-nextest --locked || { echo "make test: installing cargo-nextest failed; install it by hand (https://nexte.st)"; exit 1; }; \
+	}
 	$(CARGO) nextest run --workspace --no-fail-fast
 
 # The decoders under libFuzzer (fuzz/): WAL segments as recovery scans them (encoded, then damaged),

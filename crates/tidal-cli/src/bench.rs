@@ -546,7 +546,7 @@ async fn drive(client: &Client, args: &BenchArgs) -> anyhow::Result<Report> {
             tokio::spawn(worker.run())
         })
         .collect();
-    let progress = spawn_progress(counters.clone(), started, args.quiet);
+    let progress = spawn_progress(counters.clone(), started, args.seconds, args.quiet);
     let (mut latencies_us, mut first_reader_us) = (Vec::new(), Vec::new());
     for worker in workers {
         let (latencies, first_reader) = worker.await.context("bench worker")?;
@@ -682,8 +682,14 @@ impl Worker {
     }
 }
 
-/// Prints the run's progress once a second on stderr (unless `quiet`) until stopped or aborted.
-fn spawn_progress(counters: Arc<Counters>, started: Instant, quiet: bool) -> tokio::task::JoinHandle<()> {
+/// Prints the run's progress once a second on stderr (unless `quiet`) until stopped or aborted:
+/// elapsed of `seconds`, requests, events, the last second's rate and the time left.
+fn spawn_progress(
+    counters: Arc<Counters>,
+    started: Instant,
+    seconds: u64,
+    quiet: bool,
+) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         let mut last = (Instant::now(), 0u64);
         while !counters.stop.load(Ordering::Relaxed) && !quiet {
@@ -692,12 +698,15 @@ fn spawn_progress(counters: Arc<Counters>, started: Instant, quiet: bool) -> tok
             let total = counters.events.load(Ordering::Relaxed);
             let rate = (total - last.1) as f64 / (now - last.0).as_secs_f64();
             last = (now, total);
+            let elapsed = (now - started).as_secs_f64();
             eprint!(
-                "\r[{:>4.0} s] {:>10} requests {:>12} events {:>12.0} events/s   ",
-                (now - started).as_secs_f64(),
+                "\r[{:>4.0}/{} s] {:>10} requests {:>12} events {:>12.0} events/s, ~{:.0} s left   ",
+                elapsed,
+                seconds,
                 counters.done.load(Ordering::Relaxed),
                 total,
-                rate
+                rate,
+                (seconds as f64 - elapsed).max(0.0)
             );
         }
     })

@@ -8,6 +8,7 @@
 //!   `tidal serve` processes on loopback.
 //! - `ops`: the operator verbs (`tidal status`, `catchup`, `heal`, `promote`, `members`, ...),
 //!   thin clients of the HTTP routes.
+//! - `backup_cmd`: `tidal backup` and `tidal restore`; `progress`: the progress lines of long verbs.
 //! - `gates`: `tidal gates`, the exit gates on a local cluster; `demo`: `tidal demo`, the guided tour.
 //! - `stream_cmd`, `inbox_cmd`: `tidal stream ...` and `tidal inbox ...`, the streams and inboxes
 //!   APIs from the command line.
@@ -16,6 +17,7 @@
 //! binds sockets from configuration and reads signals.
 #![deny(missing_docs)]
 
+pub mod backup_cmd;
 pub mod bench;
 mod bench_conn;
 mod bench_inbox;
@@ -27,4 +29,5 @@ pub mod inbox_cmd;
 pub mod local_tls;
 pub mod logging;
 pub mod ops;
+pub mod progress;
 pub mod stream_cmd;

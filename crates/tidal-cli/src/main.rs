@@ -36,10 +36,14 @@ enum Command {
     /// Inboxes: send, receive (waits up to --wait-ms), ack, discard, close, show.
     #[command(subcommand)]
     Inbox(tidal_cli::inbox_cmd::InboxCommand),
-    /// Print the cluster's status as a table (asks the leader when it can).
-    Status(tidal_cli::ops::VerbArgs),
-    /// Make the node at --url (a follower) pull from its leader now.
-    Catchup(tidal_cli::ops::VerbArgs),
+    /// Print the cluster's status as a table (asks the leader when it can); `--watch` refreshes it.
+    Status(tidal_cli::ops::StatusArgs),
+    /// Make the node at --url (a follower) pull from its leader now; `--wait` follows it to the end.
+    Catchup(tidal_cli::ops::CatchupArgs),
+    /// Download a verified backup of the node at --url (its state at a committed seqno) into a file.
+    Backup(tidal_cli::backup_cmd::BackupArgs),
+    /// Make a new data dir from a backup file; a node started on it begins at the backup's seqno.
+    Restore(tidal_cli::backup_cmd::RestoreArgs),
     /// Make the leader reset a follower's ShipQueue to its matched position and nudge it to pull.
     Heal {
         #[command(flatten)]
@@ -50,6 +54,8 @@ enum Command {
         /// Say what would be done, change nothing.
         #[arg(long)]
         dry_run: bool,
+        #[command(flatten)]
+        wait: tidal_cli::ops::WaitArgs,
     },
     /// Reconcile hard negatives (the CRDT outside the log) between the node at --url and every peer now.
     Reconcile {
@@ -154,9 +160,13 @@ fn main() -> anyhow::Result<()> {
             }
             Ok(())
         }
-        Command::Status(verb) => runtime.block_on(tidal_cli::ops::status(verb)),
-        Command::Catchup(verb) => runtime.block_on(tidal_cli::ops::catchup(verb)),
-        Command::Heal { verb, node, dry_run } => runtime.block_on(tidal_cli::ops::heal(verb, node, dry_run)),
+        Command::Status(args) => runtime.block_on(tidal_cli::ops::status(args)),
+        Command::Catchup(args) => runtime.block_on(tidal_cli::ops::catchup(args)),
+        Command::Backup(args) => runtime.block_on(tidal_cli::backup_cmd::backup(args)),
+        Command::Restore(args) => runtime.block_on(tidal_cli::backup_cmd::restore(args)),
+        Command::Heal { verb, node, dry_run, wait } => {
+            runtime.block_on(tidal_cli::ops::heal(verb, node, dry_run, wait))
+        }
         Command::Reconcile { verb, dry_run } => runtime.block_on(tidal_cli::ops::reconcile(verb, dry_run)),
         Command::Promote { verb, node, dry_run } => {
             runtime.block_on(tidal_cli::ops::promote(verb, node, dry_run))

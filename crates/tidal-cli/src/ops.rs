@@ -57,10 +57,55 @@ impl VerbArgs {
     }
 }
 
+/// `tidal status` options.
+#[derive(Clone, Debug, clap::Args)]
+pub struct StatusArgs {
+    #[command(flatten)]
+    verb: VerbArgs,
+    /// Refresh every SECONDS (2 when no value is given) until Ctrl-C, with rates: seqnos/s
+    /// committed and applied per node. On a terminal the table is redrawn in place; into a file
+    /// or pipe each refresh is appended under a time stamp.
+    #[arg(long, value_name = "SECONDS", num_args = 0..=1, default_missing_value = "2")]
+    watch: Option<f64>,
+    /// With --watch: stop after this many refreshes.
+    #[arg(long, requires = "watch")]
+    count: Option<u64>,
+}
+
+/// `--wait` options of the verbs whose work goes on on the server (`catchup`, `heal`).
+#[derive(Clone, Debug, clap::Args)]
+pub struct WaitArgs {
+    /// Follow the work to its end: poll `/cluster/status` until the node has applied the commit
+    /// frontier the leader had when the verb was sent, with a progress line on stderr.
+    #[arg(long)]
+    pub wait: bool,
+    /// With --wait: give up (exit non-zero) after this many seconds; the work goes on.
+    #[arg(long, default_value_t = 600)]
+    pub wait_timeout_s: u64,
+    /// Print progress lines on stderr even when it is not a terminal.
+    #[arg(long)]
+    pub progress: bool,
+}
+
+/// `tidal catchup` options.
+#[derive(Clone, Debug, clap::Args)]
+pub struct CatchupArgs {
+    #[command(flatten)]
+    verb: VerbArgs,
+    #[command(flatten)]
+    wait: WaitArgs,
+}
+
 /// Renders a status as a table.
 pub fn status_table(status: &ClusterStatus) -> String {
+    status_table_with_rates(status, None)
+}
+
+/// A status table; with `rates` (`(commit seqnos/s, node id -> applied seqnos/s)`) it has an
+/// `applied/s` column and the commit rate in its first line.
+pub fn status_table_with_rates(status: &ClusterStatus, rates: Option<&Rates>) -> String {
     let mut out = format!(
-        "node {} ({}), term {}, leader {}, durable {}, commit {}, applied {}, baseline (t{}, {}), quarantined {} seqnos in {} files\n\n",
+        "node {} ({}), term {}, leader {}, durable {}, commit {}, applied {}, baseline (t{}, {}), quarantined {} seqnos in {} files",
         status.node_id,
         status.role,
         status.term,
@@ -73,10 +118,20 @@ pub fn status_table(status: &ClusterStatus) -> String {
         status.quarantined_seqnos,
         status.quarantine_files
     );
+    match rates {
+        // The first refresh has nothing to compare with.
+        Some(rates) if rates.applied.is_empty() => out.push_str(", committing -/s"),
+        Some(rates) => {
+            out.push_str(&format!(", committing {}/s", crate::progress::grouped(rates.commit.round() as u64)))
+        }
+        None => {}
+    }
+    out.push_str("\n\n");
     out.push_str(&format!(
-        "{:<5} {:<10} {:<22} {:>12} {:>12} {:>12} {:>10} {:>12} {:>8}\n",
+        "{:<5} {:<10} {:<22} {:>12} {:>12} {:>12} {:>10} {:>12} {:>8}",
         "id", "role", "http", "matched", "durable", "applied", "lag", "last ack", "pulling"
     ));
+    out.push_str(if rates.is_some() { "   applied/s\n" } else { "\n" });
     for node in &status.nodes {
         let lag = status.commit_seqno.saturating_sub(node.applied_seqno);
         let ack = match node.lag_ms {
@@ -85,7 +140,7 @@ pub fn status_table(status: &ClusterStatus) -> String {
             None => "never".to_string(),
         };
         out.push_str(&format!(
-            "{:<5} {:<10} {:<22} {:>12} {:>12} {:>12} {:>10} {:>12} {:>8}\n",
+            "{:<5} {:<10} {:<22} {:>12} {:>12} {:>12} {:>10} {:>12} {:>8}",
             node.id,
             node.role,
             node.http,
@@ -102,15 +157,49 @@ pub fn status_table(status: &ClusterStatus) -> String {
                 "no"
             }
         ));
+        match rates.map(|rates| rates.applied.get(&node.id)) {
+            Some(Some(rate)) => {
+                out.push_str(&format!(" {:>11}\n", crate::progress::grouped(rate.round() as u64)))
+            }
+            Some(None) => out.push_str(&format!(" {:>11}\n", "-")),
+            None => out.push('\n'),
+        }
     }
     out
 }
 
-/// `tidal status`.
-pub async fn status(args: VerbArgs) -> anyhow::Result<()> {
+/// Rates between two statuses: seqnos per second.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Rates {
+    /// The commit frontier's.
+    pub commit: f64,
+    /// Each node's applied frontier's (nodes in both statuses).
+    pub applied: std::collections::BTreeMap<u64, f64>,
+}
+
+impl Rates {
+    /// The rates from `before` to `after`, `elapsed` apart (a frontier that went down, as after a
+    /// snapshot install of an earlier seqno, counts as 0).
+    pub fn between(before: &ClusterStatus, after: &ClusterStatus, elapsed: Duration) -> Rates {
+        let seconds = elapsed.as_secs_f64().max(1e-3);
+        let rate = |from: u64, to: u64| to.saturating_sub(from) as f64 / seconds;
+        let applied = after
+            .nodes
+            .iter()
+            .filter_map(|node| {
+                let earlier = before.nodes.iter().find(|earlier| earlier.id == node.id)?;
+                Some((node.id, rate(earlier.applied_seqno, node.applied_seqno)))
+            })
+            .collect();
+        Rates { commit: rate(before.commit_seqno, after.commit_seqno), applied }
+    }
+}
+
+/// The status from the leader when `--url` names one it can reach (a follower only knows what the
+/// leader last told it; the leader knows every follower), else from `--url`.
+async fn fetch_status(args: &VerbArgs) -> anyhow::Result<ClusterStatus> {
     let client = args.client()?;
     let status = client.status().await.with_context(|| format!("GET {}/cluster/status", args.url))?;
-    // A follower only knows what the leader last told it; the leader knows every follower.
     let status = match status.leader_id {
         Some(leader) if leader != status.node_id => {
             let leader_url = status
@@ -127,8 +216,95 @@ pub async fn status(args: VerbArgs) -> anyhow::Result<()> {
         }
         _ => status,
     };
-    print!("{}", status_table(&status));
+    Ok(status)
+}
+
+/// `tidal status [--watch [SECONDS] [--count N]]`.
+pub async fn status(args: StatusArgs) -> anyhow::Result<()> {
+    let Some(interval) = args.watch else {
+        print!("{}", status_table(&fetch_status(&args.verb).await?));
+        return Ok(());
+    };
+    anyhow::ensure!((0.1..=3600.0).contains(&interval), "--watch takes 0.1 to 3600 seconds");
+    let in_place = std::io::IsTerminal::is_terminal(&std::io::stdout());
+    let mut previous: Option<(Instant, ClusterStatus)> = None;
+    let mut refresh = 0u64;
+    while args.count.is_none_or(|count| refresh < count) {
+        refresh += 1;
+        let fetched = fetch_status(&args.verb).await;
+        let now = Instant::now();
+        let stamp = utc_clock();
+        if in_place {
+            // Home and clear: the table is redrawn where it was, as `watch` does.
+            print!("\x1b[H\x1b[2J");
+        }
+        println!("tidal status every {interval} s, {stamp} UTC (refresh {refresh}; Ctrl-C stops)");
+        match fetched {
+            Ok(status) => {
+                let rates = previous.as_ref().map(|(at, before)| Rates::between(before, &status, now - *at));
+                print!("{}", status_table_with_rates(&status, Some(&rates.unwrap_or_default())));
+                previous = Some((now, status));
+            }
+            // A watch goes on through a node's restart or a failover: that is what it is for.
+            Err(error) => println!("no status: {error:#}"),
+        }
+        std::io::Write::flush(&mut std::io::stdout()).ok();
+        if args.count.is_none_or(|count| refresh < count) {
+            tokio::time::sleep(Duration::from_secs_f64(interval)).await;
+        }
+    }
     Ok(())
+}
+
+/// `HH:MM:SS` of the wall clock, UTC.
+fn utc_clock() -> String {
+    let seconds =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |since| since.as_secs());
+    format!("{:02}:{:02}:{:02}", seconds / 3600 % 24, seconds / 60 % 60, seconds % 60)
+}
+
+/// How often a `--wait` looks at the status.
+const WAIT_POLL: Duration = Duration::from_millis(200);
+
+/// Follows node `node` until it has applied `target` (from the leader's status when reachable),
+/// with a progress line labelled `label` counting from `start`.
+async fn wait_applied(
+    verb: &VerbArgs,
+    wait: &WaitArgs,
+    label: &str,
+    node: u64,
+    (start, target): (u64, u64),
+) -> anyhow::Result<()> {
+    let started = Instant::now();
+    let deadline = started + Duration::from_secs(wait.wait_timeout_s);
+    let mut progress = crate::progress::Progress::new(label, crate::progress::Unit::Seqnos, wait.progress);
+    let total = target.saturating_sub(start);
+    loop {
+        let (applied, note) = match fetch_status(verb).await {
+            Ok(status) => match status.nodes.iter().find(|n| n.id == node) {
+                Some(entry) if entry.snapshot => (entry.applied_seqno, "installing a snapshot"),
+                Some(entry) => (entry.applied_seqno, ""),
+                None => (start, "not in the leader's membership"),
+            },
+            Err(_) => (start, "no status"),
+        };
+        let done = applied.saturating_sub(start).min(total);
+        if applied >= target {
+            progress.finish(done, total, "done");
+            println!(
+                "{label}: node {node} applied seqno {applied} (target {target}) after {:.1} s",
+                started.elapsed().as_secs_f64()
+            );
+            return Ok(());
+        }
+        progress.update(done, total, note);
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "{label}: node {node} applied {applied} of {target} after {} s; it keeps catching up (`tidal status`)",
+            wait.wait_timeout_s
+        );
+        tokio::time::sleep(WAIT_POLL).await;
+    }
 }
 
 /// POSTs an operator verb to the node at `--url` and prints its JSON answer.
@@ -151,14 +327,33 @@ fn dry_run_query(dry_run: bool, separator: char) -> String {
     }
 }
 
-/// `tidal catchup`: the node at `--url` pulls from its leader now.
-pub async fn catchup(args: VerbArgs) -> anyhow::Result<()> {
-    post_verb(args, "/cluster/catchup").await
+/// `tidal catchup [--wait]`: the node at `--url` pulls from its leader now; with `--wait`, until it
+/// has applied what the leader had committed.
+pub async fn catchup(args: CatchupArgs) -> anyhow::Result<()> {
+    let own = args
+        .verb
+        .client()?
+        .status()
+        .await
+        .with_context(|| format!("GET {}/cluster/status", args.verb.url))?;
+    let target = fetch_status(&args.verb).await?.commit_seqno;
+    post_verb(args.verb.clone(), "/cluster/catchup").await?;
+    if args.wait.wait {
+        wait_applied(&args.verb, &args.wait, "catchup", own.node_id, (own.applied_seqno, target)).await?;
+    }
+    Ok(())
 }
 
-/// `tidal heal --node N [--dry-run]`: the leader nudges follower N to pull from its last matched position.
-pub async fn heal(args: VerbArgs, node: u64, dry_run: bool) -> anyhow::Result<()> {
-    post_verb(args, &format!("/cluster/heal?node={node}{}", dry_run_query(dry_run, '&'))).await
+/// `tidal heal --node N [--dry-run] [--wait]`: the leader nudges follower N to pull from its last
+/// matched position; with `--wait`, until N has applied what the leader had committed.
+pub async fn heal(args: VerbArgs, node: u64, dry_run: bool, wait: WaitArgs) -> anyhow::Result<()> {
+    let before = fetch_status(&args).await?;
+    let start = before.nodes.iter().find(|n| n.id == node).map_or(0, |n| n.applied_seqno);
+    post_verb(args.clone(), &format!("/cluster/heal?node={node}{}", dry_run_query(dry_run, '&'))).await?;
+    if wait.wait && !dry_run {
+        wait_applied(&args, &wait, "heal", node, (start, before.commit_seqno)).await?;
+    }
+    Ok(())
 }
 
 /// `tidal promote --node N [--dry-run]`: the leader hands leadership to node N (any node forwards

@@ -206,6 +206,12 @@ impl Client {
         Self::send(self.request(reqwest::Method::GET, "/cluster/digest")).await
     }
 
+    /// `GET path` whose body the caller reads itself (a download: `reply.chunk()`); the reply when
+    /// its status is 2xx, the error it carries otherwise.
+    pub async fn get_stream(&self, path: &str) -> Result<reqwest::Response, Error> {
+        Self::send_checked(self.request(reqwest::Method::GET, path)).await
+    }
+
     /// Any JSON request, for routes without a typed method.
     pub async fn json<B: Serialize, T: DeserializeOwned>(
         &self,

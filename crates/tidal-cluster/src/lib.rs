@@ -9,6 +9,7 @@
 #![deny(missing_docs)]
 
 pub mod applier;
+pub mod backup;
 pub mod blocking;
 pub mod commit_state;
 pub mod control;

@@ -65,7 +65,8 @@ pub const PROGRESS_LOG_INTERVAL: Duration = Duration::from_secs(2);
 /// follower's matched position passes it first: long enough for the follower to install and pull.
 pub const PIN_LINGER: Duration = Duration::from_secs(10 * 60);
 
-const INSTALL_FILE: &str = "install.snap";
+/// The verified snapshot an install (or a restore, [`crate::backup`]) works from.
+pub(crate) const INSTALL_FILE: &str = "install.snap";
 const INCOMING_FILE: &str = "incoming.snap.tmp";
 const SERVE_PREFIX: &str = "serve-";
 const MARKER_MAGIC: [u8; 8] = *b"TIDALINS";
@@ -297,7 +298,7 @@ pub fn resume_pending_install(
     let local = Local { wal: wal.clone(), db: db.clone(), applier: None, data_dir: data_dir.into() };
     match read_marker(data_dir)? {
         Some(marker) => {
-            tracing::warn!(position = %marker.position, "resuming an interrupted snapshot install");
+            tracing::warn!(position = %marker.position, "finishing a pending snapshot install (restored from a backup, or interrupted by a crash)");
             finish_install(&local, &marker, None, Instant::now(), None).map(Some)
         }
         None => {
@@ -526,6 +527,17 @@ struct MarkerDamage(String);
 fn write_marker(data_dir: &Path, marker: &InstallMarker) -> Result<(), InstallError> {
     crate::files::write_then_rename(&data_dir.join(INSTALL_PENDING_FILE), &marker.encode())
         .map_err(io("write install marker (write-then-rename)"))
+}
+
+/// Writes the install marker for a snapshot already verified at `snapshot/install.snap` (a
+/// restore, [`crate::backup::restore_backup`]): the next start finishes the install as
+/// [`resume_pending_install`] does after a crash.
+pub(crate) fn write_install_marker(
+    data_dir: &Path,
+    position: TermSeqno,
+    history: Vec<TermSeqno>,
+) -> Result<(), InstallError> {
+    write_marker(data_dir, &InstallMarker { position, history })
 }
 
 fn read_marker(data_dir: &Path) -> Result<Option<InstallMarker>, InstallError> {

@@ -27,6 +27,7 @@ use tidal_types::{
     SIGNAL_TS_AHEAD_MAX_MS, SIGNAL_WEIGHT_MAX, USER_BYTES_MAX,
 };
 
+mod backup;
 pub mod decode;
 mod guard;
 pub mod inboxes;
@@ -216,6 +217,7 @@ pub static ROUTES: &[Route] = {
         route!(POST, "/cluster/catchup", post_catchup, ADMIN, Anywhere),
         route!(POST, "/cluster/promote", post_promote, ADMIN, Leader),
         route!(POST, "/cluster/reconcile", post_reconcile, ADMIN, Anywhere),
+        route!(GET, "/cluster/backup", backup::get_backup, ADMIN, Anywhere),
         route!(POST, "/cluster/members/{id}", post_member, ADMIN, LeaderMemberChange),
         route!(DELETE, "/cluster/members/{id}", delete_member, ADMIN, LeaderMemberChange),
         route!(GET, "/healthz", healthz, Access::Open, Anywhere),
