@@ -30,6 +30,8 @@ pub(crate) enum Reply {
     Text,
     /// `text/event-stream` (a subscription).
     EventStream,
+    /// `application/octet-stream` (a backup file).
+    Binary,
 }
 
 /// The documentation of one route beyond what [`ROUTES`] says.
@@ -112,6 +114,7 @@ pub(crate) static OPS: &[Op] = {
         op!("get" "/v1/inboxes/{owner}", "An inbox's topics and backlog", query: READ, body: None, reply: J(schema::<InboxView>), errors: &[InvalidName, NotFound]),
         op!("get" "/cluster/status", "This node's view of the cluster", query: &[MIN_SEQNO], body: None, reply: J(schema::<ClusterStatus>), errors: NONE),
         op!("get" "/cluster/digest", "Digest of the replicated state", query: &[MIN_SEQNO], body: None, reply: J(schema::<DigestView>), errors: NONE),
+        op!("get" "/cluster/backup", "A backup of this node's state at a committed seqno (decisions/065)", query: &[], body: None, reply: Reply::Binary, errors: &[NotReady]),
         op!("post" "/cluster/heal", "Bring a follower back to the leader's log", query: &[NODE, DRY_RUN], body: None, reply: J(schema::<HealView>), errors: NONE),
         op!("post" "/cluster/catchup", "Pull missing history from the leader now", query: &[], body: None, reply: J(schema::<CatchupView>), errors: NONE),
         op!("post" "/cluster/promote", "Hand leadership to another voter", query: &[NODE, DRY_RUN], body: None, reply: J(schema::<PromoteView>), errors: NONE),
@@ -258,6 +261,9 @@ fn success(reply: Reply, generator: &mut SchemaGenerator) -> Value {
         }
         Reply::Text => {
             json!({"description": "OK", "content": {"text/plain": {"schema": {"type": "string"}}}})
+        }
+        Reply::Binary => {
+            json!({"description": "The backup file; its seqno, term and checksum in Tidal-Backup-* headers", "content": {"application/octet-stream": {"schema": {"type": "string", "contentEncoding": "binary"}}}})
         }
         Reply::EventStream => {
             json!({"description": "One server-sent event per stream event", "content": {"text/event-stream": {"schema": {"type": "string"}}}})
