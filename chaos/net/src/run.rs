@@ -57,8 +57,9 @@ pub struct Options {
 
 /// The network, the cluster and the load of one run, and what it found.
 struct Run {
-    topology: Topology,
+    // Fields drop in order: the nodes are killed before their namespaces go.
     cluster: NetCluster,
+    topology: Topology,
     load: Arc<Load>,
     report: Report,
     /// Acknowledged writes up to this index of the ledger were already checked on every node.
@@ -184,6 +185,7 @@ impl Run {
         other: u64,
     ) -> anyhow::Result<String> {
         let (topology, cluster) = (&self.topology, &self.cluster);
+        let dropped_before = self.dropped_packets()?;
         let targets = match planned.class {
             FaultClass::IsolateLeader => {
                 topology.link_down(leader)?;
@@ -227,6 +229,9 @@ impl Run {
             }
         };
         self.hold(planned, leader).await?;
+        let dropped = self.dropped_packets()? - dropped_before;
+        let targets =
+            if dropped > 0 { format!("{targets}; {dropped} packets dropped by tc") } else { targets };
         match planned.class {
             FaultClass::SigkillRestart => cluster.restart(leader)?,
             FaultClass::SigstopSigcont => cluster.signal(leader, "CONT")?,
@@ -236,6 +241,11 @@ impl Run {
             topology.heal(id)?;
         }
         Ok(targets)
+    }
+
+    /// Packets every node's drop class has dropped so far.
+    fn dropped_packets(&self) -> anyhow::Result<u64> {
+        self.cluster.ids().into_iter().map(|id| self.topology.dropped_packets(id)).sum()
     }
 
     /// Lets the fault last its hold (this is the experiment's schedule, not a synchronization);

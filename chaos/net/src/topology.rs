@@ -215,6 +215,13 @@ impl Topology {
         Ok(())
     }
 
+    /// Packets node `id`'s drop class has dropped so far (what the drop filters matched): the
+    /// evidence that a tc fault did bite.
+    pub fn dropped_packets(&self, id: u64) -> anyhow::Result<u64> {
+        let shown = self.tc_show(id, "qdisc")?;
+        Ok(dropped_by_drop_class(&shown).unwrap_or(0))
+    }
+
     /// `tc -s <what> show dev eth0` in node `id`'s namespace (qdisc drop counters, filters).
     pub fn tc_show(&self, id: u64, what: &str) -> anyhow::Result<String> {
         run(&["tc", "-n", &self.namespace(id), "-s", what, "show", "dev", "eth0"])
@@ -241,6 +248,15 @@ impl Drop for Topology {
     }
 }
 
+/// The `dropped` counter of qdisc `2:` (the drop class's queue) in `tc -s qdisc show` output.
+fn dropped_by_drop_class(shown: &str) -> Option<u64> {
+    let mut lines = shown.lines().skip_while(|line| !line.starts_with("qdisc pfifo 2:"));
+    lines.next()?;
+    let counters = lines.next()?;
+    let after = counters.split("dropped ").nth(1)?;
+    after.split(|c: char| !c.is_ascii_digit()).next()?.parse().ok()
+}
+
 /// A /24 of 10.77.0.0/16 that no interface on this machine has an address in.
 fn free_subnet() -> anyhow::Result<u8> {
     let taken = run(&["ip", "-4", "-o", "addr", "show"])?;
@@ -263,4 +279,20 @@ pub fn run(args: &[&str]) -> anyhow::Result<String> {
         String::from_utf8_lossy(&output.stderr).trim()
     );
     Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_drop_class_counter_is_read_from_tc_statistics() {
+        let shown = "qdisc htb 1: root refcnt 3 r2q 10 default 0x1 direct_packets_stat 0 direct_qlen 1000\n \
+                     Sent 6430 bytes 81 pkt (dropped 3, overlimits 0 requeues 0) \n \
+                     backlog 0b 0p requeues 0\n\
+                     qdisc pfifo 2: parent 1:2 limit 0p\n \
+                     Sent 0 bytes 0 pkt (dropped 26, overlimits 0 requeues 0) \n";
+        assert_eq!(dropped_by_drop_class(shown), Some(26));
+        assert_eq!(dropped_by_drop_class("qdisc noqueue 0: root"), None);
+    }
 }
