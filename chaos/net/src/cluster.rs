@@ -236,6 +236,23 @@ impl NetCluster {
         Ok(self.client(id)?.json::<(), DigestView>(reqwest::Method::GET, &path, None).await?)
     }
 
+    /// One line per node: role, term, leader, durable/commit/applied frontiers (or why not).
+    pub async fn status_lines(&self) -> String {
+        let mut out = String::new();
+        for id in self.ids() {
+            let line = match self.status(id).await {
+                Ok(s) => format!(
+                    "n{id}: {} term {} leader {:?} durable/commit/applied {}/{}/{}",
+                    s.role, s.term, s.leader_id, s.durable_seqno, s.commit_seqno, s.applied_seqno
+                ),
+                Err(e) => format!("n{id}: no status: {e:#}"),
+            };
+            out.push_str(&line);
+            out.push('\n');
+        }
+        out
+    }
+
     /// The last lines of every node's log.
     pub fn log_tails(&self) -> String {
         self.members

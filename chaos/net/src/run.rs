@@ -153,9 +153,10 @@ impl Run {
             }
             Err(why) => {
                 self.report.violations.push(format!(
-                    "fault {number} ({}: {}): no convergence within {DEADLINE:?} of the heal: {why}\n{}",
+                    "fault {number} ({}: {}): no convergence within {DEADLINE:?} of the heal: {why}\n{}{}",
                     planned.class.name(),
                     record.targets,
+                    self.cluster.status_lines().await,
                     self.cluster.log_tails()
                 ));
                 false
@@ -290,10 +291,16 @@ impl Run {
                 self.report.final_digest = Some(converged.digest);
                 self.report.lost_final = self.check_acks(&acks, "final check").await?;
             }
-            Err(why) => self.report.violations.push(format!(
-                "final: no convergence within {DEADLINE:?}: {why}\n{}",
-                self.cluster.log_tails()
-            )),
+            Err(why) => {
+                self.report.violations.push(format!(
+                    "final: no convergence within {DEADLINE:?}: {why}\n{}{}",
+                    self.cluster.status_lines().await,
+                    self.cluster.log_tails()
+                ));
+                // Still read everything back: which node lacks what tells a stuck applier from a
+                // lost write. Not counted as lost (the cluster never converged to judge it).
+                self.check_acks(&acks, "final check without convergence").await?;
+            }
         }
         Ok(())
     }
@@ -326,14 +333,20 @@ impl Run {
                 failures.push(failure);
             }
         }
-        let mut lost: Vec<u64> = failures.iter().map(|(id, _)| *id).collect();
+        let mut lost: Vec<u64> = failures.iter().map(|(item, _, _)| *item).collect();
         lost.sort_unstable();
         lost.dedup();
         if !lost.is_empty() {
-            let examples: Vec<&str> = failures.iter().take(5).map(|(_, why)| why.as_str()).collect();
+            let per_node: Vec<String> = ids
+                .iter()
+                .map(|id| format!("n{id}: {}", failures.iter().filter(|(_, node, _)| node == id).count()))
+                .collect();
+            let examples: Vec<&str> = failures.iter().take(5).map(|(_, _, why)| why.as_str()).collect();
             self.report.violations.push(format!(
-                "{when}: {} acknowledged writes missing or changed on some node, e.g. {}",
+                "{when}: {} of {} acknowledged writes missing or changed on some node ({}), e.g. {}",
                 lost.len(),
+                acks.len(),
+                per_node.join(", "),
                 examples.join("; ")
             ));
         }
@@ -351,27 +364,24 @@ impl Run {
     }
 }
 
-/// Reads item `ack.id` from node `id`: Ok if it holds the acknowledged write, else (item id, why).
-/// A read that fails in transport is retried a few times before it counts.
-async fn read_back(client: tidal_client::Client, id: u64, ack: Ack) -> Result<(), (u64, String)> {
+/// Reads item `ack.id` from node `id`: Ok if it holds the acknowledged write, else (item id,
+/// node id, why). A read that fails in transport is retried a few times before it counts.
+async fn read_back(client: tidal_client::Client, id: u64, ack: Ack) -> Result<(), (u64, u64, String)> {
     let mut last = String::new();
     for _ in 0..5 {
         match client.get_item(ack.id).await {
             Ok(item) if item.seqno == ack.seqno => return Ok(()),
             Ok(item) => {
-                return Err((
-                    ack.id,
-                    format!("n{id}: item {} at seqno {} (acknowledged at {})", ack.id, item.seqno, ack.seqno),
-                ))
+                let why =
+                    format!("n{id}: item {} at seqno {} (acknowledged at {})", ack.id, item.seqno, ack.seqno);
+                return Err((ack.id, id, why));
             }
             Err(tidal_client::Error::Api { status: 404, .. }) => {
-                return Err((
-                    ack.id,
-                    format!("n{id}: item {} (acknowledged at seqno {}) not found", ack.id, ack.seqno),
-                ))
+                let why = format!("n{id}: item {} (acknowledged at seqno {}) not found", ack.id, ack.seqno);
+                return Err((ack.id, id, why));
             }
             Err(e) => last = format!("{e}"),
         }
     }
-    Err((ack.id, format!("n{id}: item {} unreadable: {last}", ack.id)))
+    Err((ack.id, id, format!("n{id}: item {} unreadable: {last}", ack.id)))
 }
