@@ -117,7 +117,12 @@ async fn run_and_report(args: Args) -> anyhow::Result<bool> {
         None => (Schedule::Pass { classes, hold: Duration::from_secs(args.hold_seconds), next: 0 }, None),
     };
     let root = tempfile::Builder::new().prefix("tidal-netchaos-").tempdir().context("make data dir")?;
-    println!("data dirs and node logs: {}; binary {}", root.path().display(), binary.display());
+    // A private copy: every start and restart of the run execs the same build, even if cargo
+    // rebuilds the original meanwhile (a soak lasts long enough for that to happen).
+    let copy = root.path().join("tidal");
+    std::fs::copy(&binary, &copy).with_context(|| format!("copy {} into the run dir", binary.display()))?;
+    println!("data dirs and node logs: {}; binary {} (copied)", root.path().display(), binary.display());
+    let binary = copy;
     let options =
         run::Options { binary, root: root.path().to_path_buf(), writers: args.writers, schedule, budget };
     let outcome = run::run(options).await;
