@@ -64,6 +64,8 @@ struct Run {
     report: Report,
     /// Acknowledged writes up to this index of the ledger were already checked on every node.
     checked: usize,
+    /// When the writers started (fault lines give their offset from it, to match the node logs).
+    started: Instant,
 }
 
 /// Runs the whole thing and returns the report (violations included). An `Err` is a harness
@@ -90,12 +92,14 @@ pub async fn run(options: Options) -> anyhow::Result<Report> {
         load: Load::new(&bases, &std::process::id().to_string()),
         report: Report::default(),
         checked: 0,
+        started: Instant::now(),
     };
     let leader =
         poll_until!(run, run.cluster.check_leader().await).map_err(|why| run.failed("leader", why))?;
     println!("cluster: leader n{leader}; {} writers", options.writers);
     let writers = run.load.spawn(options.writers);
-    let started = Instant::now();
+    run.started = Instant::now();
+    let started = run.started;
     let mut schedule = options.schedule;
     let mut number = 0;
     while let Some(planned) = schedule.next() {
@@ -163,7 +167,8 @@ impl Run {
             }
         };
         println!(
-            "[{number}] {} ({}) hold {}s: {} acks during, longest gap {:.1}s, heal→caught up {}, heal→digests equal {}, lost {}",
+            "[{number}] +{:.0}s {} ({}) hold {}s: {} acks during, longest gap {:.1}s, heal→caught up {}, heal→digests equal {}, lost {}",
+            injected.duration_since(self.started).as_secs_f64(),
             planned.class.name(),
             record.targets,
             planned.hold.as_secs(),
