@@ -110,7 +110,14 @@ async fn run_and_report(args: Args) -> anyhow::Result<bool> {
     });
     let (schedule, budget) = match args.soak_minutes {
         Some(minutes) => {
-            println!("soak: {minutes} minutes, seed {seed} (replay: --soak-minutes {minutes} --seed {seed})");
+            let only = if args.class.is_empty() {
+                String::new()
+            } else {
+                format!(" --class {}", args.class.join(","))
+            };
+            println!(
+                "soak: {minutes} minutes, seed {seed} (replay: --soak-minutes {minutes} --seed {seed}{only})"
+            );
             let schedule = Schedule::Random { classes, hold_range: (3, 15), rng: SplitMix64(seed) };
             (schedule, Some(Duration::from_secs(60 * minutes)))
         }
