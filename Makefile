@@ -86,6 +86,25 @@ crash-sweep:
 sim-determinism:
 	TIDAL_SIM_SCENARIO=$(or $(SCENARIO),chaos) $(CARGO) test --profile test -p tidal-sim --test sim -- --ignored --nocapture determinism
 
+# Network chaos (chaos/net; chaos/README.md, "Network chaos"): the real tidal binary, three nodes,
+# each in its own network namespace; partitions (full and partial), one-way cuts, asymmetric loss,
+# latency, a flapping link, SIGKILL and SIGSTOP, made with ip and tc while writers run; after each
+# fault: heal, equal digests, every acknowledged write on every node. Needs root and iproute2
+# (prints `skipped: <why>` and passes otherwise). chaos-net: one pass over every fault class (about
+# two minutes); chaos-net-soak: random faults from SEED (the clock if unset; printed) for MINUTES.
+# Last line `netchaos: <runs> runs, <faults> faults, <lost> acknowledged writes lost, <violations> violations`.
+# The debug (test-profile) binaries: `make test` has already built them.
+.PHONY: chaos-net chaos-net-soak
+MINUTES ?= 30
+SEED ?=
+CHAOS_NET_BUILD = $(CARGO) build --profile test -p tidal-cli -p tidal-netchaos --bin tidal --bin tidal-netchaos
+chaos-net:
+	$(CHAOS_NET_BUILD)
+	$(CARGO) run --profile test -p tidal-netchaos --
+chaos-net-soak:
+	$(CHAOS_NET_BUILD)
+	$(CARGO) run --profile test -p tidal-netchaos -- --soak-minutes $(MINUTES) $(if $(SEED),--seed $(SEED))
+
 lint:
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
