@@ -7,12 +7,14 @@
 
 pub mod activity;
 mod api;
+mod history_api;
 mod inbox_api;
 mod kind;
 mod log_limit;
 mod position;
 
 pub use api::*;
+pub use history_api::*;
 pub use inbox_api::*;
 pub use kind::RecordKind;
 pub use log_limit::LogLimit;
