@@ -343,3 +343,67 @@ fn chart_seconds(state: &PageState) -> Result<u64, String> {
     let span = state.chart_span.trim_start_matches("(last ").trim_end_matches(" s)");
     span.parse().map_err(|_| format!("chart span {:?}", state.chart_span))
 }
+
+/// On a node with a token file the page loads without a token, says it needs one, and works with
+/// the one typed in (sent as a bearer token from the node's own origin, kept in sessionStorage).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_ui_asks_for_a_token_and_uses_the_one_typed_in() {
+    let Some(chromium) = chromium_or_skip() else { return };
+    init_tracing();
+    let dir = TestDir::new().unwrap();
+    let shots = Path::new(env!("CARGO_TARGET_TMPDIR")).join("ui-screenshots");
+    std::fs::create_dir_all(&shots).unwrap();
+    let tokens = dir.path().join("tokens.toml");
+    let admin = "ui-test-admin-token-0123456789";
+    let file = format!("[[token]]\nname = \"operator\"\ntoken = \"{admin}\"\nscopes = [\"admin\"]\n");
+    tidal_procs::write_private(&tokens, file.as_bytes()).unwrap();
+    let args = ["--dimension", "2", "--token-file", tokens.to_str().unwrap()];
+    let binary = Path::new(env!("CARGO_BIN_EXE_tidal"));
+    let node =
+        tidal_procs::SingleNode::start(binary, &dir.path().join("data"), &dir.path().join("node.log"), &args)
+            .await
+            .unwrap();
+    let mut browser =
+        Browser::start(&chromium, &dir.path().join("chromium-profile"), &dir.path().join("chromium.log"))
+            .await
+            .unwrap();
+    browser.navigate(&format!("{}/ui", node.url())).await.unwrap();
+    {
+        tracing::info!("without a token: the page loads and asks for one");
+        wait_for(&mut browser, &shots, "the token request", |state| {
+            state
+                .banner
+                .contains("needs an admin token")
+                .then_some(())
+                .ok_or(format!("banner: {:?}", state.banner))
+        })
+        .await;
+        screenshot(&mut browser, &shots, "7-token-needed").await;
+    }
+    {
+        tracing::info!(
+            "the token typed in: the node's data, and the token only in this tab's sessionStorage"
+        );
+        let typed = format!(
+            "(() => {{ document.getElementById('token').value = '{admin}'; \
+             document.getElementById('token-form').requestSubmit(); return true; }})()"
+        );
+        browser.eval(&typed).await.unwrap();
+        wait_for(&mut browser, &shots, "the data with the token", |state| {
+            if !state.banner.is_empty() {
+                return Err(format!("banner: {}", state.banner));
+            }
+            let leader = row(state, 1)?;
+            (leader.role.starts_with("leader") && leader.state == "up")
+                .then_some(())
+                .ok_or(format!("rows: {:?}", state.rows))
+        })
+        .await;
+        let stored = browser
+            .eval("JSON.stringify([sessionStorage.getItem('tidal.token'), localStorage.length, document.cookie])")
+            .await
+            .unwrap();
+        assert_eq!(stored.as_str().unwrap(), format!("[\"{admin}\",0,\"\"]"));
+        screenshot(&mut browser, &shots, "8-token-used").await;
+    }
+}
