@@ -30,11 +30,13 @@ use tidal_types::{
 mod backup;
 pub mod decode;
 mod guard;
+pub mod history;
 pub mod inboxes;
 pub mod openapi;
 mod rejections;
 mod streams;
 mod tx;
+mod ui;
 
 /// Largest metadata document, in bytes: metadata is a catalogue entry, not a blob store.
 const METADATA_BYTES_MAX: usize = 1024 * 1024;
@@ -63,6 +65,8 @@ pub struct AppState {
     pub inboxes: Arc<inboxes::Inboxes>,
     /// The ports' connection tables and the in-flight body budget.
     pub net: Arc<crate::transport::NetState>,
+    /// Recent status samples and events (`GET /cluster/history`, the `/ui` page).
+    pub history: Arc<history::History>,
 }
 
 /// Forwards writes from a follower to the leader, carrying the caller's own credential (there are
@@ -224,6 +228,10 @@ pub static ROUTES: &[Route] = {
         route!(GET, "/readyz", readyz, Access::Open, Anywhere),
         route!(GET, "/metrics", metrics, READ, Anywhere),
         route!(GET, "/openapi.json", openapi::get, Access::Open, Anywhere),
+        // The live page holds no data: it reads the admin routes with the token typed into it.
+        route!(GET, "/ui", ui::page, Access::Open, Anywhere),
+        // The leader's view (a follower forwards it): the page's member table and lag chart.
+        route!(GET, "/cluster/history", history::get, ADMIN, Leader),
     ]
 };
 
@@ -996,13 +1004,18 @@ async fn get_status(
     RawQuery(query): RawQuery,
 ) -> AppResult<Json<ClusterStatus>> {
     let applied = read_barrier(&state, &query).await?;
-    let node = &state.node;
+    Ok(Json(cluster_status(&state.node, applied)?))
+}
+
+/// The node's view of the cluster with `applied` as its applied frontier (`GET /cluster/status`,
+/// and the samples of `GET /cluster/history`).
+fn cluster_status(node: &Node, applied: u64) -> AppResult<ClusterStatus> {
     let durable = node.wal().durable_seqno().get();
     let http = node.config().http.to_string();
     let quarantine = tidal_wal::quarantine_summary(&node.config().data_dir.join("wal"))
         .map_err(|error| ApiError::internal(format!("read the quarantine directory: {error}")))?;
     let Some(replica) = node.replica() else {
-        return Ok(Json(ClusterStatus {
+        return Ok(ClusterStatus {
             node_id: 1,
             role: "leader".into(),
             term: node.wal().term().get(),
@@ -1026,7 +1039,7 @@ async fn get_status(
                 pulling: false,
                 snapshot: false,
             }],
-        }));
+        });
     };
     let leader = replica.leader();
     let (my_role, term) = replica.role_in_term();
@@ -1069,7 +1082,7 @@ async fn get_status(
             }
         })
         .collect();
-    Ok(Json(ClusterStatus {
+    Ok(ClusterStatus {
         node_id: replica.me().0,
         role: role(replica.me()).into(),
         term: term.get(),
@@ -1082,7 +1095,7 @@ async fn get_status(
         quarantine_files: quarantine.files,
         quarantined_seqnos: quarantine.seqnos,
         nodes,
-    }))
+    })
 }
 
 fn cluster_replica(state: &AppState) -> AppResult<&Arc<tidal_cluster::Replica>> {
@@ -1693,12 +1706,12 @@ mod tests {
     }
 
     #[test]
-    fn every_route_needs_a_scope_but_the_probes() {
+    fn every_route_needs_a_scope_but_the_probes_and_the_page() {
         for route in ROUTES {
-            let probe = route.path == "/healthz" || route.path == "/readyz";
+            let probe = route.path == "/healthz" || route.path == "/readyz" || route.path == "/ui";
             match route.access {
                 Access::Open => assert!(probe, "{} is open to callers without a token", route.path),
-                Access::Needs(_) => assert!(!probe, "the probe {} must answer without a token", route.path),
+                Access::Needs(_) => assert!(!probe, "{} must answer without a token", route.path),
             }
         }
     }

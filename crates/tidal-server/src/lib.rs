@@ -108,6 +108,7 @@ where
         streams: Default::default(),
         inboxes: Default::default(),
         net,
+        history: Default::default(),
     });
     let inboxes = state.inboxes.clone();
     node.db().set_inbox_listener(Arc::new(move |owner: &str| inboxes.changed(owner)));
@@ -122,7 +123,7 @@ where
             state.streams.close();
         }
     };
-    let background = Background::start(&node);
+    let background = Background::start(&node, &state.history);
     tracing::info!(addr = %listener.local_addr()?, data_dir = %config.data_dir.display(), "serving");
     let grace = Duration::from_millis(config.fatal_exit_grace_ms);
     let port = transport::http::HttpPort {
@@ -221,29 +222,33 @@ impl Replication {
     }
 }
 
-/// The node's background tasks while it serves: the checkpointer and the fatal watchdog.
+/// The node's background tasks while it serves: the checkpointer, the fatal watchdog, retention and
+/// the status sampler of `GET /cluster/history`.
 struct Background {
     checkpointer: (tokio::sync::oneshot::Sender<()>, tokio::task::JoinHandle<()>),
     watchdog: (tokio::sync::oneshot::Sender<()>, tokio::task::JoinHandle<()>),
     retention: (tokio::sync::oneshot::Sender<()>, tokio::task::JoinHandle<()>),
+    history: (tokio::sync::oneshot::Sender<()>, tokio::task::JoinHandle<()>),
 }
 
 impl Background {
-    fn start(node: &Arc<node::Node>) -> Background {
+    fn start(node: &Arc<node::Node>, history: &Arc<http::history::History>) -> Background {
         let (checkpointer_stop, checkpointer_stopped) = tokio::sync::oneshot::channel();
         let (watchdog_stop, watchdog_stopped) = tokio::sync::oneshot::channel();
         let (retention_stop, retention_stopped) = tokio::sync::oneshot::channel();
+        let (history_stop, history_stopped) = tokio::sync::oneshot::channel();
         Background {
             checkpointer: (checkpointer_stop, spawn_checkpointer(node.clone(), checkpointer_stopped)),
             watchdog: (watchdog_stop, spawn_fatal_watchdog(node.clone(), watchdog_stopped)),
             retention: (retention_stop, retention::spawn(node.clone(), retention_stopped)),
+            history: (history_stop, http::history::spawn(node.clone(), history.clone(), history_stopped)),
         }
     }
 
     /// Stopped, not aborted: an abort leaves a checkpoint in flight on its blocking thread, which
     /// keeps the node (and its data dir) open past [`run_on`].
     async fn stop(self) {
-        for (stop, task) in [self.checkpointer, self.watchdog, self.retention] {
+        for (stop, task) in [self.checkpointer, self.watchdog, self.retention, self.history] {
             let _ = stop.send(());
             let _ = task.await;
         }

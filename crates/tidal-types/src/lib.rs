@@ -7,6 +7,7 @@
 
 pub mod activity;
 mod api;
+mod history_api;
 mod inbox_api;
 mod kind;
 mod log_limit;
@@ -14,6 +15,7 @@ mod position;
 mod verbs_api;
 
 pub use api::*;
+pub use history_api::*;
 pub use inbox_api::*;
 pub use kind::RecordKind;
 pub use log_limit::LogLimit;

@@ -32,6 +32,8 @@ pub(crate) enum Reply {
     EventStream,
     /// `application/octet-stream` (a backup file).
     Binary,
+    /// `text/html` (the live page).
+    Html,
 }
 
 /// The documentation of one route beyond what [`ROUTES`] says.
@@ -124,6 +126,8 @@ pub(crate) static OPS: &[Op] = {
         op!("get" "/healthz", "Liveness: 200 while the node runs", query: &[], body: None, reply: Text, errors: &[NotReady]),
         op!("get" "/readyz", "Readiness: 200 while the node can serve", query: &[("max_lag_ms", "integer", "a follower is ready if it heard its leader this recently (default 5000)")], body: None, reply: Text, errors: &[NotReady]),
         op!("get" "/metrics", "Prometheus metrics", query: &[], body: None, reply: Text, errors: NONE),
+        op!("get" "/ui", "The live cluster page (HTML; it holds no data)", query: &[], body: None, reply: Reply::Html, errors: NONE),
+        op!("get" "/cluster/history", "The leader's recent status samples and cluster events", query: &[("since_ms", "integer", "only samples and events after this time (unix ms)")], body: None, reply: J(schema::<ClusterHistory>), errors: NONE),
         op!("get" "/openapi.json", "This document", query: &[], body: None, reply: Reply::Json(|_| Schema::from(true)), errors: NONE),
     ]
 };
@@ -262,6 +266,7 @@ fn success(reply: Reply, generator: &mut SchemaGenerator) -> Value {
         Reply::Text => {
             json!({"description": "OK", "content": {"text/plain": {"schema": {"type": "string"}}}})
         }
+        Reply::Html => json!({"description": "OK", "content": {"text/html": {"schema": {"type": "string"}}}}),
         Reply::Binary => {
             json!({"description": "The backup file; its seqno, term and checksum in Tidal-Backup-* headers", "content": {"application/octet-stream": {"schema": {"type": "string", "contentEncoding": "binary"}}}})
         }
