@@ -273,10 +273,10 @@ const HEAVY_DEPENDENCIES: &[Owned] = &[
     Owned { dependency: "stateright", owners: &["tidal-model", "tidal-sim"], exceptions: &[] },
     // The HTTP API.
     Owned { dependency: "axum", owners: &["tidal-server"], exceptions: &[] },
-    // The command line: the binary's crate only.
+    // The command line: the binaries' crates only (the server and the network chaos harness).
     Owned {
         dependency: "clap",
-        owners: &["tidal-cli"],
+        owners: &["tidal-cli", "tidal-netchaos"],
         exceptions: &[(
             "tidal-server",
             "config.rs derives the `serve` flags (ServeArgs) beside the ServeConfig they fill",

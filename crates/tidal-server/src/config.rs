@@ -340,6 +340,10 @@ pub struct ServeConfig {
     /// After a fatal storage fault (decisions/059) the node, out of office at once, keeps answering
     /// `/healthz` and `/readyz` (503, with the reason) this long, then stops and exits non-zero.
     pub fatal_exit_grace_ms: u64,
+    /// Whether a graceful stop of the serving leader hands its office to another voter first
+    /// (decisions/066). Always on for `tidal serve`; tests that model a leader that vanishes (a
+    /// crash) by stopping it turn it off.
+    pub handoff_on_stop: bool,
     /// Engine write-back overlay bound (decisions/003): larger = fewer, longer flushes.
     pub engine_overlay_bytes_max: usize,
     /// Signal kinds and their default weights.
@@ -472,6 +476,7 @@ impl ServeConfig {
             read_wait_ms_max: file.read_wait_ms_max.unwrap_or(10_000),
             checkpoint_interval_ms: file.checkpoint_interval_ms.unwrap_or(30_000),
             fatal_exit_grace_ms: file.fatal_exit_grace_ms.unwrap_or(1_000),
+            handoff_on_stop: true,
             engine_overlay_bytes_max: file
                 .engine_overlay_bytes_max
                 .or_else(|| std::env::var("TIDAL_ENGINE_OVERLAY_BYTES_MAX").ok().and_then(|v| v.parse().ok()))

@@ -263,7 +263,7 @@ const HANDOFF_DEADLINE: Duration = Duration::from_secs(10);
 /// cluster elects in one round instead of after an election timeout (Kubernetes rolling restarts,
 /// `systemctl stop`). Failure only costs that timeout, so it is logged, not fatal.
 async fn hand_off_leadership(node: &node::Node) {
-    let Some(replica) = node.replica() else { return };
+    let Some(replica) = node.replica().filter(|_| node.config().handoff_on_stop) else { return };
     match tokio::time::timeout(HANDOFF_DEADLINE, replica.hand_off_for_shutdown()).await {
         Ok(Ok(Some(report))) => {
             tracing::info!(new_leader = ?report.new_leader, ms = report.elapsed.as_millis() as u64, "stopping: {}", report.action)

@@ -45,7 +45,13 @@ async fn a_leader_that_cannot_adopt_the_log_hands_its_office_to_the_voter_that_h
     let mut cluster = Cluster::new(root.path(), 3, Durability::Quorum, |_| {});
     let disk = SimIo::new();
     let b_disk = disk.clone();
+    // The old leader must vanish as in a crash: a graceful stop would hand its office to B itself
+    // (decisions/066) and S would never face the log it cannot adopt.
+    for index in 0..3 {
+        cluster.node_tweaks[index] = Some(Arc::new(|config| config.handoff_on_stop = false));
+    }
     cluster.node_tweaks[B] = Some(Arc::new(move |config| {
+        config.handoff_on_stop = false;
         config.io.wal_files = Arc::new(b_disk.clone());
         if let Some(cluster) = config.cluster.as_mut() {
             cluster.timing.election_min = Duration::from_secs(12);
