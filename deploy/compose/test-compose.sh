@@ -17,24 +17,9 @@ set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 deadline_s=90
 
-if [ "${1:-}" != "--inside" ]; then
-    tidal="$(realpath "${TIDAL:?TIDAL must name the tidal binary}")"
-    if ! unshare -m -n true 2>/dev/null || ! command -v setpriv > /dev/null; then
-        echo "skipped: unshare -m -n or setpriv is not available here (needs root)"
-        [ "${TIDAL_DEPLOY_CHECK_STRICT:-0}" = "1" ] && exit 1
-        exit 0
-    fi
-    work="$(mktemp -d)"
-    chmod 0755 "$work"
-    status=0
-    TIDAL="$tidal" unshare -m -n bash "$0" --inside "$work" || status=$?
-    if [ "$status" = 0 ]; then
-        rm -rf "$work"
-    else
-        echo "test-compose: FAILED; logs kept in $work" >&2
-    fi
-    exit "$status"
-fi
+# shellcheck source=../in-namespace.sh
+source "$here/../in-namespace.sh"
+in_namespace test-compose "$0" "$@"
 
 work="$2"
 declare -A pids
