@@ -98,6 +98,12 @@ pub enum Step {
     /// and every node of `tails` last restarted (its ship tail reset) exactly at the lost write's
     /// last seqno, so whichever leads has a tail whose front lines up with `stale`'s last position.
     ExpectStaleGapWindow { stale: Slot, tails: &'static [Slot] },
+    /// Sends `writes` single-attempt item writes to `to`, `spacing_ms` apart ([`crate::workload::Burst`]); waits
+    /// until every one was answered (or timed out).
+    Burst { to: Slot, writes: u32, spacing_ms: u64 },
+    /// Window check: `node`'s WAL holds at least `batches` batches past every other node's WAL
+    /// end (written there, never committed: its applier holds them pending, unwoken).
+    ExpectUncommitted { node: Slot, batches: usize },
     /// Finding 3's window: `node`, which lost the lost write (the LeaderStart of term T), probes in
     /// term T from a process started after it died (openraft restored its office of T).
     AwaitRestoredOffice { node: Slot },
@@ -158,6 +164,27 @@ pub const RESUMED_TERM: &[Step] = &[
     Step::Rejoin(4),
     Step::Rejoin(0),
     Step::ResumeWrites,
+];
+
+/// The network-chaos soak's stall (seed 42; `script-isolated-leader`). Slots: 0 the leader L cut
+/// off from the others, 1 and 2 the others, 3 the leader of the next term. L keeps taking writes it
+/// can never commit, one WAL drain each, more than its applier's input holds (256 messages): none
+/// of them wakes the applier, and before the fix the drain that found the input full waited for it
+/// forever, so L's WAL writer stopped for good (its log never caught up after the heal).
+pub const ISOLATED_LEADER: &[Step] = &[
+    Step::AwaitLeader { bind: 0, among: &[] },
+    Step::Sleep(500),
+    Step::PauseWrites,
+    Step::AwaitSameLog,
+    Step::CutOff(0),
+    Step::Burst { to: 0, writes: 320, spacing_ms: 5 },
+    Step::ExpectUncommitted { node: 0, batches: 300 },
+    Step::BindRest { slots: &[1, 2] },
+    Step::AwaitLeader { bind: 3, among: &[1, 2] },
+    Step::ResumeWrites,
+    Step::Sleep(1500),
+    Step::Rejoin(0),
+    Step::Sleep(3000),
 ];
 
 /// A probe a node sent: the node's process (its start count) and the probe's term.
@@ -223,6 +250,8 @@ pub struct ScriptRun {
     /// Each node's process start count when it died at a crash point.
     died_in: Vec<Option<u64>>,
     seed: u64,
+    /// Burst writes answered when the current [`Step::Burst`] began.
+    burst_from: u64,
     /// The script ran to its end, or failed.
     pub done: bool,
 }
@@ -290,6 +319,7 @@ impl ScriptRun {
             restart_points: vec![None; nodes],
             died_in: vec![None; nodes],
             seed,
+            burst_from: 0,
             done: steps.is_empty(),
         }
     }
@@ -682,6 +712,12 @@ impl ScriptRun {
                 ));
                 Progress::Done
             }
+            Step::Burst { to, writes, spacing_ms } => {
+                self.burst(driver, shared, (to, writes, spacing_ms), offset)?
+            }
+            Step::ExpectUncommitted { node, batches } => {
+                self.expect_uncommitted(driver, node, batches, offset)?
+            }
             Step::AwaitRestoredOffice { node: slot } => {
                 let node = self.node(slot)?;
                 let lost = self.lost.ok_or("no lost write recorded")?;
@@ -705,5 +741,60 @@ impl ScriptRun {
                 Progress::Done
             }
         })
+    }
+}
+
+impl ScriptRun {
+    /// [`Step::Burst`]: asks the client for it once, then waits for every answer.
+    fn burst(
+        &mut self,
+        driver: &mut Driver<'_>,
+        shared: &Rc<RefCell<Shared>>,
+        (to, writes, spacing_ms): (Slot, u32, u64),
+        offset: Duration,
+    ) -> Result<Progress, String> {
+        let node = self.node(to)?;
+        let mut shared = shared.borrow_mut();
+        if !self.begun {
+            self.begun = true;
+            self.burst_from = shared.burst_answered;
+            let spacing = Duration::from_millis(spacing_ms);
+            shared.burst = Some(crate::workload::Burst { node, writes, spacing });
+            driver.trace.push(format!("{} ms script: {writes} writes to n{}", offset.as_millis(), node + 1));
+        }
+        let answered = shared.burst_answered - self.burst_from;
+        Ok(if answered >= u64::from(writes) {
+            Progress::Done
+        } else {
+            Progress::Wait(format!("{answered} of {writes} burst writes answered"))
+        })
+    }
+
+    /// [`Step::ExpectUncommitted`].
+    fn expect_uncommitted(
+        &mut self,
+        driver: &mut Driver<'_>,
+        slot: Slot,
+        batches: usize,
+        offset: Duration,
+    ) -> Result<Progress, String> {
+        let node = self.node(slot)?;
+        let others_end =
+            (0..driver.nodes).filter(|other| *other != node).map(|other| last(&wal(driver, other)).1).max();
+        let log = wal(driver, node);
+        let past = log.range(others_end.unwrap_or(0) + 1..).count();
+        if past < batches {
+            return Err(format!(
+                "n{} holds {past} batches past the others' end {others_end:?}, not {batches}",
+                node + 1
+            ));
+        }
+        driver.counters.bump("script_window");
+        driver.trace.push(format!(
+            "{} ms script: window: n{} holds {past} uncommitted batches, more than its applier's input",
+            offset.as_millis(),
+            node + 1
+        ));
+        Ok(Progress::Done)
     }
 }

@@ -110,7 +110,26 @@ pub struct Shared {
     /// While set, no write attempt starts (a scripted fault plan holds the client still between
     /// two of its steps, `script.rs`); an attempt already sent runs to its answer.
     pub writes_paused: bool,
+    /// A burst of writes a script asked for ([`Burst`]); the client's burster task takes it.
+    pub burst: Option<Burst>,
+    /// Burst writes answered so far (acknowledged, refused or timed out).
+    pub burst_answered: u64,
 }
+
+/// Single-attempt item writes to one node, `spacing` apart, all at once in flight (a script's
+/// `Step::Burst`): on a node that takes them, each is a WAL drain of its own.
+#[derive(Clone, Copy, Debug)]
+pub struct Burst {
+    /// The node they go to (whatever it is now).
+    pub node: usize,
+    /// How many.
+    pub writes: u32,
+    /// Between two sends.
+    pub spacing: Duration,
+}
+
+/// Burst writes take item ids from here on, apart from the writers' ids.
+const BURST_IDS: u64 = 1_000_000;
 
 impl Shared {
     /// A fresh run.
@@ -133,6 +152,8 @@ impl Shared {
             counters_stale_source: 0,
             counters_feed_items: 0,
             writes_paused: false,
+            burst: None,
+            burst_answered: 0,
             reader: Vec::new(),
             inbox: Default::default(),
         }
@@ -236,6 +257,7 @@ pub async fn run(workload: Workload, shared: Rc<RefCell<Shared>>) -> turmoil::Re
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let monitor = tokio::task::spawn_local(monitor(workload.nodes, shared.clone()));
+    let burster = tokio::task::spawn_local(burster(shared.clone()));
     shared.borrow_mut().writing = true;
     let load_end = Instant::now() + workload.load;
     let reader =
@@ -260,6 +282,7 @@ pub async fn run(workload: Workload, shared: Rc<RefCell<Shared>>) -> turmoil::Re
     let healed_at = Instant::now();
     converge_and_check(&workload, &shared, healed_at).await;
     monitor.abort();
+    burster.abort();
     shared.borrow_mut().phase = Phase::Done;
     Ok(())
 }
@@ -271,6 +294,50 @@ async fn monitor(nodes: usize, shared: Rc<RefCell<Shared>>) {
         record_leaders(&shared, &all);
         // Sampling period of the leader monitor.
         tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Fires the bursts a script asks for ([`Shared::burst`]).
+async fn burster(shared: Rc<RefCell<Shared>>) {
+    let mut next_id = BURST_IDS;
+    loop {
+        let burst = shared.borrow_mut().burst.take();
+        for k in 0..burst.map_or(0, |burst| burst.writes) {
+            let Some(burst) = burst else { break };
+            let (shared, id) = (shared.clone(), next_id);
+            next_id += 1;
+            tokio::task::spawn_local(async move {
+                tokio::time::sleep(burst.spacing * k).await;
+                burst_write(&shared, burst.node, id).await;
+            });
+        }
+        // Poll step of a wait on the driver's request (the script step's deadline bounds it).
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// One burst write: an item PUT to `node`, one attempt. An acknowledgement is checked as every
+/// other (the item must be readable everywhere after the heal); anything else is an unknown outcome.
+async fn burst_write(shared: &Rc<RefCell<Shared>>, node: usize, id: u64) {
+    let body = serde_json::to_vec(&serde_json::json!({"metadata": {"w": id}})).unwrap_or_default();
+    let headers = [("idempotency-key", format!("b{id}"))];
+    let path = format!("/v1/items/{id}");
+    let answer = request(&host(node), "PUT", &path, Some(body), &headers, REQUEST_TIMEOUT).await;
+    let mut shared = shared.borrow_mut();
+    shared.burst_answered += 1;
+    shared.stats.attempts += 1;
+    let seqno = match answer {
+        Ok(Answer { status: 200..=299, body }) => serde_json::from_slice::<serde_json::Value>(&body)
+            .ok()
+            .and_then(|reply| reply.get("seqno").and_then(serde_json::Value::as_u64)),
+        _ => None,
+    };
+    match seqno {
+        Some(seqno) => {
+            shared.stats.acked += 1;
+            shared.acks.push(Ack { id, item: true, seqno, node, offset: None });
+        }
+        None => shared.stats.unknown += 1,
     }
 }
 

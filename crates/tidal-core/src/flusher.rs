@@ -61,6 +61,9 @@ pub struct FlushStats {
     pub seen_merged: u64,
     /// Whether a flush is in flight.
     pub in_flight: bool,
+    /// How long the flush in flight has run, milliseconds (0: none). A flush that never ends
+    /// stops every apply once the next overlay fills (fjall halting its writes, say).
+    pub in_flight_ms: u64,
     /// Whether a flush failed (fatal: the engine refuses applies).
     pub failed: bool,
 }
@@ -130,6 +133,9 @@ pub enum GateWait {
     Never(String),
 }
 
+/// An apply that has waited this long for the flush in flight says so.
+const APPLY_WAIT_WARN: Duration = Duration::from_secs(10);
+
 /// How long the flusher waits on the gate between looks at an abandonment.
 const GATE_POLL: Duration = Duration::from_millis(50);
 
@@ -188,6 +194,8 @@ pub struct SeenMerge {
 struct Progress {
     /// Applied seqno of the frozen overlay being flushed.
     in_flight: Option<Seqno>,
+    /// When that flush started.
+    in_flight_since: Option<Instant>,
     /// Why a flush failed; sticky.
     failed: Option<String>,
     /// Set by a simulated crash: flushes not yet committed are dropped.
@@ -237,7 +245,7 @@ impl FlushShared {
         if progress.in_flight.is_some() && progress.failed.is_none() && backpressure {
             let started = Instant::now();
             self.backpressure_waits.fetch_add(1, Ordering::Relaxed);
-            progress = self.wait_while(progress, |p| p.in_flight.is_some() && p.failed.is_none());
+            progress = self.wait_for_flush_warning(progress);
             self.backpressure_wait_ms_sum.fetch_add(millis(started.elapsed()), Ordering::Relaxed);
         }
         progress = self.wait_while(progress, |p| p.in_flight.is_some() && p.failed.is_none());
@@ -259,6 +267,7 @@ impl FlushShared {
             progress.in_flight
         );
         progress.in_flight = Some(seqno);
+        progress.in_flight_since = Some(Instant::now());
     }
 
     /// Sets the durability gate (once; false if one is set already).
@@ -328,6 +337,7 @@ impl FlushShared {
             backpressure_wait_ms_sum: load(&self.backpressure_wait_ms_sum),
             seen_merged: load(&self.seen_merged),
             in_flight: progress.in_flight.is_some(),
+            in_flight_ms: progress.in_flight_since.map_or(0, |since| millis(since.elapsed())),
             failed: progress.failed.is_some(),
         }
     }
@@ -367,6 +377,7 @@ impl FlushShared {
     fn finish(&self, failure: Option<String>) {
         let mut progress = self.lock();
         progress.in_flight = None;
+        progress.in_flight_since = None;
         if progress.failed.is_none() {
             progress.failed = failure;
         }
@@ -387,6 +398,33 @@ impl FlushShared {
     fn take_seen_merges(&self) -> Vec<Box<str>> {
         let mut pending = self.seen_merges.lock().unwrap_or_else(PoisonError::into_inner);
         std::iter::from_fn(|| pending.pop_first()).take(SEEN_MERGES_PER_FLUSH).collect()
+    }
+
+    /// Waits for the flush in flight to end; says so once, as a WARN, if the apply waits longer
+    /// than [`APPLY_WAIT_WARN`]: applies stop meanwhile (the applied frontier stands still while
+    /// the WAL goes on), and only the engine's storage can be holding them.
+    fn wait_for_flush_warning<'a>(&self, mut progress: MutexGuard<'a, Progress>) -> MutexGuard<'a, Progress> {
+        let started = Instant::now();
+        let mut warned = false;
+        while progress.in_flight.is_some() && progress.failed.is_none() {
+            let (guard, _) = self
+                .changed
+                .wait_timeout(progress, APPLY_WAIT_WARN)
+                .expect("flush progress lock poisoned: no code panics while holding it");
+            progress = guard;
+            if !warned && progress.in_flight.is_some() && started.elapsed() >= APPLY_WAIT_WARN {
+                warned = true;
+                tracing::warn!(
+                    flush = ?progress.in_flight,
+                    waited = ?started.elapsed(),
+                    "applies wait for the engine's flush to fjall, which has not finished: fjall may be holding its writes (memtables or L0 runs waiting for its own flush and compaction)"
+                );
+            }
+        }
+        if warned {
+            tracing::warn!(waited = ?started.elapsed(), "the engine's flush finished; applies go on");
+        }
+        progress
     }
 
     fn lock(&self) -> MutexGuard<'_, Progress> {

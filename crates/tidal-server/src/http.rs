@@ -1632,6 +1632,12 @@ fn render_engine_metrics(out: &mut String, node: &Node) {
             f64::from(u8::from(flush.in_flight)),
         ),
         (
+            "tidal_engine_flush_in_flight_seconds",
+            "gauge",
+            "How long the engine flush in flight has run (0: none); applies stop once the next overlay fills behind a flush that never ends.",
+            flush.in_flight_ms as f64 / 1e3,
+        ),
+        (
             "tidal_engine_flush_failed",
             "gauge",
             "1 when an engine flush failed (fatal).",

@@ -139,7 +139,11 @@ impl<T> MailboxSender<T> {
     }
 
     fn push(&self, mut state: MutexGuard<'_, State<T>>, message: T, wake: impl FnOnce(&T) -> bool) {
-        let notify = state.receiver_waiting && wake(&message);
+        // A message that fills the queue wakes the receiver whatever it is: a full queue of lazy
+        // messages with the receiver asleep refuses every later message, the waking ones too, and
+        // a sender waiting for space would wait forever (an isolated leader's WAL writer did).
+        let fills = state.queue.len() + 1 >= self.mailbox.capacity;
+        let notify = state.receiver_waiting && (fills || wake(&message));
         if notify || !state.receiver_waiting {
             // Taken before the receiver waits again: it is busy until then.
             self.mailbox.handoff.woken();
@@ -276,6 +280,28 @@ mod tests {
             got.push(seen.recv_timeout(Duration::from_secs(10)).expect("the wake delivers both"));
         }
         assert_eq!(got, vec![1, 2], "taken in order");
+        drop(sender);
+        thread.join().unwrap();
+    }
+
+    #[test]
+    fn a_queue_filled_with_lazy_messages_wakes_its_receiver() {
+        // The receiver sleeps; every message is lazy. The one that fills the queue must wake it, or
+        // the next send waits for space forever and every try_send (waking or not) is refused.
+        let (sender, receiver) = mailbox::<u32>(4);
+        let (seen, thread) = receiver_thread(receiver);
+        while !sender.mailbox.lock().receiver_waiting {
+            std::thread::yield_now();
+        }
+        for message in 1..=6 {
+            sender.send(message, |_| false).unwrap();
+        }
+        // 1..=4 filled the queue and woke it; 5 and 6 are taken when it is awake, or with 8.
+        sender.send(7, |_| true).unwrap();
+        let got: Vec<u32> = (0..7)
+            .map(|_| seen.recv_timeout(Duration::from_secs(10)).expect("every message is taken"))
+            .collect();
+        assert_eq!(got, (1..=7).collect::<Vec<_>>(), "taken in order");
         drop(sender);
         thread.join().unwrap();
     }

@@ -78,3 +78,67 @@ impl FlushedHook for ReplicaHook {
         self.applier.truncated(from);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::applier::Applier;
+    use crate::spec::Durability;
+    use std::time::Duration;
+    use tidal_core::{encode_payload, EngineConfig, Envelope, Records, TidalDb};
+    use tidal_types::Term;
+
+    fn batch(seqno: u64) -> Batch {
+        let envelope = Envelope { time_ms: 1, principal: "p".into(), idempotency_key: String::new() };
+        let encoded =
+            encode_payload(&envelope, &Records::ItemMetadata { item: seqno, metadata: b"{}".to_vec() });
+        Batch::new(encoded.kind, Term(2), Seqno(seqno), encoded.event_count, &encoded.payload)
+    }
+
+    /// A leader cut off from its followers keeps taking writes: every drain hands the applier a
+    /// batch it cannot apply (nothing commits) and so does not wake it. Once the applier's input is
+    /// full of them, the next drain's hand-over must not wait forever for an applier nobody woke
+    /// (the WAL writer thread would stop for good: the network-chaos soak's seed 42). Each drain
+    /// here is what the WAL writer does: `written` before the fsync, `flushed` after it.
+    #[test]
+    fn drains_that_cannot_commit_never_wedge_the_wal_writer() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = Arc::new(TidalDb::open(dir.path(), EngineConfig::with_dimension(4)).unwrap());
+        let (applier, sender) = Applier::spawn(db.clone()).unwrap();
+        let voters = vec![NodeId(1), NodeId(2), NodeId(3)];
+        let commit =
+            Arc::new(CommitState::new(NodeId(1), voters, Durability::Quorum, Seqno::ZERO, sender.clone()));
+        let feed = ShipFeed::new(TermSeqno::default(), 1 << 20, 1 << 16);
+        let mut hook = ReplicaHook::new(sender.clone(), commit, feed, NodeId(1), DurableFrontier::new());
+        let drains = 600u64;
+        let (done_tx, done) = std::sync::mpsc::channel();
+        let writer = std::thread::spawn(move || {
+            for seqno in 1..=drains {
+                let drained = [batch(seqno)];
+                hook.written(&drained);
+                hook.flushed(&drained);
+            }
+            done_tx.send(()).unwrap();
+            hook
+        });
+        // A bound, not a sleep: 600 hand-overs take microseconds; a wedged writer never ends.
+        let finished = done.recv_timeout(Duration::from_secs(30));
+        assert!(finished.is_ok(), "the WAL writer's hand-over to the applier is still blocked after 30 s");
+        let _hook = writer.join().unwrap();
+        // Nothing was committed, so nothing was applied; once the commit comes, all of it is.
+        assert_eq!(db.applied_seqno(), Seqno::ZERO);
+        sender.commit(Seqno(drains));
+        let mut applied = applier.applied();
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap();
+        let reached = runtime.block_on(async {
+            tokio::time::timeout(Duration::from_secs(30), applied.wait_for(|seqno| *seqno == Seqno(drains)))
+                .await
+        });
+        assert!(
+            reached.is_ok_and(|r| r.is_ok()),
+            "applied {} after the commit of {drains}",
+            db.applied_seqno()
+        );
+        applier.join(sender);
+    }
+}
