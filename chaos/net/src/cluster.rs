@@ -253,6 +253,37 @@ impl NetCluster {
         out
     }
 
+    /// Every thread's stack of each running node whose applied frontier is behind its commit
+    /// frontier, written by gdb beside its log (`n<id>.stacks.txt`): a frontier that stands still
+    /// says where it stands only while the process is still there. The paths written, one a line
+    /// (nothing when no node lags, gdb is missing or it failed).
+    pub async fn dump_lagging_stacks(&self) -> String {
+        let mut out = String::new();
+        for member in &self.members {
+            let Ok(status) = self.status(member.id).await else { continue };
+            if status.applied_seqno >= status.commit_seqno {
+                continue;
+            }
+            let Some(pid) = lock(&member.process).as_ref().map(NodeProcess::pid) else { continue };
+            let path = member.log.with_file_name(format!("n{}.stacks.txt", member.id));
+            let dumped = std::process::Command::new("gdb")
+                .args(["-p", &pid.to_string(), "-batch", "-ex", "thread apply all bt"])
+                .output();
+            if let Ok(output) = dumped {
+                if std::fs::write(&path, &output.stdout).is_ok() {
+                    out.push_str(&format!(
+                        "stacks of n{} (applied {} < commit {}): {}\n",
+                        member.id,
+                        status.applied_seqno,
+                        status.commit_seqno,
+                        path.display()
+                    ));
+                }
+            }
+        }
+        out
+    }
+
     /// The last lines of every node's log.
     pub fn log_tails(&self) -> String {
         self.members

@@ -157,10 +157,11 @@ impl Run {
             }
             Err(why) => {
                 self.report.violations.push(format!(
-                    "fault {number} ({}: {}): no convergence within {DEADLINE:?} of the heal: {why}\n{}{}",
+                    "fault {number} ({}: {}): no convergence within {DEADLINE:?} of the heal: {why}\n{}{}{}",
                     planned.class.name(),
                     record.targets,
                     self.cluster.status_lines().await,
+                    self.cluster.dump_lagging_stacks().await,
                     self.cluster.log_tails()
                 ));
                 false
@@ -298,8 +299,9 @@ impl Run {
             }
             Err(why) => {
                 self.report.violations.push(format!(
-                    "final: no convergence within {DEADLINE:?}: {why}\n{}{}",
+                    "final: no convergence within {DEADLINE:?}: {why}\n{}{}{}",
                     self.cluster.status_lines().await,
+                    self.cluster.dump_lagging_stacks().await,
                     self.cluster.log_tails()
                 ));
                 // Still read everything back: which node lacks what tells a stuck applier from a
