@@ -352,6 +352,10 @@ fn run(
                 return drain_dead(&input);
             }
             pending.pop_front();
+            // Each batch is shown as soon as it is applied, not after every batch the commit
+            // covers: a follower catching up applies thousands in one go, and the first write of
+            // a long run would wait for the last one (its reads, its ack, the lag a reader sees).
+            applied.publish(db.applied_seqno());
         }
         // Compared with the engine, not with what this thread applied: startup replay applies before
         // the first message, and its frontier must show too. Replay applies only up to the commit
@@ -480,9 +484,46 @@ mod tests {
             // Messages are handled in order; a dead applier never confirms an install.
             assert!(!sender.snapshot_installed(Seqno::ZERO), "{point:?}: the applier did not die");
             assert_eq!(db.applied_seqno(), Seqno(engine_applied), "{point:?}: the engine's frontier");
-            assert_eq!(*applier.applied().borrow(), Seqno::ZERO, "{point:?}: a frontier was published");
+            // Batch 1 was applied and shown before the probe fired at batch 2, which never is.
+            assert_eq!(*applier.applied().borrow(), Seqno(1), "{point:?}: the published frontier");
             applier.join(sender);
         }
+    }
+
+    /// Records, before each batch is applied, the frontier the node's readers see then.
+    #[derive(Default)]
+    struct SeenBefore {
+        applied: OnceLock<watch::Receiver<Seqno>>,
+        seen: Mutex<Vec<(Seqno, Seqno)>>,
+    }
+
+    impl ApplyProbe for SeenBefore {
+        fn reached(&self, point: ApplyPoint, first: Seqno, _last: Seqno) -> bool {
+            if let (ApplyPoint::BeforeApply, Some(applied)) = (point, self.applied.get()) {
+                self.seen.lock().unwrap().push((first, *applied.borrow()));
+            }
+            false
+        }
+    }
+
+    #[test]
+    fn a_long_run_of_committed_batches_is_shown_batch_by_batch() {
+        // A follower catching up gets one commit covering many batches. Each must be visible as
+        // soon as it is applied: before this, the frontier moved once, after the last one.
+        let dir = tempfile::tempdir().unwrap();
+        let db = Arc::new(TidalDb::open(dir.path(), EngineConfig::with_dimension(4)).unwrap());
+        let probe = Arc::new(SeenBefore::default());
+        let (applier, sender) = Applier::spawn_probed(db, Some(probe.clone())).unwrap();
+        probe.applied.set(applier.applied()).unwrap();
+        sender.flushed((1..=100).map(item_batch).collect());
+        sender.commit(Seqno(100));
+        assert!(sender.snapshot_installed(Seqno(100)), "the applier handled everything before");
+        let seen = probe.seen.lock().unwrap().clone();
+        assert_eq!(seen.len(), 100);
+        for (first, shown) in seen {
+            assert_eq!(shown.get(), first.get() - 1, "before batch {first} the readers saw {shown}");
+        }
+        applier.join(sender);
     }
 
     #[test]
