@@ -10,8 +10,11 @@ use std::collections::{BinaryHeap, HashSet};
 
 use tidal_types::Seqno;
 
+use crate::ann_index::AnnIndex;
+use crate::fast_hash::FastMap;
 use crate::feed_index::{dot, inverse_norm, FeedIndex};
 use crate::trend::{saturate, Trend};
+use crate::trend_order::TrendOrder;
 
 /// Most entries any ranked list returns: bounds the heap and the reply.
 pub const RANKED_LIMIT_MAX: usize = 1000;
@@ -80,6 +83,93 @@ pub fn rank_feed(index: &FeedIndex, profile: Option<&[f32]>, params: &RankParams
             top.push(RankedEntry { item, score, similarity, trending });
         }
     })
+}
+
+/// Hottest items (by trending score) an approximate feed adds to its candidates, per entry wanted:
+/// an item far from the profile can still rank by its trending term, and the lists near the profile
+/// would not hold it.
+const TRENDING_CANDIDATES_PER_LIMIT: usize = 2;
+
+/// [`rank_feed`] over the candidates of the approximate index (decisions/067): the rows of the
+/// lists nearest `profile` (at least `probes` lists, more until `limit` rows survive the
+/// exclusions) and the hottest items, each scored exactly as [`rank_feed`] scores it (same
+/// functions, same bits). `profile` must have a non-zero norm.
+pub fn rank_feed_ann(
+    index: &FeedIndex,
+    (ann, order): (&AnnIndex, &TrendOrder),
+    profile: &[f32],
+    params: &RankParams<'_>,
+    probes: usize,
+) -> Vec<RankedEntry> {
+    let profile_inv = inverse_norm(profile);
+    let score_row = |row: usize| {
+        let (item, vector, row_inv, trend) = index.row(row);
+        let similarity = cosine(profile, vector, row_inv, profile_inv);
+        let trending = trend.map_or(0.0, |t| Trend::term(t.score_at(params.now_ms, params.half_life_ms)));
+        let score = params.similarity_weight * similarity + params.trending_weight * trending;
+        RankedEntry { item, score, similarity, trending }
+    };
+    let mut top = TopK::new(params.limit);
+    // The hottest items first, remembered so the lists do not score them twice.
+    let mut taken: FastMap<u64, ()> = FastMap::default();
+    let hot_wanted = params.limit.min(RANKED_LIMIT_MAX) * TRENDING_CANDIDATES_PER_LIMIT;
+    for item in order.hottest() {
+        if taken.len() >= hot_wanted {
+            break;
+        }
+        if params.excluded.contains(&item) {
+            continue;
+        }
+        if let Some(row) = index.row_of(item) {
+            top.push(score_row(row));
+            taken.insert(item, ());
+        }
+    }
+    let mut kept = taken.len();
+    for (probed, list) in ann.probe_order(profile).into_iter().enumerate() {
+        if probed >= probes && kept >= params.limit {
+            break;
+        }
+        for &row in ann.list(list as usize) {
+            let (item, ..) = index.row(row as usize);
+            if params.excluded.contains(&item) || taken.contains_key(&item) {
+                continue;
+            }
+            top.push(score_row(row as usize));
+            kept += 1;
+        }
+    }
+    top.into_sorted()
+}
+
+/// [`rank_similar`] over the rows of the lists nearest the item's embedding (at least `probes`,
+/// more until `limit` other rows were scored); `None` if the item has no embedding.
+pub fn rank_similar_ann(
+    index: &FeedIndex,
+    ann: &AnnIndex,
+    item: u64,
+    limit: usize,
+    probes: usize,
+) -> Option<Vec<RankedEntry>> {
+    let query = index.embedding(item)?;
+    let query_inv = index.inverse_norm_of(item)?;
+    let mut top = TopK::new(limit);
+    let mut kept = 0;
+    for (probed, list) in ann.probe_order(query).into_iter().enumerate() {
+        if probed >= probes && kept >= limit {
+            break;
+        }
+        for &row in ann.list(list as usize) {
+            let (other, vector, row_inv, _) = index.row(row as usize);
+            if other == item {
+                continue;
+            }
+            let similarity = cosine(query, vector, row_inv, query_inv);
+            top.push(RankedEntry { item: other, score: similarity, similarity, trending: 0.0 });
+            kept += 1;
+        }
+    }
+    Some(top.into_sorted())
 }
 
 /// `cos(query, row)` from the inverse norms. The f32 dot product overflows for vectors of large values
