@@ -82,9 +82,7 @@ impl AnnIndex {
         let scores: Vec<f32> =
             self.centroids.chunks_exact(self.dimension).map(|centroid| dot(centroid, &unit)).collect();
         let mut order: Vec<u32> = (0..self.lists.len() as u32).collect();
-        order.sort_unstable_by(|a, b| {
-            scores[*b as usize].total_cmp(&scores[*a as usize]).then(a.cmp(b))
-        });
+        order.sort_unstable_by(|a, b| scores[*b as usize].total_cmp(&scores[*a as usize]).then(a.cmp(b)));
         order
     }
 
@@ -164,7 +162,9 @@ pub fn decode_centroids(bytes: &[u8], dimension: usize) -> Result<Vec<f32>, Stri
     }
     let (stored_dimension, lists) = (word(8) as usize, word(12) as usize);
     if stored_dimension != dimension || lists == 0 {
-        return Err(format!("centroids of dimension {stored_dimension} x {lists} lists, index dimension {dimension}"));
+        return Err(format!(
+            "centroids of dimension {stored_dimension} x {lists} lists, index dimension {dimension}"
+        ));
     }
     let body = &bytes[HEADER_BYTES..];
     if body.len() != lists * dimension * 4 {

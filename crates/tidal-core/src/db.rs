@@ -1121,7 +1121,9 @@ impl TidalDb {
     /// the catalogue has reached `ann_centroids_at` (log-derived, so every node chooses at the
     /// same apply).
     fn ann_due(&self, index: &FeedIndex) -> bool {
-        self.config.ann_lists > 0 && index.ann().is_none() && index.embeddings() >= self.config.ann_centroids_at
+        self.config.ann_lists > 0
+            && index.ann().is_none()
+            && index.embeddings() >= self.config.ann_centroids_at
     }
 
     /// Chooses the centroids from the embeddings held now, starts the approximate index over them

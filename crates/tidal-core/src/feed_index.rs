@@ -124,7 +124,12 @@ impl FeedIndex {
     /// Row `row` as (item id, raw vector, inverse norm, trend).
     pub fn row(&self, row: usize) -> (u64, &[f32], f64, Option<Trend>) {
         let dimension = self.dimension;
-        (self.ids[row], &self.matrix[row * dimension..(row + 1) * dimension], self.inv_norms[row], self.row_trends[row])
+        (
+            self.ids[row],
+            &self.matrix[row * dimension..(row + 1) * dimension],
+            self.inv_norms[row],
+            self.row_trends[row],
+        )
     }
 
     /// The row of an item's embedding.

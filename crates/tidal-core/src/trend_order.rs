@@ -89,8 +89,11 @@ mod tests {
         }
         assert_eq!(order.len(), 4, "a negative score is not held");
         let now = 5 * HOUR as i64;
-        let mut by_score: Vec<(u64, f64)> =
-            trends.iter().map(|(item, trend)| (*item, trend.score_at(now, HOUR))).filter(|e| e.1 > 0.0).collect();
+        let mut by_score: Vec<(u64, f64)> = trends
+            .iter()
+            .map(|(item, trend)| (*item, trend.score_at(now, HOUR)))
+            .filter(|e| e.1 > 0.0)
+            .collect();
         by_score.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
         let expected: Vec<u64> = by_score.iter().map(|e| e.0).collect();
         assert_eq!(order.hottest().collect::<Vec<_>>(), expected, "scores at now: {by_score:?}");
