@@ -23,16 +23,33 @@ const MAGIC: [u8; 4] = *b"TANN";
 /// Format of the centroids value; a reader refuses other versions.
 const VERSION: u32 = 1;
 
-/// The inverted file: unit-norm centroids, the rows of each list, and each row's place.
+/// The inverted file: unit-norm centroids, and for each list its entries with an 8-bit copy of
+/// their vectors stored together, so a query reads its lists front to back instead of jumping
+/// through the whole matrix (at a million rows of 128 dimensions, reading 32k scattered f32 rows
+/// cost 12 ms a query; the 8-bit copies are a quarter of the bytes, in order).
 #[derive(Debug)]
 pub struct AnnIndex {
     dimension: usize,
     /// `lists x dimension` unit-norm centroid values.
     centroids: Vec<f32>,
-    /// Rows of the feed index assigned to each list, in no meaningful order.
-    lists: Vec<Vec<u32>>,
+    /// Each list's entries, in no meaningful order.
+    lists: Vec<List>,
     /// For each row of the feed index: its list and its position in that list.
     slots: Vec<Slot>,
+}
+
+/// One list's entries, as parallel columns.
+#[derive(Debug, Default, Clone)]
+struct List {
+    /// Row of each entry in the feed index.
+    rows: Vec<u32>,
+    /// Item id of each entry (exclusions are tested without touching the feed index).
+    items: Vec<u64>,
+    /// Per entry, the factor that turns its integer dot product with a quantized unit query into
+    /// an estimated cosine: its quantization step times its inverse norm.
+    factors: Vec<f32>,
+    /// `entries x dimension` codes: each value divided by the step `max |v| / 127`, rounded.
+    codes: Vec<i8>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -50,17 +67,12 @@ impl AnnIndex {
             centroids.len()
         );
         let lists = centroids.len() / dimension;
-        AnnIndex { dimension, centroids, lists: vec![Vec::new(); lists], slots: Vec::new() }
+        AnnIndex { dimension, centroids, lists: vec![List::default(); lists], slots: Vec::new() }
     }
 
     /// Number of lists.
     pub fn lists(&self) -> usize {
         self.lists.len()
-    }
-
-    /// The rows of list `list`.
-    pub fn list(&self, list: usize) -> &[u32] {
-        &self.lists[list]
     }
 
     /// The list a vector belongs to: the centroid of highest cosine, the lower list on a tie.
@@ -86,11 +98,55 @@ impl AnnIndex {
         order
     }
 
-    /// Adds `row` (the next row of the feed index, or a row that was removed) to `list`.
-    pub fn insert(&mut self, row: usize, list: u32) {
+    /// The rows of the `wanted` entries of highest estimated cosine with `query` (ties to the lower
+    /// item id) in the lists nearest it, skipping the items `skip` says: at least `probes` lists,
+    /// then more until `enough` entries were not skipped. A pure function of the lists' contents.
+    pub fn candidates(
+        &self,
+        query: &[f32],
+        (probes, enough, wanted): (usize, usize, usize),
+        skip: impl Fn(u64) -> bool,
+    ) -> Vec<u32> {
+        let (codes, _) = quantize(&unit(query));
+        let mut best: std::collections::BinaryHeap<Candidate> = std::collections::BinaryHeap::new();
+        let mut kept = 0usize;
+        for (probed, list) in self.probe_order(query).into_iter().enumerate() {
+            if probed >= probes && kept >= enough {
+                break;
+            }
+            let list = &self.lists[list as usize];
+            let entries = list.codes.chunks_exact(self.dimension).zip(&list.factors).zip(&list.items);
+            for (position, ((row_codes, factor), item)) in entries.enumerate() {
+                if skip(*item) {
+                    continue;
+                }
+                kept += 1;
+                let candidate = Candidate {
+                    estimate: dot_codes(&codes, row_codes) as f32 * factor,
+                    item: *item,
+                    row: list.rows[position],
+                };
+                if best.len() < wanted {
+                    best.push(candidate);
+                } else if best.peek().is_some_and(|worst| candidate < *worst) {
+                    best.pop();
+                    best.push(candidate);
+                }
+            }
+        }
+        best.into_iter().map(|candidate| candidate.row).collect()
+    }
+
+    /// Adds `row` (the next row of the feed index, or a row that was removed) of `item` with
+    /// `vector` to `list`.
+    pub fn insert(&mut self, row: usize, list: u32, item: u64, vector: &[f32]) {
         let members = &mut self.lists[list as usize];
-        let slot = Slot { list, position: members.len() as u32 };
-        members.push(u32::try_from(row).expect("feed index rows fit in u32"));
+        let slot = Slot { list, position: members.rows.len() as u32 };
+        let (codes, step) = quantize(vector);
+        members.rows.push(u32::try_from(row).expect("feed index rows fit in u32"));
+        members.items.push(item);
+        members.factors.push((f64::from(step) * inverse_norm(vector)) as f32);
+        members.codes.extend_from_slice(&codes);
         match row.cmp(&self.slots.len()) {
             std::cmp::Ordering::Less => self.slots[row] = slot,
             std::cmp::Ordering::Equal => self.slots.push(slot),
@@ -100,18 +156,20 @@ impl AnnIndex {
         }
     }
 
-    /// The list `row` is in.
-    pub fn list_of(&self, row: usize) -> u32 {
-        self.slots[row].list
-    }
-
     /// Takes `row` out of its list (its slot stays until it is inserted again or renumbered).
     pub fn remove(&mut self, row: usize) {
         let Slot { list, position } = self.slots[row];
+        let dimension = self.dimension;
         let members = &mut self.lists[list as usize];
-        assert_eq!(members[position as usize] as usize, row, "slot of row {row} points at another row");
-        members.swap_remove(position as usize);
-        if let Some(&moved) = members.get(position as usize) {
+        let at = position as usize;
+        assert_eq!(members.rows[at] as usize, row, "slot of row {row} points at another row");
+        let last = members.rows.len() - 1;
+        members.rows.swap_remove(at);
+        members.items.swap_remove(at);
+        members.factors.swap_remove(at);
+        members.codes.copy_within(last * dimension..(last + 1) * dimension, at * dimension);
+        members.codes.truncate(last * dimension);
+        if let Some(&moved) = members.rows.get(at) {
             self.slots[moved as usize].position = position;
         }
     }
@@ -121,7 +179,7 @@ impl AnnIndex {
     pub fn renumber(&mut self, from: usize, to: usize) {
         assert_eq!(from + 1, self.slots.len(), "only the last row moves: row {from} of {}", self.slots.len());
         let slot = self.slots[from];
-        self.lists[slot.list as usize][slot.position as usize] = to as u32;
+        self.lists[slot.list as usize].rows[slot.position as usize] = to as u32;
         self.slots[to] = slot;
         self.slots.pop();
     }
@@ -133,10 +191,64 @@ impl AnnIndex {
 
     /// Estimated heap bytes.
     pub fn bytes(&self) -> usize {
-        self.centroids.capacity() * 4
-            + self.lists.iter().map(|list| list.capacity() * 4 + 24).sum::<usize>()
-            + self.slots.capacity() * std::mem::size_of::<Slot>()
+        let lists: usize = self
+            .lists
+            .iter()
+            .map(|list| {
+                list.rows.capacity() * 4
+                    + list.items.capacity() * 8
+                    + list.factors.capacity() * 4
+                    + list.codes.capacity()
+                    + std::mem::size_of::<List>()
+            })
+            .sum();
+        self.centroids.capacity() * 4 + lists + self.slots.capacity() * std::mem::size_of::<Slot>()
     }
+}
+
+/// An entry during a search; ordered so the worst (lowest estimate, then highest item id) is the
+/// greatest, for the max-heap of the best.
+#[derive(Clone, Copy, Debug)]
+struct Candidate {
+    estimate: f32,
+    item: u64,
+    row: u32,
+}
+
+impl PartialEq for Candidate {
+    fn eq(&self, other: &Self) -> bool {
+        self.cmp(other) == std::cmp::Ordering::Equal
+    }
+}
+
+impl Eq for Candidate {}
+
+impl PartialOrd for Candidate {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for Candidate {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        other.estimate.total_cmp(&self.estimate).then(self.item.cmp(&other.item))
+    }
+}
+
+/// `vector` as 8-bit codes with the step between codes: `v / step` rounded, `step = max |v| / 127`
+/// (0 and zero codes for a zero vector).
+fn quantize(vector: &[f32]) -> (Vec<i8>, f32) {
+    let largest = vector.iter().fold(0f32, |m, v| m.max(v.abs()));
+    if largest == 0.0 || !largest.is_finite() {
+        return (vec![0; vector.len()], 0.0);
+    }
+    let step = largest / 127.0;
+    (vector.iter().map(|v| (v / step).round().clamp(-127.0, 127.0) as i8).collect(), step)
+}
+
+/// Integer dot product of two code vectors: exact, so its order of summation cannot matter.
+fn dot_codes(a: &[i8], b: &[i8]) -> i32 {
+    a.iter().zip(b).map(|(x, y)| i32::from(*x) * i32::from(*y)).sum()
 }
 
 /// The centroids as stored in `meta`: magic, version, dimension, lists (u32 LE), then the values
@@ -235,11 +347,17 @@ mod tests {
         assert_eq!(index.probe_order(&[0.1, 3.0]), vec![1, 0]);
     }
 
+    fn rows(index: &AnnIndex, list: usize) -> Vec<u32> {
+        let mut rows = index.lists[list].rows.clone();
+        rows.sort_unstable();
+        rows
+    }
+
     #[test]
     fn removal_and_renumbering_keep_slots_consistent() {
         let mut index = index();
         for (row, list) in [(0, 0), (1, 1), (2, 0), (3, 0)] {
-            index.insert(row, list);
+            index.insert(row, list, 100 + row as u64, &[row as f32 + 1.0, 1.0]);
         }
         // The feed index removes row 0 and moves its last row (3) into it.
         index.remove(0);
@@ -247,15 +365,39 @@ mod tests {
         assert_eq!(index.slots.len(), 3);
         for row in 0..3 {
             let slot = index.slots[row];
-            assert_eq!(index.lists[slot.list as usize][slot.position as usize] as usize, row, "row {row}");
+            let list = &index.lists[slot.list as usize];
+            let at = slot.position as usize;
+            assert_eq!(list.rows[at] as usize, row, "row {row}");
+            let (codes, _) = quantize(&[if row == 0 { 4.0 } else { row as f32 + 1.0 }, 1.0]);
+            assert_eq!(&list.codes[at * 2..at * 2 + 2], codes.as_slice(), "codes of row {row} moved with it");
         }
-        let mut list0 = index.list(0).to_vec();
-        list0.sort_unstable();
-        assert_eq!(list0, vec![0, 2]);
+        assert_eq!(rows(&index, 0), vec![0, 2]);
         index.remove(2);
         index.pop();
-        assert_eq!(index.list(0), &[0]);
-        assert_eq!(index.list(1), &[1]);
+        assert_eq!(rows(&index, 0), vec![0]);
+        assert_eq!(rows(&index, 1), vec![1]);
+        assert_eq!(index.lists[0].items, vec![103], "row 0 now holds item 103");
+    }
+
+    #[test]
+    fn candidates_are_the_best_estimates_of_the_nearest_lists_without_skipped_items() {
+        let mut index = index();
+        // Along x: rows 0..4 at growing angles; along y: rows 4..6.
+        let vectors = [[1.0, 0.0], [1.0, 0.1], [1.0, 0.5], [1.0, 0.9], [0.0, 1.0], [0.2, 1.0]];
+        for (row, vector) in vectors.iter().enumerate() {
+            index.insert(row, index.nearest_list(vector), row as u64, vector);
+        }
+        let mut got = index.candidates(&[1.0, 0.0], (1, 1, 2), |_| false);
+        got.sort_unstable();
+        assert_eq!(got, vec![0, 1], "the two nearest of the nearest list");
+        let mut got = index.candidates(&[1.0, 0.0], (1, 1, 2), |item| item < 2);
+        got.sort_unstable();
+        assert_eq!(got, vec![2, 3], "skipped items make room for the next");
+        let mut got = index.candidates(&[1.0, 0.0], (1, 5, 10), |item| item < 2);
+        got.sort_unstable();
+        assert_eq!(got, vec![2, 3, 4, 5], "too few left in one list: the next list is probed");
+        assert_eq!(dot_codes(&[127, -127], &[127, 127]), 0);
+        assert_eq!(quantize(&[0.0, 0.0]), (vec![0, 0], 0.0));
     }
 
     #[test]

@@ -93,7 +93,8 @@ impl FeedIndex {
         let mut ann = AnnIndex::new(self.dimension, centroids);
         let lists = assign_rows(&ann, &self.matrix, self.dimension);
         for (row, list) in lists.into_iter().enumerate() {
-            ann.insert(row, list);
+            let vector = &self.matrix[row * self.dimension..(row + 1) * self.dimension];
+            ann.insert(row, list, self.ids[row], vector);
         }
         let mut order = TrendOrder::new(half_life_ms);
         for (item, entry) in &self.trending {
@@ -203,16 +204,14 @@ impl FeedIndex {
                 self.row_mut(row).copy_from_slice(vector);
                 self.inv_norms[row] = inv_norm;
                 if let Some(ann) = &mut self.ann {
-                    let list = ann.nearest_list(vector);
-                    if list != ann.list_of(row) {
-                        ann.remove(row);
-                        ann.insert(row, list);
-                    }
+                    // Even in the same list: its 8-bit copy changes with the vector.
+                    ann.remove(row);
+                    ann.insert(row, ann.nearest_list(vector), item, vector);
                 }
             }
             None => {
                 if let Some(ann) = &mut self.ann {
-                    ann.insert(self.ids.len(), ann.nearest_list(vector));
+                    ann.insert(self.ids.len(), ann.nearest_list(vector), item, vector);
                 }
                 self.rows.insert(item, self.ids.len());
                 self.ids.push(item);

@@ -89,11 +89,16 @@ pub fn rank_feed(index: &FeedIndex, profile: Option<&[f32]>, params: &RankParams
 /// an item far from the profile can still rank by its trending term, and the lists near the profile
 /// would not hold it.
 const TRENDING_CANDIDATES_PER_LIMIT: usize = 2;
+/// Entries of highest estimated cosine scored exactly, per entry wanted: the 8-bit estimate is
+/// off by about a percent, and the trending term can lift an entry a little below the top.
+const RESCORED_PER_LIMIT: usize = 10;
+/// Fewest entries scored exactly, for small limits.
+const RESCORED_MIN: usize = 200;
 
-/// [`rank_feed`] over the candidates of the approximate index (decisions/067): the rows of the
-/// lists nearest `profile` (at least `probes` lists, more until `limit` rows survive the
-/// exclusions) and the hottest items, each scored exactly as [`rank_feed`] scores it (same
-/// functions, same bits). `profile` must have a non-zero norm.
+/// [`rank_feed`] over the candidates of the approximate index (decisions/067): the entries of
+/// highest estimated cosine in the lists nearest `profile` (at least `probes` lists, more until
+/// `limit` entries survive the exclusions) and the hottest items, each scored exactly as
+/// [`rank_feed`] scores it (same functions, same bits). `profile` must have a non-zero norm.
 pub fn rank_feed_ann(
     index: &FeedIndex,
     (ann, order): (&AnnIndex, &TrendOrder),
@@ -109,12 +114,12 @@ pub fn rank_feed_ann(
         let score = params.similarity_weight * similarity + params.trending_weight * trending;
         RankedEntry { item, score, similarity, trending }
     };
-    let mut top = TopK::new(params.limit);
+    let limit = params.limit.min(RANKED_LIMIT_MAX);
+    let mut top = TopK::new(limit);
     // The hottest items first, remembered so the lists do not score them twice.
     let mut taken: FastMap<u64, ()> = FastMap::default();
-    let hot_wanted = params.limit.min(RANKED_LIMIT_MAX) * TRENDING_CANDIDATES_PER_LIMIT;
     for item in order.hottest() {
-        if taken.len() >= hot_wanted {
+        if taken.len() >= limit * TRENDING_CANDIDATES_PER_LIMIT {
             break;
         }
         if params.excluded.contains(&item) {
@@ -125,25 +130,16 @@ pub fn rank_feed_ann(
             taken.insert(item, ());
         }
     }
-    let mut kept = taken.len();
-    for (probed, list) in ann.probe_order(profile).into_iter().enumerate() {
-        if probed >= probes && kept >= params.limit {
-            break;
-        }
-        for &row in ann.list(list as usize) {
-            let (item, ..) = index.row(row as usize);
-            if params.excluded.contains(&item) || taken.contains_key(&item) {
-                continue;
-            }
-            top.push(score_row(row as usize));
-            kept += 1;
-        }
+    let wanted = (limit * RESCORED_PER_LIMIT).max(RESCORED_MIN);
+    let skip = |item: u64| params.excluded.contains(&item) || taken.contains_key(&item);
+    for row in ann.candidates(profile, (probes, limit, wanted), skip) {
+        top.push(score_row(row as usize));
     }
     top.into_sorted()
 }
 
-/// [`rank_similar`] over the rows of the lists nearest the item's embedding (at least `probes`,
-/// more until `limit` other rows were scored); `None` if the item has no embedding.
+/// [`rank_similar`] over the entries of highest estimated cosine in the lists nearest the item's
+/// embedding, scored exactly; `None` if the item has no embedding.
 pub fn rank_similar_ann(
     index: &FeedIndex,
     ann: &AnnIndex,
@@ -153,21 +149,13 @@ pub fn rank_similar_ann(
 ) -> Option<Vec<RankedEntry>> {
     let query = index.embedding(item)?;
     let query_inv = index.inverse_norm_of(item)?;
+    let limit = limit.min(RANKED_LIMIT_MAX);
     let mut top = TopK::new(limit);
-    let mut kept = 0;
-    for (probed, list) in ann.probe_order(query).into_iter().enumerate() {
-        if probed >= probes && kept >= limit {
-            break;
-        }
-        for &row in ann.list(list as usize) {
-            let (other, vector, row_inv, _) = index.row(row as usize);
-            if other == item {
-                continue;
-            }
-            let similarity = cosine(query, vector, row_inv, query_inv);
-            top.push(RankedEntry { item: other, score: similarity, similarity, trending: 0.0 });
-            kept += 1;
-        }
+    let wanted = (limit * RESCORED_PER_LIMIT).max(RESCORED_MIN);
+    for row in ann.candidates(query, (probes, limit, wanted), |other| other == item) {
+        let (other, vector, row_inv, _) = index.row(row as usize);
+        let similarity = cosine(query, vector, row_inv, query_inv);
+        top.push(RankedEntry { item: other, score: similarity, similarity, trending: 0.0 });
     }
     Some(top.into_sorted())
 }
