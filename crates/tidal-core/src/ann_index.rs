@@ -15,6 +15,7 @@
 //!   a query takes whole lists and the ranking sorts by (score, item id).
 
 use crate::feed_index::{dot, inverse_norm};
+use crate::trend::Trend;
 
 /// Bytes of the centroids' header in `meta`: magic, version, dimension, lists.
 const HEADER_BYTES: usize = 16;
@@ -45,6 +46,9 @@ struct List {
     rows: Vec<u32>,
     /// Item id of each entry (exclusions are tested without touching the feed index).
     items: Vec<u64>,
+    /// Trending score of each entry's item, so the estimate can add the feed's trending term
+    /// without touching the feed index (kept by [`AnnIndex::set_trend`]).
+    trends: Vec<Option<Trend>>,
     /// Per entry, the factor that turns its integer dot product with a quantized unit query into
     /// an estimated cosine: its quantization step times its inverse norm.
     factors: Vec<f32>,
@@ -98,14 +102,17 @@ impl AnnIndex {
         order
     }
 
-    /// The rows of the `wanted` entries of highest estimated cosine with `query` (ties to the lower
+    /// The rows of the `wanted` entries of highest estimated score with `query` (ties to the lower
     /// item id) in the lists nearest it, skipping the items `skip` says: at least `probes` lists,
-    /// then more until `enough` entries were not skipped. A pure function of the lists' contents.
+    /// then more until `enough` entries were not skipped. The estimate is `weight` times the
+    /// estimated cosine plus `term` of the entry's trending score (if it has one). A pure function
+    /// of the lists' contents.
     pub fn candidates(
         &self,
         query: &[f32],
         (probes, enough, wanted): (usize, usize, usize),
         skip: impl Fn(u64) -> bool,
+        (weight, term): (f32, impl Fn(&Trend) -> f32),
     ) -> Vec<u32> {
         let (codes, _) = quantize(&unit(query));
         let mut best: std::collections::BinaryHeap<Candidate> = std::collections::BinaryHeap::new();
@@ -121,11 +128,9 @@ impl AnnIndex {
                     continue;
                 }
                 kept += 1;
-                let candidate = Candidate {
-                    estimate: dot_codes(&codes, row_codes) as f32 * factor,
-                    item: *item,
-                    row: list.rows[position],
-                };
+                let cosine = dot_codes(&codes, row_codes) as f32 * factor;
+                let estimate = weight * cosine + list.trends[position].as_ref().map_or(0.0, &term);
+                let candidate = Candidate { estimate, item: *item, row: list.rows[position] };
                 if best.len() < wanted {
                     best.push(candidate);
                 } else if best.peek().is_some_and(|worst| candidate < *worst) {
@@ -138,13 +143,14 @@ impl AnnIndex {
     }
 
     /// Adds `row` (the next row of the feed index, or a row that was removed) of `item` with
-    /// `vector` to `list`.
-    pub fn insert(&mut self, row: usize, list: u32, item: u64, vector: &[f32]) {
+    /// `vector` and trending score `trend` to `list`.
+    pub fn insert(&mut self, row: usize, list: u32, (item, trend): (u64, Option<Trend>), vector: &[f32]) {
         let members = &mut self.lists[list as usize];
         let slot = Slot { list, position: members.rows.len() as u32 };
         let (codes, step) = quantize(vector);
         members.rows.push(u32::try_from(row).expect("feed index rows fit in u32"));
         members.items.push(item);
+        members.trends.push(trend);
         members.factors.push((f64::from(step) * inverse_norm(vector)) as f32);
         members.codes.extend_from_slice(&codes);
         match row.cmp(&self.slots.len()) {
@@ -166,6 +172,7 @@ impl AnnIndex {
         let last = members.rows.len() - 1;
         members.rows.swap_remove(at);
         members.items.swap_remove(at);
+        members.trends.swap_remove(at);
         members.factors.swap_remove(at);
         members.codes.copy_within(last * dimension..(last + 1) * dimension, at * dimension);
         members.codes.truncate(last * dimension);
@@ -184,6 +191,12 @@ impl AnnIndex {
         self.slots.pop();
     }
 
+    /// Sets the trending score of the item of `row`.
+    pub fn set_trend(&mut self, row: usize, trend: Trend) {
+        let Slot { list, position } = self.slots[row];
+        self.lists[list as usize].trends[position as usize] = Some(trend);
+    }
+
     /// Drops the last slot (the feed index removed its last row, after [`AnnIndex::remove`]).
     pub fn pop(&mut self) {
         self.slots.pop();
@@ -197,6 +210,7 @@ impl AnnIndex {
             .map(|list| {
                 list.rows.capacity() * 4
                     + list.items.capacity() * 8
+                    + list.trends.capacity() * std::mem::size_of::<Option<Trend>>()
                     + list.factors.capacity() * 4
                     + list.codes.capacity()
                     + std::mem::size_of::<List>()
@@ -357,7 +371,7 @@ mod tests {
     fn removal_and_renumbering_keep_slots_consistent() {
         let mut index = index();
         for (row, list) in [(0, 0), (1, 1), (2, 0), (3, 0)] {
-            index.insert(row, list, 100 + row as u64, &[row as f32 + 1.0, 1.0]);
+            index.insert(row, list, (100 + row as u64, None), &[row as f32 + 1.0, 1.0]);
         }
         // The feed index removes row 0 and moves its last row (3) into it.
         index.remove(0);
@@ -385,17 +399,25 @@ mod tests {
         // Along x: rows 0..4 at growing angles; along y: rows 4..6.
         let vectors = [[1.0, 0.0], [1.0, 0.1], [1.0, 0.5], [1.0, 0.9], [0.0, 1.0], [0.2, 1.0]];
         for (row, vector) in vectors.iter().enumerate() {
-            index.insert(row, index.nearest_list(vector), row as u64, vector);
+            index.insert(row, index.nearest_list(vector), (row as u64, None), vector);
         }
-        let mut got = index.candidates(&[1.0, 0.0], (1, 1, 2), |_| false);
+        let no_trend = (1.0, |_: &Trend| 0.0);
+        let mut got = index.candidates(&[1.0, 0.0], (1, 1, 2), |_| false, no_trend);
         got.sort_unstable();
         assert_eq!(got, vec![0, 1], "the two nearest of the nearest list");
-        let mut got = index.candidates(&[1.0, 0.0], (1, 1, 2), |item| item < 2);
+        let mut got = index.candidates(&[1.0, 0.0], (1, 1, 2), |item| item < 2, no_trend);
         got.sort_unstable();
         assert_eq!(got, vec![2, 3], "skipped items make room for the next");
-        let mut got = index.candidates(&[1.0, 0.0], (1, 5, 10), |item| item < 2);
+        let mut got = index.candidates(&[1.0, 0.0], (1, 5, 10), |item| item < 2, no_trend);
         got.sort_unstable();
         assert_eq!(got, vec![2, 3, 4, 5], "too few left in one list: the next list is probed");
+        index.set_trend(3, Trend { score: 1e6, ref_ms: 0 });
+        let hot = (1.0, |trend: &Trend| trend.score as f32);
+        assert_eq!(
+            index.candidates(&[1.0, 0.0], (1, 1, 1), |_| false, hot),
+            vec![3],
+            "the trend term counts"
+        );
         assert_eq!(dot_codes(&[127, -127], &[127, 127]), 0);
         assert_eq!(quantize(&[0.0, 0.0]), (vec![0, 0], 0.0));
     }

@@ -94,7 +94,7 @@ impl FeedIndex {
         let lists = assign_rows(&ann, &self.matrix, self.dimension);
         for (row, list) in lists.into_iter().enumerate() {
             let vector = &self.matrix[row * self.dimension..(row + 1) * self.dimension];
-            ann.insert(row, list, self.ids[row], vector);
+            ann.insert(row, list, (self.ids[row], self.row_trends[row]), vector);
         }
         let mut order = TrendOrder::new(half_life_ms);
         for (item, entry) in &self.trending {
@@ -206,12 +206,13 @@ impl FeedIndex {
                 if let Some(ann) = &mut self.ann {
                     // Even in the same list: its 8-bit copy changes with the vector.
                     ann.remove(row);
-                    ann.insert(row, ann.nearest_list(vector), item, vector);
+                    ann.insert(row, ann.nearest_list(vector), (item, self.row_trends[row]), vector);
                 }
             }
             None => {
                 if let Some(ann) = &mut self.ann {
-                    ann.insert(self.ids.len(), ann.nearest_list(vector), item, vector);
+                    let trend = self.trending.get(&item).map(|entry| entry.trend);
+                    ann.insert(self.ids.len(), ann.nearest_list(vector), (item, trend), vector);
                 }
                 self.rows.insert(item, self.ids.len());
                 self.ids.push(item);
@@ -231,10 +232,11 @@ impl FeedIndex {
     /// the merge changes, and its embeddings, which the profile fold only reads. The two touch
     /// disjoint fields, so the two folds can run at the same time.
     pub fn split_for_signals(&mut self) -> (ScoresMut<'_>, Embeddings<'_>) {
-        let FeedIndex { dimension, rows, matrix, row_trends, trending, generation, trend_order, .. } = self;
+        let FeedIndex { dimension, rows, matrix, row_trends, trending, generation, trend_order, ann, .. } =
+            self;
         let rows = &*rows;
         (
-            ScoresMut { rows, row_trends, trending, generation, trend_order },
+            ScoresMut { rows, row_trends, trending, generation, trend_order, ann },
             Embeddings { dimension: *dimension, rows, matrix },
         )
     }
@@ -357,6 +359,7 @@ pub struct ScoresMut<'a> {
     trending: &'a mut FastMap<u64, TrendEntry>,
     generation: &'a mut u64,
     trend_order: &'a mut Option<TrendOrder>,
+    ann: &'a mut Option<AnnIndex>,
 }
 
 impl<'a> ScoresMut<'a> {
@@ -368,6 +371,7 @@ impl<'a> ScoresMut<'a> {
             trending: &mut *self.trending,
             generation: &mut *self.generation,
             trend_order: &mut *self.trend_order,
+            ann: &mut *self.ann,
         }
         .into_set_trend(item, trend)
     }
@@ -381,6 +385,9 @@ impl<'a> ScoresMut<'a> {
         *self.generation += 1;
         if let Some(&row) = self.rows.get(&item) {
             self.row_trends[row] = Some(trend);
+            if let Some(ann) = self.ann {
+                ann.set_trend(row, trend);
+            }
         }
         let mut old = None;
         let entry = self

@@ -132,7 +132,13 @@ pub fn rank_feed_ann(
     }
     let wanted = (limit * RESCORED_PER_LIMIT).max(RESCORED_MIN);
     let skip = |item: u64| params.excluded.contains(&item) || taken.contains_key(&item);
-    for row in ann.candidates(profile, (probes, limit, wanted), skip) {
+    // The estimate is the feed's score with the estimated cosine: the trending term can lift an
+    // entry past others that are nearer the profile.
+    let term = |trend: &Trend| {
+        (params.trending_weight * Trend::term(trend.score_at(params.now_ms, params.half_life_ms))) as f32
+    };
+    let estimate = (params.similarity_weight as f32, term);
+    for row in ann.candidates(profile, (probes, limit, wanted), skip, estimate) {
         top.push(score_row(row as usize));
     }
     top.into_sorted()
@@ -152,7 +158,7 @@ pub fn rank_similar_ann(
     let limit = limit.min(RANKED_LIMIT_MAX);
     let mut top = TopK::new(limit);
     let wanted = (limit * RESCORED_PER_LIMIT).max(RESCORED_MIN);
-    for row in ann.candidates(query, (probes, limit, wanted), |other| other == item) {
+    for row in ann.candidates(query, (probes, limit, wanted), |other| other == item, (1.0, |_: &Trend| 0.0)) {
         let (other, vector, row_inv, _) = index.row(row as usize);
         let similarity = cosine(query, vector, row_inv, query_inv);
         top.push(RankedEntry { item: other, score: similarity, similarity, trending: 0.0 });
