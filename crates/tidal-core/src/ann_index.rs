@@ -114,7 +114,8 @@ impl AnnIndex {
         skip: impl Fn(u64) -> bool,
         (weight, term): (f32, impl Fn(&Trend) -> f32),
     ) -> Vec<u32> {
-        let (codes, _) = quantize(&unit(query));
+        // The query's own step makes the estimate a cosine, comparable with the trending term.
+        let (codes, query_step) = quantize(&unit(query));
         let mut best: std::collections::BinaryHeap<Candidate> = std::collections::BinaryHeap::new();
         let mut kept = 0usize;
         for (probed, list) in self.probe_order(query).into_iter().enumerate() {
@@ -128,7 +129,7 @@ impl AnnIndex {
                     continue;
                 }
                 kept += 1;
-                let cosine = dot_codes(&codes, row_codes) as f32 * factor;
+                let cosine = dot_codes(&codes, row_codes) as f32 * factor * query_step;
                 let estimate = weight * cosine + list.trends[position].as_ref().map_or(0.0, &term);
                 let candidate = Candidate { estimate, item: *item, row: list.rows[position] };
                 if best.len() < wanted {
@@ -419,6 +420,17 @@ mod tests {
             "the trend term counts"
         );
         assert_eq!(dot_codes(&[127, -127], &[127, 127]), 0);
+        // An estimate is a cosine: a trend term of 0.8 lifts row 4 (cosine 0) above row 3 (0.74)
+        // but not above rows 0 and 1 (1.0, 0.995) or 2 (0.89).
+        index.set_trend(3, Trend { score: 0.0, ref_ms: 0 });
+        index.set_trend(4, Trend { score: 0.8, ref_ms: 0 });
+        let mut top = index.candidates(&[1.0, 0.0], (2, 1, 2), |_| false, (1.0, |t: &Trend| t.score as f32));
+        top.sort_unstable();
+        assert_eq!(top, vec![0, 1], "cosines 1.0 and 0.995 stay first");
+        let mut top =
+            index.candidates(&[1.0, 0.0], (2, 1, 2), |item| item < 2, (1.0, |t: &Trend| t.score as f32));
+        top.sort_unstable();
+        assert_eq!(top, vec![2, 4], "row 4's trend lifts it past row 3");
         assert_eq!(quantize(&[0.0, 0.0]), (vec![0, 0], 0.0));
     }
 
