@@ -155,10 +155,14 @@ pub struct BenchArgs {
     /// Feed and similar workloads: users (or items) whose recall@20 is measured before the run.
     #[arg(long, default_value_t = 200)]
     pub recall_samples: usize,
-    /// With `--spawn`: the node's `feed_ann_lists` (0 turns the approximate index off; default:
-    /// the node's default).
+    /// With `--spawn`: the spawned node's config file (for example `feed_ann_lists = 0`, which
+    /// turns the approximate feed index off).
     #[arg(long)]
-    pub feed_ann_lists: Option<usize>,
+    pub node_config: Option<std::path::PathBuf>,
+    /// Feed and similar workloads: do not load items first (the node at `--url` holds them from
+    /// an earlier run with the same `--items` and `--dim`).
+    #[arg(long)]
+    pub skip_load: bool,
 }
 
 /// inbox-send-backlog's levels: empty, small, the node's default per-topic cap, twice that.
@@ -190,7 +194,8 @@ impl Default for BenchArgs {
             exact: false,
             embedding_rate: 0,
             recall_samples: 200,
-            feed_ann_lists: None,
+            node_config: None,
+            skip_load: false,
         }
     }
 }
@@ -315,8 +320,7 @@ pub async fn measure(args: &BenchArgs) -> anyhow::Result<Summary> {
     );
     let mut spawned = None;
     let url = if args.spawn {
-        let config = args.feed_ann_lists.map(|lists| format!("feed_ann_lists = {lists}\n"));
-        let (url, handle) = spawn_node_with(args.dim as u32, config).await?;
+        let (url, handle) = spawn_node_with(args.dim as u32, args.node_config.clone()).await?;
         spawned = Some(handle);
         url
     } else if args.through_follower || matches!(args.workload, Workload::Feed | Workload::Similar) {
@@ -329,7 +333,8 @@ pub async fn measure(args: &BenchArgs) -> anyhow::Result<Summary> {
     let mut feed = None;
     match args.workload {
         Workload::Feed | Workload::Similar => {
-            let load_per_second = crate::bench_feed::preload(&client, &args).await?;
+            let load_per_second =
+                if args.skip_load { 0.0 } else { crate::bench_feed::preload(&client, &args).await? };
             let recall = crate::bench_feed::recall(&client, &args, args.recall_samples).await?;
             feed = Some(crate::bench_feed::FeedFigures {
                 recall,
@@ -468,20 +473,12 @@ pub(crate) async fn spawn_node(dim: u32) -> anyhow::Result<(String, SpawnedNode)
     spawn_node_with(dim, None).await
 }
 
-/// [`spawn_node`] with a config file of `config` (TOML) if given.
+/// [`spawn_node`] with the config file `config_path` if given.
 pub(crate) async fn spawn_node_with(
     dim: u32,
-    config: Option<String>,
+    config_path: Option<std::path::PathBuf>,
 ) -> anyhow::Result<(String, SpawnedNode)> {
     let dir = tempfile::Builder::new().prefix("tidal-bench").tempdir().context("create bench data dir")?;
-    let config_path = match config {
-        Some(text) => {
-            let path = dir.path().join("bench.toml");
-            std::fs::write(&path, text).context("write bench node config")?;
-            Some(path)
-        }
-        None => None,
-    };
     let data_dir = dir.path().join("data");
     let args = ServeArgs {
         data_dir: Some(data_dir),

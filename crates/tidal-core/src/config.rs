@@ -31,8 +31,8 @@ pub const OVERLAY_BYTES_MAX_DEFAULT: usize = 64 * 1024 * 1024;
 /// plus the writes since, no more.
 pub const OVERLAY_BATCHES_MAX_DEFAULT: usize = 100_000;
 /// Default number of lists of the approximate feed index (decisions/067): at a million items a
-/// list holds about a thousand rows, so a query of [`ANN_PROBES_DEFAULT`] lists scores about 3% of
-/// the catalogue, and the centroids cost 512 KiB at 128 dimensions.
+/// list holds about a thousand rows, so a query of [`ANN_PROBES_DEFAULT`] lists reads about 6% of
+/// the catalogue (8-bit copies), and the centroids cost 512 KiB at 128 dimensions.
 pub const ANN_LISTS_DEFAULT: usize = 1024;
 /// Most lists: bounds the centroids' memory (64 MiB at the largest dimension) and the per-write
 /// cost of finding a vector's list (one dot product per list).
@@ -44,9 +44,10 @@ pub const ANN_CENTROIDS_AT_DEFAULT: usize = 16 * ANN_LISTS_DEFAULT;
 /// Default catalogue size from which feeds and similar items use the approximate index: below it
 /// the exact scan answers within a few ms (p99 6.5 ms at 100k x 128).
 pub const ANN_THRESHOLD_DEFAULT: usize = 100_000;
-/// Default lists a query scores at least (more while fewer than `limit` candidates survive the
-/// exclusions): recall@20 >= 0.95 on clustered embeddings in `docs/measurements.md`.
-pub const ANN_PROBES_DEFAULT: usize = 32;
+/// Default lists a query reads at least (more while fewer than `limit` candidates survive the
+/// exclusions): at 1M x 128 clustered embeddings, 32 lists gave recall@20 0.941 and 64 gave 0.955
+/// at p50 2.8 ms (`docs/measurements.md`).
+pub const ANN_PROBES_DEFAULT: usize = 64;
 
 /// How the engine folds and ranks.
 #[derive(Clone, Debug, PartialEq)]
