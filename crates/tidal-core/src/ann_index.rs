@@ -33,6 +33,12 @@ pub struct AnnIndex {
     dimension: usize,
     /// `lists x dimension` unit-norm centroid values.
     centroids: Vec<f32>,
+    /// The centroids as 8-bit codes with their steps (see [`quantize`]): a vector's list is found
+    /// by integer dot products with these, a quarter of the bytes and exact sums (the per-write
+    /// cost of an embedding and of the rebuild on open).
+    centroid_codes: Vec<i8>,
+    /// See `centroid_codes`.
+    centroid_steps: Vec<f32>,
     /// Each list's entries, in no meaningful order.
     lists: Vec<List>,
     /// For each row of the feed index: its list and its position in that list.
@@ -71,7 +77,20 @@ impl AnnIndex {
             centroids.len()
         );
         let lists = centroids.len() / dimension;
-        AnnIndex { dimension, centroids, lists: vec![List::default(); lists], slots: Vec::new() }
+        let (mut centroid_codes, mut centroid_steps) = (Vec::with_capacity(centroids.len()), Vec::new());
+        for centroid in centroids.chunks_exact(dimension) {
+            let (codes, step) = quantize(centroid);
+            centroid_codes.extend_from_slice(&codes);
+            centroid_steps.push(step);
+        }
+        AnnIndex {
+            dimension,
+            centroids,
+            centroid_codes,
+            centroid_steps,
+            lists: vec![List::default(); lists],
+            slots: Vec::new(),
+        }
     }
 
     /// Number of lists.
@@ -79,12 +98,14 @@ impl AnnIndex {
         self.lists.len()
     }
 
-    /// The list a vector belongs to: the centroid of highest cosine, the lower list on a tie.
+    /// The list a vector belongs to: the centroid of highest estimated cosine (8-bit codes of both),
+    /// the lower list on a tie.
     pub fn nearest_list(&self, vector: &[f32]) -> u32 {
-        let unit = unit(vector);
+        let (codes, _) = quantize(vector);
         let mut best = (0u32, f32::NEG_INFINITY);
-        for (list, centroid) in self.centroids.chunks_exact(self.dimension).enumerate() {
-            let score = dot(centroid, &unit);
+        let centroids = self.centroid_codes.chunks_exact(self.dimension).zip(&self.centroid_steps);
+        for (list, (centroid, step)) in centroids.enumerate() {
+            let score = dot_codes(centroid, &codes) as f32 * step;
             if score > best.1 {
                 best = (list as u32, score);
             }
@@ -217,7 +238,10 @@ impl AnnIndex {
                     + std::mem::size_of::<List>()
             })
             .sum();
-        self.centroids.capacity() * 4 + lists + self.slots.capacity() * std::mem::size_of::<Slot>()
+        self.centroids.capacity() * 5
+            + self.centroid_steps.capacity() * 4
+            + lists
+            + self.slots.capacity() * std::mem::size_of::<Slot>()
     }
 }
 
@@ -263,7 +287,23 @@ fn quantize(vector: &[f32]) -> (Vec<i8>, f32) {
 
 /// Integer dot product of two code vectors: exact, so its order of summation cannot matter.
 fn dot_codes(a: &[i8], b: &[i8]) -> i32 {
-    a.iter().zip(b).map(|(x, y)| i32::from(*x) * i32::from(*y)).sum()
+    // Sixteen independent lanes of i16 products summed in i32, so the compiler vectorizes it
+    // (multiply-add of 16-bit pairs); integer sums are exact in any order.
+    const LANES: usize = 16;
+    let mut acc = [0i32; LANES];
+    let (chunks_a, chunks_b) = (a.chunks_exact(LANES), b.chunks_exact(LANES));
+    let rest: i32 = chunks_a
+        .remainder()
+        .iter()
+        .zip(chunks_b.remainder())
+        .map(|(x, y)| i32::from(*x) * i32::from(*y))
+        .sum();
+    for (x, y) in chunks_a.zip(chunks_b) {
+        for lane in 0..LANES {
+            acc[lane] += i32::from(i16::from(x[lane]) * i16::from(y[lane]));
+        }
+    }
+    acc.iter().sum::<i32>() + rest
 }
 
 /// The centroids as stored in `meta`: magic, version, dimension, lists (u32 LE), then the values
@@ -420,6 +460,10 @@ mod tests {
             "the trend term counts"
         );
         assert_eq!(dot_codes(&[127, -127], &[127, 127]), 0);
+        let (a, b): (Vec<i8>, Vec<i8>) =
+            (0..37).map(|i| ((i * 7 % 255 - 127) as i8, (i * 13 % 255 - 127) as i8)).unzip();
+        let naive: i32 = a.iter().zip(&b).map(|(x, y)| i32::from(*x) * i32::from(*y)).sum();
+        assert_eq!(dot_codes(&a, &b), naive, "the lanes and the remainder add up");
         // An estimate is a cosine: a trend term of 0.8 lifts row 4 (cosine 0) above row 3 (0.74)
         // but not above rows 0 and 1 (1.0, 0.995) or 2 (0.89).
         index.set_trend(3, Trend { score: 0.0, ref_ms: 0 });

@@ -117,9 +117,12 @@ pub fn rank_feed_ann(
     let limit = params.limit.min(RANKED_LIMIT_MAX);
     let mut top = TopK::new(limit);
     // The hottest items first, remembered so the lists do not score them twice.
-    let mut taken: FastMap<u64, ()> = FastMap::default();
+    // Every item the lists must skip, in one fast map: the lists test tens of thousands of
+    // entries, and the caller's set hashes with SipHash (a visible share of a query).
+    let mut skipped: FastMap<u64, ()> = params.excluded.iter().map(|item| (*item, ())).collect();
+    let mut taken = 0usize;
     for item in order.hottest() {
-        if taken.len() >= limit * TRENDING_CANDIDATES_PER_LIMIT {
+        if taken >= limit * TRENDING_CANDIDATES_PER_LIMIT {
             break;
         }
         if params.excluded.contains(&item) {
@@ -127,11 +130,12 @@ pub fn rank_feed_ann(
         }
         if let Some(row) = index.row_of(item) {
             top.push(score_row(row));
-            taken.insert(item, ());
+            skipped.insert(item, ());
+            taken += 1;
         }
     }
     let wanted = (limit * RESCORED_PER_LIMIT).max(RESCORED_MIN);
-    let skip = |item: u64| params.excluded.contains(&item) || taken.contains_key(&item);
+    let skip = |item: u64| skipped.contains_key(&item);
     // The estimate is the feed's score with the estimated cosine: the trending term can lift an
     // entry past others that are nearer the profile.
     let term = |trend: &Trend| {
