@@ -14,6 +14,7 @@
 //! - the order of rows inside a list follows history (removal swaps), so nothing may depend on it:
 //!   a query takes whole lists and the ranking sorts by (score, item id).
 
+use crate::error::Error;
 use crate::feed_index::{dot, inverse_norm};
 use crate::trend::Trend;
 
@@ -72,7 +73,7 @@ impl AnnIndex {
     /// An index over `centroids` (`lists x dimension` unit-norm values) with no rows yet.
     pub fn new(dimension: usize, centroids: Vec<f32>) -> AnnIndex {
         assert!(
-            dimension > 0 && centroids.len() % dimension == 0 && !centroids.is_empty(),
+            dimension > 0 && centroids.len().is_multiple_of(dimension) && !centroids.is_empty(),
             "centroids of {} values for dimension {dimension}",
             centroids.len()
         );
@@ -320,22 +321,24 @@ pub fn encode_centroids(dimension: usize, centroids: &[f32]) -> Vec<u8> {
     out
 }
 
-/// Parses [`encode_centroids`]'s bytes for an index of `dimension`; the reason if they are not.
-pub fn decode_centroids(bytes: &[u8], dimension: usize) -> Result<Vec<f32>, String> {
-    let header = bytes.get(..HEADER_BYTES).ok_or("centroids shorter than their header")?;
+/// Parses [`encode_centroids`]'s bytes for an index of `dimension`.
+pub fn decode_centroids(bytes: &[u8], dimension: usize) -> Result<Vec<f32>, Error> {
+    let bad = |reason: String| Error::Corrupt { keyspace: "meta", reason };
+    let header =
+        bytes.get(..HEADER_BYTES).ok_or_else(|| bad("centroids shorter than their header".into()))?;
     let word = |at: usize| u32::from_le_bytes(header[at..at + 4].try_into().expect("4 bytes"));
     if header[..4] != MAGIC || word(4) != VERSION {
-        return Err(format!("centroids: magic {:?}, version {}", &header[..4], word(4)));
+        return Err(bad(format!("centroids: magic {:?}, version {}", &header[..4], word(4))));
     }
     let (stored_dimension, lists) = (word(8) as usize, word(12) as usize);
     if stored_dimension != dimension || lists == 0 {
-        return Err(format!(
+        return Err(bad(format!(
             "centroids of dimension {stored_dimension} x {lists} lists, index dimension {dimension}"
-        ));
+        )));
     }
     let body = &bytes[HEADER_BYTES..];
     if body.len() != lists * dimension * 4 {
-        return Err(format!("centroids body of {} bytes for {lists} x {dimension}", body.len()));
+        return Err(bad(format!("centroids body of {} bytes for {lists} x {dimension}", body.len())));
     }
     Ok(body.chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().expect("4 bytes"))).collect())
 }
@@ -489,7 +492,7 @@ mod tests {
         assert_eq!(choose_centroids(rows.iter().copied(), 8), forward);
         assert_eq!(forward.len(), 16);
         let encoded = encode_centroids(2, &forward);
-        assert_eq!(decode_centroids(&encoded, 2), Ok(forward));
+        assert_eq!(decode_centroids(&encoded, 2).unwrap(), forward);
         assert!(decode_centroids(&encoded, 3).is_err());
         assert!(decode_centroids(&encoded[..20], 2).is_err());
     }

@@ -1445,8 +1445,7 @@ fn load_index(stores: &Stores, config: &EngineConfig) -> Result<FeedIndex, Error
     // are in the digest) but does not build the lists.
     if let Some(value) = stores.meta.get(keys::META_ANN_CENTROIDS)? {
         if config.ann_lists > 0 {
-            let centroids = crate::ann_index::decode_centroids(&value, dimension)
-                .map_err(|reason| Error::Corrupt { keyspace: "meta", reason })?;
+            let centroids = crate::ann_index::decode_centroids(&value, dimension)?;
             index.install_ann(centroids, config.half_life_ms);
         }
     }

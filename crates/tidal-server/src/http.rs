@@ -1655,24 +1655,6 @@ fn render_engine_metrics(out: &mut String, node: &Node) {
             "Applied seqno fjall holds (a crash replays the WAL from here).",
             engine.flushed_applied_seqno.get() as f64,
         ),
-        (
-            "tidal_feed_index_bytes",
-            "gauge",
-            "Memory of the in-memory ranking index: embeddings and the approximate index (decisions/067).",
-            (engine.feed_index_bytes + engine.ann_index_bytes) as f64,
-        ),
-        (
-            "tidal_feed_ann_index_bytes",
-            "gauge",
-            "Memory of the approximate feed index (lists, centroids, trend order); 0 until it exists.",
-            engine.ann_index_bytes as f64,
-        ),
-        (
-            "tidal_feed_ann_lists",
-            "gauge",
-            "Lists of the approximate feed index; 0 until its centroids are chosen.",
-            engine.ann_lists as f64,
-        ),
     ] {
         render_single(out, name, kind, help, value);
     }
@@ -1683,6 +1665,30 @@ fn render_engine_metrics(out: &mut String, node: &Node) {
         "Engine checkpoint.",
         node.checkpoint_seqno() as f64,
     );
+    render_feed_index_metrics(out, &engine);
+}
+
+/// The ranking index's memory and the approximate index's lists (decisions/067).
+fn render_feed_index_metrics(out: &mut String, engine: &tidal_core::EngineStats) {
+    for (name, help, value) in [
+        (
+            "tidal_feed_index_bytes",
+            "Memory of the in-memory ranking index: embeddings and the approximate index (decisions/067).",
+            engine.feed_index_bytes + engine.ann_index_bytes,
+        ),
+        (
+            "tidal_feed_ann_index_bytes",
+            "Memory of the approximate feed index (lists, centroids, trend order); 0 until it exists.",
+            engine.ann_index_bytes,
+        ),
+        (
+            "tidal_feed_ann_lists",
+            "Lists of the approximate feed index; 0 until its centroids are chosen.",
+            engine.ann_lists,
+        ),
+    ] {
+        render_single(out, name, "gauge", help, value as f64);
+    }
 }
 
 /// Whether this node is healthy, and which fatal fault it raised if any.
