@@ -29,8 +29,13 @@ pub enum Workload {
     Items,
     /// PUT /v1/items/{id}/embedding with `--dim` floats.
     Embeddings,
-    /// GET /v1/users/{user}/feed after loading `--items` items with embeddings and some signals.
+    /// GET /v1/users/{user}/feed after loading `--items` items with clustered embeddings and some
+    /// signals; adds recall@20 against `exact=true`, the ranking index's memory and the load rate,
+    /// and ends with the line `feed: items <N>, dims <D>, recall@20 <R>, p50 <X> ms, p99 <Y> ms,
+    /// index <MB> MB`.
     Feed,
+    /// GET /v1/items/{id}/similar, loaded and reported as the feed workload (`similar: ...`).
+    Similar,
     /// Replication lag: PUT an item on `--url`, then read it with `min_seqno` from every
     /// `--followers` URL; the latency is from the write's acknowledgement until every follower has
     /// answered (it includes one HTTP round trip to each follower).
@@ -140,6 +145,24 @@ pub struct BenchArgs {
     /// The stream the stream-read workload reads and its first offset (set by its preload).
     #[arg(skip)]
     pub stream_read: Option<(String, u64)>,
+    /// Feed and similar workloads: every read asks for the exact scan (`exact=true`).
+    #[arg(long)]
+    pub exact: bool,
+    /// Feed and similar workloads: new embeddings written per second during the run, beside the
+    /// reads (0: none).
+    #[arg(long, default_value_t = 0)]
+    pub embedding_rate: u64,
+    /// Feed and similar workloads: users (or items) whose recall@20 is measured before the run.
+    #[arg(long, default_value_t = 200)]
+    pub recall_samples: usize,
+    /// With `--spawn`: the spawned node's config file (for example `feed_ann_lists = 0`, which
+    /// turns the approximate feed index off).
+    #[arg(long)]
+    pub node_config: Option<std::path::PathBuf>,
+    /// Feed and similar workloads: do not load items first (the node at `--url` holds them from
+    /// an earlier run with the same `--items` and `--dim`).
+    #[arg(long)]
+    pub skip_load: bool,
 }
 
 /// inbox-send-backlog's levels: empty, small, the node's default per-topic cap, twice that.
@@ -168,6 +191,11 @@ impl Default for BenchArgs {
             messages: 10_000,
             backlog_levels: BACKLOG_LEVELS.to_vec(),
             stream_read: None,
+            exact: false,
+            embedding_rate: 0,
+            recall_samples: 200,
+            node_config: None,
+            skip_load: false,
         }
     }
 }
@@ -203,6 +231,8 @@ pub struct Summary {
     pub client_cpu_us: Option<f64>,
     /// What inbox-drain and inbox-send-backlog measured beyond the table.
     pub inbox: Option<InboxFigures>,
+    /// What the feed and similar workloads measured beyond the table.
+    pub feed: Option<crate::bench_feed::FeedFigures>,
 }
 
 /// The WAL fsyncs of one node between two reads of its `tidal_wal_fsync_seconds` histogram.
@@ -290,18 +320,31 @@ pub async fn measure(args: &BenchArgs) -> anyhow::Result<Summary> {
     );
     let mut spawned = None;
     let url = if args.spawn {
-        let (url, handle) = spawn_node(args.dim as u32).await?;
+        let (url, handle) = spawn_node_with(args.dim as u32, args.node_config.clone()).await?;
         spawned = Some(handle);
         url
-    } else if args.through_follower || matches!(args.workload, Workload::Feed) {
+    } else if args.through_follower || matches!(args.workload, Workload::Feed | Workload::Similar) {
         args.url.clone()
     } else {
         writer_url(&args.url, args.token.clone(), args.quiet).await
     };
     let client = Client::new(url.clone(), args.token.clone());
     let mut args = args.clone();
+    let mut feed = None;
     match args.workload {
-        Workload::Feed => preload(&client, &args).await?,
+        Workload::Feed | Workload::Similar => {
+            let load_per_second =
+                if args.skip_load { 0.0 } else { crate::bench_feed::preload(&client, &args).await? };
+            let recall = crate::bench_feed::recall(&client, &args, args.recall_samples).await?;
+            feed = Some(crate::bench_feed::FeedFigures {
+                recall,
+                samples: args.recall_samples,
+                load_per_second,
+                index_mb: 0.0,
+                ann_mb: 0.0,
+                writes_per_second: 0.0,
+            });
+        }
         Workload::StreamRead => args.stream_read = Some(crate::bench_streams::preload(&client, &args).await?),
         _ => {}
     }
@@ -335,17 +378,26 @@ pub async fn measure(args: &BenchArgs) -> anyhow::Result<Summary> {
         || async { fetch_metrics(client.base(), client.token()).await.ok().map(|text| fsync_buckets(&text)) };
     let before = fsync_histogram().await;
     let cpu_before = process_cpu_seconds();
+    let stop_writes = Arc::new(AtomicBool::new(false));
+    let writes = feed.is_some().then(|| crate::bench_feed::spawn_writes(&client, args, stop_writes.clone()));
     let report = match args.workload {
         Workload::InboxDrain => crate::bench_inbox::drain(&client, args).await,
         Workload::InboxSendBacklog => crate::bench_inbox::send_backlog(&client, args).await,
         _ => drive(&client, args).await,
     };
+    stop_writes.store(true, Ordering::Relaxed);
+    if let (Some(figures), Some(writes), Ok(report)) = (feed.as_mut(), writes, report.as_ref()) {
+        let written = writes.await.context("embedding writer")?;
+        figures.writes_per_second = written as f64 / report.elapsed.as_secs_f64().max(1e-9);
+        (figures.index_mb, figures.ann_mb) = crate::bench_feed::index_mb(&client).await;
+    }
     let cpu_after = process_cpu_seconds();
     let after = fsync_histogram().await;
     if let Some(handle) = spawned {
         handle.stop().await?;
     }
     let mut summary = report?.summary();
+    summary.feed = feed;
     summary.fsync = before.zip(after).and_then(|(before, after)| fsync_window(&before, &after));
     summary.client_cpu_us = cpu_before
         .zip(cpu_after)
@@ -416,10 +468,24 @@ impl SpawnedNode {
     }
 }
 
+#[cfg(test)]
 pub(crate) async fn spawn_node(dim: u32) -> anyhow::Result<(String, SpawnedNode)> {
+    spawn_node_with(dim, None).await
+}
+
+/// [`spawn_node`] with the config file `config_path` if given.
+pub(crate) async fn spawn_node_with(
+    dim: u32,
+    config_path: Option<std::path::PathBuf>,
+) -> anyhow::Result<(String, SpawnedNode)> {
     let dir = tempfile::Builder::new().prefix("tidal-bench").tempdir().context("create bench data dir")?;
-    let args =
-        ServeArgs { data_dir: Some(dir.path().to_path_buf()), dimension: Some(dim), ..Default::default() };
+    let data_dir = dir.path().join("data");
+    let args = ServeArgs {
+        data_dir: Some(data_dir),
+        dimension: Some(dim),
+        config: config_path,
+        ..Default::default()
+    };
     let config = ServeConfig::resolve(&args)?;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.context("bind bench node")?;
     let url = format!("http://{}", listener.local_addr()?);
@@ -449,43 +515,6 @@ fn embedding(seed: u64, dim: usize) -> Vec<f64> {
             (z >> 11) as f64 / (1u64 << 53) as f64 * 2.0 - 1.0
         })
         .collect()
-}
-
-async fn preload(client: &Client, args: &BenchArgs) -> anyhow::Result<()> {
-    eprintln!("bench: loading {} items with {}-dim embeddings", args.items, args.dim);
-    let next = Arc::new(AtomicU64::new(0));
-    let mut tasks = Vec::new();
-    for _ in 0..args.concurrency.min(64) {
-        let client = client.clone();
-        let next = next.clone();
-        let (items, dim) = (args.items, args.dim);
-        tasks.push(tokio::spawn(async move {
-            loop {
-                let id = next.fetch_add(1, Ordering::Relaxed);
-                if id >= items {
-                    return Ok::<(), anyhow::Error>(());
-                }
-                client.put_embedding(id, embedding(id, dim)).await.context("preload embedding")?;
-            }
-        }));
-    }
-    for task in tasks {
-        task.await??;
-    }
-    let users = args.users.max(1);
-    for chunk in 0..(users / 100).max(1) {
-        let signals = (0..1000u64)
-            .map(|i| SignalIn {
-                user: format!("u{}", (chunk * 100 + i % 100) % users),
-                item: (i * 7919 + chunk) % args.items.max(1),
-                kind: "click".into(),
-                weight: None,
-                ts: None,
-            })
-            .collect();
-        client.post_signals(signals, None).await.context("preload signals")?;
-    }
-    Ok(())
 }
 
 /// What a run measured, before its summary: per-request latencies in µs, unsorted.
@@ -792,7 +821,11 @@ async fn one_request(
             Ok(1)
         }
         Workload::Feed => {
-            client.feed(&format!("u{}", (request.n * 7) % args.users.max(1)), 20).await?;
+            client.feed_with(&format!("u{}", (request.n * 7) % args.users.max(1)), 20, args.exact).await?;
+            Ok(1)
+        }
+        Workload::Similar => {
+            client.similar((request.n * 7_919) % args.items.max(1), 20, args.exact).await?;
             Ok(1)
         }
         Workload::Publish => {
@@ -877,6 +910,7 @@ impl Report {
             fsync: None,
             client_cpu_us: None,
             inbox: self.inbox,
+            feed: None,
         }
     }
 }
@@ -927,6 +961,10 @@ impl Summary {
         }
         if let Some(inbox) = &self.inbox {
             inbox.print(args.workload, args.concurrency);
+        }
+        // Last: its final line is the one scripts read.
+        if let Some(feed) = &self.feed {
+            feed.print(args, self.p50_ms, self.p99_ms);
         }
         if matches!(args.workload, Workload::Lag | Workload::ReadAnywhere) {
             println!(

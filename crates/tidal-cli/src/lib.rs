@@ -20,6 +20,7 @@
 pub mod backup_cmd;
 pub mod bench;
 mod bench_conn;
+mod bench_feed;
 mod bench_inbox;
 mod bench_streams;
 pub mod cluster_cmd;

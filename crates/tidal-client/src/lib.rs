@@ -191,6 +191,19 @@ impl Client {
         Self::send(self.request(reqwest::Method::GET, &path)).await
     }
 
+    /// `GET /v1/users/{user}/feed?limit=N&exact=B`: `exact` asks for the exact scan of every item
+    /// instead of the approximate index.
+    pub async fn feed_with(&self, user: &str, limit: usize, exact: bool) -> Result<RankedList, Error> {
+        let path = format!("/v1/users/{user}/feed?limit={limit}&exact={exact}");
+        Self::send(self.request(reqwest::Method::GET, &path)).await
+    }
+
+    /// `GET /v1/items/{id}/similar?limit=N&exact=B`.
+    pub async fn similar(&self, id: u64, limit: usize, exact: bool) -> Result<RankedList, Error> {
+        let path = format!("/v1/items/{id}/similar?limit={limit}&exact={exact}");
+        Self::send(self.request(reqwest::Method::GET, &path)).await
+    }
+
     /// `GET /v1/trending?limit=N`.
     pub async fn trending(&self, limit: usize) -> Result<RankedList, Error> {
         Self::send(self.request(reqwest::Method::GET, &format!("/v1/trending?limit={limit}"))).await

@@ -41,7 +41,7 @@ use crate::config::EngineConfig;
 use crate::counters::Counters;
 use crate::dirty_set::Mark;
 use crate::error::Error;
-use crate::feed_index::FeedIndex;
+use crate::feed_index::{inverse_norm, FeedIndex};
 use crate::flusher::{self, FlushHold, FlushShared, FlushStage, FlushStats, FlusherContext, FrozenOverlay};
 use crate::fold::{self, SignalsFold};
 use crate::idempotency::{self, IdempotencyRecord, NewKey, Window};
@@ -49,7 +49,10 @@ use crate::inboxes::{self, InboxOutcome, InboxState};
 use crate::keys;
 use crate::negatives::{Actor, NegativesState, NEGATIVES_PER_USER_MAX};
 use crate::overlay::{Overlay, OverlayView, WriterDirty, ENTRY_OVERHEAD_BYTES};
-use crate::ranked::{rank_feed, rank_similar, rank_trending, RankParams, Ranked, RANKED_LIMIT_MAX};
+use crate::ranked::{
+    rank_feed, rank_feed_ann, rank_similar, rank_similar_ann, rank_trending, RankParams, Ranked,
+    RANKED_LIMIT_MAX,
+};
 use crate::record::{
     decode_for_apply, records_fingerprint, Envelope, FoldRecords, Records, SignalColumns, StreamControl,
 };
@@ -107,6 +110,13 @@ pub struct EngineStats {
     pub users: u64,
     /// Applied seqno fjall holds.
     pub flushed_applied_seqno: Seqno,
+    /// Estimated bytes of the ranking index's embeddings (matrix, ids, norms, row map): node-local
+    /// (allocation sizes).
+    pub feed_index_bytes: u64,
+    /// Estimated bytes of the approximate index and its trend order (0 without one): node-local.
+    pub ann_index_bytes: u64,
+    /// Lists of the approximate index (0 without one): log-derived.
+    pub ann_lists: u64,
     /// Background flushes.
     pub flush: FlushStats,
 }
@@ -272,7 +282,7 @@ impl TidalDb {
         if swept > 0 {
             tracing::info!(swept, "deleted stream events a trim left behind (a crash after its flush)");
         }
-        let mut index = load_index(&stores, config.dimension as usize)?;
+        let mut index = load_index(&stores, &config)?;
         let counters = Counters::load(&stores, &mut index)?;
         let (items, users) = stored_counts(&stores)?;
         tracing::info!(applied_seqno, embeddings = index.embeddings(), items, users, "engine opened");
@@ -672,7 +682,15 @@ impl TidalDb {
 
     /// A user's feed: items with embeddings, by `a * cosine(profile, e) + b * trending`, without the
     /// user's seen items, hard negatives and `exclude`. `limit` is capped at [`RANKED_LIMIT_MAX`].
+    /// From [`EngineConfig::ann_threshold`] embeddings on, the candidates come from the approximate
+    /// index ([`TidalDb::feed_with`]).
     pub fn feed(&self, user: &str, limit: usize, exclude: &[u64]) -> Result<Ranked, Error> {
+        self.feed_with(user, limit, exclude, false)
+    }
+
+    /// [`TidalDb::feed`], by the exact scan of every item if `exact` (for audits), else by the
+    /// approximate index when the catalogue is large enough and the user has a profile.
+    pub fn feed_with(&self, user: &str, limit: usize, exclude: &[u64], exact: bool) -> Result<Ranked, Error> {
         let state = self.read_state();
         let applied_seqno = self.applied_seqno();
         let view = state.view();
@@ -698,16 +716,46 @@ impl TidalDb {
             excluded: &excluded,
             limit: limit.min(RANKED_LIMIT_MAX),
         };
-        let items = rank_feed(&state.index, profile.as_ref().map(|p| p.vector.as_slice()), &params);
+        let profile = profile.as_ref().map(|p| p.vector.as_slice());
+        let approximate = self.approximate(&state.index, exact);
+        let items = match (approximate, profile) {
+            // A user without a profile (or with a zero one) ranks by trending alone: no list is
+            // nearer than another, and the scan without dot products is cheap.
+            (Some(ann), Some(profile)) if inverse_norm(profile) > 0.0 => {
+                rank_feed_ann(&state.index, ann, profile, &params, self.config.ann_probes)
+            }
+            _ => rank_feed(&state.index, profile, &params),
+        };
         Ok(Ranked { items, applied_seqno })
     }
 
     /// Nearest neighbours of `item` by cosine, without the item; `None` if it has no embedding.
     pub fn similar(&self, item: u64, limit: usize) -> Result<Option<Ranked>, Error> {
+        self.similar_with(item, limit, false)
+    }
+
+    /// [`TidalDb::similar`], by the exact scan if `exact`, else as [`TidalDb::feed_with`] decides.
+    pub fn similar_with(&self, item: u64, limit: usize, exact: bool) -> Result<Option<Ranked>, Error> {
         let state = self.read_state();
         let applied_seqno = self.applied_seqno();
-        Ok(rank_similar(&state.index, item, limit.min(RANKED_LIMIT_MAX))
-            .map(|items| Ranked { items, applied_seqno }))
+        let limit = limit.min(RANKED_LIMIT_MAX);
+        let items = match self.approximate(&state.index, exact) {
+            Some((ann, _)) => rank_similar_ann(&state.index, ann, item, limit, self.config.ann_probes),
+            None => rank_similar(&state.index, item, limit),
+        };
+        Ok(items.map(|items| Ranked { items, applied_seqno }))
+    }
+
+    /// The approximate index a ranking uses, if it should: not asked for the exact scan, and the
+    /// index exists over at least `ann_threshold` embeddings. Every input is log-derived or the
+    /// request's, so every node at one applied seqno decides alike.
+    fn approximate<'a>(
+        &self,
+        index: &'a FeedIndex,
+        exact: bool,
+    ) -> Option<(&'a crate::ann_index::AnnIndex, &'a crate::trend_order::TrendOrder)> {
+        let wanted = !exact && self.config.ann_lists > 0 && index.embeddings() >= self.config.ann_threshold;
+        wanted.then(|| index.ann().zip(index.trend_order())).flatten()
     }
 
     /// Items by trending term, decayed to the last applied batch's time.
@@ -895,7 +943,11 @@ impl TidalDb {
     pub fn stats(&self) -> EngineStats {
         let state = self.read_state();
         let index = &state.index;
+        let (feed_index_bytes, ann_index_bytes) = index.bytes();
         EngineStats {
+            feed_index_bytes: feed_index_bytes as u64,
+            ann_index_bytes: ann_index_bytes as u64,
+            ann_lists: index.ann().map_or(0, |ann| ann.lists() as u64),
             applied_seqno: self.applied_seqno(),
             last_applied_time_ms: self.last_applied_time_ms(),
             items: self.items.load(Ordering::Relaxed),
@@ -1031,6 +1083,9 @@ impl TidalDb {
             }
             Change::ItemEmbedding { item, seqno, vector } => {
                 state.index.set_embedding(item, &vector);
+                if self.ann_due(&state.index) {
+                    self.start_ann(&mut state.index, writer);
+                }
                 let entry = Some((seqno, vector));
                 bytes += Overlay::set(&mut state.overlay.embeddings, item, entry, 8 + dimension * 4);
             }
@@ -1060,6 +1115,29 @@ impl TidalDb {
             }
         }
         bytes
+    }
+
+    /// Whether this apply chooses the approximate index's centroids: it is on, it has none yet, and
+    /// the catalogue has reached `ann_centroids_at` (log-derived, so every node chooses at the
+    /// same apply).
+    fn ann_due(&self, index: &FeedIndex) -> bool {
+        self.config.ann_lists > 0
+            && index.ann().is_none()
+            && index.embeddings() >= self.config.ann_centroids_at
+    }
+
+    /// Chooses the centroids from the embeddings held now, starts the approximate index over them
+    /// and marks them for the next flush (meta). Pauses this one apply: one dot product per row and
+    /// list (measured in docs/measurements.md).
+    fn start_ann(&self, index: &mut FeedIndex, writer: &mut Writer) {
+        let dimension = self.config.dimension as usize;
+        let rows = index.rows_in(0..index.embeddings()).map(|(item, vector, _, _)| (item, vector));
+        let centroids = crate::ann_index::choose_centroids(rows, self.config.ann_lists);
+        if centroids.is_empty() {
+            return;
+        }
+        writer.dirty.ann_centroids = Some(crate::ann_index::encode_centroids(dimension, &centroids));
+        index.install_ann(centroids, self.config.half_life_ms);
     }
 
     /// Whether the overlay is past one of its bounds.
@@ -1346,7 +1424,8 @@ fn meta_u64(stores: &Stores, key: &[u8]) -> Result<u64, Error> {
     }
 }
 
-fn load_index(stores: &Stores, dimension: usize) -> Result<FeedIndex, Error> {
+fn load_index(stores: &Stores, config: &EngineConfig) -> Result<FeedIndex, Error> {
+    let dimension = config.dimension as usize;
     let mut index = FeedIndex::new(dimension);
     for guard in stores.embeddings.iter() {
         let (key, value) = guard.into_inner()?;
@@ -1361,6 +1440,14 @@ fn load_index(stores: &Stores, dimension: usize) -> Result<FeedIndex, Error> {
         let (key, value) = guard.into_inner()?;
         let item = keys::item_of_key(&key).ok_or_else(|| corrupt("trending", "malformed key"))?;
         index.set_trend(item, Trend::decode(&value).ok_or_else(|| corrupt("trending", "bad value"))?);
+    }
+    // The centroids are log-derived state: a node without the approximate index keeps them (they
+    // are in the digest) but does not build the lists.
+    if let Some(value) = stores.meta.get(keys::META_ANN_CENTROIDS)? {
+        if config.ann_lists > 0 {
+            let centroids = crate::ann_index::decode_centroids(&value, dimension)?;
+            index.install_ann(centroids, config.half_life_ms);
+        }
     }
     Ok(index)
 }

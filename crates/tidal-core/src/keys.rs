@@ -27,6 +27,9 @@ pub const META_LAST_TIME_MS: &[u8] = b"last_time_ms";
 pub const META_DIMENSION: &[u8] = b"dimension";
 /// meta key: the last LeaderStart folded: term u64 | leader u64 | baseline u64, LE.
 pub const META_LEADER_START: &[u8] = b"leader_start";
+/// meta key: the approximate feed index's centroids (`ann_index::encode_centroids`), log-derived:
+/// chosen once by an apply, then carried by snapshots and covered by the digest (decisions/067).
+pub const META_ANN_CENTROIDS: &[u8] = b"ann_centroids";
 
 /// local key: `applied seqno u64 | items u64 | users u64`, LE: how many items have metadata and how
 /// many users a profile at that applied seqno. Written with every flush, so an open need not count

@@ -12,7 +12,8 @@
 //! - `fold`: what a batch changes; `overlay`: dirty state not yet in fjall; `flusher`: the thread
 //!   that writes frozen overlays to fjall; `counters`: all per-kind counters; `idempotency`: the
 //!   replicated idempotency table.
-//! - `feed_index`, `ranked`: the in-memory ranking index and the feed / similar / trending loops.
+//! - `feed_index`, `ranked`: the in-memory ranking index and the feed / similar / trending loops;
+//!   `ann_index`, `trend_order`: the approximate index large catalogues rank with (decisions/067).
 //! - `negatives`: the hard negatives ORSWOT (outside the log); `digest`: state digests.
 //! - [`snapshot`]: the snapshot format; `db/snapshot_io`: [`TidalDb::export_snapshot`] and
 //!   [`TidalDb::install_snapshot`].
@@ -24,6 +25,7 @@
 #![deny(unsafe_code)]
 #![deny(clippy::unwrap_used)]
 
+mod ann_index;
 mod config;
 mod counters;
 mod db;
@@ -50,11 +52,13 @@ pub mod snapshot;
 mod stores;
 mod streams;
 mod trend;
+mod trend_order;
 
 pub use config::{
-    EngineConfig, DIMENSION_DEFAULT, DIMENSION_MAX, HALF_LIFE_MS_DEFAULT, IDEMPOTENCY_KEYS_MAX_DEFAULT,
-    IDEMPOTENCY_WINDOW_MS_DEFAULT, OVERLAY_BATCHES_MAX_DEFAULT, OVERLAY_BYTES_MAX_DEFAULT,
-    PROFILE_HALF_LIFE_MS_DEFAULT,
+    EngineConfig, ANN_CENTROIDS_AT_DEFAULT, ANN_LISTS_DEFAULT, ANN_LISTS_MAX, ANN_PROBES_DEFAULT,
+    ANN_THRESHOLD_DEFAULT, DIMENSION_DEFAULT, DIMENSION_MAX, HALF_LIFE_MS_DEFAULT,
+    IDEMPOTENCY_KEYS_MAX_DEFAULT, IDEMPOTENCY_WINDOW_MS_DEFAULT, OVERLAY_BATCHES_MAX_DEFAULT,
+    OVERLAY_BYTES_MAX_DEFAULT, PROFILE_HALF_LIFE_MS_DEFAULT,
 };
 pub use db::{ApplyOutcome, DecodedBatch, EngineStats, InboxListener, ItemState, TidalDb};
 pub use error::Error;

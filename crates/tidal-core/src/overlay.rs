@@ -82,6 +82,8 @@ pub struct WriterDirty {
     pub trends: DirtySet<u64, Option<Trend>>,
     /// The last LeaderStart folded (meta value).
     pub leader_start: Option<Vec<u8>>,
+    /// The approximate index's centroids, chosen by an apply since the last freeze (meta value).
+    pub ann_centroids: Option<Vec<u8>>,
     /// Estimated bytes of the overlay and of the fjall batch that would flush it.
     pub bytes: usize,
     /// Applies since the last flush.
@@ -364,7 +366,11 @@ impl WriterDirty {
     /// set's window counter wrapped: the caller must clear the index's trend marks now.
     pub fn take(&mut self) -> (FrozenDirty, bool) {
         let (trends, wrapped) = self.trends.take();
-        let frozen = FrozenDirty { trends, leader_start: self.leader_start.take() };
+        let frozen = FrozenDirty {
+            trends,
+            leader_start: self.leader_start.take(),
+            ann_centroids: self.ann_centroids.take(),
+        };
         self.bytes = 0;
         self.batches = 0;
         (frozen, wrapped)
@@ -378,6 +384,8 @@ pub struct FrozenDirty {
     trends: Vec<(u64, Option<Trend>)>,
     /// The last LeaderStart folded (meta value).
     leader_start: Option<Vec<u8>>,
+    /// The approximate index's centroids, if chosen in this window (meta value).
+    ann_centroids: Option<Vec<u8>>,
 }
 
 impl FrozenDirty {
@@ -391,6 +399,9 @@ impl FrozenDirty {
         }
         if let Some(value) = &self.leader_start {
             writes.insert(&stores.meta, keys::META_LEADER_START, value.as_slice());
+        }
+        if let Some(value) = &self.ann_centroids {
+            writes.insert(&stores.meta, keys::META_ANN_CENTROIDS, value.as_slice());
         }
     }
 }

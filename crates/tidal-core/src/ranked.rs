@@ -10,8 +10,11 @@ use std::collections::{BinaryHeap, HashSet};
 
 use tidal_types::Seqno;
 
+use crate::ann_index::AnnIndex;
+use crate::fast_hash::FastMap;
 use crate::feed_index::{dot, inverse_norm, FeedIndex};
 use crate::trend::{saturate, Trend};
+use crate::trend_order::TrendOrder;
 
 /// Most entries any ranked list returns: bounds the heap and the reply.
 pub const RANKED_LIMIT_MAX: usize = 1000;
@@ -80,6 +83,91 @@ pub fn rank_feed(index: &FeedIndex, profile: Option<&[f32]>, params: &RankParams
             top.push(RankedEntry { item, score, similarity, trending });
         }
     })
+}
+
+/// Hottest items (by trending score) an approximate feed adds to its candidates, per entry wanted:
+/// an item far from the profile can still rank by its trending term, and the lists near the profile
+/// would not hold it.
+const TRENDING_CANDIDATES_PER_LIMIT: usize = 2;
+/// Entries of highest estimated cosine scored exactly, per entry wanted: the 8-bit estimate is
+/// off by about a percent, and the trending term can lift an entry a little below the top.
+const RESCORED_PER_LIMIT: usize = 10;
+/// Fewest entries scored exactly, for small limits.
+const RESCORED_MIN: usize = 200;
+
+/// [`rank_feed`] over the candidates of the approximate index (decisions/067): the entries of
+/// highest estimated cosine in the lists nearest `profile` (at least `probes` lists, more until
+/// `limit` entries survive the exclusions) and the hottest items, each scored exactly as
+/// [`rank_feed`] scores it (same functions, same bits). `profile` must have a non-zero norm.
+pub fn rank_feed_ann(
+    index: &FeedIndex,
+    (ann, order): (&AnnIndex, &TrendOrder),
+    profile: &[f32],
+    params: &RankParams<'_>,
+    probes: usize,
+) -> Vec<RankedEntry> {
+    let profile_inv = inverse_norm(profile);
+    let score_row = |row: usize| {
+        let (item, vector, row_inv, trend) = index.row(row);
+        let similarity = cosine(profile, vector, row_inv, profile_inv);
+        let trending = trend.map_or(0.0, |t| Trend::term(t.score_at(params.now_ms, params.half_life_ms)));
+        let score = params.similarity_weight * similarity + params.trending_weight * trending;
+        RankedEntry { item, score, similarity, trending }
+    };
+    let limit = params.limit.min(RANKED_LIMIT_MAX);
+    let mut top = TopK::new(limit);
+    // The hottest items first, remembered so the lists do not score them twice.
+    // Every item the lists must skip, in one fast map: the lists test tens of thousands of
+    // entries, and the caller's set hashes with SipHash (a visible share of a query).
+    let mut skipped: FastMap<u64, ()> = params.excluded.iter().map(|item| (*item, ())).collect();
+    let mut taken = 0usize;
+    for item in order.hottest() {
+        if taken >= limit * TRENDING_CANDIDATES_PER_LIMIT {
+            break;
+        }
+        if params.excluded.contains(&item) {
+            continue;
+        }
+        if let Some(row) = index.row_of(item) {
+            top.push(score_row(row));
+            skipped.insert(item, ());
+            taken += 1;
+        }
+    }
+    let wanted = (limit * RESCORED_PER_LIMIT).max(RESCORED_MIN);
+    let skip = |item: u64| skipped.contains_key(&item);
+    // The estimate is the feed's score with the estimated cosine: the trending term can lift an
+    // entry past others that are nearer the profile.
+    let term = |trend: &Trend| {
+        (params.trending_weight * Trend::term(trend.score_at(params.now_ms, params.half_life_ms))) as f32
+    };
+    let estimate = (params.similarity_weight as f32, term);
+    for row in ann.candidates(profile, (probes, limit, wanted), skip, estimate) {
+        top.push(score_row(row as usize));
+    }
+    top.into_sorted()
+}
+
+/// [`rank_similar`] over the entries of highest estimated cosine in the lists nearest the item's
+/// embedding, scored exactly; `None` if the item has no embedding.
+pub fn rank_similar_ann(
+    index: &FeedIndex,
+    ann: &AnnIndex,
+    item: u64,
+    limit: usize,
+    probes: usize,
+) -> Option<Vec<RankedEntry>> {
+    let query = index.embedding(item)?;
+    let query_inv = index.inverse_norm_of(item)?;
+    let limit = limit.min(RANKED_LIMIT_MAX);
+    let mut top = TopK::new(limit);
+    let wanted = (limit * RESCORED_PER_LIMIT).max(RESCORED_MIN);
+    for row in ann.candidates(query, (probes, limit, wanted), |other| other == item, (1.0, |_: &Trend| 0.0)) {
+        let (other, vector, row_inv, _) = index.row(row as usize);
+        let similarity = cosine(query, vector, row_inv, query_inv);
+        top.push(RankedEntry { item: other, score: similarity, similarity, trending: 0.0 });
+    }
+    Some(top.into_sorted())
 }
 
 /// `cos(query, row)` from the inverse norms. The f32 dot product overflows for vectors of large values

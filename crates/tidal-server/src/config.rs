@@ -280,6 +280,10 @@ pub struct FileConfig {
     fatal_exit_grace_ms: Option<u64>,
     checkpoint_interval_ms: Option<u64>,
     engine_overlay_bytes_max: Option<usize>,
+    feed_ann_lists: Option<usize>,
+    feed_ann_centroids_at: Option<usize>,
+    feed_ann_threshold: Option<usize>,
+    feed_ann_probes: Option<usize>,
     signal_kinds: Option<BTreeMap<String, f64>>,
 }
 
@@ -346,12 +350,40 @@ pub struct ServeConfig {
     pub handoff_on_stop: bool,
     /// Engine write-back overlay bound (decisions/003): larger = fewer, longer flushes.
     pub engine_overlay_bytes_max: usize,
+    /// The approximate feed index (decisions/067): lists (0: off), the catalogue size at which its
+    /// centroids are chosen, the size from which feeds and similar items use it, and the lists a
+    /// query scores at least. Every node of a cluster must use the same values.
+    pub feed_ann: FeedAnnConfig,
     /// Signal kinds and their default weights.
     pub signal_kinds: BTreeMap<String, f64>,
     /// Cluster membership, when serving as a cluster member.
     pub cluster: Option<ClusterMembership>,
     /// What the node's disk and network I/O goes through (the OS unless a harness says otherwise).
     pub io: NodeIo,
+}
+
+/// [`ServeConfig::feed_ann`]: the `feed_ann_*` settings of the config file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FeedAnnConfig {
+    /// Lists (`feed_ann_lists`); 0 turns the approximate index off.
+    pub lists: usize,
+    /// Embeddings at which the centroids are chosen (`feed_ann_centroids_at`).
+    pub centroids_at: usize,
+    /// Embeddings from which queries use it (`feed_ann_threshold`).
+    pub threshold: usize,
+    /// Lists a query scores at least (`feed_ann_probes`).
+    pub probes: usize,
+}
+
+impl Default for FeedAnnConfig {
+    fn default() -> Self {
+        FeedAnnConfig {
+            lists: tidal_core::ANN_LISTS_DEFAULT,
+            centroids_at: tidal_core::ANN_CENTROIDS_AT_DEFAULT,
+            threshold: tidal_core::ANN_THRESHOLD_DEFAULT,
+            probes: tidal_core::ANN_PROBES_DEFAULT,
+        }
+    }
 }
 
 /// The seams through which a node reaches its disk, clock and peers. Production uses
@@ -481,6 +513,12 @@ impl ServeConfig {
                 .engine_overlay_bytes_max
                 .or_else(|| std::env::var("TIDAL_ENGINE_OVERLAY_BYTES_MAX").ok().and_then(|v| v.parse().ok()))
                 .unwrap_or(tidal_core::OVERLAY_BYTES_MAX_DEFAULT),
+            feed_ann: FeedAnnConfig {
+                lists: file.feed_ann_lists.unwrap_or(tidal_core::ANN_LISTS_DEFAULT),
+                centroids_at: file.feed_ann_centroids_at.unwrap_or(tidal_core::ANN_CENTROIDS_AT_DEFAULT),
+                threshold: file.feed_ann_threshold.unwrap_or(tidal_core::ANN_THRESHOLD_DEFAULT),
+                probes: file.feed_ann_probes.unwrap_or(tidal_core::ANN_PROBES_DEFAULT),
+            },
             signal_kinds,
             cluster,
             io: NodeIo::default(),
@@ -504,6 +542,19 @@ impl ServeConfig {
             "feed weights must be finite"
         );
         anyhow::ensure!(self.body_bytes_max >= 1024, "body_bytes_max must be at least 1024");
+        let ann = self.feed_ann;
+        anyhow::ensure!(
+            ann.lists <= tidal_core::ANN_LISTS_MAX,
+            "feed_ann_lists must be at most {}, got {}",
+            tidal_core::ANN_LISTS_MAX,
+            ann.lists
+        );
+        anyhow::ensure!(
+            ann.lists == 0 || (ann.centroids_at >= ann.lists && ann.probes >= 1),
+            "feed_ann_centroids_at ({}) must be at least feed_ann_lists ({}), and feed_ann_probes at least 1",
+            ann.centroids_at,
+            ann.lists
+        );
         anyhow::ensure!(
             self.write_inflight_bytes_max >= self.body_bytes_max,
             "write_inflight_bytes_max must hold at least one whole body"

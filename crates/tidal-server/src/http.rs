@@ -941,8 +941,9 @@ async fn get_feed(
             })?
         }
     };
+    let exact = query_exact(&query)?;
     let applied = read_barrier(&state, &query).await?;
-    let list = state.node.db().feed(&user, limit, &exclude)?;
+    let list = state.node.db().feed_with(&user, limit, &exclude, exact)?;
     Ok(with_applied(applied, Json(ranked(list))))
 }
 
@@ -953,11 +954,22 @@ async fn get_similar(
 ) -> AppResult<Response> {
     let item = parse_item_id(&id)?;
     let limit = query_limit(&query, 10)?;
+    let exact = query_exact(&query)?;
     let applied = read_barrier(&state, &query).await?;
-    let Some(list) = state.node.db().similar(item, limit)? else {
+    let Some(list) = state.node.db().similar_with(item, limit, exact)? else {
         return Err(ApiError::not_found(format!("item {item} has no embedding")));
     };
     Ok(with_applied(applied, Json(ranked(list))))
+}
+
+/// The `exact` query parameter of the feed and similar items: `true` ranks by the exact scan of
+/// every item (for audits) even where the approximate index would answer (decisions/067).
+fn query_exact(query: &Option<String>) -> AppResult<bool> {
+    match query_param(query, "exact") {
+        None | Some("false") => Ok(false),
+        Some("true") => Ok(true),
+        Some(other) => Err(ApiError::invalid(format!("exact must be true or false, got {other:?}"))),
+    }
 }
 
 async fn get_trending(State(state): State<Arc<AppState>>, RawQuery(query): RawQuery) -> AppResult<Response> {
@@ -1659,6 +1671,30 @@ fn render_engine_metrics(out: &mut String, node: &Node) {
         "Engine checkpoint.",
         node.checkpoint_seqno() as f64,
     );
+    render_feed_index_metrics(out, &engine);
+}
+
+/// The ranking index's memory and the approximate index's lists (decisions/067).
+fn render_feed_index_metrics(out: &mut String, engine: &tidal_core::EngineStats) {
+    for (name, help, value) in [
+        (
+            "tidal_feed_index_bytes",
+            "Memory of the in-memory ranking index: embeddings and the approximate index (decisions/067).",
+            engine.feed_index_bytes + engine.ann_index_bytes,
+        ),
+        (
+            "tidal_feed_ann_index_bytes",
+            "Memory of the approximate feed index (lists, centroids, trend order); 0 until it exists.",
+            engine.ann_index_bytes,
+        ),
+        (
+            "tidal_feed_ann_lists",
+            "Lists of the approximate feed index; 0 until its centroids are chosen.",
+            engine.ann_lists,
+        ),
+    ] {
+        render_single(out, name, "gauge", help, value as f64);
+    }
 }
 
 /// Whether this node is healthy, and which fatal fault it raised if any.

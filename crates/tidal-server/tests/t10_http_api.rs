@@ -53,6 +53,20 @@ async fn writes_are_readable_and_survive_restart() {
         assert_eq!(status, 200);
         assert_eq!(body["items"].as_array().unwrap().len(), 0, "{body}");
 
+        // `exact=true` (the scan, for audits) answers as the default does below the threshold;
+        // anything but true or false is refused (decisions/067).
+        let (status, exact) =
+            node.request(Method::GET, "/v1/users/alice/feed?limit=10&exact=true", None, &[]).await;
+        assert_eq!(status, 200);
+        assert_eq!(exact["items"], serde_json::to_value(&feed.items).unwrap(), "{exact}");
+        let (status, exact) =
+            node.request(Method::GET, "/v1/items/1/similar?limit=1&exact=true", None, &[]).await;
+        assert_eq!((status, &exact["items"][0]["item"]), (200, &json!(3)));
+        for path in ["/v1/users/alice/feed?exact=yes", "/v1/items/1/similar?exact=1"] {
+            let (status, body) = node.request(Method::GET, path, None, &[]).await;
+            assert_eq!((status, error_code(&body)), (400, "invalid_argument"), "{path}");
+        }
+
         let deleted = c.delete_item(2).await.unwrap();
         let (status, body) = node.request(Method::GET, "/v1/items/2", None, &[]).await;
         assert_eq!((status, error_code(&body)), (404, "not_found"));

@@ -218,8 +218,7 @@ impl TidalDb {
 
     /// Rebuilds everything memory holds from fjall, as `open` does.
     fn reload(&self, state: &mut State, writer: &mut Writer) -> Result<(), Error> {
-        let dimension = self.config.dimension as usize;
-        state.index = load_index(&self.stores, dimension)?;
+        state.index = load_index(&self.stores, &self.config)?;
         state.overlay = Overlay::default();
         state.frozen = None;
         writer.counters = Counters::load(&self.stores, &mut state.index)?;

@@ -80,8 +80,16 @@ impl Log {
 
 /// The state sizes of `db`'s stats: without the flush fields, which are node-local (when and how
 /// often a node flushed), so replicas of one log compare equal.
+/// The log-derived part of [`TidalDb::stats`]: flush progress and the ranking index's allocation
+/// sizes (node-local) zeroed.
 pub fn sizes(db: &TidalDb) -> EngineStats {
-    EngineStats { flushed_applied_seqno: Seqno::ZERO, flush: Default::default(), ..db.stats() }
+    EngineStats {
+        flushed_applied_seqno: Seqno::ZERO,
+        flush: Default::default(),
+        feed_index_bytes: 0,
+        ann_index_bytes: 0,
+        ..db.stats()
+    }
 }
 
 pub fn apply_all(db: &TidalDb, batches: &[Batch]) {

@@ -58,6 +58,8 @@ const CONSISTENCY: Param =
     ("consistency", "string", "`applied` (default) or `linearizable` (answered by the leader)");
 const READ: &[Param] = &[MIN_SEQNO, CONSISTENCY];
 const LIMIT: Param = ("limit", "integer", "at most this many results");
+const EXACT: Param =
+    ("exact", "boolean", "`true`: rank by the exact scan of every item (audits), not the approximate index");
 const DRY_RUN: Param = ("dry_run", "boolean", "`true`: say what would be done, change nothing");
 const NODE: Param = ("node", "integer", "the node the verb acts on");
 
@@ -94,8 +96,8 @@ pub(crate) static OPS: &[Op] = {
         op!("delete" "/v1/items/{id}", "Delete an item (metadata, embedding, trending score)", query: &[], body: None, reply: J(schema::<WriteReply>), errors: NONE),
         op!("put" "/v1/items/{id}/embedding", "Set an item's embedding", query: &[], body: Some(schema::<EmbeddingPut>), reply: J(schema::<WriteReply>), errors: &[DimensionMismatch, InvalidVector]),
         op!("get" "/v1/items/{id}/embedding", "An item's embedding", query: READ, body: None, reply: J(schema::<EmbeddingView>), errors: ITEM),
-        op!("get" "/v1/items/{id}/similar", "Items ranked by similarity to this one", query: &[LIMIT, MIN_SEQNO, CONSISTENCY], body: None, reply: J(schema::<RankedList>), errors: ITEM),
-        op!("get" "/v1/users/{user}/feed", "A user's personalized feed", query: &[LIMIT, ("exclude", "string", "item ids to leave out, comma-separated"), MIN_SEQNO, CONSISTENCY], body: None, reply: J(schema::<RankedList>), errors: NONE),
+        op!("get" "/v1/items/{id}/similar", "Items ranked by similarity to this one", query: &[LIMIT, EXACT, MIN_SEQNO, CONSISTENCY], body: None, reply: J(schema::<RankedList>), errors: ITEM),
+        op!("get" "/v1/users/{user}/feed", "A user's personalized feed", query: &[LIMIT, ("exclude", "string", "item ids to leave out, comma-separated"), EXACT, MIN_SEQNO, CONSISTENCY], body: None, reply: J(schema::<RankedList>), errors: NONE),
         op!("get" "/v1/trending", "The trending items", query: &[LIMIT, MIN_SEQNO, CONSISTENCY], body: None, reply: J(schema::<RankedList>), errors: NONE),
         op!("post" "/v1/users/{user}/negatives", "Hide an item from a user's feed (hard negative)", query: &[], body: Some(schema::<NegativeAdd>), reply: J(schema::<Accepted>), errors: NONE),
         op!("get" "/v1/users/{user}/negatives", "A user's hard negatives", query: &[], body: None, reply: J(schema::<NegativesView>), errors: NONE),

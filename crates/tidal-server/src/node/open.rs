@@ -87,6 +87,10 @@ fn engine_config(config: &ServeConfig) -> EngineConfig {
         similarity_weight: config.similarity_weight,
         trending_weight: config.trending_weight,
         overlay_bytes_max: config.engine_overlay_bytes_max,
+        ann_lists: config.feed_ann.lists,
+        ann_centroids_at: config.feed_ann.centroids_at,
+        ann_threshold: config.feed_ann.threshold,
+        ann_probes: config.feed_ann.probes,
         ..EngineConfig::default()
     }
 }
