@@ -1357,6 +1357,7 @@ async fn metrics(State(state): State<Arc<AppState>>) -> Response {
         node.writes_waiting() as f64,
     );
     render_engine_metrics(&mut out, node);
+    render_checkpoint_metrics(&mut out, node);
     render_fatal_metrics(&mut out, node);
     streams::render_metrics(&mut out, &state);
     inboxes::render_metrics(&mut out, &state);
@@ -1659,6 +1660,33 @@ fn render_engine_metrics(out: &mut String, node: &Node) {
         "Engine checkpoint.",
         node.checkpoint_seqno() as f64,
     );
+}
+
+/// What a crash would replay past the last checkpoint, and the checkpoints taken by reason (issue 43).
+fn render_checkpoint_metrics(out: &mut String, node: &Node) {
+    let past = node.past_checkpoint(Duration::ZERO);
+    render_single(
+        out,
+        "tidal_engine_memtable_bytes",
+        "gauge",
+        "Bytes in the engine's fjall memtables: journal entries no table holds yet, which an open after a crash replays (bound: checkpoint_engine_bytes_max).",
+        past.engine_bytes as f64,
+    );
+    render_single(
+        out,
+        "tidal_wal_bytes_since_checkpoint",
+        "gauge",
+        "WAL bytes written since the last checkpoint began (bound: checkpoint_wal_bytes_max).",
+        past.wal_bytes as f64,
+    );
+    out.push_str(
+        "# HELP tidal_checkpoints_total Engine checkpoints since the node opened, by what called for them.\n",
+    );
+    out.push_str("# TYPE tidal_checkpoints_total counter\n");
+    for reason in crate::node::checkpoints::CheckpointReason::ALL {
+        let count = node.checkpoints().count(reason);
+        out.push_str(&format!("tidal_checkpoints_total{{reason=\"{}\"}} {count}\n", reason.label()));
+    }
 }
 
 /// Whether this node is healthy, and which fatal fault it raised if any.
