@@ -148,7 +148,10 @@ tidal_trial() {
   pid=$!
   echo "$pid" >"$TIDAL_DIR/n$victim.pid"
   own "$pid"
-  until_ok "$READY_LIMIT_SECONDS" tidal_up_http "$victim" || fail "tidal node $victim not serving; see $TIDAL_DIR/n$victim.log"
+  until_ok "$READY_LIMIT_SECONDS" tidal_up_http "$victim" || {
+    cp "$TIDAL_DIR/n$victim.log" "$RESULTS.n$victim.log"
+    fail "tidal node $victim not serving; its log is in $RESULTS.n$victim.log"
+  }
   serving="$(seconds_since "$t0")"
   until_ok "$READY_LIMIT_SECONDS" tidal_ready "$victim" || fail "tidal node $victim not ready; see $TIDAL_DIR/n$victim.log"
   ready="$(seconds_since "$t0")"
