@@ -14,9 +14,10 @@ use std::path::{Path, PathBuf};
 pub const DEFAULT_SIGNAL_KINDS: [(&str, f64); 6] =
     [("view", 0.2), ("click", 1.0), ("like", 2.0), ("share", 3.0), ("purchase", 5.0), ("skip", -0.5)];
 
-/// Default of `checkpoint_engine_bytes_max`. fjall replays the entries of its memtables at about
-/// 15-30 MB/s for our small entries when a crashed node opens (experiments/034): 16 MiB keeps that
-/// part of a restart under about a second (measured in docs/measurements.md, issue 43).
+/// Default of `checkpoint_engine_bytes_max`. A crashed node's open inserts the journal entries no
+/// table holds again at about 15-30 MB/s for our small entries (experiments/034), and skips the
+/// others at about 40 MB/s: 16 MiB keeps the inserted part under about a second. It does not bound
+/// the journal file itself, which fjall rotates only past 64 MB (docs/measurements.md, issue 43).
 pub const CHECKPOINT_ENGINE_BYTES_MAX_DEFAULT: u64 = 16 * 1024 * 1024;
 /// Default of `checkpoint_wal_bytes_max`: a startup replays the WAL at 80-100 MB/s here, so the
 /// WAL past an fsynced checkpoint stays under a second of replay.
