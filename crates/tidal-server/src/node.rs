@@ -533,8 +533,9 @@ impl Node {
     }
 
     /// Checkpoints the engine and purges WAL segments that are below the checkpoint and beyond the
-    /// retention budget; for [`CheckpointReason::EngineBytes`] also writes fjall's memtables into
-    /// tables, so what a crashed node's open replays from fjall's journal stays under the bound.
+    /// retention budget; for [`checkpoints::CheckpointReason::EngineBytes`] also writes fjall's
+    /// memtables into tables, so what a crashed node's open must insert again from fjall's journal
+    /// stays under the bound.
     /// Blocking: run it off the async workers.
     pub fn checkpoint_and_purge(&self, reason: checkpoints::CheckpointReason) -> anyhow::Result<()> {
         // Counted before the checkpoint: what the applier had not applied yet is not in it, so the
