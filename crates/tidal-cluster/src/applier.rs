@@ -451,12 +451,13 @@ impl FlushedHook for CommitOnFlush {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use tidal_core::{encode_payload, EngineConfig, Envelope, Records};
     use tidal_types::Term;
 
-    fn item_batch(seqno: u64) -> Batch {
+    /// An item write at `seqno` in term 1 (the replica's tests use it too).
+    pub(crate) fn item_batch(seqno: u64) -> Batch {
         let envelope = Envelope { time_ms: 1, principal: "p".into(), idempotency_key: String::new() };
         let encoded =
             encode_payload(&envelope, &Records::ItemMetadata { item: seqno, metadata: b"{}".to_vec() });

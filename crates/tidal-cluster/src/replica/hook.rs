@@ -82,24 +82,18 @@ impl FlushedHook for ReplicaHook {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::applier::tests::item_batch as batch;
     use crate::applier::Applier;
     use crate::spec::Durability;
     use std::time::Duration;
-    use tidal_core::{encode_payload, EngineConfig, Envelope, Records, TidalDb};
-    use tidal_types::Term;
-
-    fn batch(seqno: u64) -> Batch {
-        let envelope = Envelope { time_ms: 1, principal: "p".into(), idempotency_key: String::new() };
-        let encoded =
-            encode_payload(&envelope, &Records::ItemMetadata { item: seqno, metadata: b"{}".to_vec() });
-        Batch::new(encoded.kind, Term(2), Seqno(seqno), encoded.event_count, &encoded.payload)
-    }
+    use tidal_core::{EngineConfig, TidalDb};
 
     /// A leader cut off from its followers keeps taking writes: every drain hands the applier a
     /// batch it cannot apply (nothing commits) and so does not wake it. Once the applier's input is
     /// full of them, the next drain's hand-over must not wait forever for an applier nobody woke
-    /// (the WAL writer thread would stop for good: the network-chaos soak's seed 42). Each drain
-    /// here is what the WAL writer does: `written` before the fsync, `flushed` after it.
+    /// (the WAL writer thread would stop for good; the simulation's `script-isolated-leader` walks
+    /// into it). Each drain here is what the WAL writer does: `written` before the fsync,
+    /// `flushed` after it.
     #[test]
     fn drains_that_cannot_commit_never_wedge_the_wal_writer() {
         let dir = tempfile::tempdir().unwrap();
