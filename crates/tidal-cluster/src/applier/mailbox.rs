@@ -262,14 +262,23 @@ mod tests {
         (seen_rx, thread)
     }
 
-    #[test]
-    fn a_message_sent_without_a_wake_is_taken_in_order_with_the_next_wake() {
-        let (sender, receiver) = mailbox::<u32>(8);
-        let (seen, thread) = receiver_thread(receiver);
-        // Wait until the receiver is asleep, so the lazy message really finds it waiting.
+    /// [`receiver_thread`], returned once the receiver is asleep (so a lazy message finds it
+    /// waiting).
+    fn asleep_receiver(
+        sender: &MailboxSender<u32>,
+        receiver: MailboxReceiver<u32>,
+    ) -> (mpsc::Receiver<u32>, std::thread::JoinHandle<()>) {
+        let started = receiver_thread(receiver);
         while !sender.mailbox.lock().receiver_waiting {
             std::thread::yield_now();
         }
+        started
+    }
+
+    #[test]
+    fn a_message_sent_without_a_wake_is_taken_in_order_with_the_next_wake() {
+        let (sender, receiver) = mailbox::<u32>(8);
+        let (seen, thread) = asleep_receiver(&sender, receiver);
         sender.send(1, |_| false).unwrap();
         // Not woken: nothing is taken (a spurious wake could take it; the assertion below is the
         // one that matters). A bounded wait, not a sleep standing in for synchronization.
@@ -289,14 +298,11 @@ mod tests {
         // The receiver sleeps; every message is lazy. The one that fills the queue must wake it, or
         // the next send waits for space forever and every try_send (waking or not) is refused.
         let (sender, receiver) = mailbox::<u32>(4);
-        let (seen, thread) = receiver_thread(receiver);
-        while !sender.mailbox.lock().receiver_waiting {
-            std::thread::yield_now();
-        }
+        let (seen, thread) = asleep_receiver(&sender, receiver);
         for message in 1..=6 {
             sender.send(message, |_| false).unwrap();
         }
-        // 1..=4 filled the queue and woke it; 5 and 6 are taken when it is awake, or with 8.
+        // 1..=4 filled the queue and woke it; 5 and 6 are taken while it is awake, or with 7.
         sender.send(7, |_| true).unwrap();
         let got: Vec<u32> = (0..7)
             .map(|_| seen.recv_timeout(Duration::from_secs(10)).expect("every message is taken"))
