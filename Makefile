@@ -9,7 +9,7 @@ ANCHORS ?= bench/peers
 ANCHORS_WORK ?= target/anchors-work
 REPORT_DIR ?= target/bench-report
 
-.PHONY: build run down single test fuzz model-check sim chaos crash-sweep sim-determinism verify fix lint bench bench-wal bench-feed bench-replay bench-cluster bench-quorum bench-peers peers-work gates demo clean
+.PHONY: build run down single test fuzz model-check sim chaos crash-sweep sim-determinism verify fix lint bench bench-wal bench-feed bench-replay bench-cluster bench-quorum bench-peers bench-crash peers-work gates demo clean
 
 build:
 	$(CARGO) build --release --bin tidal
@@ -191,6 +191,13 @@ peers-work:
 	mkdir -p $(ANCHORS_WORK)/anchors
 	tar -C $(ANCHORS) --exclude=./.venv --exclude=./results --exclude=__pycache__ -cf - . | tar -C $(ANCHORS_WORK)/anchors -xf -
 	chmod -R u+w $(ANCHORS_WORK)/anchors
+
+# Crash to ready (issue 43): Tidal's leader and a follower, Redis (AOF always) and PostgreSQL, each
+# loaded at half its measured max rate for CRASH_SECONDS (30), SIGKILLed, restarted and timed until
+# ready and caught up; CRASH_RUNS (3) alternated rounds, medians (about 12 min). Needs root for
+# PostgreSQL (runs it as the postgres user); raw lines in target/bench-crash/.
+bench-crash: build
+	TIDAL=$(TIDAL) bash bench/crash/run.sh
 
 bench-wal:
 	$(CARGO) run --release -p tidal-wal --example wal_bench -- --seconds 3

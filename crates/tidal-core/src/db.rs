@@ -608,6 +608,13 @@ impl TidalDb {
         Ok(())
     }
 
+    /// Bytes in fjall's memtables, active and sealed: entries in fjall's journal that no table
+    /// holds yet, which an open after a crash inserts again one by one. [`TidalDb::flush_tables`]
+    /// brings it down to what arrives meanwhile.
+    pub fn memtable_bytes(&self) -> u64 {
+        self.stores.database.write_buffer_size()
+    }
+
     /// Drops the engine without flushing the overlays, as a process crash would: fjall keeps what
     /// the last committed flush wrote; a flush not yet committed is dropped. For crash tests and
     /// benchmarks.

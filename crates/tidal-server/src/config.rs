@@ -14,6 +14,18 @@ use std::path::{Path, PathBuf};
 pub const DEFAULT_SIGNAL_KINDS: [(&str, f64); 6] =
     [("view", 0.2), ("click", 1.0), ("like", 2.0), ("share", 3.0), ("purchase", 5.0), ("skip", -0.5)];
 
+/// Default of `checkpoint_engine_bytes_max`. A crashed node's open inserts the journal entries no
+/// table holds again at about 15-30 MB/s for our small entries (experiments/034), and skips the
+/// others at about 40 MB/s: 16 MiB keeps the inserted part under about a second. It does not bound
+/// the journal file itself, which fjall rotates only past 64 MB (docs/measurements.md, issue 43).
+pub const CHECKPOINT_ENGINE_BYTES_MAX_DEFAULT: u64 = 16 * 1024 * 1024;
+/// Default of `checkpoint_wal_bytes_max`: a startup replays the WAL at 80-100 MB/s here, so the
+/// WAL past an fsynced checkpoint stays under a second of replay.
+pub const CHECKPOINT_WAL_BYTES_MAX_DEFAULT: u64 = 64 * 1024 * 1024;
+/// The least either checkpoint byte bound may be: below it the checkpointer would run on every
+/// tick of a busy node and write tables of a few entries.
+pub const CHECKPOINT_BYTES_MIN: u64 = 64 * 1024;
+
 /// The `tidal serve` options that may also come from the config file or the environment.
 #[derive(Debug, Default, Clone, clap::Args)]
 pub struct ServeArgs {
@@ -279,6 +291,8 @@ pub struct FileConfig {
     read_wait_ms_max: Option<u64>,
     fatal_exit_grace_ms: Option<u64>,
     checkpoint_interval_ms: Option<u64>,
+    checkpoint_engine_bytes_max: Option<u64>,
+    checkpoint_wal_bytes_max: Option<u64>,
     engine_overlay_bytes_max: Option<usize>,
     feed_ann_lists: Option<usize>,
     feed_ann_centroids_at: Option<usize>,
@@ -341,6 +355,13 @@ pub struct ServeConfig {
     pub read_wait_ms_max: u64,
     /// How often the engine state is checkpointed (fsynced) so the WAL can be purged.
     pub checkpoint_interval_ms: u64,
+    /// Bytes in the engine's fjall memtables (in fjall's journal, not yet in its tables) past which
+    /// the checkpointer runs at once and writes the memtables into tables: a crashed node's open
+    /// inserts these entries again one by one (issue 43).
+    pub checkpoint_engine_bytes_max: u64,
+    /// WAL bytes written since the last checkpoint past which the checkpointer runs at once: what
+    /// an open after a power loss may replay past the engine's fsynced state (issue 43).
+    pub checkpoint_wal_bytes_max: u64,
     /// After a fatal storage fault (decisions/059) the node, out of office at once, keeps answering
     /// `/healthz` and `/readyz` (503, with the reason) this long, then stops and exits non-zero.
     pub fatal_exit_grace_ms: u64,
@@ -507,6 +528,12 @@ impl ServeConfig {
             wal_retention_bytes: file.wal_retention_bytes.unwrap_or(1024 * 1024 * 1024),
             read_wait_ms_max: file.read_wait_ms_max.unwrap_or(10_000),
             checkpoint_interval_ms: file.checkpoint_interval_ms.unwrap_or(30_000),
+            checkpoint_engine_bytes_max: file
+                .checkpoint_engine_bytes_max
+                .unwrap_or(CHECKPOINT_ENGINE_BYTES_MAX_DEFAULT),
+            checkpoint_wal_bytes_max: file
+                .checkpoint_wal_bytes_max
+                .unwrap_or(CHECKPOINT_WAL_BYTES_MAX_DEFAULT),
             fatal_exit_grace_ms: file.fatal_exit_grace_ms.unwrap_or(1_000),
             handoff_on_stop: true,
             engine_overlay_bytes_max: file
@@ -564,6 +591,11 @@ impl ServeConfig {
             "inflight_body_bytes_max must hold at least one whole body (body_bytes_max)"
         );
         anyhow::ensure!(self.segment_bytes_max >= 4096, "segment_bytes_max must be at least 4096");
+        anyhow::ensure!(
+            self.checkpoint_engine_bytes_max >= CHECKPOINT_BYTES_MIN
+                && self.checkpoint_wal_bytes_max >= CHECKPOINT_BYTES_MIN,
+            "checkpoint_engine_bytes_max and checkpoint_wal_bytes_max must be at least {CHECKPOINT_BYTES_MIN}"
+        );
         anyhow::ensure!(
             self.stream_event_bytes_max >= 1 && self.stream_events_per_request_max >= 1,
             "stream_event_bytes_max and stream_events_per_request_max must be at least 1"

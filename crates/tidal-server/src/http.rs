@@ -1369,6 +1369,7 @@ async fn metrics(State(state): State<Arc<AppState>>) -> Response {
         node.writes_waiting() as f64,
     );
     render_engine_metrics(&mut out, node);
+    render_checkpoint_metrics(&mut out, node);
     render_fatal_metrics(&mut out, node);
     streams::render_metrics(&mut out, &state);
     inboxes::render_metrics(&mut out, &state);
@@ -1694,6 +1695,33 @@ fn render_feed_index_metrics(out: &mut String, engine: &tidal_core::EngineStats)
         ),
     ] {
         render_single(out, name, "gauge", help, value as f64);
+    }
+}
+
+/// What a crash would replay past the last checkpoint, and the checkpoints taken by reason (issue 43).
+fn render_checkpoint_metrics(out: &mut String, node: &Node) {
+    let past = node.past_checkpoint(Duration::ZERO);
+    render_single(
+        out,
+        "tidal_engine_memtable_bytes",
+        "gauge",
+        "Bytes in the engine's fjall memtables: journal entries no table holds yet, which an open after a crash replays (bound: checkpoint_engine_bytes_max).",
+        past.engine_bytes as f64,
+    );
+    render_single(
+        out,
+        "tidal_wal_bytes_since_checkpoint",
+        "gauge",
+        "WAL bytes written since the last checkpoint began (bound: checkpoint_wal_bytes_max).",
+        past.wal_bytes as f64,
+    );
+    out.push_str(
+        "# HELP tidal_checkpoints_total Engine checkpoints since the node opened, by what called for them.\n",
+    );
+    out.push_str("# TYPE tidal_checkpoints_total counter\n");
+    for reason in crate::node::checkpoints::CheckpointReason::ALL {
+        let count = node.checkpoints().count(reason);
+        out.push_str(&format!("tidal_checkpoints_total{{reason=\"{}\"}} {count}\n", reason.label()));
     }
 }
 

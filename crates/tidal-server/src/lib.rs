@@ -431,25 +431,45 @@ async fn wait_for_release(release: std::sync::mpsc::Receiver<()>, data_dir: &std
     }
 }
 
+/// How often the checkpointer looks at the byte bounds (issue 43). At 40 MB/s of engine writes
+/// (a full signal ingest here) a bound is passed by at most 10 MB before it is seen.
+const CHECKPOINT_POLL: Duration = Duration::from_millis(250);
+
+/// The checkpointer: every [`CHECKPOINT_POLL`] it asks [`node::checkpoints::checkpoint_due`] whether
+/// the interval or a byte bound calls for a checkpoint, and runs it off the async workers.
 fn spawn_checkpointer(
     node: Arc<node::Node>,
     mut stop: tokio::sync::oneshot::Receiver<()>,
 ) -> tokio::task::JoinHandle<()> {
-    let interval = Duration::from_millis(node.config().checkpoint_interval_ms.max(100));
+    let config = node.config();
+    let bounds = node::checkpoints::CheckpointBounds {
+        interval: Duration::from_millis(config.checkpoint_interval_ms.max(100)),
+        engine_bytes_max: config.checkpoint_engine_bytes_max,
+        wal_bytes_max: config.checkpoint_wal_bytes_max,
+    };
     tokio::spawn(async move {
-        let mut ticker = tokio::time::interval(interval);
+        let mut ticker = tokio::time::interval(CHECKPOINT_POLL.min(bounds.interval));
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         ticker.tick().await;
+        let mut last = tokio::time::Instant::now();
         loop {
             tokio::select! {
                 _ = ticker.tick() => {}
                 _ = &mut stop => return,
             }
+            let since = last.elapsed();
             let node = node.clone();
-            match tidal_cluster::blocking::blocking(move || node.checkpoint_and_purge()).await {
-                Ok(Ok(())) => {}
+            let checkpoint = move || {
+                let due = node::checkpoints::checkpoint_due(&bounds, &node.past_checkpoint(since));
+                due.map(|reason| node.checkpoint_and_purge(reason).map(|()| reason)).transpose()
+            };
+            match tidal_cluster::blocking::blocking(checkpoint).await {
+                Ok(Ok(None)) => continue,
+                Ok(Ok(Some(reason))) => tracing::debug!(reason = reason.label(), "checkpoint"),
                 Ok(Err(error)) => tracing::error!("failed to checkpoint: {error:#}"),
                 Err(error) => tracing::error!("failed to checkpoint: {error}"),
             }
+            last = tokio::time::Instant::now();
         }
     })
 }

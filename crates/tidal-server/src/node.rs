@@ -39,6 +39,7 @@ use tidal_types::{ErrorCode, Seqno, Term};
 use tidal_wal::{AppendRequest, SubmitError, Wal};
 use tokio::sync::{oneshot, watch, OwnedSemaphorePermit, Semaphore};
 
+pub mod checkpoints;
 mod identity;
 mod open;
 mod replay;
@@ -111,6 +112,8 @@ pub struct Node {
     inflight: Mutex<HashMap<(String, String), InFlight>>,
     /// Engine checkpoint: WAL purge never passes it.
     checkpoint_seqno: AtomicU64,
+    /// What the checkpointer decides by (issue 43).
+    checkpoints: checkpoints::Checkpoints,
     replica: Option<Arc<Replica>>,
     /// The control plane's store (asked for a poisoned database; the replica holds it too).
     raft_store: tidal_core::RaftStore,
@@ -175,6 +178,7 @@ impl Node {
         // Replay applied directly; tell the applier where the engine now is.
         sender.commit(db.applied_seqno());
         let checkpoint = db.applied_seqno().get();
+        let checkpoints = checkpoints::Checkpoints::new(wal.stats().bytes);
         let (released, release) = std::sync::mpsc::channel();
         db.watch_close(released.clone());
         if let Some(watch) = &config.io.close_watch {
@@ -191,6 +195,7 @@ impl Node {
             applier_sender: Mutex::new(Some(sender)),
             inflight: Mutex::new(HashMap::new()),
             checkpoint_seqno: AtomicU64::new(checkpoint),
+            checkpoints,
             replica,
             raft_store,
             fatal,
@@ -512,11 +517,36 @@ impl Node {
         })
     }
 
+    /// What lies past the last checkpoint, for [`checkpoints::checkpoint_due`]. Takes fjall's and
+    /// the WAL's locks for a moment: not on an async worker.
+    pub fn past_checkpoint(&self, since: Duration) -> checkpoints::PastCheckpoint {
+        checkpoints::PastCheckpoint {
+            since,
+            engine_bytes: self.db.memtable_bytes(),
+            wal_bytes: self.checkpoints.wal_bytes_since(self.wal.stats().bytes),
+        }
+    }
+
+    /// The checkpoint bookkeeping (counts by reason).
+    pub fn checkpoints(&self) -> &checkpoints::Checkpoints {
+        &self.checkpoints
+    }
+
     /// Checkpoints the engine and purges WAL segments that are below the checkpoint and beyond the
-    /// retention budget. Blocking: run it off the async workers.
-    pub fn checkpoint_and_purge(&self) -> anyhow::Result<()> {
+    /// retention budget; for [`checkpoints::CheckpointReason::EngineBytes`] also writes fjall's
+    /// memtables into tables, so what a crashed node's open must insert again from fjall's journal
+    /// stays under the bound.
+    /// Blocking: run it off the async workers.
+    pub fn checkpoint_and_purge(&self, reason: checkpoints::CheckpointReason) -> anyhow::Result<()> {
+        // Counted before the checkpoint: what the applier had not applied yet is not in it, so the
+        // next count misses at most the applier's backlog (bounded by the overlay), never more.
+        let wal_bytes = self.wal.stats().bytes;
         let checkpoint = self.db.checkpoint().context("checkpoint engine")?;
         self.checkpoint_seqno.store(checkpoint.get(), Ordering::Relaxed);
+        if reason == checkpoints::CheckpointReason::EngineBytes {
+            self.db.flush_tables().context("write the engine's memtables into tables")?;
+        }
+        self.checkpoints.taken(reason, wal_bytes);
         let segments = self.wal.list_segments().context("list WAL segments")?;
         // Newest first: keep segments until the retention budget is spent; the oldest kept segment's
         // first seqno is the horizon, never past the checkpoint.

@@ -234,7 +234,10 @@ async fn a_failed_engine_flush_is_a_fatal_fault_of_the_node() {
     assert!(node.check_fatal().is_none());
     // The engine's next flush fails as a full disk would fail it (fjall refuses the commit).
     node.db().fail_next_flush("injected: no space left on device");
-    assert!(node.checkpoint_and_purge().is_err(), "the checkpoint's flush did not fail");
+    assert!(
+        node.checkpoint_and_purge(tidal_server::node::checkpoints::CheckpointReason::Interval).is_err(),
+        "the checkpoint's flush did not fail"
+    );
     // Seen by the periodic check even though no apply came since.
     let fatal = node.check_fatal().expect("a failed engine flush is not fatal");
     assert_eq!(fatal.source, FatalSource::Engine, "{fatal}");
