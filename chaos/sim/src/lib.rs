@@ -278,6 +278,15 @@ impl Scenario {
                 txs: false,
                 ..base.clone()
             },
+            Scenario {
+                name: "script-short-partition",
+                faults: Faults::Script(script::SHORT_PARTITION),
+                load: Duration::from_secs(8),
+                writes_max: 90,
+                writers: 1,
+                txs: false,
+                ..base.clone()
+            },
             // Disk faults through SimIo: failed fsyncs (once, or stuck) and writes, a full disk (the
             // node must fail closed; a supervisor restarts it), bit flips and cut segments on a stopped
             // node (it must refuse to start), a cut tail (it must repair), clock skew.

@@ -107,6 +107,9 @@ pub enum Step {
     /// Finding 3's window: `node`, which lost the lost write (the LeaderStart of term T), probes in
     /// term T from a process started after it died (openraft restored its office of T).
     AwaitRestoredOffice { node: Slot },
+    /// For this many simulated ms, no leader of a term above the last [`Step::AwaitLeader`]'s
+    /// appears: nobody campaigned.
+    ExpectTermHeld(u64),
 }
 
 /// Finding 1 of issue 37 (`script-stale-gap`). Slots: 0 the leader L of term t1, 1 the follower F
@@ -185,6 +188,21 @@ pub const ISOLATED_LEADER: &[Step] = &[
     Step::Sleep(1500),
     Step::Rejoin(0),
     Step::Sleep(3000),
+];
+
+/// A follower cut from the leader for less than an election timeout (`script-short-partition`).
+/// Slots: 0 the leader, 1 the follower, 2 the other. The partition drops what the leader's open
+/// connections carried to the follower, so the connection its openraft heartbeats use hangs; before
+/// the fix it stayed hung until HTTP/2's keepalive gave up (up to 5 s), the follower heard no
+/// heartbeat, campaigned, and its higher term deposed the leader although ships reached it.
+pub const SHORT_PARTITION: &[Step] = &[
+    Step::AwaitLeader { bind: 0, among: &[] },
+    Step::Sleep(500),
+    Step::BindRest { slots: &[1, 2] },
+    Step::Partition(0, 1),
+    Step::Sleep(150),
+    Step::Repair(0, 1),
+    Step::ExpectTermHeld(4000),
 ];
 
 /// A probe a node sent: the node's process (its start count) and the probe's term.
@@ -718,6 +736,9 @@ impl ScriptRun {
             Step::ExpectUncommitted { node, batches } => {
                 self.expect_uncommitted(driver, node, batches, offset)?
             }
+            Step::ExpectTermHeld(window_ms) => {
+                self.expect_term_held(driver, shared, window_ms, waited, offset)?
+            }
             Step::AwaitRestoredOffice { node: slot } => {
                 let node = self.node(slot)?;
                 let lost = self.lost.ok_or("no lost write recorded")?;
@@ -768,6 +789,35 @@ impl ScriptRun {
         } else {
             Progress::Wait(format!("{answered} of {writes} burst writes answered"))
         })
+    }
+
+    /// [`Step::ExpectTermHeld`].
+    fn expect_term_held(
+        &mut self,
+        driver: &mut Driver<'_>,
+        shared: &Rc<RefCell<Shared>>,
+        window_ms: u64,
+        waited: Duration,
+        offset: Duration,
+    ) -> Result<Progress, String> {
+        if let Some((term, node)) = shared.borrow().leader.filter(|(term, _)| *term > self.term_seen) {
+            return Err(format!(
+                "n{} leads term {term} after {} ms: a node campaigned against the leader of term {}",
+                node + 1,
+                waited.as_millis(),
+                self.term_seen
+            ));
+        }
+        if waited < Duration::from_millis(window_ms) {
+            return Ok(Progress::Wait(format!("term {} held", self.term_seen)));
+        }
+        driver.counters.bump("script_window");
+        driver.trace.push(format!(
+            "{} ms script: window: term {} held for {window_ms} ms",
+            offset.as_millis(),
+            self.term_seen
+        ));
+        Ok(Progress::Done)
     }
 
     /// [`Step::ExpectUncommitted`].

@@ -98,7 +98,7 @@ impl ControlPlane {
         .map_err(|e| Error::Control(format!("control-plane timing: {e}")))?;
         let fresh = LogStore::is_fresh(&store)?;
         let state = StateMachine::open(store.clone())?;
-        let network = network::NetworkFactory::new(spec, connector);
+        let network = network::NetworkFactory::new(spec, connector, timing);
         let raft = Raft::new(me, Arc::new(config), network, LogStore::new(store, gate, fatal), state.clone())
             .await
             .map_err(|e| Error::Control(format!("start openraft: {e}")))?;

@@ -33,6 +33,23 @@ const RPC_DEADLINE: Duration = Duration::from_secs(2);
 /// at once as unreachable, which is what it is.
 const RPC_IN_FLIGHT_MAX: usize = 32;
 
+/// Whether the connection to a target has stalled and must be dialed again: calls are waiting, and
+/// nothing came back on it for `redial_after` since it was dialed or last answered.
+///
+/// Why: a connection whose packets were lost (a short partition, a peer that restarted without a
+/// reset, a NAT that forgot it) hangs every call until HTTP/2's keepalive gives up, up to 5 s. The
+/// target hears no heartbeat meanwhile, its election timer fires, and its higher term deposes a
+/// healthy leader although the data path reaches it (simulation seed 47, partition-heal). A new
+/// connection restores heartbeats within a fraction of the election timeout (decisions/012).
+pub fn redial_due(
+    heard: tokio::time::Instant,
+    waiting: bool,
+    now: tokio::time::Instant,
+    redial_after: Duration,
+) -> bool {
+    waiting && now.saturating_duration_since(heard) >= redial_after
+}
+
 /// RPC kinds.
 pub const KIND_APPEND: &str = "append";
 /// Vote RPC.
@@ -43,6 +60,9 @@ pub const KIND_SNAPSHOT: &str = "snapshot";
 /// Makes one [`PeerNetwork`] per target.
 #[derive(Clone)]
 pub struct NetworkFactory {
+    /// How long calls may wait with nothing answered before the connection is dialed again
+    /// ([`redial_due`]): half the shortest election timeout.
+    pub redial_after: Duration,
     /// Cluster secret.
     pub secret: String,
     /// Cluster id.
@@ -56,8 +76,13 @@ pub struct NetworkFactory {
 
 impl NetworkFactory {
     /// The factory for a member of `spec`, reaching peers through `connector`.
-    pub fn new(spec: &ClusterSpec, connector: tidal_net::Connector) -> NetworkFactory {
+    pub fn new(
+        spec: &ClusterSpec,
+        connector: tidal_net::Connector,
+        timing: super::ControlTiming,
+    ) -> NetworkFactory {
         NetworkFactory {
+            redial_after: timing.election_min / 2,
             secret: spec.secret.clone(),
             cluster_id: spec.cluster_id.clone(),
             connector,
@@ -69,24 +94,56 @@ impl NetworkFactory {
 /// The connection to one target.
 pub struct PeerNetwork {
     target: u64,
+    /// The target's address, and how to dial it again ([`redial_due`]).
+    address: String,
+    factory: NetworkFactory,
     /// The peer handle, or why it could not be made (every call then fails with it).
     peer: Result<Peer, NetError>,
     in_flight: Arc<tokio::sync::Semaphore>,
+    /// When the current connection was dialed or last answered a call.
+    heard: Arc<std::sync::Mutex<tokio::time::Instant>>,
 }
 
 impl RaftNetworkFactory<TypeConfig> for NetworkFactory {
     type Network = PeerNetwork;
 
     async fn new_client(&mut self, target: u64, node: &NodeInfo) -> PeerNetwork {
-        let address = self.dial.get(&target).map_or(node.rpc.as_str(), String::as_str);
-        let peer = Peer::connect_lazy_with(address, &self.secret, &self.cluster_id, &self.connector);
-        PeerNetwork { target, peer, in_flight: Arc::new(tokio::sync::Semaphore::new(RPC_IN_FLIGHT_MAX)) }
+        let address = self.dial.get(&target).map_or(node.rpc.as_str(), String::as_str).to_string();
+        let peer = Peer::connect_lazy_with(&address, &self.secret, &self.cluster_id, &self.connector);
+        PeerNetwork {
+            target,
+            address,
+            factory: self.clone(),
+            peer,
+            in_flight: Arc::new(tokio::sync::Semaphore::new(RPC_IN_FLIGHT_MAX)),
+            heard: Arc::new(std::sync::Mutex::new(tokio::time::Instant::now())),
+        }
     }
 }
 
 impl PeerNetwork {
+    /// Dials the target again when its connection stalled ([`redial_due`]); calls still waiting on
+    /// the old connection go on until their deadlines.
+    fn redial_if_stalled(&mut self) {
+        let now = tokio::time::Instant::now();
+        let waiting = self.in_flight.available_permits() < RPC_IN_FLIGHT_MAX;
+        let mut heard = self.heard.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if self.peer.is_err() || !redial_due(*heard, waiting, now, self.factory.redial_after) {
+            return;
+        }
+        tracing::debug!(
+            target = self.target,
+            silent_ms = now.saturating_duration_since(*heard).as_millis() as u64,
+            "openraft calls stalled: dialing the target again"
+        );
+        let factory = &self.factory;
+        self.peer =
+            Peer::connect_lazy_with(&self.address, &factory.secret, &factory.cluster_id, &factory.connector);
+        *heard = now;
+    }
+
     async fn call<Req, Resp, E>(
-        &self,
+        &mut self,
         kind: &str,
         request: &Req,
         option: &RPCOption,
@@ -96,6 +153,7 @@ impl PeerNetwork {
         Resp: DeserializeOwned,
         E: std::error::Error + DeserializeOwned,
     {
+        self.redial_if_stalled();
         let peer = self
             .peer
             .as_ref()
@@ -111,8 +169,14 @@ impl PeerNetwork {
         let (answer, answered) = tokio::sync::oneshot::channel();
         let peer = peer.clone();
         let deadline = std::cmp::max(RPC_DEADLINE, option.hard_ttl());
+        let heard = self.heard.clone();
         tokio::spawn(async move {
-            let _ = answer.send(peer.raft(call, deadline).await);
+            let reply = peer.raft(call, deadline).await;
+            if reply.is_ok() {
+                *heard.lock().unwrap_or_else(std::sync::PoisonError::into_inner) =
+                    tokio::time::Instant::now();
+            }
+            let _ = answer.send(reply);
             drop(permit);
         });
         let reply = match tokio::time::timeout(option.hard_ttl(), answered).await {
@@ -203,5 +267,24 @@ pub async fn serve_call(
         KIND_VOTE => encode(&raft.vote(decode(&call.payload)?).await),
         KIND_SNAPSHOT => encode(&raft.install_snapshot(decode(&call.payload)?).await),
         other => Err(tidal_net::ServiceError::InvalidArgument(format!("unknown openraft call {other:?}"))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::redial_due;
+    use std::time::Duration;
+    use tokio::time::Instant;
+
+    #[test]
+    fn only_waiting_calls_on_a_silent_connection_call_for_a_redial() {
+        let after = Duration::from_millis(150);
+        let heard = Instant::now();
+        let at = |ms| heard + Duration::from_millis(ms);
+        assert!(!redial_due(heard, true, at(149), after), "silent for less than the bound");
+        assert!(redial_due(heard, true, at(150), after), "silent for the bound with calls waiting");
+        assert!(!redial_due(heard, false, at(10_000), after), "an idle connection is not stalled");
+        // A clock that reads before the last answer (an answer recorded after `now` was read).
+        assert!(!redial_due(at(200), true, at(100), after));
     }
 }
