@@ -107,6 +107,9 @@ pub enum Step {
     /// Finding 3's window: `node`, which lost the lost write (the LeaderStart of term T), probes in
     /// term T from a process started after it died (openraft restored its office of T).
     AwaitRestoredOffice { node: Slot },
+    /// As [`Step::AwaitLeader`] (any node), but a violation when no such leader is known within
+    /// `ms` simulated ms of the step's start.
+    AwaitLeaderWithin { bind: Slot, ms: u64 },
     /// For this many simulated ms, no leader of a term above the last [`Step::AwaitLeader`]'s
     /// appears: nobody campaigned.
     ExpectTermHeld(u64),
@@ -203,6 +206,19 @@ pub const SHORT_PARTITION: &[Step] = &[
     Step::Sleep(150),
     Step::Repair(0, 1),
     Step::ExpectTermHeld(4000),
+];
+
+/// A leader restarted at once, as a supervisor does (`script-restarted-leader`). Slots: 0 the
+/// leader, 1 the next one. Its process restarts 300 ms after the crash; openraft restores its
+/// leadership, whose startup appends renew every voter's lease, and the node refuses the term
+/// (issue 37, finding 3). Before decisions/068 the voters' own timers elected the next leader a whole
+/// election timeout after that lease (about 1.3 s after the crash); the restarted node now hands
+/// the office over as soon as the lease has run out.
+pub const RESTARTED_LEADER: &[Step] = &[
+    Step::AwaitLeader { bind: 0, among: &[] },
+    Step::Sleep(500),
+    Step::Restart(0),
+    Step::AwaitLeaderWithin { bind: 1, ms: 1250 },
 ];
 
 /// A probe a node sent: the node's process (its start count) and the probe's term.
@@ -451,6 +467,23 @@ impl ScriptRun {
                         self.bind(driver, bind, node, offset, &format!("leads term {term}"));
                         Progress::Done
                     }
+                    _ => Progress::Wait(format!("a leader above term {} (seen: {leader:?})", self.term_seen)),
+                }
+            }
+            Step::AwaitLeaderWithin { bind, ms: within_ms } => {
+                let leader = shared.borrow().leader;
+                match leader {
+                    Some((term, node)) if term > self.term_seen => {
+                        self.term_seen = term;
+                        let why =
+                            format!("leads term {term}, {} ms after the step began", waited.as_millis());
+                        self.bind(driver, bind, node, offset, &why);
+                        Progress::Done
+                    }
+                    _ if waited > Duration::from_millis(within_ms) => Progress::Fail(format!(
+                        "no leader above term {} within {within_ms} ms (seen: {leader:?})",
+                        self.term_seen
+                    )),
                     _ => Progress::Wait(format!("a leader above term {} (seen: {leader:?})", self.term_seen)),
                 }
             }

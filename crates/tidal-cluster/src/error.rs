@@ -57,7 +57,14 @@ pub enum Error {
         /// The voter's term.
         higher: Term,
     },
-    /// The office could not be taken (the deadline passed, a restored term).
+    /// openraft restored our leadership of `term` after a restart, and a term is never resumed
+    /// across a restart: the office is handed over (decisions/068).
+    #[error("could not take office of term {term}: openraft restored our leadership of it after a restart; a term is never resumed across a restart")]
+    ResumedTerm {
+        /// The restored term.
+        term: Term,
+    },
+    /// The office could not be taken (the deadline passed).
     #[error("could not take office of term {term}: {why}")]
     NoOffice {
         /// The office's term.

@@ -42,6 +42,8 @@ const PROBE_RETRY: Duration = Duration::from_millis(50);
 /// succeeds is never cut: the deadline is checked between rounds, so it bites only when rounds keep
 /// failing (a source that cannot serve its pull, say a damaged segment).
 const OFFICE_DEADLINE: Duration = Duration::from_secs(5);
+/// Added to the voters' leader lease before a restored office is handed over (decisions/068).
+const RESTORED_LEASE_MARGIN: Duration = Duration::from_millis(50);
 /// The office's state: the role status reports, the term served, the running office and its stream
 /// baseline, and what keeps a term from being resumed across a restart.
 pub(super) struct Office {
@@ -247,10 +249,15 @@ impl Replica {
                     if matches!(why, Error::Superseded { .. }) {
                         // Another node won a later election: the protocol working, not a fault.
                         tracing::warn!(%term, "did not take office: {why}; heartbeats off");
+                    } else if matches!(why, Error::ResumedTerm { .. }) {
+                        tracing::warn!(%term, "did not take office: {why}; heartbeats off, handing over");
                     } else {
                         tracing::error!(%term, "could not take office: {why}; heartbeats off so that another node is elected");
                     }
                     replica.set_heartbeats(false);
+                    if matches!(why, Error::ResumedTerm { .. }) {
+                        replica.hand_over_restored(term, &stop).await;
+                    }
                 }
                 Err(why) => tracing::warn!(%term, "did not take office: {why}"),
             }
@@ -329,7 +336,11 @@ impl Replica {
             self.still(term, stop)?;
             if tokio::time::Instant::now() >= deadline {
                 if last_round {
-                    return Err(Error::NoOffice { term, why: self.hand_over(term).await });
+                    let why = match self.hand_over(term).await {
+                        Ok(target) => format!("not within {OFFICE_DEADLINE:?}; handed it to node {target}"),
+                        Err(why) => format!("not within {OFFICE_DEADLINE:?}; {why}"),
+                    };
+                    return Err(Error::NoOffice { term, why });
                 }
                 // One more probe; if it does not open the term, we hand over.
                 last_round = true;
@@ -415,11 +426,7 @@ impl Replica {
             // write a LeaderStart, a second, different one at the same seqno). Writing on from our
             // log would put other contents at their seqnos under the same term. Hand the office
             // over: the next leader opens a new term and quarantines whatever was never committed.
-            return Err(Error::NoOffice {
-                term,
-                why: "openraft restored our leadership of it after a restart; a term is never resumed across a restart"
-                    .into(),
-            });
+            return Err(Error::ResumedTerm { term });
         }
         self.office.opened_term.fetch_max(term.get(), Ordering::SeqCst);
         self.wal.set_term(term);
@@ -472,13 +479,13 @@ impl Replica {
     /// Past the office deadline: asks the voter with the greatest log to stand for election (it
     /// needs no pull); the caller then switches our heartbeats off either way, so if the request
     /// fails the voters' lease runs out and they elect without us. Returns why we gave up.
-    async fn hand_over(&self, term: Term) -> String {
+    /// Asks the most up-to-date voter that answers a probe to stand for election: the node it
+    /// asked, or why none stands.
+    async fn hand_over(&self, term: Term) -> Result<tidal_types::NodeId> {
         self.office.handovers.fetch_add(1, Ordering::SeqCst);
         let answers = self.probe_all(term).await;
         let Some(target) = transfer_target(self.me, &answers, &self.commit.quorum()) else {
-            return format!(
-                "could not take office of term {term} within {OFFICE_DEADLINE:?}; no voter to hand it to"
-            );
+            return Err(Error::Unavailable("no voter to hand it to".to_string()));
         };
         let asked = match self.peer(target) {
             Some(peer) => match peer.elect(term.get(), self.me.0).await {
@@ -488,11 +495,25 @@ impl Replica {
             },
             None => Err("not a peer any more".to_string()),
         };
-        match asked {
-            Ok(()) => format!("could not take office of term {term} within {OFFICE_DEADLINE:?}; handed it to node {target}"),
-            Err(why) => format!(
-                "could not take office of term {term} within {OFFICE_DEADLINE:?}; node {target} did not stand ({why})"
-            ),
+        asked
+            .map(|()| target)
+            .map_err(|why| Error::Unavailable(format!("node {target} did not stand ({why})")))
+    }
+
+    /// Hands a restored office over as soon as the voters can elect another node (decisions/068).
+    /// openraft's startup sent appends of the restored term, which renewed every voter's leader
+    /// lease just now; a voter refuses all votes while it runs, and left alone the voters' own
+    /// timers end the outage a whole election timeout after it. So this node waits out that lease,
+    /// then, if it still holds the term (nobody was elected meanwhile), asks the most up-to-date
+    /// voter to stand.
+    async fn hand_over_restored(&self, term: Term, stop: &watch::Receiver<bool>) {
+        tokio::time::sleep(self.timing.election_max + RESTORED_LEASE_MARGIN).await;
+        if self.still(term, stop).is_err() {
+            return;
+        }
+        match self.hand_over(term).await {
+            Ok(target) => tracing::info!(%term, %target, "restored office handed over"),
+            Err(why) => tracing::warn!(%term, "restored office not handed over: {why}"),
         }
     }
 
