@@ -457,36 +457,17 @@ impl ScriptRun {
         let ms = offset.as_millis();
         Ok(match step {
             Step::AwaitLeader { bind, among } => {
-                let leader = shared.borrow().leader;
-                let allowed: Vec<usize> = self.nodes(among)?;
-                match leader {
-                    Some((term, node))
-                        if term > self.term_seen && (allowed.is_empty() || allowed.contains(&node)) =>
-                    {
-                        self.term_seen = term;
-                        self.bind(driver, bind, node, offset, &format!("leads term {term}"));
-                        Progress::Done
-                    }
-                    _ => Progress::Wait(format!("a leader above term {} (seen: {leader:?})", self.term_seen)),
-                }
+                let allowed = self.nodes(among)?;
+                self.await_leader(driver, shared, (bind, &allowed), None, waited, offset)
             }
-            Step::AwaitLeaderWithin { bind, ms: within_ms } => {
-                let leader = shared.borrow().leader;
-                match leader {
-                    Some((term, node)) if term > self.term_seen => {
-                        self.term_seen = term;
-                        let why =
-                            format!("leads term {term}, {} ms after the step began", waited.as_millis());
-                        self.bind(driver, bind, node, offset, &why);
-                        Progress::Done
-                    }
-                    _ if waited > Duration::from_millis(within_ms) => Progress::Fail(format!(
-                        "no leader above term {} within {within_ms} ms (seen: {leader:?})",
-                        self.term_seen
-                    )),
-                    _ => Progress::Wait(format!("a leader above term {} (seen: {leader:?})", self.term_seen)),
-                }
-            }
+            Step::AwaitLeaderWithin { bind, ms } => self.await_leader(
+                driver,
+                shared,
+                (bind, &[]),
+                Some(Duration::from_millis(ms)),
+                waited,
+                offset,
+            ),
             Step::BindRest { slots } => {
                 let bound: Vec<usize> = self.slots.iter().flatten().copied().collect();
                 let free: Vec<usize> = (0..nodes).filter(|node| !bound.contains(node)).collect();
@@ -822,6 +803,36 @@ impl ScriptRun {
         } else {
             Progress::Wait(format!("{answered} of {writes} burst writes answered"))
         })
+    }
+
+    /// [`Step::AwaitLeader`] and [`Step::AwaitLeaderWithin`]: a leader above every term seen so far,
+    /// among `allowed` (any node if empty), bound to `bind`; a failure once `within` has passed.
+    fn await_leader(
+        &mut self,
+        driver: &mut Driver<'_>,
+        shared: &Rc<RefCell<Shared>>,
+        (bind, allowed): (Slot, &[usize]),
+        within: Option<Duration>,
+        waited: Duration,
+        offset: Duration,
+    ) -> Progress {
+        let leader = shared.borrow().leader;
+        match leader {
+            Some((term, node))
+                if term > self.term_seen && (allowed.is_empty() || allowed.contains(&node)) =>
+            {
+                self.term_seen = term;
+                let why = format!("leads term {term}, {} ms after the step began", waited.as_millis());
+                self.bind(driver, bind, node, offset, &why);
+                Progress::Done
+            }
+            _ if within.is_some_and(|within| waited > within) => Progress::Fail(format!(
+                "no leader above term {} within {} ms (seen: {leader:?})",
+                self.term_seen,
+                within.unwrap_or_default().as_millis()
+            )),
+            _ => Progress::Wait(format!("a leader above term {} (seen: {leader:?})", self.term_seen)),
+        }
     }
 
     /// [`Step::ExpectTermHeld`].
