@@ -32,6 +32,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{sync_channel, SyncSender};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
 use fjall::PersistMode;
 use tidal_types::Seqno;
@@ -599,13 +600,36 @@ impl TidalDb {
     /// entries is in a table, fjall deletes that journal (a sealed one, over 64 MB), and an open
     /// skips the entries of the rest that a table already holds. Only an optimization: on error
     /// the journal still holds everything.
+    ///
+    /// The wait is ours, not fjall's `rotate_memtable_and_wait`: that one polls until the sealed
+    /// memtables are gone and never looks at fjall's poison, so on a failing disk (fjall's flush
+    /// worker "crashed" and poisoned the database) it waited forever, and a node that was told to
+    /// stop hung at shutdown. This wait ends with [`Error::TablesNotWritten`] once fjall is
+    /// poisoned or after [`FLUSH_TABLES_WAIT_MAX`].
     pub fn flush_tables(&self) -> Result<(), Error> {
         let keyspaces = self.stores.log_derived().map(|(_, keyspace)| keyspace);
-        for keyspace in keyspaces.into_iter().chain([&self.stores.negatives, &self.stores.local]) {
-            // Public but hidden in fjall 3 (used by its tests); it waits for fjall's flush queue.
-            keyspace.rotate_memtable_and_wait()?;
+        let keyspaces: Vec<&fjall::Keyspace> =
+            keyspaces.into_iter().chain([&self.stores.negatives, &self.stores.local]).collect();
+        for keyspace in &keyspaces {
+            // Public but hidden in fjall 3: seals the active memtable and queues its flush.
+            keyspace.rotate_memtable()?;
         }
-        Ok(())
+        let started = Instant::now();
+        loop {
+            let sealed: usize = keyspaces.iter().map(|keyspace| keyspace.sealed_memtable_count()).sum();
+            if sealed == 0 {
+                return Ok(());
+            }
+            if let Some(reason) = self.fault() {
+                return Err(Error::TablesNotWritten { sealed, reason });
+            }
+            if started.elapsed() >= FLUSH_TABLES_WAIT_MAX {
+                let reason =
+                    format!("fjall's flush worker wrote none of them within {FLUSH_TABLES_WAIT_MAX:?}");
+                return Err(Error::TablesNotWritten { sealed, reason });
+            }
+            std::thread::sleep(FLUSH_TABLES_POLL);
+        }
     }
 
     /// Bytes in fjall's memtables, active and sealed: entries in fjall's journal that no table
@@ -1340,6 +1364,14 @@ impl State {
 
 /// Estimated bytes of one dirty counter key: the key in memory now, and its share of the fjall
 /// entry written at flush (many signals share one counter).
+/// How long [`TidalDb::flush_tables`] waits for fjall's flush worker when fjall reports no fault:
+/// a disk that neither writes nor fails (a hung device) must not hold a node's shutdown forever. A
+/// healthy flush of the checkpointer's byte bound (16 MiB of memtables) takes well under a second.
+pub const FLUSH_TABLES_WAIT_MAX: Duration = Duration::from_secs(60);
+
+/// How often [`TidalDb::flush_tables`] looks at the sealed memtables (fjall's own wait polls as often).
+const FLUSH_TABLES_POLL: Duration = Duration::from_millis(10);
+
 const DIRTY_KEY_BYTES: usize = 16;
 
 // Reads run on many threads beside the applier: the engine must stay Send + Sync.

@@ -29,6 +29,16 @@ pub enum Error {
         /// What failed.
         reason: String,
     },
+    /// [`crate::TidalDb::flush_tables`] gave up: fjall's flush worker failed (fjall is poisoned)
+    /// or wrote nothing within its bound. The memtables stay in fjall's journal (an open replays
+    /// them); a poisoned engine is a fatal fault of the node.
+    #[error("the engine's memtables were not written to tables ({sealed} still sealed): {reason}")]
+    TablesNotWritten {
+        /// Sealed memtables not yet written.
+        sealed: usize,
+        /// Why the wait ended.
+        reason: String,
+    },
     /// The batch does not start right after the applied frontier.
     #[error("batch starts at seqno {got}, expected {expected}")]
     Gap {

@@ -245,3 +245,34 @@ async fn a_failed_engine_flush_is_a_fatal_fault_of_the_node() {
     assert_eq!(node.fatal(), Some(fatal), "the fault is kept");
     node.stop_after_fatal();
 }
+
+/// A node whose engine directory disappears under it (a failed or unmounted disk): fjall's flush
+/// worker fails and poisons fjall; the checkpointer's table write then ends with an error instead
+/// of waiting forever for the sealed memtables, the fault is fatal, and the shutdown a SIGTERM
+/// starts returns (it used to hang in fjall's `rotate_memtable_and_wait`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_whose_engine_directory_is_gone_fails_its_table_write_and_still_shuts_down() {
+    use tidal_server::node::checkpoints::CheckpointReason;
+    common::trace();
+    let dir = tempfile::tempdir().unwrap();
+    let (node, _) = tidal_server::node::Node::open(common::config(dir.path(), 4)).unwrap();
+    let node = Arc::new(node);
+    let anonymous = tidal_server::auth::Principal::anonymous();
+    for item in 1..=50 {
+        let metadata = format!("{{\"n\": {item}}}").into_bytes();
+        node.write(&anonymous, None, tidal_core::Records::ItemMetadata { item, metadata }).await.unwrap();
+    }
+    std::fs::remove_dir_all(dir.path().join("state")).unwrap();
+    let checkpointing = {
+        let node = node.clone();
+        tokio::task::spawn_blocking(move || node.checkpoint_and_purge(CheckpointReason::EngineBytes))
+    };
+    let outcome = tokio::time::timeout(DEADLINE, checkpointing).await;
+    let outcome = outcome.expect("the table write still waits for fjall's failed flush worker").unwrap();
+    let error = outcome.expect_err("the engine wrote tables into a directory that is gone");
+    assert!(format!("{error:#}").contains("not written to tables"), "{error:#}");
+    let fatal = node.check_fatal().expect("a poisoned engine is not fatal");
+    assert_eq!(fatal.source, FatalSource::Engine, "{fatal}");
+    let stopping = tokio::task::spawn_blocking(move || node.shutdown());
+    tokio::time::timeout(DEADLINE, stopping).await.expect("the shutdown hangs on the failed engine").unwrap();
+}
