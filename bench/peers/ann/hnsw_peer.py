@@ -14,7 +14,6 @@ p99 <Y> ms, build <S> s`.
 import sys
 import time
 
-import hnswlib
 import numpy as np
 
 CLUSTERS = 1000
@@ -41,6 +40,9 @@ def embeddings(first, count, dim):
 
 
 def main():
+    # Here, not at the top: pgvector_peer.py imports embeddings() from this file without hnswlib.
+    import hnswlib
+
     items, dim = int(sys.argv[1]), int(sys.argv[2])
     queries = int(sys.argv[3]) if len(sys.argv) > 3 else 200
     data = np.concatenate([embeddings(first, min(100_000, items - first), dim) for first in range(0, items, 100_000)])

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The approximate feed index's peer (decisions/067): hnswlib's HNSW over the bench's clustered
-# embeddings, in process. Qdrant's server and pgvector are not in the registries this machine
-# reaches (Debian 12 has no pgvector package; PyPI's qdrant-client embeds no HNSW), so the index
-# both of them implement is measured directly. Not in run-all.sh's default list (it builds a 1M
-# index: minutes); run it by name:
+# embeddings, in process: the index itself, without a server around it. pgvector, the same index
+# inside a server, is measured by ann/pgvector.sh (built from source: Debian 12 has no package);
+# Qdrant's server is not in the registries this machine reaches. Not in run-all.sh's default list
+# (it builds a 1M index: minutes); run it by name:
 #   bash bench/peers/run-all.sh ann            ITEMS=1000000 DIM=128 by default
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
