@@ -693,6 +693,13 @@ impl TidalDb {
         }
     }
 
+    /// Items with an embedding, and whether `item` is one of them (applied state): what a cap on
+    /// the ranking index's size is checked against.
+    pub fn embeddings_and_has(&self, item: u64) -> (u64, bool) {
+        let state = self.read_state();
+        (state.index.embeddings() as u64, state.index.embedding(item).is_some())
+    }
+
     /// An item's embedding and the seqno that stored it.
     pub fn get_embedding(&self, id: u64) -> Result<Option<(Vec<f32>, Seqno)>, Error> {
         let state = self.read_state();

@@ -26,6 +26,34 @@ pub const CHECKPOINT_WAL_BYTES_MAX_DEFAULT: u64 = 64 * 1024 * 1024;
 /// tick of a busy node and write tables of a few entries.
 pub const CHECKPOINT_BYTES_MIN: u64 = 64 * 1024;
 
+/// Bytes the ranking index takes per embedding and dimension, for [`embeddings_max_default`]: 4 of
+/// the f32 row and 1 of the approximate index's 8-bit copy, doubled for what growing vectors
+/// allocate ahead, plus the per-item fields (ids, norm, row map, list entry) folded in. Measured:
+/// 879 bytes per item at 128 dimensions by allocation sizes (`docs/measurements.md`).
+pub const EMBEDDING_BYTES_PER_DIMENSION: u64 = 10;
+
+/// The default `embeddings_max`: a quarter of the machine's memory at
+/// [`EMBEDDING_BYTES_PER_DIMENSION`] bytes per dimension (about 1,280 bytes per embedding of 128
+/// dimensions: 5M of them on 24 GiB, 10M of 64 dimensions), leaving the rest to fjall, the WAL buffers and the OS.
+/// At least 1,000.
+pub fn embeddings_max_default(memory_bytes: u64, dimension: u32) -> u64 {
+    let per_embedding = EMBEDDING_BYTES_PER_DIMENSION * u64::from(dimension.max(1));
+    (memory_bytes / 4 / per_embedding).max(1_000)
+}
+
+/// The machine's memory (`MemTotal` of `/proc/meminfo`); 16 GiB where it cannot be read.
+fn machine_memory_bytes() -> u64 {
+    const UNKNOWN: u64 = 16 << 30;
+    let Ok(text) = std::fs::read_to_string("/proc/meminfo") else {
+        return UNKNOWN;
+    };
+    let kib = text
+        .lines()
+        .find_map(|line| line.strip_prefix("MemTotal:"))
+        .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse::<u64>().ok());
+    kib.map_or(UNKNOWN, |kib| kib * 1024)
+}
+
 /// The `tidal serve` options that may also come from the config file or the environment.
 #[derive(Debug, Default, Clone, clap::Args)]
 pub struct ServeArgs {
@@ -298,6 +326,7 @@ pub struct FileConfig {
     feed_ann_centroids_at: Option<usize>,
     feed_ann_threshold: Option<usize>,
     feed_ann_probes: Option<usize>,
+    embeddings_max: Option<u64>,
     signal_kinds: Option<BTreeMap<String, f64>>,
 }
 
@@ -375,6 +404,10 @@ pub struct ServeConfig {
     /// centroids are chosen, the size from which feeds and similar items use it, and the lists a
     /// query scores at least. Every node of a cluster must use the same values.
     pub feed_ann: FeedAnnConfig,
+    /// Items with an embedding past which a new embedding is refused (507 `index_full`): the
+    /// ranking index holds every embedding in memory. Default: a quarter of the machine's memory
+    /// at [`EMBEDDING_BYTES_PER_DIMENSION`] bytes per dimension ([`embeddings_max_default`]).
+    pub embeddings_max: u64,
     /// Signal kinds and their default weights.
     pub signal_kinds: BTreeMap<String, f64>,
     /// Cluster membership, when serving as a cluster member.
@@ -497,6 +530,7 @@ impl ServeConfig {
             "a cluster member needs its own --data-dir (nodes must never share one)"
         );
         let cluster_http = member_http_listen(cluster.as_ref(), args.http.or(file.http))?;
+        let dimension = args.dimension.or(file.dimension).unwrap_or(128);
         let config = ServeConfig {
             data_dir: data_dir.unwrap_or_else(|| PathBuf::from("./tidal-data")),
             http: cluster_http
@@ -506,7 +540,7 @@ impl ServeConfig {
             token_file: args.token_file.clone().or(file.token_file),
             insecure: args.insecure || file.insecure.unwrap_or(false),
             net,
-            dimension: args.dimension.or(file.dimension).unwrap_or(128),
+            dimension,
             half_life_ms: file.half_life_ms.unwrap_or(6 * 3600 * 1000),
             profile_half_life_ms: file.profile_half_life_ms.unwrap_or(7 * 24 * 3600 * 1000),
             similarity_weight: file.similarity_weight.unwrap_or(1.0),
@@ -540,6 +574,9 @@ impl ServeConfig {
                 .engine_overlay_bytes_max
                 .or_else(|| std::env::var("TIDAL_ENGINE_OVERLAY_BYTES_MAX").ok().and_then(|v| v.parse().ok()))
                 .unwrap_or(tidal_core::OVERLAY_BYTES_MAX_DEFAULT),
+            embeddings_max: file
+                .embeddings_max
+                .unwrap_or_else(|| embeddings_max_default(machine_memory_bytes(), dimension)),
             feed_ann: FeedAnnConfig {
                 lists: file.feed_ann_lists.unwrap_or(tidal_core::ANN_LISTS_DEFAULT),
                 centroids_at: file.feed_ann_centroids_at.unwrap_or(tidal_core::ANN_CENTROIDS_AT_DEFAULT),
@@ -725,6 +762,16 @@ fn load_file(path: &Path) -> anyhow::Result<FileConfig> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_default_embeddings_cap_is_a_quarter_of_memory() {
+        let gib = 1u64 << 30;
+        assert_eq!(embeddings_max_default(24 * gib, 128), 24 * gib / 4 / 1280);
+        assert_eq!(embeddings_max_default(24 * gib, 64), 24 * gib / 4 / 640);
+        assert_eq!(embeddings_max_default(0, 128), 1_000, "never below 1,000");
+        assert_eq!(embeddings_max_default(gib, 0), gib / 4 / 10, "dimension 0 counts as 1");
+        assert!(machine_memory_bytes() > 0);
+    }
 
     #[test]
     fn wal_preallocate_env_is_0_or_1() {

@@ -802,6 +802,7 @@ async fn put_embedding(
     let item = parse_item_id(&id)?;
     let key = idempotency_key(&headers)?;
     let vector = parse_vector(&state, body).await?;
+    check_embedding_room(&state, item)?;
     let seqno = state.node.write(&principal, key, Records::ItemEmbedding { item, vector }).await?;
     Ok(Json(WriteReply { seqno }))
 }
@@ -862,6 +863,23 @@ impl<'de> serde::de::Visitor<'de> for BoundedArray {
 /// Parses an embedding body. JSON has no NaN or infinity: clients send them as `null` (JavaScript's
 /// `JSON.stringify`), as strings, or as an out-of-range literal such as `1e999`; each is
 /// `invalid_vector`, not a generic parse error.
+/// Refuses a NEW embedding once the node holds `embeddings_max` (507 `index_full`): the ranking
+/// index keeps every embedding in memory. Checked against the applied state, so writes in flight
+/// can pass the cap by at most their number; an item's replacement embedding is never refused.
+pub(crate) fn check_embedding_room(state: &AppState, item: u64) -> AppResult<()> {
+    let cap = state.node.config().embeddings_max;
+    let (embeddings, has) = state.node.db().embeddings_and_has(item);
+    if has || embeddings < cap {
+        return Ok(());
+    }
+    let dimension = state.node.config().dimension;
+    Err(ApiError::new(
+        StatusCode::INSUFFICIENT_STORAGE,
+        ErrorCode::IndexFull,
+        format!("this node holds {embeddings} embeddings of {dimension} dimensions, its embeddings_max ({cap}); delete items or raise embeddings_max (memory: about 10 bytes per dimension each)"),
+    ))
+}
+
 async fn parse_vector(state: &AppState, body: axum::body::Body) -> AppResult<Vec<f32>> {
     let invalid = |message: String| ApiError::bad_request(ErrorCode::InvalidVector, message);
     let bytes = read_body(state, body).await?;

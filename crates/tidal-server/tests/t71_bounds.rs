@@ -175,3 +175,35 @@ async fn a_huge_vector_or_metadata_body_costs_about_its_size_not_a_tree_of_it() 
     }
     node.stop().await;
 }
+
+/// `embeddings_max` bounds the ranking index (issue 44): a new embedding past the cap is refused
+/// with 507 `index_full`, by the route and inside a tx (which then writes nothing); an item's
+/// replacement embedding and other writes still go through; a delete makes room again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn embeddings_past_the_cap_are_refused_and_nothing_is_half_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = common::config(dir.path(), 4);
+    config.embeddings_max = 3;
+    let node = TestNode::start(config).await;
+    let vector = |n: u64| vec![n as f64, 1.0, 0.0, 0.5];
+    for item in 1..=3 {
+        node.client.put_embedding(item, vector(item)).await.unwrap();
+    }
+    let refused = node.client.put_embedding(4, vector(4)).await.unwrap_err();
+    assert_eq!(refused.code(), Some("index_full"), "{refused:?}");
+    assert!(matches!(refused, tidal_client::Error::Api { status: 507, .. }), "{refused:?}");
+    assert!(format!("{refused:?}").contains("embeddings_max (3)"), "{refused:?}");
+    let ops = [
+        json!({"op": "put_item", "item": 9, "metadata": {"in": "tx"}}),
+        json!({"op": "put_embedding", "item": 5, "vector": vector(5)}),
+    ];
+    let refused = node.client.tx(&ops, None).await.unwrap_err();
+    assert_eq!(refused.code(), Some("index_full"), "{refused:?}");
+    assert!(node.client.get_item(9).await.is_err(), "the refused tx wrote its first op");
+    // Replacing an embedding the item has, and writes that add none, still go through.
+    node.client.put_embedding(2, vector(20)).await.unwrap();
+    node.client.put_item(4, json!({"metadata": "only"}), None).await.unwrap();
+    node.client.delete_item(1).await.unwrap();
+    node.client.put_embedding(4, vector(4)).await.unwrap();
+    node.stop().await;
+}

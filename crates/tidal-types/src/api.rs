@@ -83,11 +83,14 @@ pub enum ErrorCode {
     LeaseLost,
     /// A request body that is not declared `application/json` (415).
     UnsupportedMediaType,
+    /// A new embedding would take the ranking index past the node's `embeddings_max` (507);
+    /// replacing an embedding the item has is never refused for it.
+    IndexFull,
 }
 
 impl ErrorCode {
     /// Every code, in declaration order.
-    pub const ALL: [ErrorCode; 25] = [
+    pub const ALL: [ErrorCode; 26] = [
         ErrorCode::MalformedJson,
         ErrorCode::InvalidArgument,
         ErrorCode::InvalidName,
@@ -113,6 +116,7 @@ impl ErrorCode {
         ErrorCode::UnknownReceive,
         ErrorCode::LeaseLost,
         ErrorCode::UnsupportedMediaType,
+        ErrorCode::IndexFull,
     ];
 
     /// The HTTP status the contract pairs with the code. One exception: a body that did not arrive
@@ -136,6 +140,7 @@ impl ErrorCode {
             NotImplemented => 501,
             NotReady | Overloaded => 503,
             NotCaughtUp => 504,
+            IndexFull => 507,
         }
     }
 
@@ -167,6 +172,7 @@ impl ErrorCode {
             ErrorCode::UnknownReceive => "unknown_receive",
             ErrorCode::LeaseLost => "lease_lost",
             ErrorCode::UnsupportedMediaType => "unsupported_media_type",
+            ErrorCode::IndexFull => "index_full",
         }
     }
 }

@@ -138,7 +138,9 @@ fn op_records(state: &AppState, limits: &Limits, raw: &RawValue) -> AppResult<Re
         "delete_item" => Records::ItemDelete { item: parse::<DeleteItem>(raw)?.item },
         "put_embedding" => {
             let PutEmbedding { item, vector, .. } = parse(raw)?;
-            Records::ItemEmbedding { item, vector: vector_from_values(state, &vector)? }
+            let vector = vector_from_values(state, &vector)?;
+            super::check_embedding_room(state, item)?;
+            Records::ItemEmbedding { item, vector }
         }
         "signals" => Records::Signals(signal_events(limits, parse::<Signals>(raw)?.signals)?),
         "publish" => {
