@@ -34,8 +34,8 @@ pub const EMBEDDING_BYTES_PER_DIMENSION: u64 = 10;
 
 /// The default `embeddings_max`: a quarter of the machine's memory at
 /// [`EMBEDDING_BYTES_PER_DIMENSION`] bytes per dimension (about 1,280 bytes per embedding of 128
-/// dimensions: 5M of them on 24 GiB, 10M of 64 dimensions), leaving the rest to fjall, the WAL buffers and the OS.
-/// At least 1,000.
+/// dimensions: 5M of them on 24 GiB, or 10M of 64 dimensions), leaving the rest to fjall, the WAL
+/// buffers and the OS. At least 1,000.
 pub fn embeddings_max_default(memory_bytes: u64, dimension: u32) -> u64 {
     let per_embedding = EMBEDDING_BYTES_PER_DIMENSION * u64::from(dimension.max(1));
     (memory_bytes / 4 / per_embedding).max(1_000)
