@@ -864,8 +864,9 @@ impl<'de> serde::de::Visitor<'de> for BoundedArray {
 /// `JSON.stringify`), as strings, or as an out-of-range literal such as `1e999`; each is
 /// `invalid_vector`, not a generic parse error.
 /// Refuses a NEW embedding once the node holds `embeddings_max` (507 `index_full`): the ranking
-/// index keeps every embedding in memory. Checked against the applied state, so writes in flight
-/// can pass the cap by at most their number; an item's replacement embedding is never refused.
+/// index keeps every embedding in memory. Checked against the applied state, op by op, so writes
+/// in flight can pass the cap by at most the new embeddings they carry (a tx's ops each check the
+/// same applied count); an item's replacement embedding is never refused.
 pub(crate) fn check_embedding_room(state: &AppState, item: u64) -> AppResult<()> {
     let cap = state.node.config().embeddings_max;
     let (embeddings, has) = state.node.db().embeddings_and_has(item);
@@ -876,7 +877,10 @@ pub(crate) fn check_embedding_room(state: &AppState, item: u64) -> AppResult<()>
     Err(ApiError::new(
         StatusCode::INSUFFICIENT_STORAGE,
         ErrorCode::IndexFull,
-        format!("this node holds {embeddings} embeddings of {dimension} dimensions, its embeddings_max ({cap}); delete items or raise embeddings_max (memory: about 10 bytes per dimension each)"),
+        format!(
+            "this node holds {embeddings} embeddings of {dimension} dimensions, its embeddings_max ({cap}); delete items or raise embeddings_max (memory: about {} bytes per dimension each)",
+            crate::config::EMBEDDING_BYTES_PER_DIMENSION
+        ),
     ))
 }
 
