@@ -288,6 +288,15 @@ impl Scenario {
                 ..base.clone()
             },
             Scenario {
+                name: "script-restarted-leader-late",
+                faults: Faults::Script(script::RESTARTED_LEADER_LATE),
+                load: Duration::from_secs(6),
+                writes_max: 90,
+                writers: 1,
+                txs: false,
+                ..base.clone()
+            },
+            Scenario {
                 name: "script-short-partition",
                 faults: Faults::Script(script::SHORT_PARTITION),
                 load: Duration::from_secs(8),
@@ -762,10 +771,21 @@ impl Driver<'_> {
 
     /// Power loss of `node`'s WAL disk and its process; restarted `RESTART_DELAY` after `now`.
     fn crash_and_restart(&mut self, sim: &mut turmoil::Sim<'_>, node: usize, mode: CrashMode, now: Duration) {
+        self.crash_and_restart_after(sim, node, mode, now + RESTART_DELAY);
+    }
+
+    /// [`Driver::crash_and_restart`], restarted at `restart` (simulated time).
+    fn crash_and_restart_after(
+        &mut self,
+        sim: &mut turmoil::Sim<'_>,
+        node: usize,
+        mode: CrashMode,
+        restart: Duration,
+    ) {
         self.wal_faulted[node] = false;
         self.cluster.wal_io[node].crash(mode);
         self.crash_host(sim, node);
-        self.bounces.push((now + RESTART_DELAY, node));
+        self.bounces.push((restart, node));
     }
 
     /// [`SimulatedCluster::crash`], counting a wait in vain as `release_stall`.

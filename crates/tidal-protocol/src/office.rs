@@ -261,6 +261,16 @@ pub fn resumes_a_term(term: Term, boot_term: Term, write_leader_start: bool, ope
     term <= boot_term || (!write_leader_start && opened_term < term.get())
 }
 
+/// Whether an openraft call this node is about to send as `leader` of `term` must stay home: it
+/// would speak for a term at or below the vote found at start (`boot_term`), i.e. for a restored
+/// office, which [`resumes_a_term`] hands over. Every voter that accepted such a call would renew
+/// the lease it grants (openraft refuses all votes while it runs), so the election that replaces
+/// the restored office would wait a whole lease counted from the restart instead of from the
+/// crash (decisions/068). Keeping a call home is a message lost, which the protocol tolerates.
+pub fn speaks_for_a_restored_term(leader: NodeId, term: Term, me: NodeId, boot_term: Term) -> bool {
+    leader == me && term <= boot_term
+}
+
 /// The first seqno of `term` once its office opens: the LeaderStart this office writes goes right
 /// after the baseline; an office that holds its term already (the same process put back in office)
 /// starts where its log's term history says the term began.
@@ -518,6 +528,15 @@ mod tests {
         assert!(!resumes_a_term(Term(4), Term(3), true, 0), "a fresh election in this process");
         assert!(!resumes_a_term(Term(4), Term(3), false, 4), "re-entering a term this process opened");
         assert!(resumes_a_term(Term(4), Term(3), false, 0), "holds a LeaderStart it never wrote");
+    }
+
+    #[test]
+    fn only_our_own_calls_for_a_term_at_or_below_the_boot_vote_stay_home() {
+        let (me, other) = (NodeId(1), NodeId(2));
+        assert!(speaks_for_a_restored_term(me, Term(3), me, Term(3)), "the restored office's term");
+        assert!(speaks_for_a_restored_term(me, Term(2), me, Term(3)), "an older term of ours");
+        assert!(!speaks_for_a_restored_term(me, Term(4), me, Term(3)), "a term won in this process");
+        assert!(!speaks_for_a_restored_term(other, Term(3), me, Term(3)), "another node's call");
     }
 
     #[test]

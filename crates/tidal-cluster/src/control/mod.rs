@@ -6,6 +6,7 @@
 //! openraft's metrics to take and leave office (see `crate::replica`).
 
 pub mod campaign;
+pub mod lease;
 pub mod network;
 pub mod runtime;
 pub mod store;
@@ -24,6 +25,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tidal_core::RaftStore;
 use tidal_net::RaftCall;
+use tidal_types::{NodeId, Term};
 
 /// Election and heartbeat timing (decisions/012). A follower campaigns once it has heard no
 /// heartbeat for openraft's leader lease (= `election_max`) plus its election timeout, checked on
@@ -67,13 +69,15 @@ impl ControlTiming {
 pub struct ControlPlane {
     raft: Raft<TypeConfig>,
     state: StateMachine,
+    leases: lease::LeaseClock,
 }
 
 impl ControlPlane {
     /// Starts openraft over `store`. A node with nothing stored initializes the membership from the
     /// cluster file when `initialize` (every founding member writes the same first entry, so any of
     /// them may do it); a joining node (`initialize` false) waits for the leader to add it. A vote
-    /// the store cannot persist raises `fatal`.
+    /// the store cannot persist raises `fatal`. `boot_term` is the persisted vote's term when this
+    /// process started: openraft calls for a restored office of it stay home (decisions/068).
     #[allow(clippy::too_many_arguments)]
     pub async fn start(
         me: u64,
@@ -84,6 +88,7 @@ impl ControlPlane {
         connector: tidal_net::Connector,
         initialize: bool,
         fatal: crate::fatal::Fatal,
+        boot_term: Term,
     ) -> Result<ControlPlane> {
         let config = Config {
             cluster_name: spec.cluster_id.clone(),
@@ -98,7 +103,7 @@ impl ControlPlane {
         .map_err(|e| Error::Control(format!("control-plane timing: {e}")))?;
         let fresh = LogStore::is_fresh(&store)?;
         let state = StateMachine::open(store.clone())?;
-        let network = network::NetworkFactory::new(spec, connector, timing);
+        let network = network::NetworkFactory::new(spec, connector, timing, (NodeId(me), boot_term));
         let raft = Raft::new(me, Arc::new(config), network, LogStore::new(store, gate, fatal), state.clone())
             .await
             .map_err(|e| Error::Control(format!("start openraft: {e}")))?;
@@ -117,7 +122,7 @@ impl ControlPlane {
                 tracing::info!("control plane already initialized: {error}");
             }
         }
-        Ok(ControlPlane { raft, state })
+        Ok(ControlPlane { raft, state, leases: lease::LeaseClock::default() })
     }
 
     /// The openraft handle.
@@ -132,7 +137,13 @@ impl ControlPlane {
 
     /// Serves one openraft RPC from a peer.
     pub async fn serve(&self, call: RaftCall) -> Result<Vec<u8>, tidal_net::ServiceError> {
-        network::serve_call(&self.raft, call).await
+        network::serve_call(&self.raft, &self.leases, call).await
+    }
+
+    /// How long the leader lease this node granted to the leader of `term` runs on
+    /// ([`lease::lease_left`], `lease` long from the last append of `term` served here).
+    pub fn lease_left(&self, term: Term, lease: Duration) -> Duration {
+        self.leases.left(term.get(), lease)
     }
 
     /// Stops openraft.

@@ -19,7 +19,8 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 use tidal_net::{NetError, Peer, RaftCall};
-use tidal_types::NodeId;
+use tidal_protocol::speaks_for_a_restored_term;
+use tidal_types::{NodeId, Term};
 
 /// How long an openraft RPC may go on after openraft stopped waiting for it. openraft 0.9 gives an
 /// AppendEntries exactly one heartbeat interval and then drops the call; dropping it reset the
@@ -72,6 +73,11 @@ pub struct NetworkFactory {
     /// This node's dial overrides ([`ClusterSpec::dial`]): openraft hands us the membership's
     /// `NodeInfo.rpc`, which is the same on every node; the override is this node's own route.
     pub dial: BTreeMap<u64, String>,
+    /// This node.
+    pub me: NodeId,
+    /// The persisted vote's term when this process started: appends and snapshots this node would
+    /// send as leader of a term at or below it stay home ([`speaks_for_a_restored_term`]).
+    pub boot_term: Term,
 }
 
 impl NetworkFactory {
@@ -80,6 +86,7 @@ impl NetworkFactory {
         spec: &ClusterSpec,
         connector: tidal_net::Connector,
         timing: super::ControlTiming,
+        (me, boot_term): (NodeId, Term),
     ) -> NetworkFactory {
         NetworkFactory {
             redial_after: timing.election_min / 2,
@@ -87,6 +94,8 @@ impl NetworkFactory {
             cluster_id: spec.cluster_id.clone(),
             connector,
             dial: spec.dial.iter().map(|(id, address)| (id.0, address.clone())).collect(),
+            me,
+            boot_term,
         }
     }
 }
@@ -204,6 +213,29 @@ impl PeerNetwork {
 /// higher term would then depose a healthy leader.
 const UNREACHABLE_RETRY: std::time::Duration = std::time::Duration::from_millis(50);
 
+impl PeerNetwork {
+    /// Refuses, as unreachable, a call this node would send for a restored office (decisions/068):
+    /// openraft puts a restarted leader back in office and sends appends at once, before the office
+    /// can refuse the term; a voter that accepted one would renew its lease and hold the next
+    /// election back by a whole lease. openraft retries a refused call as it does any unreachable
+    /// peer, and the office hands the term over.
+    fn keep_home<E: std::error::Error>(
+        &self,
+        vote: &openraft::Vote<u64>,
+    ) -> Result<(), RPCError<u64, NodeInfo, E>> {
+        let leader_id = vote.leader_id();
+        let Some(leader) = leader_id.voted_for() else { return Ok(()) };
+        let (me, boot_term) = (self.factory.me, self.factory.boot_term);
+        if !speaks_for_a_restored_term(NodeId(leader), Term(leader_id.get_term()), me, boot_term) {
+            return Ok(());
+        }
+        Err(RPCError::Unreachable(Unreachable::new(&NetError::Config(format!(
+            "not sent: term {} was led by an earlier process of this node (boot vote term {boot_term}) and is never resumed",
+            leader_id.get_term()
+        )))))
+    }
+}
+
 impl RaftNetwork<TypeConfig> for PeerNetwork {
     fn backoff(&self) -> openraft::network::Backoff {
         openraft::network::Backoff::new(std::iter::repeat(UNREACHABLE_RETRY))
@@ -214,6 +246,7 @@ impl RaftNetwork<TypeConfig> for PeerNetwork {
         rpc: AppendEntriesRequest<TypeConfig>,
         option: RPCOption,
     ) -> Result<AppendEntriesResponse<u64>, RPCError<u64, NodeInfo, RaftError<u64>>> {
+        self.keep_home(&rpc.vote)?;
         self.call(KIND_APPEND, &rpc, &option).await
     }
 
@@ -223,6 +256,7 @@ impl RaftNetwork<TypeConfig> for PeerNetwork {
         option: RPCOption,
     ) -> Result<InstallSnapshotResponse<u64>, RPCError<u64, NodeInfo, RaftError<u64, InstallSnapshotError>>>
     {
+        self.keep_home(&rpc.vote)?;
         self.call(KIND_SNAPSHOT, &rpc, &option).await
     }
 
@@ -250,9 +284,11 @@ pub fn caller_of(call: &RaftCall) -> Result<NodeId, tidal_net::ServiceError> {
     })
 }
 
-/// Serves one incoming openraft RPC on `raft`; the answer is the encoded `Result`.
+/// Serves one incoming openraft RPC on `raft`; the answer is the encoded `Result`. Each append's
+/// arrival is noted on `leases` (the lease openraft grants on it, [`super::lease`]).
 pub async fn serve_call(
     raft: &openraft::Raft<TypeConfig>,
+    leases: &super::lease::LeaseClock,
     call: RaftCall,
 ) -> Result<Vec<u8>, tidal_net::ServiceError> {
     fn decode<T: DeserializeOwned>(payload: &[u8]) -> Result<T, tidal_net::ServiceError> {
@@ -263,7 +299,11 @@ pub async fn serve_call(
         serde_json::to_vec(value).map_err(|e| tidal_net::ServiceError::Internal(e.to_string()))
     }
     match call.kind.as_str() {
-        KIND_APPEND => encode(&raft.append_entries(decode(&call.payload)?).await),
+        KIND_APPEND => {
+            let append: AppendEntriesRequest<TypeConfig> = decode(&call.payload)?;
+            leases.served(append.vote.leader_id().get_term());
+            encode(&raft.append_entries(append).await)
+        }
         KIND_VOTE => encode(&raft.vote(decode(&call.payload)?).await),
         KIND_SNAPSHOT => encode(&raft.install_snapshot(decode(&call.payload)?).await),
         other => Err(tidal_net::ServiceError::InvalidArgument(format!("unknown openraft call {other:?}"))),

@@ -306,6 +306,7 @@ impl Replica {
     /// Starts the control plane and the background work: the office watcher (which takes and
     /// leaves office as openraft decides) and the commit-hint saver.
     pub async fn start(self: &Arc<Self>) -> Result<()> {
+        self.office.mark_booted();
         let control = ControlPlane::start(
             self.me.0,
             &self.spec,
@@ -315,6 +316,7 @@ impl Replica {
             self.connector.clone(),
             !self.join,
             self.fatal.clone(),
+            self.office.boot_term(),
         )
         .await?;
         let control = Arc::new(control);

@@ -20,7 +20,7 @@ use crate::fatal::FatalSource;
 use openraft::ServerState;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 use tidal_core::{encode_payload, ControlRecord, Envelope, Records};
 use tidal_net::{Probe, ProbeOutcome};
@@ -61,6 +61,10 @@ pub(super) struct Office {
     /// term at or below it only by restoring an election an earlier process won: such a term is
     /// handed over, never resumed (decisions/057).
     boot_term: Term,
+    /// When this process started its control plane. No openraft call for a term at or below
+    /// `boot_term` leaves after it (control/network.rs), so a lease a voter holds for our restored
+    /// term was granted before it (decisions/068).
+    booted: OnceLock<tokio::time::Instant>,
     /// Offices given up past the office deadline (metrics): see [`Replica::handovers`].
     handovers: AtomicU64,
 }
@@ -75,8 +79,19 @@ impl Office {
             baseline: Mutex::new(TermSeqno::default()),
             opened_term: AtomicU64::new(0),
             boot_term,
+            booted: OnceLock::new(),
             handovers: AtomicU64::new(0),
         }
+    }
+
+    /// The persisted vote's term when this process started.
+    pub(super) fn boot_term(&self) -> Term {
+        self.boot_term
+    }
+
+    /// Records that the control plane starts now (once; later calls change nothing).
+    pub(super) fn mark_booted(&self) {
+        let _ = self.booted.set(tokio::time::Instant::now());
     }
 }
 
@@ -504,13 +519,22 @@ impl Replica {
     }
 
     /// Hands a restored office over as soon as the voters can elect another node (decisions/068).
-    /// openraft's startup sent appends of the restored term, which renewed every voter's leader
-    /// lease just now; a voter refuses all votes while it runs, and left alone the voters' own
-    /// timers end the outage a whole election timeout after it. So this node waits out that lease,
-    /// then, if it still holds the term (nobody was elected meanwhile), asks the most up-to-date
-    /// voter to stand.
+    /// A voter refuses all votes while the leader lease it granted runs, and left alone the voters'
+    /// own timers end the outage up to a whole election timeout after it. None of the restored
+    /// office's openraft calls left this process (control/network.rs), so every such lease was
+    /// granted to our earlier process, before the crash. So this node asks the most up-to-date voter
+    /// to stand at once; the voter campaigns when the lease it granted has run out (it noted when,
+    /// `stand_for_election`). Should that campaign fail (another voter's lease ran longer), a second
+    /// request goes out once every such lease has surely run out (it began before this process
+    /// started), if this node still holds the term then.
     async fn hand_over_restored(&self, term: Term, stop: &watch::Receiver<bool>) {
-        tokio::time::sleep(self.timing.election_max + RESTORED_LEASE_MARGIN).await;
+        let booted = *self.office.booted.get_or_init(tokio::time::Instant::now);
+        self.try_hand_over_restored(term, stop).await;
+        tokio::time::sleep_until(booted + self.timing.election_max + RESTORED_LEASE_MARGIN).await;
+        self.try_hand_over_restored(term, stop).await;
+    }
+
+    async fn try_hand_over_restored(&self, term: Term, stop: &watch::Receiver<bool>) {
         if self.still(term, stop).is_err() {
             return;
         }

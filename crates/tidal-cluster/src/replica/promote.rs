@@ -287,10 +287,44 @@ impl Replica {
         }
     }
 
-    /// The target side of `promote`: stand for election now, if the leader's term is ours.
-    pub async fn stand_for_election(&self, term: u64, leader: u64) -> Result<()> {
+    /// The target side of `promote` and of a restored office's hand-over (decisions/068): stand
+    /// for election, if the leader's term is ours, as soon as the lease this node granted that
+    /// leader has run out (at once after a transfer, whose leader waited it out).
+    pub async fn stand_for_election(self: &Arc<Self>, term: u64, leader: u64) -> Result<()> {
+        self.check_standing(term, leader)?;
         let control =
             self.control.get().ok_or(Error::Unavailable("the control plane has not started yet".into()))?;
+        let wait = control.lease_left(Term(term), self.timing.election_max + LEASE_MARGIN);
+        if wait.is_zero() {
+            tracing::info!(term, leader, "standing for election at the leader's request");
+            return control.raft().trigger().elect().await.map_err(|e| Error::Control(e.to_string()));
+        }
+        // A campaign inside the lease would be refused by every voter that granted it, and its
+        // higher term would make the leader's next request stale: campaign once it has run out.
+        tracing::info!(
+            term,
+            leader,
+            wait_ms = wait.as_millis() as u64,
+            "standing for election at the leader's request once the lease it holds has run out"
+        );
+        let (replica, raft) = (self.clone(), control.raft().clone());
+        tokio::spawn(async move {
+            tokio::time::sleep(wait).await;
+            // Checked again: another node may have been elected meanwhile.
+            let outcome = match replica.check_standing(term, leader) {
+                Ok(()) => raft.trigger().elect().await.map_err(|e| e.to_string()),
+                Err(why) => Err(why.to_string()),
+            };
+            match outcome {
+                Ok(()) => tracing::info!(term, leader, "standing for election at the leader's request"),
+                Err(why) => tracing::info!(term, leader, "not standing for election after the lease: {why}"),
+            }
+        });
+        Ok(())
+    }
+
+    /// Whether this node may stand for election at `leader`'s request in `term`.
+    fn check_standing(&self, term: u64, leader: u64) -> Result<()> {
         // Only the leader of our term may hand its office over (decisions/057): a stranger or a
         // member that does not lead would otherwise start elections at will.
         if !self.is_member(NodeId(leader)) {
@@ -309,8 +343,7 @@ impl Replica {
                 "this node is at term {mine}, the request from node {leader} is for term {term}"
             )));
         }
-        tracing::info!(term, leader, "standing for election at the leader's request");
-        control.raft().trigger().elect().await.map_err(|e| Error::Control(e.to_string()))
+        Ok(())
     }
 
     /// The read index of a linearizable read (ReadIndex; PROTOCOL.md, "Reads"): the commit frontier
