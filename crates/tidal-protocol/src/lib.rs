@@ -5,7 +5,7 @@
 //!   may only append (`append_only`), when a halted follower repairs itself;
 //! - `commit`: the leader's commit frontier and the leader-mode lease;
 //! - `office`: taking office (probe answers, the plan, the divergence point, whether a restored
-//!   term is resumed, whom to hand an office to);
+//!   term is resumed and whether a call speaks for one, whom to hand an office to);
 //! - `membership`: whether a `members add/remove` may run and its plan (printed by a dry run,
 //!   executed by the runtime);
 //! - `ship`: what a ShipQueue does next (ship, notice, wait, nudge a pull), where it ships after an

@@ -310,10 +310,14 @@ impl Replica {
         let (replica, raft) = (self.clone(), control.raft().clone());
         tokio::spawn(async move {
             tokio::time::sleep(wait).await;
-            // Checked again: another node may have been elected meanwhile.
-            let outcome = match replica.check_standing(term, leader) {
-                Ok(()) => raft.trigger().elect().await.map_err(|e| e.to_string()),
-                Err(why) => Err(why.to_string()),
+            // Another node may have campaigned or been elected meanwhile: then our term moved on.
+            // (Within the term nothing else can change: its vote names one leader, and only that
+            // leader could change the membership.)
+            let mine = replica.term().get();
+            let outcome = if mine == term {
+                raft.trigger().elect().await.map_err(|e| e.to_string())
+            } else {
+                Err(format!("this node moved on to term {mine}"))
             };
             match outcome {
                 Ok(()) => tracing::info!(term, leader, "standing for election at the leader's request"),
