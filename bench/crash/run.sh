@@ -242,7 +242,6 @@ redis_trial() {
 # ---- PostgreSQL -----------------------------------------------------------------------------
 PG_PORT=0
 PG_DATA=""
-as_postgres() { runuser -u postgres -- "$@"; }
 pg_sql() { timeout 60 "$PG_BIN/psql" -X -q -A -t -h 127.0.0.1 -p "$PG_PORT" -U postgres -d postgres -c "$*"; }
 pg_ready() { "$PG_BIN/pg_isready" -q -h 127.0.0.1 -p "$PG_PORT"; }
 pg_postmaster() { head -1 "$PG_DATA/postmaster.pid"; }
@@ -250,13 +249,8 @@ pg_up() {
   PG_DATA="$SCRATCH/pg"
   rm -rf "$PG_DATA"
   free_ports PG_PORT "${PORT_BASE:-16501}" 1
-  as_postgres "$PG_BIN/initdb" -D "$PG_DATA" -U postgres --auth=trust >"$SCRATCH/initdb.log" 2>&1 || fail "initdb failed"
+  pg_initdb "$PG_DATA"
   cat >>"$PG_DATA/postgresql.conf" <<CONF
-listen_addresses = '127.0.0.1'
-unix_socket_directories = '$SCRATCH'
-fsync = on
-synchronous_commit = on
-full_page_writes = on
 max_connections = 120
 shared_buffers = 256MB
 CONF

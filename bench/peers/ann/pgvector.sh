@@ -106,18 +106,11 @@ fi
 
 free_ports PG_PORT "${PORT_BASE:-15601}" 1
 DATA="$SCRATCH/data"
-as_postgres() { runuser -u postgres -- "$@"; }
 note "initdb: one server on 127.0.0.1:$PG_PORT"
-as_postgres "$PG_BIN/initdb" -D "$DATA" -U postgres --auth=trust >"$SCRATCH/initdb.log" 2>&1 ||
-  fail "initdb failed (see $SCRATCH/initdb.log with KEEP_SCRATCH=1)"
+pg_initdb "$DATA"
 cat >>"$DATA/postgresql.conf" <<CONF
-# bench/peers: durable settings, loopback only; the table and its index fit in shared_buffers and
-# the HNSW graph in maintenance_work_mem while it is built
-listen_addresses = '127.0.0.1'
-unix_socket_directories = '$SCRATCH'
-fsync = on
-synchronous_commit = on
-full_page_writes = on
+# the table and its index fit in shared_buffers and the HNSW graph in maintenance_work_mem while
+# it is built
 max_connections = 50
 shared_buffers = ${SHARED_BUFFERS:-3GB}
 maintenance_work_mem = ${MAINTENANCE_WORK_MEM:-3GB}

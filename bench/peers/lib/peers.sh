@@ -124,3 +124,20 @@ machine() {
     "$(($(awk '/^MemTotal:/ {print $2}' /proc/meminfo) / 1024))" "$(cut -d' ' -f1-3 /proc/loadavg)"
   printf 'scratch filesystem: %s\n' "$(df -T "${TMPDIR:-/tmp}" | awk 'NR == 2 {print $2 " on " $1}')"
 }
+
+# PostgreSQL (the postgres peer, the pgvector peer, the crash bench): commands run as the postgres
+# user, and a new cluster in a folder that listens on loopback only with the durable settings every
+# comparison here uses. The caller appends its own settings to DIR/postgresql.conf.
+as_postgres() { runuser -u postgres -- "$@"; }
+pg_initdb() {  # pg_initdb DIR (needs PG_BIN and SCRATCH)
+  as_postgres "$PG_BIN/initdb" -D "$1" -U postgres --auth=trust >"$SCRATCH/initdb.log" 2>&1 ||
+    fail "initdb failed (see $SCRATCH/initdb.log with KEEP_SCRATCH=1)"
+  cat >>"$1/postgresql.conf" <<CONF
+# bench/peers: durable settings, loopback only
+listen_addresses = '127.0.0.1'
+unix_socket_directories = '$SCRATCH'
+fsync = on
+synchronous_commit = on
+full_page_writes = on
+CONF
+}

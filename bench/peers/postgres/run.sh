@@ -30,7 +30,6 @@ free_ports PRIMARY_PORT "${PORT_BASE:-15501}" 2
 STANDBY_PORT=$((PRIMARY_PORT + 1))
 PRIMARY="$SCRATCH/primary"
 STANDBY="$SCRATCH/standby"
-as_postgres() { runuser -u postgres -- "$@"; }
 sql() {  # sql PORT STATEMENT : one statement, unaligned output
   local port="$1"; shift
   timeout 60 "$PG_BIN/psql" -X -q -A -t -h 127.0.0.1 -p "$port" -U postgres -d postgres -c "$*"
@@ -45,15 +44,8 @@ server_up() {  # server_up DATADIR PORT : pg_ctl starts it; its postmaster PID i
 server_down() { halt "${SERVER_PID[$1]}" 60 INT; }
 
 note "initdb: primary on 127.0.0.1:$PRIMARY_PORT"
-as_postgres "$PG_BIN/initdb" -D "$PRIMARY" -U postgres --auth=trust >"$SCRATCH/initdb.log" 2>&1 ||
-  fail "initdb failed (see $SCRATCH/initdb.log with KEEP_SCRATCH=1)"
+pg_initdb "$PRIMARY"
 cat >>"$PRIMARY/postgresql.conf" <<CONF
-# bench/peers: durable settings, loopback only
-listen_addresses = '127.0.0.1'
-unix_socket_directories = '$SCRATCH'
-fsync = on
-synchronous_commit = on
-full_page_writes = on
 wal_level = replica
 max_wal_senders = 4
 max_replication_slots = 4
