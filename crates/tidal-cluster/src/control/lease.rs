@@ -29,6 +29,13 @@ pub struct LeaseClock {
 }
 
 impl LeaseClock {
+    /// A clock for a process whose persisted vote names `boot_term` (0: none): openraft restores
+    /// that vote with a lease starting at its own start, so the clock starts there too.
+    pub fn starting(boot_term: u64) -> LeaseClock {
+        let last = (boot_term > 0).then(|| (boot_term, Instant::now()));
+        LeaseClock { last: Mutex::new(last) }
+    }
+
     /// Notes an append of `term` arriving now. An append of an older term does not move the clock
     /// (openraft refuses it without touching the lease).
     pub fn served(&self, term: u64) {
@@ -59,6 +66,13 @@ mod tests {
         assert_eq!(lease_left(Some((3, at)), 3, later(5_000), lease), Duration::ZERO, "long gone");
         assert_eq!(lease_left(Some((2, at)), 3, later(0), lease), Duration::ZERO, "no append of term 3 here");
         assert_eq!(lease_left(None, 3, later(0), lease), Duration::ZERO, "never served an append");
+    }
+
+    #[test]
+    fn a_restarted_node_counts_the_lease_openraft_restores_with_its_vote() {
+        let lease = Duration::from_secs(60);
+        assert!(LeaseClock::starting(3).left(3, lease) > Duration::from_secs(59));
+        assert_eq!(LeaseClock::starting(0).left(0, lease), Duration::ZERO, "no vote persisted");
     }
 
     #[test]

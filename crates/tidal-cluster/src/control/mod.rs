@@ -27,6 +27,10 @@ use tidal_core::RaftStore;
 use tidal_net::RaftCall;
 use tidal_types::{NodeId, Term};
 
+/// Added to a leader lease before a campaign or a hand-over counts on it having run out
+/// (decisions/068).
+pub const RESTORED_LEASE_MARGIN: Duration = Duration::from_millis(50);
+
 /// Election and heartbeat timing (decisions/012). A follower campaigns once it has heard no
 /// heartbeat for openraft's leader lease (= `election_max`) plus its election timeout, checked on
 /// openraft's tick (1.5 heartbeats): failover takes `election_max` + [`election_min`,
@@ -104,6 +108,8 @@ impl ControlPlane {
         let fresh = LogStore::is_fresh(&store)?;
         let state = StateMachine::open(store.clone())?;
         let network = network::NetworkFactory::new(spec, connector, timing, (NodeId(me), boot_term));
+        // openraft restores a persisted vote with a lease that starts now (it refuses votes for it).
+        let leases = lease::LeaseClock::starting(boot_term.get());
         let raft = Raft::new(me, Arc::new(config), network, LogStore::new(store, gate, fatal), state.clone())
             .await
             .map_err(|e| Error::Control(format!("start openraft: {e}")))?;
@@ -122,7 +128,7 @@ impl ControlPlane {
                 tracing::info!("control plane already initialized: {error}");
             }
         }
-        Ok(ControlPlane { raft, state, leases: lease::LeaseClock::default() })
+        Ok(ControlPlane { raft, state, leases })
     }
 
     /// The openraft handle.

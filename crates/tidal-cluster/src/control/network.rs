@@ -76,8 +76,15 @@ pub struct NetworkFactory {
     /// This node.
     pub me: NodeId,
     /// The persisted vote's term when this process started: appends and snapshots this node would
-    /// send as leader of a term at or below it stay home ([`speaks_for_a_restored_term`]).
+    /// send as leader of a term at or below it stay home ([`speaks_for_a_restored_term`]) until
+    /// `keep_home_until`.
     pub boot_term: Term,
+    /// One lease after this process started openraft: by then the restored office has been handed
+    /// over if a hand-over can work without those calls. Past it they go out again: a voter that
+    /// lacks entries of the restored leader's openraft log (an uncommitted LeaderStart, say) can only
+    /// get them that way, and without them the restored leader refuses it its vote, which a cluster
+    /// with another voter down needs (t55's restart of two of three nodes).
+    pub keep_home_until: tokio::time::Instant,
 }
 
 impl NetworkFactory {
@@ -96,6 +103,7 @@ impl NetworkFactory {
             dial: spec.dial.iter().map(|(id, address)| (id.0, address.clone())).collect(),
             me,
             boot_term,
+            keep_home_until: tokio::time::Instant::now() + timing.election_max + super::RESTORED_LEASE_MARGIN,
         }
     }
 }
@@ -214,15 +222,18 @@ impl PeerNetwork {
 const UNREACHABLE_RETRY: std::time::Duration = std::time::Duration::from_millis(50);
 
 impl PeerNetwork {
-    /// Refuses, as unreachable, a call this node would send for a restored office (decisions/068):
-    /// openraft puts a restarted leader back in office and sends appends at once, before the office
-    /// can refuse the term; a voter that accepted one would renew its lease and hold the next
-    /// election back by a whole lease. openraft retries a refused call as it does any unreachable
-    /// peer, and the office hands the term over.
+    /// Refuses, as unreachable, a call this node would send for a restored office during the first
+    /// lease after its start (decisions/068): openraft puts a restarted leader back in office and
+    /// sends appends at once, before the office can refuse the term; a voter that accepted one would
+    /// renew its lease and hold the next election back by a whole lease. openraft retries a refused
+    /// call as it does any unreachable peer, and the office hands the term over.
     fn keep_home<E: std::error::Error>(
         &self,
         vote: &openraft::Vote<u64>,
     ) -> Result<(), RPCError<u64, NodeInfo, E>> {
+        if tokio::time::Instant::now() >= self.factory.keep_home_until {
+            return Ok(());
+        }
         let leader_id = vote.leader_id();
         let Some(leader) = leader_id.voted_for() else { return Ok(()) };
         let (me, boot_term) = (self.factory.me, self.factory.boot_term);

@@ -42,8 +42,6 @@ const PROBE_RETRY: Duration = Duration::from_millis(50);
 /// succeeds is never cut: the deadline is checked between rounds, so it bites only when rounds keep
 /// failing (a source that cannot serve its pull, say a damaged segment).
 const OFFICE_DEADLINE: Duration = Duration::from_secs(5);
-/// Added to the voters' leader lease before a restored office is handed over (decisions/068).
-const RESTORED_LEASE_MARGIN: Duration = Duration::from_millis(50);
 /// The office's state: the role status reports, the term served, the running office and its stream
 /// baseline, and what keeps a term from being resumed across a restart.
 pub(super) struct Office {
@@ -530,7 +528,8 @@ impl Replica {
     async fn hand_over_restored(&self, term: Term, stop: &watch::Receiver<bool>) {
         let booted = *self.office.booted.get_or_init(tokio::time::Instant::now);
         self.try_hand_over_restored(term, stop).await;
-        tokio::time::sleep_until(booted + self.timing.election_max + RESTORED_LEASE_MARGIN).await;
+        tokio::time::sleep_until(booted + self.timing.election_max + crate::control::RESTORED_LEASE_MARGIN)
+            .await;
         self.try_hand_over_restored(term, stop).await;
     }
 
