@@ -27,9 +27,10 @@ use tidal_core::RaftStore;
 use tidal_net::RaftCall;
 use tidal_types::{NodeId, Term};
 
-/// Added to a leader lease before a campaign or a hand-over counts on it having run out
+/// Added to openraft's leader lease (`election_max`) wherever Tidal counts on it having run out: a
+/// transfer's wait, a timed campaign, a restored office's hand-over and its calls kept home
 /// (decisions/068).
-pub const RESTORED_LEASE_MARGIN: Duration = Duration::from_millis(50);
+pub const LEASE_MARGIN: Duration = Duration::from_millis(50);
 
 /// Election and heartbeat timing (decisions/012). A follower campaigns once it has heard no
 /// heartbeat for openraft's leader lease (= `election_max`) plus its election timeout, checked on

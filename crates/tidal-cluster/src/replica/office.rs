@@ -60,8 +60,8 @@ pub(super) struct Office {
     /// handed over, never resumed (decisions/057).
     boot_term: Term,
     /// When this process started its control plane. No openraft call for a term at or below
-    /// `boot_term` leaves after it (control/network.rs), so a lease a voter holds for our restored
-    /// term was granted before it (decisions/068).
+    /// `boot_term` leaves during the first lease after it (control/network.rs), so a lease a voter
+    /// holds for our restored term by then was granted before it (decisions/068).
     booted: OnceLock<tokio::time::Instant>,
     /// Offices given up past the office deadline (metrics): see [`Replica::handovers`].
     handovers: AtomicU64,
@@ -519,8 +519,8 @@ impl Replica {
     /// Hands a restored office over as soon as the voters can elect another node (decisions/068).
     /// A voter refuses all votes while the leader lease it granted runs, and left alone the voters'
     /// own timers end the outage up to a whole election timeout after it. None of the restored
-    /// office's openraft calls left this process (control/network.rs), so every such lease was
-    /// granted to our earlier process, before the crash. So this node asks the most up-to-date voter
+    /// office's openraft calls leave this process during its first lease (control/network.rs), so
+    /// every such lease was granted to our earlier process, before the crash. So this node asks the most up-to-date voter
     /// to stand at once; the voter campaigns when the lease it granted has run out (it noted when,
     /// `stand_for_election`). Should that campaign fail (another voter's lease ran longer), a second
     /// request goes out once every such lease has surely run out (it began before this process
@@ -528,8 +528,7 @@ impl Replica {
     async fn hand_over_restored(&self, term: Term, stop: &watch::Receiver<bool>) {
         let booted = *self.office.booted.get_or_init(tokio::time::Instant::now);
         self.try_hand_over_restored(term, stop).await;
-        tokio::time::sleep_until(booted + self.timing.election_max + crate::control::RESTORED_LEASE_MARGIN)
-            .await;
+        tokio::time::sleep_until(booted + self.timing.election_max + crate::control::LEASE_MARGIN).await;
         self.try_hand_over_restored(term, stop).await;
     }
 

@@ -15,6 +15,7 @@
 //! - the target checks that the request's term is its own: a stale request starts nothing.
 
 use super::Replica;
+use crate::control::LEASE_MARGIN;
 use crate::error::{Error, Result};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -25,8 +26,6 @@ use std::time::Duration;
 use tidal_types::{NodeId, Seqno, Term};
 use tokio::time::Instant;
 
-/// Margin added to the voters' leader lease before the target is asked to campaign.
-const LEASE_MARGIN: Duration = Duration::from_millis(50);
 /// A follower that has not answered for this long is not promoted (it may be down).
 const PROMOTE_SILENCE_MAX: Duration = Duration::from_secs(2);
 /// How long, after the target was asked, the leader waits for the new leader to be known.
