@@ -296,6 +296,16 @@ impl Scenario {
                 txs: false,
                 ..base.clone()
             },
+            // Its third node stays down 8 s: the step's 6 s window ends before it is back.
+            Scenario {
+                name: "script-restarted-leader-ahead",
+                faults: Faults::Script(script::RESTARTED_LEADER_AHEAD),
+                load: Duration::from_secs(12),
+                writes_max: 90,
+                writers: 1,
+                txs: false,
+                ..base.clone()
+            },
             Scenario {
                 name: "script-short-partition",
                 faults: Faults::Script(script::SHORT_PARTITION),

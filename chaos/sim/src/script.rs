@@ -234,6 +234,30 @@ pub const RESTARTED_LEADER_LATE: &[Step] = &[
     Step::AwaitLeaderWithin { bind: 1, ms: 1000 },
 ];
 
+/// A restarted leader whose openraft log is ahead of the only voter left
+/// (`script-restarted-leader-ahead`, decisions/068's amendment). Slots: 0 the first leader B, 1
+/// and 2 the others, 3 the leader A of the next term T, 4 the third node C. B is cut off while A
+/// and C elect A, so A's LeaderStart of T reaches C's openraft log and never B's. C then goes down
+/// (back 8 s later), and A restarts 300 ms after its crash with its office of T restored while B
+/// rejoins. openraft refuses B its vote while B's log is shorter, and A, still openraft's leader of
+/// T, never campaigns; only A's appends of T reaching B move it (B answers with its higher vote, A
+/// steps down, its timer fires, B votes for it). With those calls kept home for good no leader came
+/// within 6 s (seeds 1-4: A holds T until C is back); with the one-lease bound the client sees one
+/// 2.1-4.5 s after the step begins (seeds 1-16, the election itself about 1.3 s).
+pub const RESTARTED_LEADER_AHEAD: &[Step] = &[
+    Step::AwaitLeader { bind: 0, among: &[] },
+    Step::Sleep(500),
+    Step::BindRest { slots: &[1, 2] },
+    Step::CutOff(0),
+    Step::AwaitLeader { bind: 3, among: &[1, 2] },
+    Step::BindOther { among: &[1, 2], not: 3, bind: 4 },
+    Step::Sleep(300),
+    Step::RestartAfter(4, 8000),
+    Step::RestartAfter(3, 300),
+    Step::Rejoin(0),
+    Step::AwaitLeaderWithin { bind: 5, ms: 6000 },
+];
+
 /// A probe a node sent: the node's process (its start count) and the probe's term.
 #[derive(Clone, Copy, Debug)]
 struct Probed {
