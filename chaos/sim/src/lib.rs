@@ -307,6 +307,15 @@ impl Scenario {
                 ..base.clone()
             },
             Scenario {
+                name: "script-restarted-leader-missed",
+                faults: Faults::Script(script::RESTARTED_LEADER_MISSED),
+                load: Duration::from_secs(6),
+                writes_max: 90,
+                writers: 1,
+                txs: false,
+                ..base.clone()
+            },
+            Scenario {
                 name: "script-short-partition",
                 faults: Faults::Script(script::SHORT_PARTITION),
                 load: Duration::from_secs(8),

@@ -258,6 +258,29 @@ pub const RESTARTED_LEADER_AHEAD: &[Step] = &[
     Step::AwaitLeaderWithin { bind: 5, ms: 6000 },
 ];
 
+/// As [`RESTARTED_LEADER`], but the voter asked to stand missed the last heartbeats before the
+/// crash (`script-restarted-leader-missed`). Slots: 0 the leader, 1 the voter it will ask (logs are
+/// level, so the lowest id), 2 the other, 3 the next leader. For 120 ms before the crash the leader's
+/// heartbeats reach only the other voter, so that voter's lease runs 120 ms longer than the asked
+/// one's. Campaigning when its own lease ran out, the asked voter was refused by the other voter and
+/// by the restarted node (openraft restores its vote with a fresh lease), and the voters' own timers
+/// elected the next leader 1140-1561 ms after the crash (seeds 1-8). decisions/068, second
+/// amendment: probe answers carry each voter's remaining lease and the request says how long the
+/// candidate's majority needs (`campaign_not_before`): 719-725 ms, as without the missed heartbeats.
+pub const RESTARTED_LEADER_MISSED: &[Step] = &[
+    Step::AwaitLeader { bind: 0, among: &[] },
+    Step::Sleep(500),
+    Step::PauseWrites,
+    Step::AwaitSameLog,
+    Step::BindRest { slots: &[1, 2] },
+    Step::Partition(0, 1),
+    Step::Sleep(120),
+    Step::Restart(0),
+    Step::Repair(0, 1),
+    Step::ResumeWrites,
+    Step::AwaitLeaderWithin { bind: 3, ms: 850 },
+];
+
 /// A probe a node sent: the node's process (its start count) and the probe's term.
 #[derive(Clone, Copy, Debug)]
 struct Probed {

@@ -248,10 +248,17 @@ impl Peer {
         Ok(self.client.clone().nudge(request).await?.into_inner().started)
     }
 
-    /// Asks the peer to stand for election now (leadership transfer).
-    pub async fn elect(&self, term: u64, leader: u64) -> Result<crate::Election, NetError> {
-        let mut request =
-            tonic::Request::new(pb::ElectRequest { cluster_id: self.cluster_id.clone(), term, leader });
+    /// Asks the peer to stand for election, no sooner than `not_before` from now (zero: as soon as
+    /// the lease it grants allows).
+    pub async fn elect(
+        &self,
+        term: u64,
+        leader: u64,
+        not_before: Duration,
+    ) -> Result<crate::Election, NetError> {
+        let not_before_us = u64::try_from(not_before.as_micros()).unwrap_or(u64::MAX);
+        let request = pb::ElectRequest { cluster_id: self.cluster_id.clone(), term, leader, not_before_us };
+        let mut request = tonic::Request::new(request);
         request.set_timeout(SHIP_TIMEOUT);
         let reply = self.client.clone().elect(request).await?.into_inner();
         Ok(if reply.started { crate::Election::Started } else { crate::Election::Refused(reply.reason) })

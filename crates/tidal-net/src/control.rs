@@ -6,6 +6,7 @@
 
 use crate::message::{history_from_pb, history_to_pb, position, WireError};
 use crate::pb;
+use std::time::Duration;
 use tidal_types::{NodeId, Term, TermSeqno};
 
 /// Largest openraft payload: openraft's log holds only control entries (membership, LeaderStart),
@@ -46,6 +47,8 @@ pub struct ProbeReply {
     pub term: Term,
     /// What it says.
     pub outcome: ProbeOutcome,
+    /// What remains of the leader lease the answerer grants in the probe's term (zero: none).
+    pub lease_left: Duration,
 }
 
 impl From<&Probe> for pb::ProbeRequest {
@@ -74,7 +77,12 @@ impl From<&ProbeReply> for pb::ProbeReply {
             ProbeOutcome::Fenced => (Outcome::Fenced(pb::Empty {}), None),
             ProbeOutcome::NotYet => (Outcome::NotYet(pb::Empty {}), None),
         };
-        pb::ProbeReply { term: reply.term.0, outcome: Some(outcome), last_durable: last.map(Into::into) }
+        pb::ProbeReply {
+            term: reply.term.0,
+            outcome: Some(outcome),
+            last_durable: last.map(Into::into),
+            lease_left_us: u64::try_from(reply.lease_left.as_micros()).unwrap_or(u64::MAX),
+        }
     }
 }
 
@@ -100,7 +108,11 @@ impl TryFrom<pb::ProbeReply> for ProbeReply {
             Outcome::Fenced(_) => ProbeOutcome::Fenced,
             Outcome::NotYet(_) => ProbeOutcome::NotYet,
         };
-        Ok(ProbeReply { term: Term(reply.term), outcome })
+        Ok(ProbeReply {
+            term: Term(reply.term),
+            outcome,
+            lease_left: Duration::from_micros(reply.lease_left_us),
+        })
     }
 }
 
@@ -140,9 +152,10 @@ mod tests {
                     last: TermSeqno { term: Term(2), seqno: Seqno(9) },
                     history: vec![TermSeqno { term: Term(1), seqno: Seqno(1) }],
                 },
+                lease_left: Duration::from_millis(650),
             },
-            ProbeReply { term: Term(4), outcome: ProbeOutcome::Fenced },
-            ProbeReply { term: Term(1), outcome: ProbeOutcome::NotYet },
+            ProbeReply { term: Term(4), outcome: ProbeOutcome::Fenced, lease_left: Duration::ZERO },
+            ProbeReply { term: Term(1), outcome: ProbeOutcome::NotYet, lease_left: Duration::from_micros(1) },
         ];
         for reply in replies {
             let back = ProbeReply::try_from(pb::ProbeReply::from(&reply)).unwrap();
@@ -152,12 +165,13 @@ mod tests {
 
     #[test]
     fn probe_reply_without_outcome_or_position_is_refused() {
-        let empty = pb::ProbeReply { term: 1, outcome: None, last_durable: None };
+        let empty = pb::ProbeReply { term: 1, outcome: None, last_durable: None, lease_left_us: 0 };
         assert_eq!(ProbeReply::try_from(empty), Err(WireError::Missing("outcome")));
         let no_last = pb::ProbeReply {
             term: 1,
             outcome: Some(pb::probe_reply::Outcome::History(pb::TermHistory { entries: vec![] })),
             last_durable: None,
+            lease_left_us: 0,
         };
         assert_eq!(ProbeReply::try_from(no_last), Err(WireError::Missing("last_durable")));
     }

@@ -13,6 +13,7 @@ use crate::pb::replication_server::{Replication, ReplicationServer};
 use crate::snapshot_message::{SnapshotChunk, SnapshotRequest};
 use std::pin::Pin;
 use std::sync::Arc;
+use std::time::Duration;
 use tidal_types::{NodeId, Seqno, Term};
 use tokio_stream::{Stream, StreamExt};
 use tonic::{Request, Response, Status};
@@ -103,8 +104,9 @@ pub trait Handler: Send + Sync + 'static {
     async fn raft(&self, _call: RaftCall) -> Result<Vec<u8>, ServiceError> {
         Err(ServiceError::Unimplemented("this node runs no control plane".into()))
     }
-    /// The leader asks this node to stand for election now (leadership transfer).
-    async fn elect(&self, _term: u64, _leader: u64) -> Result<Election, ServiceError> {
+    /// The leader asks this node to stand for election (leadership transfer, a restored office's
+    /// hand-over), no sooner than `not_before` from now.
+    async fn elect(&self, _term: u64, _leader: u64, _not_before: Duration) -> Result<Election, ServiceError> {
         Err(ServiceError::Unimplemented("this node runs no control plane".into()))
     }
     /// A page of hard-negatives states for anti-entropy: `(digest, [(user, encoded state)])`.
@@ -296,7 +298,8 @@ impl<H: Handler> Replication for Service<H> {
     async fn elect(&self, request: Request<pb::ElectRequest>) -> Result<Response<pb::ElectReply>, Status> {
         let request = request.into_inner();
         self.check_cluster(&request.cluster_id)?;
-        let reply = match self.handler.elect(request.term, request.leader).await? {
+        let not_before = Duration::from_micros(request.not_before_us);
+        let reply = match self.handler.elect(request.term, request.leader, not_before).await? {
             Election::Started => pb::ElectReply { started: true, reason: String::new() },
             Election::Refused(reason) => pb::ElectReply { started: false, reason },
         };

@@ -28,8 +28,8 @@ pub use follower::{
 };
 pub use membership::{plan_member_change, Addresses, MemberPlan, MemberRefusal, MemberRequest, MemberView};
 pub use office::{
-    answer_probe, divergence_point, plan_office, resumes_a_term, speaks_for_a_restored_term, term_at,
-    term_start, transfer_target, OfficePlan, OwnLog, ProbeAnswer,
+    answer_probe, campaign_not_before, divergence_point, plan_office, resumes_a_term,
+    speaks_for_a_restored_term, term_at, term_start, transfer_target, OfficePlan, OwnLog, ProbeAnswer,
 };
 pub use ship::{
     next_after, next_backoff, next_ship_step, resume_after_gap, tail_start, waits_before_next, QueueStep,

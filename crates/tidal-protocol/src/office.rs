@@ -12,6 +12,7 @@
 //! - after a restart in the SAME term, L writes no second LeaderStart if its WAL holds a batch of T.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
 use tidal_types::{NodeId, Seqno, Term, TermSeqno};
 
 use super::commit::Quorum;
@@ -215,6 +216,33 @@ pub fn transfer_target(
         }
     }
     best.map(|(node, _)| node)
+}
+
+/// How long the voter asked to stand (`target`) must wait before it campaigns, for its election to
+/// be able to succeed (decisions/068, second amendment). A voter refuses every vote while the leader
+/// lease it grants runs, so the candidate needs voters whose leases have run out, enough to make a
+/// majority of every voter set with itself. `leases`: what remains of the lease each other node
+/// grants, as it answered the probe (the asker's own included; non-voters are ignored). The shortest
+/// wait after which that majority exists; when none ever does (too few voters answered), the longest
+/// lease known, by when every voter that answered has run out of its lease.
+pub fn campaign_not_before(target: NodeId, leases: &BTreeMap<NodeId, Duration>, quorum: &Quorum) -> Duration {
+    let mut waits: Vec<(Duration, NodeId)> = leases
+        .iter()
+        .filter(|(node, _)| **node != target && quorum.is_voter(**node))
+        .map(|(node, left)| (*left, *node))
+        .collect();
+    waits.sort_unstable();
+    let mut granting = BTreeSet::from([target]);
+    if quorum.is_majority(&granting) {
+        return Duration::ZERO;
+    }
+    for (left, node) in &waits {
+        granting.insert(*node);
+        if quorum.is_majority(&granting) {
+            return *left;
+        }
+    }
+    waits.last().map_or(Duration::ZERO, |(left, _)| *left)
 }
 
 /// One run of a single term in a log: seqnos `first..=last` all of `term`.
@@ -517,6 +545,40 @@ mod tests {
         assert_eq!(transfer_target(me, &answers, &quorum), Some(NodeId(2)));
         answers.remove(&NodeId(2));
         assert_eq!(transfer_target(me, &answers, &quorum), None);
+    }
+
+    /// `script-restarted-leader-missed`: the voter asked to stand heard the last heartbeats before
+    /// the crash less recently than another voter. Campaigning when its own lease ran out, it was
+    /// refused by that voter and by the restarted node (openraft restores its vote with a fresh
+    /// lease); it must wait for the shorter of the two, the one vote it needs.
+    #[test]
+    fn a_campaign_waits_for_the_leases_its_majority_needs() {
+        let ms = Duration::from_millis;
+        let three = Quorum::single(vec![NodeId(1), NodeId(2), NodeId(3)]);
+        let leases = |pairs: &[(u64, u64)]| pairs.iter().map(|(n, left)| (NodeId(*n), ms(*left))).collect();
+        let asked = NodeId(2);
+        assert_eq!(campaign_not_before(asked, &leases(&[(1, 900), (3, 120)]), &three), ms(120));
+        assert_eq!(campaign_not_before(asked, &leases(&[(1, 900), (3, 0)]), &three), ms(0));
+        assert_eq!(
+            campaign_not_before(asked, &leases(&[(1, 900)]), &three),
+            ms(900),
+            "the other voter is down"
+        );
+        assert_eq!(
+            campaign_not_before(asked, &leases(&[(2, 5_000), (1, 10), (3, 20)]), &three),
+            ms(10),
+            "its own"
+        );
+        let five = Quorum::single((1..=5).map(NodeId).collect());
+        let all = leases(&[(1, 900), (3, 100), (4, 700), (5, 300)]);
+        assert_eq!(campaign_not_before(asked, &all, &five), ms(300), "two more votes");
+        assert_eq!(campaign_not_before(asked, &leases(&[(1, 900)]), &five), ms(900), "too few answered");
+        assert_eq!(
+            campaign_not_before(asked, &leases(&[(9, 50), (1, 900)]), &three),
+            ms(900),
+            "9 is no voter"
+        );
+        assert_eq!(campaign_not_before(asked, &leases(&[]), &Quorum::single(vec![asked])), ms(0));
     }
 
     /// Finding 3 of the safety review: a restart whose crash took the term's LeaderStart from our

@@ -422,7 +422,7 @@ async fn reconcile_converges_hard_negatives_added_on_different_nodes() {
     assert!(oversize.to_string().contains("limit"), "{oversize}");
     let page = peer.negatives("u1", 10).await.unwrap().1;
     assert_eq!(page.iter().map(|(user, _)| user.as_str()).collect::<Vec<_>>(), vec!["u2"], "page after u1");
-    let refused = peer.elect(u64::MAX, 2).await.unwrap();
+    let refused = peer.elect(u64::MAX, 2, std::time::Duration::ZERO).await.unwrap();
     assert!(
         matches!(refused, tidal_net::Election::Refused(_)),
         "an Elect for a foreign term started an election"

@@ -159,7 +159,7 @@ async fn a_stranger_with_the_secret_and_a_member_that_does_not_lead_are_refused(
     };
     assert!(peer.pull(&pull, std::time::Duration::from_secs(5)).await.is_err(), "the stranger pulled");
     assert!(peer.snapshot(stranger, std::time::Duration::from_secs(5)).await.is_err(), "snapshot served");
-    let elected = peer.elect(term.get(), stranger.0).await.unwrap();
+    let elected = peer.elect(term.get(), stranger.0, std::time::Duration::ZERO).await.unwrap();
     assert!(matches!(elected, tidal_net::Election::Refused(_)), "stood for election at a stranger's request");
     let vote = json!({"vote": {"leader_id": {"term": term.get() + 5, "voted_for": 99}, "committed": false},
                       "last_log_id": null});

@@ -22,6 +22,14 @@ pub fn lease_left(last: Option<(u64, Instant)>, term: u64, now: Instant, lease: 
     }
 }
 
+/// How long a node asked to stand waits before it campaigns: until the lease it grants has run out
+/// (`own`) and no sooner than the asker's `not_before` (the other voters' leases its majority needs,
+/// decisions/068), which is capped at one `lease`: no lease granted before the request runs longer,
+/// and a garbled value must not hold the node back.
+pub fn campaign_wait(own: Duration, not_before: Duration, lease: Duration) -> Duration {
+    own.max(not_before.min(lease))
+}
+
 /// The last openraft append this node served: its term and when it arrived.
 #[derive(Default)]
 pub struct LeaseClock {
@@ -66,6 +74,16 @@ mod tests {
         assert_eq!(lease_left(Some((3, at)), 3, later(5_000), lease), Duration::ZERO, "long gone");
         assert_eq!(lease_left(Some((2, at)), 3, later(0), lease), Duration::ZERO, "no append of term 3 here");
         assert_eq!(lease_left(None, 3, later(0), lease), Duration::ZERO, "never served an append");
+    }
+
+    #[test]
+    fn a_campaign_waits_for_the_later_of_its_own_lease_and_the_askers_wait_capped_at_a_lease() {
+        let ms = Duration::from_millis;
+        let lease = ms(650);
+        assert_eq!(campaign_wait(ms(100), ms(300), lease), ms(300));
+        assert_eq!(campaign_wait(ms(400), ms(300), lease), ms(400));
+        assert_eq!(campaign_wait(ms(0), Duration::from_micros(u64::MAX), lease), lease, "capped");
+        assert_eq!(campaign_wait(ms(0), ms(0), lease), ms(0), "at once");
     }
 
     #[test]

@@ -25,7 +25,8 @@ use std::time::{Duration, Instant};
 use tidal_core::{encode_payload, ControlRecord, Envelope, Records};
 use tidal_net::{Probe, ProbeOutcome};
 use tidal_protocol::{
-    plan_office, resumes_a_term, term_start, transfer_target, OfficePlan, OwnLog, ProbeAnswer,
+    campaign_not_before, plan_office, resumes_a_term, term_start, transfer_target, OfficePlan, OwnLog,
+    ProbeAnswer,
 };
 use tidal_types::{NodeId, Seqno, Term, TermSeqno};
 use tidal_wal::AppendRequest;
@@ -364,7 +365,7 @@ impl Replica {
                 // One more probe; if it does not open the term, we hand over.
                 last_round = true;
             }
-            let answers = self.probe_all(term).await;
+            let (answers, _) = self.probe_all(term).await;
             let own = {
                 let _term_lock = self.gate.lock().await;
                 self.still(term, stop)?;
@@ -499,12 +500,17 @@ impl Replica {
     /// pull): the node asked, or why none stands. The caller has switched our heartbeats off, so if
     /// the request fails the voters' lease runs out and they elect without us.
     async fn hand_over(&self, term: Term) -> Result<tidal_types::NodeId> {
-        let answers = self.probe_all(term).await;
-        let Some(target) = transfer_target(self.me, &answers, &self.commit.quorum()) else {
+        let (answers, mut leases) = self.probe_all(term).await;
+        let quorum = self.commit.quorum();
+        let Some(target) = transfer_target(self.me, &answers, &quorum) else {
             return Err(Error::Unavailable("no voter to hand it to".to_string()));
         };
+        // Every voter, this node included, refuses votes while the lease it grants runs: the
+        // target campaigns once enough of them have run out for its majority.
+        leases.insert(self.me, self.lease_granted(term));
+        let not_before = campaign_not_before(target, &leases, &quorum);
         let asked = match self.peer(target) {
-            Some(peer) => match peer.elect(term.get(), self.me.0).await {
+            Some(peer) => match peer.elect(term.get(), self.me.0, not_before).await {
                 Ok(tidal_net::Election::Started) => Ok(()),
                 Ok(tidal_net::Election::Refused(why)) => Err(why),
                 Err(error) => Err(error.to_string()),
@@ -522,9 +528,10 @@ impl Replica {
     /// office's openraft calls leave this process during its first lease (control/network.rs), so
     /// every such lease was granted to our earlier process, before the crash. So this node asks the most up-to-date voter
     /// to stand at once; the voter campaigns when the lease it granted has run out (it noted when,
-    /// `stand_for_election`). Should that campaign fail (another voter's lease ran longer), a second
-    /// request goes out once every such lease has surely run out (it began before this process
-    /// started), if this node still holds the term then.
+    /// `stand_for_election`) and no sooner than the request's wait, the leases of the other voters
+    /// its majority needs (each probe answer says what is left of one; second amendment). Should
+    /// that campaign fail anyway, a second request goes out once every such lease has surely run out
+    /// (it began before this process started), if this node still holds the term then.
     async fn hand_over_restored(&self, term: Term, stop: &watch::Receiver<bool>) {
         let booted = *self.office.booted.get_or_init(tokio::time::Instant::now);
         self.try_hand_over_restored(term, stop).await;
@@ -542,14 +549,15 @@ impl Replica {
         }
     }
 
-    async fn probe_all(&self, term: Term) -> BTreeMap<tidal_types::NodeId, ProbeAnswer> {
+    /// Probes every peer in `term`: their answers, and what remains of the lease each grants.
+    async fn probe_all(&self, term: Term) -> (BTreeMap<NodeId, ProbeAnswer>, BTreeMap<NodeId, Duration>) {
         let probe = Probe { cluster_id: self.spec.cluster_id.clone(), term, leader: self.me };
         let mut calls = tokio::task::JoinSet::new();
         for (id, peer) in self.peer_list() {
             let probe = probe.clone();
             calls.spawn(async move { (id, peer.probe(&probe, PROBE_TIMEOUT).await) });
         }
-        let mut answers = BTreeMap::new();
+        let (mut answers, mut leases) = (BTreeMap::new(), BTreeMap::new());
         // Once a majority (with this node) has answered, the stragglers get a short grace: a slow
         // or dead voter must not hold the office up for the whole probe timeout. Any majority is
         // enough for `plan_office` (the model check probes arbitrary majorities).
@@ -572,6 +580,7 @@ impl Replica {
                         ProbeOutcome::Position { last, history } => ProbeAnswer::Position { last, history },
                     };
                     answers.insert(id, answer);
+                    leases.insert(id, reply.lease_left);
                 }
                 Err(error) => tracing::debug!(node = %id, "probe failed: {error}"),
             }
@@ -583,7 +592,7 @@ impl Replica {
                 }
             }
         }
-        answers
+        (answers, leases)
     }
 
     /// Appends the term's first batch, `LeaderStart{term}`, and waits until it is durable.

@@ -151,7 +151,7 @@ impl Replica {
             return Ok(report);
         }
         self.hand_writes_to(target).await?;
-        match peer.elect(term.get(), self.me.0).await {
+        match peer.elect(term.get(), self.me.0, Duration::ZERO).await {
             Ok(tidal_net::Election::Started) => {}
             Ok(tidal_net::Election::Refused(why)) => {
                 return Err(Unavailable(format!("node {target} refused to stand for election: {why}")))
@@ -286,14 +286,29 @@ impl Replica {
         }
     }
 
+    /// What remains of the leader lease this node grants in `term` (decisions/068): zero when it
+    /// grants none, or before its control plane has started.
+    pub(crate) fn lease_granted(&self, term: Term) -> Duration {
+        let lease = self.timing.election_max + LEASE_MARGIN;
+        self.control.get().map_or(Duration::ZERO, |control| control.lease_left(term, lease))
+    }
+
     /// The target side of `promote` and of a restored office's hand-over (decisions/068): stand
-    /// for election, if the leader's term is ours, as soon as the lease this node granted that
-    /// leader has run out (at once after a transfer, whose leader waited it out).
-    pub async fn stand_for_election(self: &Arc<Self>, term: u64, leader: u64) -> Result<()> {
+    /// for election, if the leader's term is ours, once the lease this node granted that leader has
+    /// run out (at once after a transfer, whose leader waited it out) and no sooner than
+    /// `not_before` (the other voters' leases, as the asker saw them; capped at one lease, so a
+    /// garbled value cannot hold the node back).
+    pub async fn stand_for_election(
+        self: &Arc<Self>,
+        term: u64,
+        leader: u64,
+        not_before: Duration,
+    ) -> Result<()> {
         self.check_standing(term, leader)?;
         let control =
             self.control.get().ok_or(Error::Unavailable("the control plane has not started yet".into()))?;
-        let wait = control.lease_left(Term(term), self.timing.election_max + LEASE_MARGIN);
+        let lease = self.timing.election_max + LEASE_MARGIN;
+        let wait = crate::control::lease::campaign_wait(self.lease_granted(Term(term)), not_before, lease);
         if wait.is_zero() {
             tracing::info!(term, leader, "standing for election at the leader's request");
             return control.raft().trigger().elect().await.map_err(|e| Error::Control(e.to_string()));

@@ -183,9 +183,14 @@ impl tidal_net::Handler for ReplicaService {
         self.0.serve_negatives(after_user, limit).await.map_err(|e| ServiceError::Internal(e.to_string()))
     }
 
-    async fn elect(&self, term: u64, leader: u64) -> Result<tidal_net::Election, ServiceError> {
+    async fn elect(
+        &self,
+        term: u64,
+        leader: u64,
+        not_before: std::time::Duration,
+    ) -> Result<tidal_net::Election, ServiceError> {
         // A refusal to stand is an answer (its reason travels to the leader), not a failed call.
-        Ok(match self.0.stand_for_election(term, leader).await {
+        Ok(match self.0.stand_for_election(term, leader, not_before).await {
             Ok(()) => tidal_net::Election::Started,
             Err(why) => tidal_net::Election::Refused(why.to_string()),
         })

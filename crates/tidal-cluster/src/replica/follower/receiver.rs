@@ -211,7 +211,9 @@ impl Replica {
         }
     }
 
-    /// Answers a probe of `term` under the term lock with our last DURABLE position.
+    /// Answers a probe of `term` under the term lock with our last DURABLE position, and what
+    /// remains of the leader lease we grant in `term` (a restored office's hand-over times its
+    /// request by it, decisions/068).
     pub async fn answer_probe(&self, term: Term) -> ProbeReply {
         let _term_lock = self.gate.lock().await;
         let ours = self.gate.term();
@@ -220,7 +222,7 @@ impl Replica {
             ProbeAnswer::Fenced { .. } => ProbeOutcome::Fenced,
             ProbeAnswer::Position { last, history } => ProbeOutcome::Position { last, history },
         };
-        ProbeReply { term: ours, outcome }
+        ProbeReply { term: ours, outcome, lease_left: self.lease_granted(term) }
     }
 
     /// Whether `sender` may ship (or send commit notices) to us in `term` (`ours`: our term, read
