@@ -115,6 +115,10 @@ pub enum Step {
     /// For this many simulated ms, no leader of a term above the last [`Step::AwaitLeader`]'s
     /// appears: nobody campaigned.
     ExpectTermHeld(u64),
+    /// Window check, after the await of a new leader: the first election after the previous
+    /// leader's term was started by `by`, and `other` did not stand in it (the voter asked to stand
+    /// is the one the script aims at).
+    ExpectFirstCampaign { by: Slot, other: Slot },
 }
 
 /// Finding 1 of issue 37 (`script-stale-gap`). Slots: 0 the leader L of term t1, 1 the follower F
@@ -267,6 +271,7 @@ pub const RESTARTED_LEADER_AHEAD: &[Step] = &[
 /// elected the next leader 1140-1561 ms after the crash (seeds 1-8). decisions/068, second
 /// amendment: probe answers carry each voter's remaining lease and the request says how long the
 /// candidate's majority needs (`campaign_not_before`): 719-725 ms, as without the missed heartbeats.
+/// The window check: the asked voter stood first, and alone, in the term after the restored one.
 pub const RESTARTED_LEADER_MISSED: &[Step] = &[
     Step::AwaitLeader { bind: 0, among: &[] },
     Step::Sleep(500),
@@ -279,6 +284,7 @@ pub const RESTARTED_LEADER_MISSED: &[Step] = &[
     Step::Repair(0, 1),
     Step::ResumeWrites,
     Step::AwaitLeaderWithin { bind: 3, ms: 850 },
+    Step::ExpectFirstCampaign { by: 1, other: 2 },
 ];
 
 /// A probe a node sent: the node's process (its start count) and the probe's term.
@@ -294,21 +300,40 @@ struct Probed {
 pub struct Observer {
     starts: Arc<AtomicU64>,
     probes: Arc<Mutex<Vec<Probed>>>,
+    /// The terms of the vote requests the node sent (it stood for election in them).
+    campaigns: Arc<Mutex<Vec<u64>>>,
 }
 
 impl Observer {
     /// A tap for the node whose process starts are counted in `starts`.
     pub fn new(starts: Arc<AtomicU64>) -> Observer {
-        Observer { starts, probes: Arc::default() }
+        Observer { starts, probes: Arc::default(), campaigns: Arc::default() }
     }
 
     fn probes(&self) -> Vec<Probed> {
         self.probes.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
     }
+
+    fn stood_in(&self, term: u64) -> bool {
+        self.campaigns.lock().unwrap_or_else(std::sync::PoisonError::into_inner).contains(&term)
+    }
+}
+
+/// The term of an openraft vote request (the candidate's vote names it); None for another call.
+fn vote_term(call: &tidal_net::RaftCall) -> Option<u64> {
+    if call.kind != "vote" {
+        return None;
+    }
+    let request: serde_json::Value = serde_json::from_slice(&call.payload).ok()?;
+    request["vote"]["leader_id"]["term"].as_u64()
 }
 
 impl tidal_net::ControlTap for Observer {
-    fn raft_sent(&self, _untapped: &tidal_net::Peer, _call: &tidal_net::RaftCall, _timeout: Duration) {}
+    fn raft_sent(&self, _untapped: &tidal_net::Peer, call: &tidal_net::RaftCall, _timeout: Duration) {
+        if let Some(term) = vote_term(call) {
+            self.campaigns.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push(term);
+        }
+    }
 
     fn probed(&self, _untapped: &tidal_net::Peer, probe: &tidal_net::Probe, _timeout: Duration) {
         let start = self.starts.load(Ordering::SeqCst);
@@ -338,6 +363,8 @@ pub struct ScriptRun {
     begun: bool,
     slots: [Option<usize>; SLOTS],
     term_seen: u64,
+    /// The term seen before the last await of a leader bound its new one.
+    term_before: u64,
     lost: Option<Lost>,
     /// Each node's last restart point `(term, seqno)` (where its WAL ended when it went down).
     restart_points: Vec<Option<(u64, u64)>>,
@@ -409,6 +436,7 @@ impl ScriptRun {
             begun: false,
             slots: [None; SLOTS],
             term_seen: 0,
+            term_before: 0,
             lost: None,
             restart_points: vec![None; nodes],
             died_in: vec![None; nodes],
@@ -817,6 +845,9 @@ impl ScriptRun {
             Step::ExpectTermHeld(window_ms) => {
                 self.expect_term_held(driver, shared, window_ms, waited, offset)?
             }
+            Step::ExpectFirstCampaign { by, other } => {
+                self.expect_first_campaign(driver, by, other, offset)?
+            }
             Step::AwaitRestoredOffice { node: slot } => {
                 let node = self.node(slot)?;
                 let lost = self.lost.ok_or("no lost write recorded")?;
@@ -844,6 +875,32 @@ impl ScriptRun {
 }
 
 impl ScriptRun {
+    /// [`Step::ExpectFirstCampaign`].
+    fn expect_first_campaign(
+        &mut self,
+        driver: &mut Driver<'_>,
+        by: Slot,
+        other: Slot,
+        offset: Duration,
+    ) -> Result<Progress, String> {
+        let term = self.term_before + 1;
+        let stood = |slot: Slot| -> Result<bool, String> {
+            let node = self.node(slot)?;
+            let observer = driver.cluster.observers[node].as_ref().ok_or("no observer on the node")?;
+            Ok(observer.stood_in(term))
+        };
+        let (by_stood, other_stood) = (stood(by)?, stood(other)?);
+        if !by_stood || other_stood {
+            return Ok(Progress::Fail(format!(
+                "the election of term {term} was not started by slot {by} alone (slot {by}: {by_stood}, slot {other}: {other_stood})"
+            )));
+        }
+        driver.counters.bump("script_window");
+        let ms = offset.as_millis();
+        driver.trace.push(format!("{ms} ms script: window: slot {by} stood first, in term {term}"));
+        Ok(Progress::Done)
+    }
+
     /// [`Step::Burst`]: asks the client for it once, then waits for every answer.
     fn burst(
         &mut self,
@@ -885,7 +942,7 @@ impl ScriptRun {
             Some((term, node))
                 if term > self.term_seen && (allowed.is_empty() || allowed.contains(&node)) =>
             {
-                self.term_seen = term;
+                self.term_before = std::mem::replace(&mut self.term_seen, term);
                 let why = format!("leads term {term}, {} ms after the step began", waited.as_millis());
                 self.bind(driver, bind, node, offset, &why);
                 Progress::Done
