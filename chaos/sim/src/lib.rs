@@ -153,6 +153,17 @@ impl Scenario {
             file_faults: false,
             supervisor: true,
         };
+        // A scripted history (`script.rs`): one writer, so that a lost write is one batch, and no
+        // transactions, so that a window counts one seqno per write.
+        let scripted = |name, steps, load_secs| Scenario {
+            name,
+            faults: Faults::Script(steps),
+            load: Duration::from_secs(load_secs),
+            writes_max: 90,
+            writers: 1,
+            txs: false,
+            ..base.clone()
+        };
         vec![
             base.clone(),
             Scenario {
@@ -250,80 +261,15 @@ impl Scenario {
             // Scripted histories (`script.rs`): findings 1 and 3 of issue 37, one crash, partition,
             // restart and heal after another, aimed at the roles as they turn out; one writer, so
             // that a lost write is one batch. Each run checks that it reached its window.
-            Scenario {
-                name: "script-stale-gap",
-                faults: Faults::Script(script::STALE_GAP),
-                load: Duration::from_secs(16),
-                writes_max: 120,
-                writers: 1,
-                // Its window counts one seqno per write.
-                txs: false,
-                ..base.clone()
-            },
-            Scenario {
-                name: "script-resumed-term",
-                faults: Faults::Script(script::RESUMED_TERM),
-                load: Duration::from_secs(12),
-                writes_max: 90,
-                writers: 1,
-                txs: false,
-                ..base.clone()
-            },
-            Scenario {
-                name: "script-isolated-leader",
-                faults: Faults::Script(script::ISOLATED_LEADER),
-                load: Duration::from_secs(12),
-                writes_max: 90,
-                writers: 1,
-                txs: false,
-                ..base.clone()
-            },
-            Scenario {
-                name: "script-restarted-leader",
-                faults: Faults::Script(script::RESTARTED_LEADER),
-                load: Duration::from_secs(6),
-                writes_max: 90,
-                writers: 1,
-                txs: false,
-                ..base.clone()
-            },
-            Scenario {
-                name: "script-restarted-leader-late",
-                faults: Faults::Script(script::RESTARTED_LEADER_LATE),
-                load: Duration::from_secs(6),
-                writes_max: 90,
-                writers: 1,
-                txs: false,
-                ..base.clone()
-            },
+            Scenario { writes_max: 120, ..scripted("script-stale-gap", script::STALE_GAP, 16) },
+            scripted("script-resumed-term", script::RESUMED_TERM, 12),
+            scripted("script-isolated-leader", script::ISOLATED_LEADER, 12),
+            scripted("script-restarted-leader", script::RESTARTED_LEADER, 6),
+            scripted("script-restarted-leader-late", script::RESTARTED_LEADER_LATE, 6),
             // Its third node stays down 8 s: the step's 6 s window ends before it is back.
-            Scenario {
-                name: "script-restarted-leader-ahead",
-                faults: Faults::Script(script::RESTARTED_LEADER_AHEAD),
-                load: Duration::from_secs(12),
-                writes_max: 90,
-                writers: 1,
-                txs: false,
-                ..base.clone()
-            },
-            Scenario {
-                name: "script-restarted-leader-missed",
-                faults: Faults::Script(script::RESTARTED_LEADER_MISSED),
-                load: Duration::from_secs(6),
-                writes_max: 90,
-                writers: 1,
-                txs: false,
-                ..base.clone()
-            },
-            Scenario {
-                name: "script-short-partition",
-                faults: Faults::Script(script::SHORT_PARTITION),
-                load: Duration::from_secs(8),
-                writes_max: 90,
-                writers: 1,
-                txs: false,
-                ..base.clone()
-            },
+            scripted("script-restarted-leader-ahead", script::RESTARTED_LEADER_AHEAD, 12),
+            scripted("script-restarted-leader-missed", script::RESTARTED_LEADER_MISSED, 6),
+            scripted("script-short-partition", script::SHORT_PARTITION, 8),
             // Disk faults through SimIo: failed fsyncs (once, or stuck) and writes, a full disk (the
             // node must fail closed; a supervisor restarts it), bit flips and cut segments on a stopped
             // node (it must refuse to start), a cut tail (it must repair), clock skew.

@@ -57,6 +57,12 @@ impl Default for ControlTiming {
 }
 
 impl ControlTiming {
+    /// The leader lease a voter grants, as Tidal counts on it having run out: openraft's
+    /// (`election_max`) plus [`LEASE_MARGIN`].
+    pub fn voters_lease(&self) -> Duration {
+        self.election_max + LEASE_MARGIN
+    }
+
     /// A leader-mode leader's lease (PROTOCOL.md, "Committing and acknowledging"): nine tenths of
     /// the minimum election timeout, so it runs out before any other node can be elected.
     pub fn lease(&self) -> Duration {

@@ -103,7 +103,7 @@ impl NetworkFactory {
             dial: spec.dial.iter().map(|(id, address)| (id.0, address.clone())).collect(),
             me,
             boot_term,
-            keep_home_until: tokio::time::Instant::now() + timing.election_max + super::LEASE_MARGIN,
+            keep_home_until: tokio::time::Instant::now() + timing.voters_lease(),
         }
     }
 }

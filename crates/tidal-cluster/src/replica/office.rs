@@ -535,7 +535,7 @@ impl Replica {
     async fn hand_over_restored(&self, term: Term, stop: &watch::Receiver<bool>) {
         let booted = *self.office.booted.get_or_init(tokio::time::Instant::now);
         self.try_hand_over_restored(term, stop).await;
-        tokio::time::sleep_until(booted + self.timing.election_max + crate::control::LEASE_MARGIN).await;
+        tokio::time::sleep_until(booted + self.timing.voters_lease()).await;
         self.try_hand_over_restored(term, stop).await;
     }
 

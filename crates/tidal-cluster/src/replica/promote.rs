@@ -15,7 +15,6 @@
 //! - the target checks that the request's term is its own: a stale request starts nothing.
 
 use super::Replica;
-use crate::control::LEASE_MARGIN;
 use crate::error::{Error, Result};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -116,7 +115,7 @@ impl Replica {
         }
         let (peer, progress) = self.promote_target(&control, target)?;
         report.behind = self.wal.durable_seqno().get().saturating_sub(progress.durable.get());
-        let lease = self.timing.election_max + LEASE_MARGIN;
+        let lease = self.timing.voters_lease();
         if dry_run {
             report.action = format!(
                 "would pause heartbeats for {} ms (the voters' leader lease) while serving writes, then ask node \
@@ -289,7 +288,7 @@ impl Replica {
     /// What remains of the leader lease this node grants in `term` (decisions/068): zero when it
     /// grants none, or before its control plane has started.
     pub(crate) fn lease_granted(&self, term: Term) -> Duration {
-        let lease = self.timing.election_max + LEASE_MARGIN;
+        let lease = self.timing.voters_lease();
         self.control.get().map_or(Duration::ZERO, |control| control.lease_left(term, lease))
     }
 
@@ -307,8 +306,8 @@ impl Replica {
         self.check_standing(term, leader)?;
         let control =
             self.control.get().ok_or(Error::Unavailable("the control plane has not started yet".into()))?;
-        let lease = self.timing.election_max + LEASE_MARGIN;
-        let wait = crate::control::lease::campaign_wait(self.lease_granted(Term(term)), not_before, lease);
+        let own = self.lease_granted(Term(term));
+        let wait = crate::control::lease::campaign_wait(own, not_before, self.timing.voters_lease());
         if wait.is_zero() {
             tracing::info!(term, leader, "standing for election at the leader's request");
             return control.raft().trigger().elect().await.map_err(|e| Error::Control(e.to_string()));
