@@ -29,6 +29,7 @@ use crate::fast_hash::FastMap;
 use crate::feed_index::FeedIndex;
 use crate::keys;
 use crate::stores::Stores;
+use std::ops::Bound;
 
 /// Up to this many kinds, a kind's id is found by comparing names rather than hashing.
 const KINDS_SCANNED_MAX: usize = 8;
@@ -89,29 +90,71 @@ pub struct DirtyCounters {
     values: Vec<(Key, Option<u64>)>,
 }
 
+/// Counters read from fjall whose first kinds are not yet in their items' trending entries: what
+/// [`Counters::read_ahead`] gives [`Counters::place`].
+#[derive(Debug)]
+pub struct ReadCounters {
+    /// Kind names and the counters of kinds past [`INLINE_KINDS`], complete for what was read.
+    counters: Counters,
+    /// (item, kind id < [`INLINE_KINDS`], count) of what was read, in key order.
+    inline: Vec<(u64, u32, u64)>,
+    /// Where the rest of the keyspace starts, if the read stopped before its end.
+    rest: Option<Bound<Vec<u8>>>,
+}
+
 impl Counters {
-    /// Loads every counter from fjall, the first kinds' into their items' trending entries of
-    /// `index` (loaded first).
-    pub fn load(stores: &Stores, index: &mut FeedIndex) -> Result<Counters, Error> {
+    /// Reads counters from fjall without the index, so that it can run beside the index's load (an
+    /// open after a crash spends about as long on each: docs/measurements.md, 2026-12-06 09:33–),
+    /// until the keyspace ends or `inline_max` counters of the first kinds wait to be placed (24
+    /// bytes each: the bound on what this costs in memory). [`Counters::place`] reads the rest.
+    pub fn read_ahead(stores: &Stores, inline_max: usize) -> Result<ReadCounters, Error> {
         let mut counters = Counters::default();
+        let mut inline = Vec::new();
+        if inline_max == 0 {
+            return Ok(ReadCounters { counters, inline, rest: Some(Bound::Unbounded) });
+        }
         for guard in stores.counters.iter() {
             let (key, value) = guard.into_inner()?;
-            let item = key.get(..8).and_then(keys::item_of_key).ok_or_else(|| corrupt("malformed key"))?;
-            let kind = std::str::from_utf8(&key[8..]).map_err(|_| corrupt("kind is not UTF-8"))?;
-            let count = keys::u64_value(&value).ok_or_else(|| corrupt("not a u64"))?;
-            let kind = counters.kind_id(kind);
-            let entry = Count { count, mark: Mark::CLEAN };
-            let slot = kind as usize;
-            if slot >= INLINE_KINDS {
-                counters.more.insert((item, kind), entry);
-                continue;
+            if let Some(count) = counters.take_stored(&key, &value)? {
+                inline.push(count);
+                if inline.len() >= inline_max {
+                    return Ok(ReadCounters { counters, inline, rest: Some(Bound::Excluded(key.to_vec())) });
+                }
             }
-            let counts = index
-                .counts_mut(item)
-                .ok_or_else(|| corrupt(&format!("item {item} has a count but no trending score")))?;
-            counts.0[slot] = entry;
+        }
+        Ok(ReadCounters { counters, inline, rest: None })
+    }
+
+    /// Puts what [`Counters::read_ahead`] read into `index` (loaded first) and reads the rest of
+    /// the keyspace the same way. Kind ids come out as a load in one pass gives them: interned in
+    /// key order.
+    pub fn place(read: ReadCounters, stores: &Stores, index: &mut FeedIndex) -> Result<Counters, Error> {
+        let ReadCounters { mut counters, inline, rest } = read;
+        for (item, kind, count) in inline {
+            place_inline(index, item, kind, count)?;
+        }
+        let Some(start) = rest else { return Ok(counters) };
+        for guard in stores.counters.range::<Vec<u8>, _>((start, Bound::Unbounded)) {
+            let (key, value) = guard.into_inner()?;
+            if let Some((item, kind, count)) = counters.take_stored(&key, &value)? {
+                place_inline(index, item, kind, count)?;
+            }
         }
         Ok(counters)
+    }
+
+    /// Interns a stored counter's kind and keeps it if its kind is past the inline ones; returns
+    /// it if it belongs in its item's trending entry.
+    fn take_stored(&mut self, key: &[u8], value: &[u8]) -> Result<Option<(u64, u32, u64)>, Error> {
+        let item = key.get(..8).and_then(keys::item_of_key).ok_or_else(|| corrupt("malformed key"))?;
+        let kind = std::str::from_utf8(&key[8..]).map_err(|_| corrupt("kind is not UTF-8"))?;
+        let count = keys::u64_value(value).ok_or_else(|| corrupt("not a u64"))?;
+        let kind = self.kind_id(kind);
+        if kind as usize >= INLINE_KINDS {
+            self.more.insert((item, kind), Count { count, mark: Mark::CLEAN });
+            return Ok(None);
+        }
+        Ok(Some((item, kind, count)))
     }
 
     /// Adds one to `(item, kind)` for a kind id of [`Counters::kind_id`]; `counts` are the item's
@@ -188,6 +231,15 @@ impl DirtyCounters {
             }
         }
     }
+}
+
+/// Puts a count of one of the first kinds into its item's trending entry, which must exist.
+fn place_inline(index: &mut FeedIndex, item: u64, kind: u32, count: u64) -> Result<(), Error> {
+    let counts = index
+        .counts_mut(item)
+        .ok_or_else(|| corrupt(&format!("item {item} has a count but no trending score")))?;
+    counts.0[kind as usize] = Count { count, mark: Mark::CLEAN };
+    Ok(())
 }
 
 fn corrupt(reason: &str) -> Error {
@@ -324,6 +376,65 @@ mod tests {
         assert_eq!(both.flush(), vec![(1, "view".into(), Some(2)), (3, "view".into(), Some(1))]);
     }
 
+    /// Loads every counter in one pass on this thread.
+    fn load(stores: &Stores, index: &mut FeedIndex) -> Result<Counters, Error> {
+        Counters::place(Counters::read_ahead(stores, 0)?, stores, index)
+    }
+
+    /// Every counter as (item, kind name, count), in item then kind-id order.
+    fn listing(counters: &Counters, index: &mut FeedIndex, items: &[u64]) -> Vec<(u64, String, u64)> {
+        let mut listed = Vec::new();
+        for &item in items {
+            for (kind, name) in counters.kinds.iter().enumerate() {
+                let count = match index.counts_mut(item) {
+                    Some(counts) if kind < INLINE_KINDS => counts.0[kind].count,
+                    _ => counters.more.get(&(item, kind as u32)).map_or(0, |entry| entry.count),
+                };
+                if count > 0 {
+                    listed.push((item, name.to_string(), count));
+                }
+            }
+        }
+        listed
+    }
+
+    /// A read ahead that stops at its bound anywhere in the keyspace, then the placing of the
+    /// rest, gives what one pass gives: the same counts, the same kind ids.
+    #[test]
+    fn a_read_ahead_stopped_anywhere_places_what_one_pass_does() {
+        let dir = tempfile::tempdir().unwrap();
+        let stores = Stores::open(dir.path()).unwrap();
+        let items: Vec<u64> = (1..=6).collect();
+        let mut stored = 0;
+        for &item in &items {
+            for (k, kind) in ["view", "click", "like", "share"].iter().enumerate().take(item as usize % 4 + 1)
+            {
+                let count = item * 10 + k as u64;
+                stores.counters.insert(keys::counter_key(item, kind), count.to_le_bytes()).unwrap();
+                stored += 1;
+            }
+        }
+        let fresh_index = || {
+            let mut index = FeedIndex::new(2);
+            for &item in &items {
+                index.set_trend(item, Trend::first(0, 1.0));
+            }
+            index
+        };
+        let mut index = fresh_index();
+        let one_pass = load(&stores, &mut index).unwrap();
+        let expected = listing(&one_pass, &mut index, &items);
+        assert_eq!(expected.len(), stored);
+        for inline_max in [1, 2, 3, 5, stored, usize::MAX] {
+            let mut index = fresh_index();
+            let read = Counters::read_ahead(&stores, inline_max).unwrap();
+            assert!(read.inline.len() <= inline_max, "{inline_max}: held {}", read.inline.len());
+            let placed = Counters::place(read, &stores, &mut index).unwrap();
+            assert_eq!(placed.kinds, one_pass.kinds, "kind ids with a read ahead of {inline_max}");
+            assert_eq!(listing(&placed, &mut index, &items), expected, "read ahead of {inline_max}");
+        }
+    }
+
     /// A count of an item without a trending score cannot come from the fold: loading one is refused.
     #[test]
     fn a_count_without_a_trending_score_is_refused_at_load() {
@@ -331,10 +442,10 @@ mod tests {
         let stores = Stores::open(dir.path()).unwrap();
         stores.counters.insert(keys::counter_key(9, "view"), 3u64.to_le_bytes()).unwrap();
         let mut index = FeedIndex::new(2);
-        let error = Counters::load(&stores, &mut index).unwrap_err();
+        let error = load(&stores, &mut index).unwrap_err();
         assert!(error.to_string().contains("item 9 has a count but no trending score"), "{error}");
         index.set_trend(9, Trend::first(0, 1.0));
-        let mut counters = Counters::load(&stores, &mut index).unwrap();
+        let mut counters = load(&stores, &mut index).unwrap();
         let view = counters.kind_id("view");
         counters.increment_id(index.counts_mut(9).unwrap(), 9, view);
         let dirty = counters.take_dirty(&mut index);

@@ -258,7 +258,9 @@ impl TidalDb {
     /// Opens (or creates) the engine at `path` and rebuilds the in-memory index from fjall.
     pub fn open(path: &Path, config: EngineConfig) -> Result<TidalDb, Error> {
         config.validate()?;
+        let started = Instant::now();
         let stores = Stores::open(path)?;
+        let fjall_open = started.elapsed();
         match stores.meta.get(keys::META_DIMENSION)? {
             Some(bytes) => {
                 let persisted = <[u8; 4]>::try_from(&*bytes).map(u32::from_le_bytes).map_err(|_| {
@@ -283,10 +285,21 @@ impl TidalDb {
         if swept > 0 {
             tracing::info!(swept, "deleted stream events a trim left behind (a crash after its flush)");
         }
-        let mut index = load_index(&stores, &config)?;
-        let counters = Counters::load(&stores, &mut index)?;
+        let loading = Instant::now();
+        let (index, counters) = load_memory(&stores, &config)?;
+        let load_seconds = loading.elapsed().as_secs_f64();
         let (items, users) = stored_counts(&stores)?;
-        tracing::info!(applied_seqno, embeddings = index.embeddings(), items, users, "engine opened");
+        // Where an open's time goes (fjall replays its journal; the index and counters are loaded).
+        let fjall_seconds = fjall_open.as_secs_f64();
+        tracing::info!(
+            applied_seqno,
+            embeddings = index.embeddings(),
+            items,
+            users,
+            fjall_seconds,
+            load_seconds,
+            "engine opened"
+        );
         let state = Arc::new(RwLock::new(State { index, overlay: Overlay::default(), frozen: None }));
         let flush = Arc::new(FlushShared::new(Seqno(applied_seqno)));
         // One slot: at most one frozen overlay is in flight (`FlushShared::start` asserts it).
@@ -1468,6 +1481,35 @@ fn meta_u64(stores: &Stores, key: &[u8]) -> Result<u64, Error> {
         None => Ok(0),
         Some(bytes) => keys::u64_value(&bytes).ok_or_else(|| corrupt("meta", "not a u64")),
     }
+}
+
+/// Counters of the first kinds a read beside the index's load may hold before it leaves the rest
+/// to the thread that places them: at 24 bytes each, about 48 MiB at most while an engine opens.
+const COUNTERS_READ_AHEAD_MAX: usize = 2 << 20;
+
+/// Rebuilds what memory holds of fjall's state: the index (embeddings, trending scores) and the
+/// counters. The counters are read on a second thread while this one loads the index: after a
+/// crash under signal ingest each took about a fifth of the engine's open, one after the other
+/// (docs/measurements.md, 2026-12-06 09:33–). Nothing writes fjall meanwhile (an open, or a
+/// reload with the applier and the flusher held).
+pub(crate) fn load_memory(stores: &Stores, config: &EngineConfig) -> Result<(FeedIndex, Counters), Error> {
+    std::thread::scope(|scope| {
+        let reader = std::thread::Builder::new()
+            .name("tidal-open-counters".into())
+            .spawn_scoped(scope, || Counters::read_ahead(stores, COUNTERS_READ_AHEAD_MAX));
+        let index = load_index(stores, config);
+        let read = match reader {
+            Ok(reader) => reader.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic)),
+            // No second thread: the placing reads them all.
+            Err(error) => {
+                tracing::debug!("no thread to read the counters beside the index: {error}");
+                Counters::read_ahead(stores, 0)
+            }
+        };
+        let mut index = index?;
+        let counters = Counters::place(read?, stores, &mut index)?;
+        Ok((index, counters))
+    })
 }
 
 fn load_index(stores: &Stores, config: &EngineConfig) -> Result<FeedIndex, Error> {

@@ -31,8 +31,7 @@ use std::sync::atomic::Ordering;
 use fjall::{PersistMode, Readable};
 use tidal_types::{Seqno, Term, TermSeqno};
 
-use super::{load_index, meta_u64, State, TidalDb, Writer};
-use crate::counters::Counters;
+use super::{load_memory, meta_u64, State, TidalDb, Writer};
 use crate::error::Error;
 use crate::keys;
 use crate::negatives::NegativesState;
@@ -218,10 +217,11 @@ impl TidalDb {
 
     /// Rebuilds everything memory holds from fjall, as `open` does.
     fn reload(&self, state: &mut State, writer: &mut Writer) -> Result<(), Error> {
-        state.index = load_index(&self.stores, &self.config)?;
+        let (index, counters) = load_memory(&self.stores, &self.config)?;
+        state.index = index;
         state.overlay = Overlay::default();
         state.frozen = None;
-        writer.counters = Counters::load(&self.stores, &mut state.index)?;
+        writer.counters = counters;
         writer.dirty = WriterDirty::default();
         writer.idempotency_oldest_ms = None;
         let applied = meta_u64(&self.stores, keys::META_APPLIED_SEQNO)?;
