@@ -1495,7 +1495,7 @@ const COUNTERS_READ_AHEAD_MAX: usize = 2 << 20;
 pub(crate) fn load_memory(stores: &Stores, config: &EngineConfig) -> Result<(FeedIndex, Counters), Error> {
     std::thread::scope(|scope| {
         let reader = std::thread::Builder::new()
-            .name("tidal-open-counters".into())
+            .name("tidal-counters".into())
             .spawn_scoped(scope, || Counters::read_ahead(stores, COUNTERS_READ_AHEAD_MAX));
         let index = load_index(stores, config);
         let read = match reader {
