@@ -260,7 +260,8 @@ impl TidalDb {
         config.validate()?;
         let started = Instant::now();
         let stores = Stores::open(path)?;
-        let fjall_open = started.elapsed();
+        // Where an open's time goes: fjall replaying its journal, then the index and counters.
+        let fjall_seconds = started.elapsed().as_secs_f64();
         match stores.meta.get(keys::META_DIMENSION)? {
             Some(bytes) => {
                 let persisted = <[u8; 4]>::try_from(&*bytes).map(u32::from_le_bytes).map_err(|_| {
@@ -289,8 +290,6 @@ impl TidalDb {
         let (index, counters) = load_memory(&stores, &config)?;
         let load_seconds = loading.elapsed().as_secs_f64();
         let (items, users) = stored_counts(&stores)?;
-        // Where an open's time goes (fjall replays its journal; the index and counters are loaded).
-        let fjall_seconds = fjall_open.as_secs_f64();
         tracing::info!(
             applied_seqno,
             embeddings = index.embeddings(),
