@@ -170,20 +170,24 @@ tidal_trial() {
   record "crash target=tidal-$role run=$run teardown_s=$teardown serving_s=$serving ready_s=$ready caught_up_s=$caught journal_bytes=$journal $replay commit_at_kill=$commit load=\"$row\""
   tidal_down
 }
-# The restarted node's log lines about its open: engine open and WAL recovery times, the replay.
+# The restarted node's log lines about its open: engine open (and its fjall and load parts) and
+# WAL recovery times, the replay.
 tidal_replay_fields() {
   python3 -c '
 import re, sys
 fields = {}
+wanted = (("WAL recovered", ("engine_open_seconds", "seconds")), ("engine opened", ("fjall_seconds", "load_seconds")),
+          ("replay done", ("mb", "seconds")))
 for line in sys.stdin:
     line = re.sub(r"\x1b\[[0-9;]*m", "", line)
-    for marker, wanted in (("WAL recovered", ("engine_open_seconds", "seconds")), ("replay done", ("mb", "seconds"))):
+    for marker, keys in wanted:
         if marker in line:
             pairs = dict(re.findall(r"(\w+)=([0-9.e+-]+)", line))
-            for key in wanted:
+            for key in keys:
                 fields[marker + key] = pairs.get(key, "-")
-print("engine_open_s=%s wal_recovery_s=%s replay_mb=%s replay_s=%s" % tuple(fields.get(k, "0") for k in (
-    "WAL recoveredengine_open_seconds", "WAL recoveredseconds", "replay donemb", "replay doneseconds")))
+print("engine_open_s=%s fjall_open_s=%s engine_load_s=%s wal_recovery_s=%s replay_mb=%s replay_s=%s" % tuple(
+    fields.get(k, "0") for k in ("WAL recoveredengine_open_seconds", "engine openedfjall_seconds",
+    "engine openedload_seconds", "WAL recoveredseconds", "replay donemb", "replay doneseconds")))
 '
 }
 
