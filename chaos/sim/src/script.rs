@@ -828,12 +828,15 @@ impl ScriptRun {
                         ));
                     }
                 }
-                driver.counters.bump("script_window");
-                driver.trace.push(format!(
-                    "{ms} ms script: window: n{} ends at {stale_last:?}, which no leader holds; every leader's ship tail starts at seqno {}",
-                    stale + 1,
-                    lost.last + 1
-                ));
+                window_seen(
+                    driver,
+                    offset,
+                    format!(
+                        "n{} ends at {stale_last:?}, which no leader holds; every leader's ship tail starts at seqno {}",
+                        stale + 1,
+                        lost.last + 1
+                    ),
+                );
                 Progress::Done
             }
             Step::Burst { to, writes, spacing_ms } => {
@@ -862,12 +865,15 @@ impl ScriptRun {
                         lost.term
                     )));
                 }
-                driver.counters.bump("script_window");
-                driver.trace.push(format!(
-                    "{ms} ms script: window: n{} restarted and took office of term {} again (it probes in it), its LeaderStart lost",
-                    node + 1,
-                    lost.term
-                ));
+                window_seen(
+                    driver,
+                    offset,
+                    format!(
+                        "n{} restarted and took office of term {} again (it probes in it), its LeaderStart lost",
+                        node + 1,
+                        lost.term
+                    ),
+                );
                 Progress::Done
             }
         })
@@ -895,9 +901,7 @@ impl ScriptRun {
                 "the election of term {term} was not started by slot {by} alone (slot {by}: {by_stood}, slot {other}: {other_stood})"
             )));
         }
-        driver.counters.bump("script_window");
-        let ms = offset.as_millis();
-        driver.trace.push(format!("{ms} ms script: window: slot {by} stood first, in term {term}"));
+        window_seen(driver, offset, format!("slot {by} stood first, in term {term}"));
         Ok(Progress::Done)
     }
 
@@ -976,12 +980,7 @@ impl ScriptRun {
         if waited < Duration::from_millis(window_ms) {
             return Ok(Progress::Wait(format!("term {} held", self.term_seen)));
         }
-        driver.counters.bump("script_window");
-        driver.trace.push(format!(
-            "{} ms script: window: term {} held for {window_ms} ms",
-            offset.as_millis(),
-            self.term_seen
-        ));
+        window_seen(driver, offset, format!("term {} held for {window_ms} ms", self.term_seen));
         Ok(Progress::Done)
     }
 
@@ -1004,12 +1003,17 @@ impl ScriptRun {
                 node + 1
             ));
         }
-        driver.counters.bump("script_window");
-        driver.trace.push(format!(
-            "{} ms script: window: n{} holds {past} uncommitted batches, more than its applier's input",
-            offset.as_millis(),
-            node + 1
-        ));
+        window_seen(
+            driver,
+            offset,
+            format!("n{} holds {past} uncommitted batches, more than its applier's input", node + 1),
+        );
         Ok(Progress::Done)
     }
+}
+
+/// A step found the window its case is about: counted, and traced at `offset`.
+fn window_seen(driver: &mut Driver<'_>, offset: Duration, what: String) {
+    driver.counters.bump("script_window");
+    driver.trace.push(format!("{} ms script: window: {what}", offset.as_millis()));
 }
