@@ -2,6 +2,7 @@
 //!
 //! Counters are log-derived (they are in the digest) but no read serves them, so the applier keeps
 //! all of them in memory, loaded from fjall on open, and flushes the dirty ones with the overlay.
+//! On disk they live beside their item's trending score, in its trend block (`trend_blocks.rs`).
 //! Memory is bounded by items x kinds, like the trending scores the index already holds.
 //!
 //! Where they live (experiments/038): the counts of the first [`INLINE_KINDS`] kind ids (interned in
@@ -17,7 +18,7 @@
 //!   never leave this file, [`ItemCounts`] and [`DirtyCounters`] (fjall keys and the digest use the
 //!   names).
 //! - Every item with a count has a trending score (one signal sets both; an item delete removes
-//!   both), so every inline count has an entry to live in. [`Counters::load`] refuses a state
+//!   both), so every inline count has an entry to live in. [`Counters::load_count`] refuses a state
 //!   where one does not.
 //! - The dirty set carries each counter's value, so freezing it for the background flusher is a
 //!   move ([`Counters::take_dirty`]), and the applier can keep counting while the flusher encodes.
@@ -27,9 +28,6 @@ use crate::dirty_set::{last_values, DirtySet, Mark};
 use crate::error::Error;
 use crate::fast_hash::FastMap;
 use crate::feed_index::FeedIndex;
-use crate::keys;
-use crate::stores::Stores;
-use std::ops::Bound;
 
 /// Up to this many kinds, a kind's id is found by comparing names rather than hashing.
 const KINDS_SCANNED_MAX: usize = 8;
@@ -39,6 +37,9 @@ pub const INLINE_KINDS: usize = 2;
 
 /// A (item, kind id) counter key.
 type Key = (u64, u32);
+
+/// A counter's change in a flush window: its new count, or `None` (removed).
+pub type CountChange = (Key, Option<u64>);
 
 /// Kind names, the counters of kind ids past [`INLINE_KINDS`], and the keys changed since the
 /// last flush.
@@ -90,71 +91,23 @@ pub struct DirtyCounters {
     values: Vec<(Key, Option<u64>)>,
 }
 
-/// Counters read from fjall whose first kinds are not yet in their items' trending entries: what
-/// [`Counters::read_ahead`] gives [`Counters::place`].
-#[derive(Debug)]
-pub struct ReadCounters {
-    /// Kind names and the counters of kinds past [`INLINE_KINDS`], complete for what was read.
-    counters: Counters,
-    /// (item, kind id < [`INLINE_KINDS`], count) of what was read, in key order.
-    inline: Vec<(u64, u32, u64)>,
-    /// Where the rest of the keyspace starts, if the read stopped before its end.
-    rest: Option<Bound<Vec<u8>>>,
-}
-
 impl Counters {
-    /// Reads counters from fjall without the index, so that it can run beside the index's load (an
-    /// open after a crash spends about as long on each: docs/measurements.md, 2026-12-06 09:33–),
-    /// until the keyspace ends or `inline_max` counters of the first kinds wait to be placed (24
-    /// bytes each: the bound on what this costs in memory). [`Counters::place`] reads the rest.
-    pub fn read_ahead(stores: &Stores, inline_max: usize) -> Result<ReadCounters, Error> {
-        let mut counters = Counters::default();
-        let mut inline = Vec::new();
-        if inline_max == 0 {
-            return Ok(ReadCounters { counters, inline, rest: Some(Bound::Unbounded) });
-        }
-        for guard in stores.counters.iter() {
-            let (key, value) = guard.into_inner()?;
-            if let Some(count) = counters.take_stored(&key, &value)? {
-                inline.push(count);
-                if inline.len() >= inline_max {
-                    return Ok(ReadCounters { counters, inline, rest: Some(Bound::Excluded(key.to_vec())) });
-                }
-            }
-        }
-        Ok(ReadCounters { counters, inline, rest: None })
-    }
-
-    /// Puts what [`Counters::read_ahead`] read into `index` (loaded first) and reads the rest of
-    /// the keyspace the same way. Kind ids come out as a load in one pass gives them: interned in
-    /// key order.
-    pub fn place(read: ReadCounters, stores: &Stores, index: &mut FeedIndex) -> Result<Counters, Error> {
-        let ReadCounters { mut counters, inline, rest } = read;
-        for (item, kind, count) in inline {
-            place_inline(index, item, kind, count)?;
-        }
-        let Some(start) = rest else { return Ok(counters) };
-        for guard in stores.counters.range::<Vec<u8>, _>((start, Bound::Unbounded)) {
-            let (key, value) = guard.into_inner()?;
-            if let Some((item, kind, count)) = counters.take_stored(&key, &value)? {
-                place_inline(index, item, kind, count)?;
-            }
-        }
-        Ok(counters)
-    }
-
-    /// Interns a stored counter's kind and keeps it if its kind is past the inline ones; returns
-    /// it if it belongs in its item's trending entry.
-    fn take_stored(&mut self, key: &[u8], value: &[u8]) -> Result<Option<(u64, u32, u64)>, Error> {
-        let item = key.get(..8).and_then(keys::item_of_key).ok_or_else(|| corrupt("malformed key"))?;
-        let kind = std::str::from_utf8(&key[8..]).map_err(|_| corrupt("kind is not UTF-8"))?;
-        let count = keys::u64_value(value).ok_or_else(|| corrupt("not a u64"))?;
+    /// Puts one stored counter into memory: a count of one of the first kinds into its item's
+    /// trending entry (set before it), any other into the map. Kind ids are interned in the
+    /// order counters are loaded: item, then kind name.
+    pub fn load_count(
+        &mut self,
+        index: &mut FeedIndex,
+        item: u64,
+        kind: &str,
+        count: u64,
+    ) -> Result<(), Error> {
         let kind = self.kind_id(kind);
         if kind as usize >= INLINE_KINDS {
             self.more.insert((item, kind), Count { count, mark: Mark::CLEAN });
-            return Ok(None);
+            return Ok(());
         }
-        Ok(Some((item, kind, count)))
+        place_inline(index, item, kind, count)
     }
 
     /// Adds one to `(item, kind)` for a kind id of [`Counters::kind_id`]; `counts` are the item's
@@ -221,15 +174,10 @@ impl Counters {
 }
 
 impl DirtyCounters {
-    /// Puts every changed counter (or its removal) into `writes`, in key order.
-    pub fn flush_into(&self, stores: &Stores, writes: &mut fjall::OwnedWriteBatch) {
-        for ((item, kind), value) in last_values(&self.values) {
-            let key = keys::counter_key(item, &self.kinds[kind as usize]);
-            match value {
-                Some(count) => writes.insert(&stores.counters, key, count.to_le_bytes()),
-                None => writes.remove(&stores.counters, key),
-            }
-        }
+    /// The window's counter changes, last values only, ascending by (item, kind id), and the name
+    /// of each kind id.
+    pub fn changes(&self) -> (Vec<CountChange>, &[Box<str>]) {
+        (last_values(&self.values), &self.kinds)
     }
 }
 
@@ -243,7 +191,7 @@ fn place_inline(index: &mut FeedIndex, item: u64, kind: u32, count: u64) -> Resu
 }
 
 fn corrupt(reason: &str) -> Error {
-    Error::Corrupt { keyspace: "counters", reason: reason.into() }
+    Error::Corrupt { keyspace: "trend_blocks", reason: reason.into() }
 }
 
 #[cfg(test)]
@@ -374,81 +322,5 @@ mod tests {
         both.increment(3, view);
         both.increment(1, view);
         assert_eq!(both.flush(), vec![(1, "view".into(), Some(2)), (3, "view".into(), Some(1))]);
-    }
-
-    /// Loads every counter in one pass on this thread.
-    fn load(stores: &Stores, index: &mut FeedIndex) -> Result<Counters, Error> {
-        Counters::place(Counters::read_ahead(stores, 0)?, stores, index)
-    }
-
-    /// Every counter as (item, kind name, count), in item then kind-id order.
-    fn listing(counters: &Counters, index: &mut FeedIndex, items: &[u64]) -> Vec<(u64, String, u64)> {
-        let mut listed = Vec::new();
-        for &item in items {
-            for (kind, name) in counters.kinds.iter().enumerate() {
-                let count = match index.counts_mut(item) {
-                    Some(counts) if kind < INLINE_KINDS => counts.0[kind].count,
-                    _ => counters.more.get(&(item, kind as u32)).map_or(0, |entry| entry.count),
-                };
-                if count > 0 {
-                    listed.push((item, name.to_string(), count));
-                }
-            }
-        }
-        listed
-    }
-
-    /// A read ahead that stops at its bound anywhere in the keyspace, then the placing of the
-    /// rest, gives what one pass gives: the same counts, the same kind ids.
-    #[test]
-    fn a_read_ahead_stopped_anywhere_places_what_one_pass_does() {
-        let dir = tempfile::tempdir().unwrap();
-        let stores = Stores::open(dir.path()).unwrap();
-        let items: Vec<u64> = (1..=6).collect();
-        let mut stored = 0;
-        for &item in &items {
-            for (k, kind) in ["view", "click", "like", "share"].iter().enumerate().take(item as usize % 4 + 1)
-            {
-                let count = item * 10 + k as u64;
-                stores.counters.insert(keys::counter_key(item, kind), count.to_le_bytes()).unwrap();
-                stored += 1;
-            }
-        }
-        let fresh_index = || {
-            let mut index = FeedIndex::new(2);
-            for &item in &items {
-                index.set_trend(item, Trend::first(0, 1.0));
-            }
-            index
-        };
-        let mut index = fresh_index();
-        let one_pass = load(&stores, &mut index).unwrap();
-        let expected = listing(&one_pass, &mut index, &items);
-        assert_eq!(expected.len(), stored);
-        for inline_max in [1, 2, 3, 5, stored, usize::MAX] {
-            let mut index = fresh_index();
-            let read = Counters::read_ahead(&stores, inline_max).unwrap();
-            assert!(read.inline.len() <= inline_max, "{inline_max}: held {}", read.inline.len());
-            let placed = Counters::place(read, &stores, &mut index).unwrap();
-            assert_eq!(placed.kinds, one_pass.kinds, "kind ids with a read ahead of {inline_max}");
-            assert_eq!(listing(&placed, &mut index, &items), expected, "read ahead of {inline_max}");
-        }
-    }
-
-    /// A count of an item without a trending score cannot come from the fold: loading one is refused.
-    #[test]
-    fn a_count_without_a_trending_score_is_refused_at_load() {
-        let dir = tempfile::tempdir().unwrap();
-        let stores = Stores::open(dir.path()).unwrap();
-        stores.counters.insert(keys::counter_key(9, "view"), 3u64.to_le_bytes()).unwrap();
-        let mut index = FeedIndex::new(2);
-        let error = load(&stores, &mut index).unwrap_err();
-        assert!(error.to_string().contains("item 9 has a count but no trending score"), "{error}");
-        index.set_trend(9, Trend::first(0, 1.0));
-        let mut counters = load(&stores, &mut index).unwrap();
-        let view = counters.kind_id("view");
-        counters.increment_id(index.counts_mut(9).unwrap(), 9, view);
-        let dirty = counters.take_dirty(&mut index);
-        assert_eq!(last_values(&dirty.values), vec![((9, view), Some(4))]);
     }
 }

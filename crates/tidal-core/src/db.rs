@@ -62,6 +62,7 @@ use crate::seen;
 use crate::stores::Stores;
 use crate::streams::{StoredEvent, StreamInfo, StreamMeta};
 use crate::trend::Trend;
+use crate::trend_blocks;
 
 mod inbox_io;
 mod snapshot_io;
@@ -282,6 +283,7 @@ impl TidalDb {
             tracing::error!("a snapshot install was interrupted: applies are refused until it is resumed");
         }
         let last_time_ms = meta_u64(&stores, keys::META_LAST_TIME_MS)?;
+        migrate_layout(&stores)?;
         let swept = crate::streams::sweep_below_horizons(&stores)?;
         if swept > 0 {
             tracing::info!(swept, "deleted stream events a trim left behind (a crash after its flush)");
@@ -619,9 +621,8 @@ impl TidalDb {
     /// stop hung at shutdown. This wait ends with [`Error::TablesNotWritten`] once fjall is
     /// poisoned or after [`FLUSH_TABLES_WAIT_MAX`].
     pub fn flush_tables(&self) -> Result<(), Error> {
-        let keyspaces = self.stores.log_derived().map(|(_, keyspace)| keyspace);
         let keyspaces: Vec<&fjall::Keyspace> =
-            keyspaces.into_iter().chain([&self.stores.negatives, &self.stores.local]).collect();
+            self.stores.log_derived_stored().chain([&self.stores.negatives, &self.stores.local]).collect();
         for keyspace in &keyspaces {
             // Public but hidden in fjall 3: seals the active memtable and queues its flush.
             keyspace.rotate_memtable()?;
@@ -1482,36 +1483,46 @@ fn meta_u64(stores: &Stores, key: &[u8]) -> Result<u64, Error> {
     }
 }
 
-/// Counters of the first kinds a read beside the index's load may hold before it leaves the rest
-/// to the thread that places them: at 24 bytes each, about 48 MiB at most while an engine opens.
-const COUNTERS_READ_AHEAD_MAX: usize = 2 << 20;
+/// The engine's on-disk layout: 2 since trending scores and counters are stored in trend blocks
+/// (decisions/070); 1 (no key) before.
+const LAYOUT: u32 = 2;
 
-/// Rebuilds what memory holds of fjall's state: the index (embeddings, trending scores) and the
-/// counters. The counters are read on a second thread while this one loads the index: after a
-/// crash under signal ingest each took about a fifth of the engine's open, one after the other
-/// (docs/measurements.md, 2026-12-06 09:33–). Nothing writes fjall meanwhile (an open, or a
-/// reload with the applier and the flusher held).
-pub(crate) fn load_memory(stores: &Stores, config: &EngineConfig) -> Result<(FeedIndex, Counters), Error> {
-    std::thread::scope(|scope| {
-        let reader = std::thread::Builder::new()
-            .name("tidal-counters".into())
-            .spawn_scoped(scope, || Counters::read_ahead(stores, COUNTERS_READ_AHEAD_MAX));
-        let index = load_index(stores, config);
-        let read = match reader {
-            Ok(reader) => reader.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic)),
-            // No second thread: the placing reads them all.
-            Err(error) => {
-                tracing::debug!("no thread to read the counters beside the index: {error}");
-                Counters::read_ahead(stores, 0)
-            }
-        };
-        let mut index = index?;
-        let counters = Counters::place(read?, stores, &mut index)?;
-        Ok((index, counters))
-    })
+/// Bytes of old-layout entries one batch of the layout migration moves.
+const MIGRATION_BATCH_BYTES: usize = 4 << 20;
+
+/// Refuses a data dir of a later layout, and moves one of the old layout into trend blocks
+/// (resuming a migration a crash cut short), then records the layout.
+fn migrate_layout(stores: &Stores) -> Result<(), Error> {
+    let stored = match stores.local.get(keys::LOCAL_LAYOUT)? {
+        Some(value) => <[u8; 4]>::try_from(&*value)
+            .map(u32::from_le_bytes)
+            .map_err(|_| corrupt("local", "layout is not a u32"))?,
+        None => 1,
+    };
+    if stored > LAYOUT {
+        return Err(Error::Config {
+            reason: format!("the data dir has engine layout {stored}; this build reads up to {LAYOUT}"),
+        });
+    }
+    if stored < LAYOUT {
+        let started = Instant::now();
+        let moved = trend_blocks::migrate_legacy(stores, MIGRATION_BATCH_BYTES, None)?;
+        stores.local.insert(keys::LOCAL_LAYOUT, LAYOUT.to_le_bytes())?;
+        stores.database.persist(PersistMode::SyncAll)?;
+        tracing::info!(
+            items = moved.items,
+            batches = moved.batches,
+            seconds = started.elapsed().as_secs_f64(),
+            "moved trending scores and counters into trend blocks (engine layout {LAYOUT})"
+        );
+    }
+    Ok(())
 }
 
-fn load_index(stores: &Stores, config: &EngineConfig) -> Result<FeedIndex, Error> {
+/// Rebuilds what memory holds of fjall's state: the index (embeddings, trending scores) and the
+/// counters. Nothing writes fjall meanwhile (an open, or a reload with the applier and the flusher
+/// held).
+pub(crate) fn load_memory(stores: &Stores, config: &EngineConfig) -> Result<(FeedIndex, Counters), Error> {
     let dimension = config.dimension as usize;
     let mut index = FeedIndex::new(dimension);
     for guard in stores.embeddings.iter() {
@@ -1523,10 +1534,16 @@ fn load_index(stores: &Stores, config: &EngineConfig) -> Result<FeedIndex, Error
             keys::f32s_from_bytes(bytes, dimension).ok_or_else(|| corrupt("embeddings", "wrong length"))?;
         index.set_embedding(item, &vector);
     }
-    for guard in stores.trending.iter() {
+    let mut counters = Counters::default();
+    for guard in stores.trend_blocks.iter() {
         let (key, value) = guard.into_inner()?;
-        let item = keys::item_of_key(&key).ok_or_else(|| corrupt("trending", "malformed key"))?;
-        index.set_trend(item, Trend::decode(&value).ok_or_else(|| corrupt("trending", "bad value"))?);
+        trend_blocks::parse_block::<Error>(&key, &value, |item, trend, counts| {
+            index.set_trend(item, trend);
+            for (kind, count) in counts {
+                counters.load_count(&mut index, item, kind, *count)?;
+            }
+            Ok(())
+        })?;
     }
     // The centroids are log-derived state: a node without the approximate index keeps them (they
     // are in the digest) but does not build the lists.
@@ -1536,5 +1553,5 @@ fn load_index(stores: &Stores, config: &EngineConfig) -> Result<FeedIndex, Error
             index.install_ann(centroids, config.half_life_ms);
         }
     }
-    Ok(index)
+    Ok((index, counters))
 }

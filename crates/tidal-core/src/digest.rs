@@ -14,6 +14,7 @@ use crate::error::Error;
 use crate::keys;
 use crate::seen;
 use crate::stores::Stores;
+use crate::trend_blocks::{self, Logical};
 
 /// `(applied seqno, digest)` of the log-derived state in `snapshot`.
 pub fn state_digest(stores: &Stores, snapshot: &fjall::Snapshot) -> Result<(Seqno, [u8; 32]), Error> {
@@ -38,7 +39,9 @@ pub fn state_digest(stores: &Stores, snapshot: &fjall::Snapshot) -> Result<(Seqn
 
 /// Feeds the entries of the log-derived keyspace `name` in `snapshot` to `emit` as the digest and a
 /// snapshot see them, in key order: the stored entries, but the seen set's logical pairs
-/// ([`seen::for_each_logical`]), whatever layout holds them, and no stream event at or below its
+/// ([`seen::for_each_logical`]), whatever layout holds them, the trending scores and counters of
+/// the trend blocks as the old layout stored them ([`trend_blocks::for_each_logical`]), and no
+/// stream event at or below its
 /// stream's horizon (a flush deletes them just after its commit: a fjall snapshot taken in between
 /// still holds them).
 pub fn for_each_entry<E: From<Error>>(
@@ -49,8 +52,11 @@ pub fn for_each_entry<E: From<Error>>(
     mut emit: impl FnMut(&[u8], &[u8]) -> Result<(), E>,
 ) -> Result<(), E> {
     let raw = snapshot.iter(keyspace).map(|guard| guard.into_inner());
-    if name == "seen" {
-        return seen::for_each_logical(raw, emit);
+    match name {
+        "seen" => return seen::for_each_logical(raw, emit),
+        "trending" => return trend_blocks::for_each_logical(raw, Logical::Trending, emit),
+        "counters" => return trend_blocks::for_each_logical(raw, Logical::Counters, emit),
+        _ => {}
     }
     let horizons = match name {
         "stream_events" => Some(crate::streams::Horizons::of(stores, snapshot)?),

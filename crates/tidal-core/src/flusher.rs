@@ -31,6 +31,7 @@ use crate::keys;
 use crate::overlay::{FrozenDirty, Overlay, SeenWrites};
 use crate::seen;
 use crate::stores::Stores;
+use crate::trend_blocks::Changes;
 
 /// Upper bounds (inclusive, milliseconds) of the flush duration buckets; the last is a catch-all.
 /// They span an overlay of a few keys (under a millisecond) up to a full 64 MiB overlay on a slow
@@ -466,15 +467,24 @@ impl Drop for FlushHold {
 impl FrozenOverlay {
     /// Puts everything into `writes`: the data, then the applied seqno and the logged time, and
     /// the counts an open reads instead of counting (decisions/048), all in one atomic batch.
-    pub fn flush_into(&self, stores: &Stores, writes: &mut fjall::OwnedWriteBatch, merges: &[SeenMerge]) {
+    /// Reads the trend blocks it changes (only the flusher writes them).
+    pub fn flush_into(
+        &self,
+        stores: &Stores,
+        writes: &mut fjall::OwnedWriteBatch,
+        merges: &[SeenMerge],
+    ) -> Result<(), Error> {
         let seen = if self.ingest_seen { SeenWrites::Ingested } else { SeenWrites::Chunks(merges) };
         self.overlay.flush_into(stores, writes, self.applied_seqno.0, seen);
         self.dirty.flush_into(stores, writes);
-        self.counters.flush_into(stores, writes);
+        let trends = self.dirty.trend_changes();
+        let (counts, kinds) = self.counters.changes();
+        Changes { trends: &trends, counts: &counts, kinds }.flush_into(stores, writes)?;
         writes.insert(&stores.meta, keys::META_APPLIED_SEQNO, self.applied_seqno.0.to_le_bytes());
         writes.insert(&stores.meta, keys::META_LAST_TIME_MS, self.last_time_ms.to_le_bytes());
         let counts = keys::counts_value(self.applied_seqno, self.items, self.users);
         writes.insert(&stores.local, keys::LOCAL_COUNTS, counts);
+        Ok(())
     }
 }
 
@@ -520,7 +530,7 @@ pub fn run<S>(context: FlusherContext<S>, frozen_overlays: Receiver<Arc<FrozenOv
         }
         let started = Instant::now();
         // A failed write is fatal: logged here and kept in `shared`.
-        let fail = |what: &str, error: fjall::Error| {
+        let fail = |what: &str, error: &dyn std::fmt::Display| {
             let reason = format!("{what} of the overlay frozen at {}: {error}", frozen.applied_seqno);
             tracing::error!("failed to flush: {reason}; the engine refuses further applies");
             shared.finish(Some(reason));
@@ -528,7 +538,7 @@ pub fn run<S>(context: FlusherContext<S>, frozen_overlays: Receiver<Arc<FrozenOv
         let ingested = if frozen.ingest_seen {
             match frozen.overlay.ingest_seen(&stores, frozen.applied_seqno.0) {
                 Ok(ingested) => ingested,
-                Err(error) => return fail("ingestion of the seen pairs", error),
+                Err(error) => return fail("ingestion of the seen pairs", &error),
             }
         } else {
             0
@@ -541,16 +551,18 @@ pub fn run<S>(context: FlusherContext<S>, frozen_overlays: Receiver<Arc<FrozenOv
         let merges = if frozen.ingest_seen { Vec::new() } else { shared.take_seen_merges() };
         let merges = match read_seen_merges(&stores, &frozen.overlay, merges) {
             Ok(merges) => merges,
-            Err(error) => return fail("a read of the seen entries to merge", error),
+            Err(error) => return fail("a read of the seen entries to merge", &error),
         };
         let mut writes = stores.database.batch();
-        frozen.flush_into(&stores, &mut writes, &merges);
+        if let Err(error) = frozen.flush_into(&stores, &mut writes, &merges) {
+            return fail("a read of the trend blocks to change", &error);
+        }
         let entries = writes.len() + ingested;
         if let Some(reason) = shared.take_injected() {
-            return fail("commit", fjall::Error::Io(std::io::Error::other(reason)));
+            return fail("commit", &reason);
         }
         if let Err(error) = writes.commit() {
-            return fail("commit", error);
+            return fail("commit", &error);
         }
         // The trims' events leave fjall after the batch that recorded their horizons and counts
         // (see `streams`); a crash in between leaves them to the sweep at the next open.
@@ -561,7 +573,7 @@ pub fn run<S>(context: FlusherContext<S>, frozen_overlays: Receiver<Arc<FrozenOv
         }
         let trimmed = match crate::streams::delete_trimmed(&stores, trims) {
             Ok(trimmed) => trimmed,
-            Err(error) => return fail("a delete of trimmed stream events", error),
+            Err(error) => return fail("a delete of trimmed stream events", &error),
         };
         let entries = entries + trimmed;
         let elapsed = started.elapsed();

@@ -5,8 +5,9 @@
 //! meta         name (ASCII)                          u64 / u32 LE
 //! items        item u64 BE                           seqno u64 LE | metadata JSON
 //! embeddings   item u64 BE                           seqno u64 LE | f32 x dimension LE
-//! trending     item u64 BE                           score f64 LE | ref_ms i64 LE
-//! counters     item u64 BE | kind name               count u64 LE
+//! trend_blocks item / 16, u64 BE                      per item: offset, trend, counters (trend_blocks.rs)
+//! trending     item u64 BE                           score f64 LE | ref_ms i64 LE    (layout 1; the digest's view)
+//! counters     item u64 BE | kind name               count u64 LE                    (layout 1; the digest's view)
 //! profiles     user                                  ref_ms i64 LE | f32 x dimension LE
 //! seen         u16 BE len | user | item u64 BE       (empty)
 //! idempotency  see idempotency.rs
@@ -35,6 +36,10 @@ pub const META_ANN_CENTROIDS: &[u8] = b"ann_centroids";
 /// many users a profile at that applied seqno. Written with every flush, so an open need not count
 /// them; an open uses it only if its seqno is fjall's applied seqno (decisions/048).
 pub const LOCAL_COUNTS: &[u8] = b"counts";
+
+/// local key: the engine's on-disk layout (u32 LE; no key: layout 1). An open refuses a layout it
+/// does not know and migrates an older one (decisions/070).
+pub const LOCAL_LAYOUT: &[u8] = b"layout";
 
 /// local key: the data dir's identity (which node of which cluster this state belongs to), as the
 /// server writes it (decisions/063). Node-local: never in the digest or a snapshot.
@@ -135,6 +140,39 @@ pub fn f32s_from_bytes(bytes: &[u8], dimension: usize) -> Option<Vec<f32>> {
 /// A u64 LE value.
 pub fn u64_value(bytes: &[u8]) -> Option<u64> {
     Some(u64::from_le_bytes(bytes.try_into().ok()?))
+}
+
+/// Appends `value` as LEB128: seven bits per byte, low bits first, the high bit set on every byte
+/// but the last.
+pub fn put_leb128(out: &mut Vec<u8>, mut value: u64) {
+    loop {
+        let byte = (value & 0x7f) as u8;
+        value >>= 7;
+        if value == 0 {
+            out.push(byte);
+            return;
+        }
+        out.push(byte | 0x80);
+    }
+}
+
+/// Reads a LEB128 number at `*at` and moves `*at` past it; an error says what is wrong.
+pub fn read_leb128(bytes: &[u8], at: &mut usize) -> Result<u64, &'static str> {
+    let mut value = 0u64;
+    let mut shift = 0;
+    loop {
+        let byte = *bytes.get(*at).ok_or("ends inside a number")?;
+        *at += 1;
+        let bits = u64::from(byte & 0x7f);
+        if shift == 63 && bits > 1 || shift > 63 {
+            return Err("a number overflows 64 bits");
+        }
+        value |= bits << shift;
+        shift += 7;
+        if byte & 0x80 == 0 {
+            return Ok(value);
+        }
+    }
 }
 
 /// A user's profile: decayed weighted sum of the embeddings of items they interacted with.

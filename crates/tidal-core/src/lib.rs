@@ -52,6 +52,7 @@ pub mod snapshot;
 mod stores;
 mod streams;
 mod trend;
+mod trend_blocks;
 mod trend_order;
 
 pub use config::{

@@ -389,14 +389,14 @@ pub struct FrozenDirty {
 }
 
 impl FrozenDirty {
-    /// Puts the dirty trending scores and the LeaderStart into `writes`.
+    /// The window's trending score changes, last values only, ascending by item.
+    pub fn trend_changes(&self) -> Vec<(u64, Option<Trend>)> {
+        last_values(&self.trends)
+    }
+
+    /// Puts the LeaderStart and the centroids into `writes` (the trending scores go with the
+    /// counters: [`crate::trend_blocks::Changes`]).
     pub fn flush_into(&self, stores: &Stores, writes: &mut fjall::OwnedWriteBatch) {
-        for (item, trend) in last_values(&self.trends) {
-            match trend {
-                Some(trend) => writes.insert(&stores.trending, keys::item_key(item), trend.encode()),
-                None => writes.remove(&stores.trending, keys::item_key(item)),
-            }
-        }
         if let Some(value) = &self.leader_start {
             writes.insert(&stores.meta, keys::META_LEADER_START, value.as_slice());
         }

@@ -59,17 +59,8 @@ pub fn encode_chunk(items: &[u64]) -> Vec<u8> {
     let mut value = Vec::with_capacity(items.len() * 3);
     let mut previous = 0;
     for &item in items {
-        let mut delta = item - previous;
+        keys::put_leb128(&mut value, item - previous);
         previous = item;
-        loop {
-            let byte = (delta & 0x7f) as u8;
-            delta >>= 7;
-            if delta == 0 {
-                value.push(byte);
-                break;
-            }
-            value.push(byte | 0x80);
-        }
     }
     value
 }
@@ -82,21 +73,7 @@ pub fn decode_chunk(value: &[u8], out: &mut Vec<u64>) -> Result<(), &'static str
     }
     let (mut at, mut previous, mut first) = (0, 0u64, true);
     while at < value.len() {
-        let mut delta = 0u64;
-        let mut shift = 0;
-        loop {
-            let byte = *value.get(at).ok_or("chunk ends inside a number")?;
-            at += 1;
-            let bits = u64::from(byte & 0x7f);
-            if shift == 63 && bits > 1 || shift > 63 {
-                return Err("chunk number overflows 64 bits");
-            }
-            delta |= bits << shift;
-            shift += 7;
-            if byte & 0x80 == 0 {
-                break;
-            }
-        }
+        let delta = keys::read_leb128(value, &mut at)?;
         if delta == 0 && !first {
             return Err("chunk items not strictly ascending");
         }
@@ -204,7 +181,7 @@ mod tests {
             }
         }
         assert_eq!(decode_chunk(&[], &mut Vec::new()), Err("empty chunk"));
-        assert_eq!(decode_chunk(&[0x80], &mut Vec::new()), Err("chunk ends inside a number"));
+        assert_eq!(decode_chunk(&[0x80], &mut Vec::new()), Err("ends inside a number"));
         assert_eq!(decode_chunk(&[1, 0], &mut Vec::new()), Err("chunk items not strictly ascending"));
         let too_long = [0xff; 10];
         assert!(decode_chunk(&too_long, &mut Vec::new()).is_err());

@@ -66,6 +66,11 @@ pub const NEGATIVES_SECTION: usize = 11;
 /// Index of the seen section in [`SECTIONS`]: the seen set's logical pairs, whatever layout the
 /// exporter stores them in (decisions/056).
 pub const SEEN_SECTION: usize = 6;
+/// Index of the trending section in [`SECTIONS`]: item → trend, as the trend blocks hold them
+/// (decisions/070).
+pub const TRENDING_SECTION: usize = 3;
+/// Index of the counters section in [`SECTIONS`]: item | kind → count, from the trend blocks.
+pub const COUNTERS_SECTION: usize = 4;
 /// meta key present while an install is replacing the state (never in a snapshot).
 pub const META_IMPORT_PENDING: &[u8] = b"import_pending";
 

@@ -25,10 +25,14 @@ pub struct Stores {
     pub items: Keyspace,
     /// Item embeddings.
     pub embeddings: Keyspace,
-    /// Per-item trending scores.
-    pub trending: Keyspace,
-    /// Per (item, signal kind) counters.
-    pub counters: Keyspace,
+    /// Trending scores and per (item, signal kind) counters, one entry per block of 16 item ids
+    /// (`trend_blocks.rs`, decisions/070): the digest and snapshots see them as the logical
+    /// keyspaces `trending` and `counters`.
+    pub trend_blocks: Keyspace,
+    /// The old layout's per-item trending scores: emptied into `trend_blocks` at open.
+    pub legacy_trending: Keyspace,
+    /// The old layout's per (item, signal kind) counters: emptied into `trend_blocks` at open.
+    pub legacy_counters: Keyspace,
     /// Per-user profile vectors.
     pub profiles: Keyspace,
     /// (user, item) seen sets.
@@ -66,8 +70,9 @@ impl Stores {
             meta: keyspace("meta")?,
             items: keyspace("items")?,
             embeddings: keyspace("embeddings")?,
-            trending: keyspace("trending")?,
-            counters: keyspace("counters")?,
+            trend_blocks: keyspace("trend_blocks")?,
+            legacy_trending: keyspace("trending")?,
+            legacy_counters: keyspace("counters")?,
             profiles: keyspace("profiles")?,
             seen: keyspace("seen")?,
             idempotency: keyspace("idempotency")?,
@@ -80,14 +85,15 @@ impl Stores {
         })
     }
 
-    /// Every log-derived keyspace with its name, in digest order.
+    /// Every log-derived keyspace as the digest and snapshots name it, in digest order, with the
+    /// fjall keyspace that stores it: `trending` and `counters` are both stored in `trend_blocks`.
     pub fn log_derived(&self) -> [(&'static str, &Keyspace); 11] {
         [
             ("meta", &self.meta),
             ("items", &self.items),
             ("embeddings", &self.embeddings),
-            ("trending", &self.trending),
-            ("counters", &self.counters),
+            ("trending", &self.trend_blocks),
+            ("counters", &self.trend_blocks),
             ("profiles", &self.profiles),
             ("seen", &self.seen),
             ("idempotency", &self.idempotency),
@@ -95,6 +101,11 @@ impl Stores {
             ("stream_events", &self.stream_events),
             ("inboxes", &self.inboxes),
         ]
+    }
+
+    /// Every fjall keyspace that stores log-derived state, each once.
+    pub fn log_derived_stored(&self) -> impl Iterator<Item = &Keyspace> {
+        self.log_derived().into_iter().filter(|(name, _)| *name != "counters").map(|(_, keyspace)| keyspace)
     }
 }
 

@@ -38,9 +38,11 @@ use crate::negatives::NegativesState;
 use crate::overlay::{Overlay, WriterDirty};
 use crate::seen;
 use crate::snapshot::{
-    hex, read_snapshot, SnapshotError, SnapshotInfo, SnapshotWriter, META_IMPORT_PENDING, NEGATIVES,
-    NEGATIVES_SECTION, SECTIONS, SEEN_SECTION,
+    hex, read_snapshot, SnapshotError, SnapshotInfo, SnapshotWriter, COUNTERS_SECTION, META_IMPORT_PENDING,
+    NEGATIVES, NEGATIVES_SECTION, SECTIONS, SEEN_SECTION, TRENDING_SECTION,
 };
+use crate::trend::Trend;
+use crate::trend_blocks::{self, ItemState};
 
 /// Bytes of keys and values per fjall write batch during an install: bounds the memory of one batch
 /// (fjall holds a batch whole until its commit) while keeping commits few.
@@ -200,7 +202,7 @@ impl TidalDb {
         // counts (decisions/048); `reload` stores the new ones.
         batch.remove(&self.stores.local, keys::LOCAL_COUNTS);
         let mut bytes = 0usize;
-        for (_, keyspace) in self.stores.log_derived().into_iter().skip(1) {
+        for keyspace in self.stores.log_derived_stored().skip(1) {
             for guard in snapshot.iter(keyspace) {
                 let key = guard.key()?;
                 bytes += key.len();
@@ -258,6 +260,11 @@ struct Import<'a> {
     /// The user (key prefix) whose seen pairs are being gathered into one chunk, and its items.
     seen_user: Vec<u8>,
     seen_items: Vec<u64>,
+    /// The trend block being gathered from the trending section (its items, ascending), or the
+    /// stored block the counters section is adding counts to.
+    block: Vec<ItemState>,
+    /// Whether the trending section's blocks are committed (the counters section reads them).
+    trending_committed: bool,
 }
 
 impl<'a> Import<'a> {
@@ -271,6 +278,8 @@ impl<'a> Import<'a> {
             chunk: applied.0,
             seen_user: Vec::new(),
             seen_items: Vec::new(),
+            block: Vec::new(),
+            trending_committed: false,
         }
     }
 
@@ -287,8 +296,13 @@ impl<'a> Import<'a> {
             self.seen_items.push(keys::item_of_key(item).ok_or_else(|| super::corrupt("seen", "bad item"))?);
             return Ok(());
         }
+        if section != TRENDING_SECTION && section != COUNTERS_SECTION {
+            self.write_block()?;
+        }
         match section {
             0 => self.meta.push((key.to_vec(), value.to_vec())),
+            TRENDING_SECTION => self.trend(key, value)?,
+            COUNTERS_SECTION => self.count(key, value)?,
             NEGATIVES_SECTION => {
                 let user =
                     std::str::from_utf8(key).map_err(|_| super::corrupt("negatives", "user is not UTF-8"))?;
@@ -308,6 +322,67 @@ impl<'a> Import<'a> {
                     self.commit()?;
                 }
             }
+        }
+        Ok(())
+    }
+
+    /// One trending entry: gathered into its block, written once the next item is in another.
+    fn trend(&mut self, key: &[u8], value: &[u8]) -> Result<(), SnapshotError> {
+        // The reader checked the shape of both.
+        let item = keys::item_of_key(key).ok_or_else(|| super::corrupt("trending", "bad item"))?;
+        let trend = Trend::decode(value).ok_or_else(|| super::corrupt("trending", "bad trend"))?;
+        if self
+            .block
+            .first()
+            .is_some_and(|first| trend_blocks::block_of(first.item) != trend_blocks::block_of(item))
+        {
+            self.write_block()?;
+        }
+        self.block.push(ItemState { item, trend, counts: Vec::new() });
+        Ok(())
+    }
+
+    /// One counter: added to its item in the stored block (the trending section wrote them all
+    /// first), written once the next counter is of another block.
+    fn count(&mut self, key: &[u8], value: &[u8]) -> Result<(), SnapshotError> {
+        if !self.trending_committed {
+            self.write_block()?;
+            self.commit()?;
+            self.trending_committed = true;
+        }
+        let (item, kind) = key.split_at(8);
+        let item = keys::item_of_key(item).ok_or_else(|| super::corrupt("counters", "bad item"))?;
+        let kind = std::str::from_utf8(kind).map_err(|_| super::corrupt("counters", "kind is not UTF-8"))?;
+        let count = keys::u64_value(value).ok_or_else(|| super::corrupt("counters", "count is not a u64"))?;
+        let block = trend_blocks::block_of(item);
+        if self.block.first().is_none_or(|first| trend_blocks::block_of(first.item) != block) {
+            self.write_block()?;
+            let block_key = trend_blocks::block_key(block);
+            if let Some(stored) = self.db.stores.trend_blocks.get(block_key)? {
+                self.block = trend_blocks::decode_block(&block_key, &stored)?;
+            }
+        }
+        let Ok(at) = self.block.binary_search_by_key(&item, |state| state.item) else {
+            return Err(super::corrupt(
+                "counters",
+                &format!("item {item} has a count but no trending score"),
+            )
+            .into());
+        };
+        self.block[at].counts.push((kind.into(), count));
+        Ok(())
+    }
+
+    /// Writes the gathered trend block, if any.
+    fn write_block(&mut self) -> Result<(), SnapshotError> {
+        let Some(first) = self.block.first() else { return Ok(()) };
+        let key = trend_blocks::block_key(trend_blocks::block_of(first.item));
+        let value = trend_blocks::encode_block(&self.block);
+        self.block.clear();
+        self.batch_bytes += key.len() + value.len();
+        self.batch.insert(&self.db.stores.trend_blocks, key, value);
+        if self.batch_bytes >= INSTALL_BATCH_BYTES_MAX {
+            self.commit()?;
         }
         Ok(())
     }
@@ -355,6 +430,7 @@ impl<'a> Import<'a> {
 
     /// Commits the rest, then the snapshot's meta with the marker's removal in ONE batch.
     fn finish(mut self) -> Result<(), SnapshotError> {
+        self.write_block()?;
         self.seen_chunk()?;
         self.commit()?;
         self.merge_negatives()?;
