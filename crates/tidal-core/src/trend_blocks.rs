@@ -28,7 +28,6 @@ use crate::error::Error;
 use crate::keys;
 use crate::stores::Stores;
 use crate::trend::{Trend, TREND_LEN};
-use std::collections::BTreeMap;
 
 /// Item ids per block: ids `16b ..= 16b + 15` share block `b`.
 pub const BLOCK_ITEMS: u64 = 16;
@@ -229,39 +228,34 @@ impl Changes<'_> {
         Ok(())
     }
 
-    /// Applies one block's changes to its stored `items`.
+    /// Applies one block's changes to its stored `items` (ascending, at most 16: a binary search
+    /// finds each changed item, and each changed kind among the item's few).
     fn apply(
         &self,
         trends: &[(u64, Option<Trend>)],
         counts: &[((u64, u32), Option<u64>)],
         items: &mut Vec<ItemState>,
     ) {
-        type State = (Option<Trend>, BTreeMap<Box<str>, u64>);
-        let mut states: BTreeMap<u64, State> = items
-            .drain(..)
-            .map(|state| (state.item, (Some(state.trend), state.counts.into_iter().collect())))
-            .collect();
-        for (item, trend) in trends {
-            let state = states.entry(*item).or_default();
-            state.0 = *trend;
-            if trend.is_none() {
-                state.1.clear();
+        for &(item, trend) in trends {
+            match (items.binary_search_by_key(&item, |state| state.item), trend) {
+                (Ok(at), Some(trend)) => items[at].trend = trend,
+                (Ok(at), None) => drop(items.remove(at)),
+                (Err(at), Some(trend)) => items.insert(at, ItemState { item, trend, counts: Vec::new() }),
+                (Err(_), None) => {}
             }
         }
-        for ((item, kind), count) in counts {
-            let kind = &self.kinds[*kind as usize];
-            let counts = &mut states.entry(*item).or_default().1;
-            match count {
-                Some(count) => counts.insert(kind.clone(), *count),
-                None => counts.remove(kind),
+        for &((item, kind), count) in counts {
+            let kind = &self.kinds[kind as usize];
+            let Ok(at) = items.binary_search_by_key(&item, |state| state.item) else {
+                assert!(count.is_none(), "item {item} would keep counter {kind} = {count:?} without a trend");
+                continue;
             };
-        }
-        for (item, (trend, counts)) in states {
-            match trend {
-                Some(trend) => items.push(ItemState { item, trend, counts: counts.into_iter().collect() }),
-                None => {
-                    assert!(counts.is_empty(), "item {item} would keep counters {counts:?} without a trend")
-                }
+            let counts = &mut items[at].counts;
+            match (counts.binary_search_by(|(stored, _)| stored.as_bytes().cmp(kind.as_bytes())), count) {
+                (Ok(k), Some(count)) => counts[k].1 = count,
+                (Ok(k), None) => drop(counts.remove(k)),
+                (Err(k), Some(count)) => counts.insert(k, (kind.clone(), count)),
+                (Err(_), None) => {}
             }
         }
     }
