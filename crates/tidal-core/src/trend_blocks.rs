@@ -18,12 +18,13 @@
 //! instead).
 //!
 //! Delicate:
-//! - Only the flusher writes blocks while the engine runs (an install and the migration run with it
-//!   idle), so [`flush_into`]'s read of a block and its write in the flush's batch see no other
-//!   writer in between.
+//! - Only the flusher writes blocks while the engine runs (an install and the migration run with
+//!   it idle), so [`Changes::flush_into`]'s read of a block and its write in the flush's batch see
+//!   no other writer in between.
 //! - Every item with a count has a trend (one signal sets both; a delete removes both): a block
 //!   cannot hold counters without their trend, and a flush that would store one is a bug, asserted.
 
+use crate::counters::CountChange;
 use crate::error::Error;
 use crate::keys;
 use crate::stores::Stores;
@@ -195,7 +196,7 @@ pub struct Changes<'a> {
     /// Trend changes, ascending by item, distinct.
     pub trends: &'a [(u64, Option<Trend>)],
     /// Counter changes, ascending by (item, kind id), distinct.
-    pub counts: &'a [((u64, u32), Option<u64>)],
+    pub counts: &'a [CountChange],
     /// The name of each kind id.
     pub kinds: &'a [Box<str>],
 }
@@ -220,9 +221,10 @@ impl Changes<'_> {
                 None => Vec::new(),
             };
             self.apply(block_trends, block_counts, &mut items);
-            match items.is_empty() {
-                true => writes.remove(&stores.trend_blocks, key),
-                false => writes.insert(&stores.trend_blocks, key, encode_block(&items)),
+            if items.is_empty() {
+                writes.remove(&stores.trend_blocks, key);
+            } else {
+                writes.insert(&stores.trend_blocks, key, encode_block(&items));
             }
         }
         Ok(())
@@ -230,12 +232,7 @@ impl Changes<'_> {
 
     /// Applies one block's changes to its stored `items` (ascending, at most 16: a binary search
     /// finds each changed item, and each changed kind among the item's few).
-    fn apply(
-        &self,
-        trends: &[(u64, Option<Trend>)],
-        counts: &[((u64, u32), Option<u64>)],
-        items: &mut Vec<ItemState>,
-    ) {
+    fn apply(&self, trends: &[(u64, Option<Trend>)], counts: &[CountChange], items: &mut Vec<ItemState>) {
         for &(item, trend) in trends {
             match (items.binary_search_by_key(&item, |state| state.item), trend) {
                 (Ok(at), Some(trend)) => items[at].trend = trend,
@@ -262,7 +259,7 @@ impl Changes<'_> {
 }
 
 /// The first block either list of changes touches.
-fn next_block(trends: &[(u64, Option<Trend>)], counts: &[((u64, u32), Option<u64>)]) -> Option<u64> {
+fn next_block(trends: &[(u64, Option<Trend>)], counts: &[CountChange]) -> Option<u64> {
     let trend = trends.first().map(|(item, _)| block_of(*item));
     let count = counts.first().map(|((item, _), _)| block_of(*item));
     trend.into_iter().chain(count).min()
