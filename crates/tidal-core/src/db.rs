@@ -1193,7 +1193,7 @@ impl TidalDb {
 
     /// Whether the overlay is past one of its bounds.
     fn overlay_full(&self, writer: &Writer) -> bool {
-        // Each dirty counter costs its key in memory now and a fjall entry at flush.
+        // Each dirty counter costs its key in memory now and its part of a trend block at flush.
         let bytes = writer.dirty.bytes + writer.counters.dirty_len() * DIRTY_KEY_BYTES;
         bytes > self.config.overlay_bytes_max
             || (writer.dirty.batches >= self.config.overlay_batches_max

@@ -10,8 +10,9 @@
 //! - [`record`]: the payload codec (envelope + records), binding for every node.
 //! - `db`: [`TidalDb`], the one apply path and the reads.
 //! - `fold`: what a batch changes; `overlay`: dirty state not yet in fjall; `flusher`: the thread
-//!   that writes frozen overlays to fjall; `counters`: all per-kind counters; `idempotency`: the
-//!   replicated idempotency table.
+//!   that writes frozen overlays to fjall; `counters`: all per-kind counters; `trend_blocks`: how
+//!   trending scores and counters are stored, 16 items per fjall entry (decisions/070);
+//!   `idempotency`: the replicated idempotency table.
 //! - `feed_index`, `ranked`: the in-memory ranking index and the feed / similar / trending loops;
 //!   `ann_index`, `trend_order`: the approximate index large catalogues rank with (decisions/067).
 //! - `negatives`: the hard negatives ORSWOT (outside the log); `digest`: state digests.
