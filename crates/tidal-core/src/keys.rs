@@ -80,6 +80,14 @@ pub fn counter_key(item: u64, kind: &str) -> Vec<u8> {
     key
 }
 
+/// Splits a per (item, kind) counter entry into `(item, kind, count)`; `None` if the key is not an
+/// item and a non-empty UTF-8 kind, or the value not a u64.
+pub fn split_counter<'k>(key: &'k [u8], value: &[u8]) -> Option<(u64, &'k str, u64)> {
+    let item = item_of_key(key.get(..8)?)?;
+    let kind = std::str::from_utf8(&key[8..]).ok().filter(|kind| !kind.is_empty())?;
+    Some((item, kind, u64_value(value)?))
+}
+
 /// Prefix of one user's seen set.
 pub fn seen_prefix(user: &str) -> Vec<u8> {
     let mut key = Vec::with_capacity(2 + user.len() + 8);

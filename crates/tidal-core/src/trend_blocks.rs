@@ -378,21 +378,16 @@ impl<'s> Legacy<'s> {
             Trend::decode(&value).ok_or_else(|| legacy("trending", format!("item {item}: not a trend")))?;
         let mut counts = Vec::new();
         while let Some((key, value)) = &self.counter {
-            let owner = key
-                .get(..8)
-                .and_then(keys::item_of_key)
-                .ok_or_else(|| legacy("counters", "malformed key".into()))?;
+            let counter = keys::split_counter(key, value).filter(|(_, _, count)| *count > 0);
+            let Some((owner, kind, count)) = counter else {
+                return Err(legacy("counters", format!("a malformed counter near item {item}")));
+            };
             if owner > item {
                 break;
             }
             if owner < item {
                 return Err(orphan(key));
             }
-            let kind = std::str::from_utf8(&key[8..]).ok().filter(|kind| !kind.is_empty());
-            let count = keys::u64_value(value).filter(|count| *count > 0);
-            let (Some(kind), Some(count)) = (kind, count) else {
-                return Err(legacy("counters", format!("item {item}: a malformed counter")));
-            };
             counts.push((kind.into(), count));
             self.counter = self.counters.next().transpose()?;
         }

@@ -350,10 +350,9 @@ impl<'a> Import<'a> {
             self.commit()?;
             self.trending_committed = true;
         }
-        let (item, kind) = key.split_at(8);
-        let item = keys::item_of_key(item).ok_or_else(|| super::corrupt("counters", "bad item"))?;
-        let kind = std::str::from_utf8(kind).map_err(|_| super::corrupt("counters", "kind is not UTF-8"))?;
-        let count = keys::u64_value(value).ok_or_else(|| super::corrupt("counters", "count is not a u64"))?;
+        // The reader checked the shape.
+        let (item, kind, count) =
+            keys::split_counter(key, value).ok_or_else(|| super::corrupt("counters", "malformed counter"))?;
         let block = trend_blocks::block_of(item);
         if self.block.first().is_none_or(|first| trend_blocks::block_of(first.item) != block) {
             self.write_block()?;
