@@ -1508,6 +1508,7 @@ fn migrate_layout(stores: &Stores) -> Result<(), Error> {
         let started = Instant::now();
         let moved = trend_blocks::migrate_legacy(stores, MIGRATION_BATCH_BYTES, None)?;
         stores.local.insert(keys::LOCAL_LAYOUT, LAYOUT.to_le_bytes())?;
+        trend_blocks::drop_legacy(stores)?;
         stores.database.persist(PersistMode::SyncAll)?;
         tracing::info!(
             items = moved.items,
@@ -1515,6 +1516,11 @@ fn migrate_layout(stores: &Stores) -> Result<(), Error> {
             seconds = started.elapsed().as_secs_f64(),
             "moved trending scores and counters into trend blocks (engine layout {LAYOUT})"
         );
+    } else if trend_blocks::holds_legacy(stores) {
+        // A crash after the layout was recorded and before the old keyspaces were cleared.
+        trend_blocks::drop_legacy(stores)?;
+        stores.database.persist(PersistMode::SyncAll)?;
+        tracing::info!("cleared the old layout's trending scores and counters (engine layout {LAYOUT})");
     }
     Ok(())
 }

@@ -41,6 +41,10 @@ pub const LOCAL_COUNTS: &[u8] = b"counts";
 /// does not know and migrates an older one (decisions/070).
 pub const LOCAL_LAYOUT: &[u8] = b"layout";
 
+/// local key: the last item id a layout migration moved into blocks (u64 LE), written with each of
+/// its batches so that a migration a crash cut short goes on after it (decisions/070).
+pub const LOCAL_MIGRATED_THROUGH: &[u8] = b"migrated_through";
+
 /// local key: the data dir's identity (which node of which cluster this state belongs to), as the
 /// server writes it (decisions/063). Node-local: never in the digest or a snapshot.
 pub const LOCAL_IDENTITY: &[u8] = b"identity";
@@ -72,11 +76,17 @@ pub fn item_of_key(key: &[u8]) -> Option<u64> {
     Some(u64::from_be_bytes(key.try_into().ok()?))
 }
 
-/// Key of a per (item, signal kind) counter.
-pub fn counter_key(item: u64, kind: &str) -> Vec<u8> {
-    let mut key = Vec::with_capacity(8 + kind.len());
+/// Appends the key of a per (item, signal kind) counter (the logical `counters` keyspace) to `key`.
+pub fn put_counter_key(key: &mut Vec<u8>, item: u64, kind: &str) {
     key.extend_from_slice(&item.to_be_bytes());
     key.extend_from_slice(kind.as_bytes());
+}
+
+/// Key of a per (item, signal kind) counter.
+#[cfg(test)]
+pub fn counter_key(item: u64, kind: &str) -> Vec<u8> {
+    let mut key = Vec::with_capacity(8 + kind.len());
+    put_counter_key(&mut key, item, kind);
     key
 }
 

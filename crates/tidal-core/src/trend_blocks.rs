@@ -177,8 +177,7 @@ pub fn for_each_logical<E: From<Error>>(
             Logical::Counters => {
                 for (kind, count) in counts {
                     key.clear();
-                    key.extend_from_slice(&keys::item_key(item));
-                    key.extend_from_slice(kind.as_bytes());
+                    keys::put_counter_key(&mut key, item, kind);
                     emit(&key, &count.to_le_bytes())?;
                 }
                 Ok(())
@@ -279,17 +278,25 @@ pub struct Migration {
 }
 
 /// Moves what a data dir of the old layout holds in `trending` and `counters` into blocks, in
-/// batches of about `batch_bytes`. Each batch carries whole blocks and deletes the entries it
-/// moved, so a crash between two leaves every item in exactly one layout and the next open goes on
-/// (`stop_after` committed batches ends it there, for the tests of that). Runs at open, before
-/// anything reads or writes the state.
+/// batches of about `batch_bytes`. Each batch carries whole blocks and records the last item it
+/// moved ([`keys::LOCAL_MIGRATED_THROUGH`]), so after a crash between two the next open goes on
+/// after it (`stop_after` committed batches ends it there, for the tests of that). The old entries
+/// stay until [`drop_legacy`] clears both keyspaces at once: a delete per entry would put two
+/// tombstones per item into fjall's journal, which every open replays entry by entry. Runs at open,
+/// before anything reads or writes the state.
 pub fn migrate_legacy(
     stores: &Stores,
     batch_bytes: usize,
     stop_after: Option<u64>,
 ) -> Result<Migration, Error> {
     let mut done = Migration::default();
-    let mut legacy = Legacy::new(stores)?;
+    let through = match stores.local.get(keys::LOCAL_MIGRATED_THROUGH)? {
+        Some(value) => Some(u64::from_le_bytes(
+            (*value).try_into().map_err(|_| legacy("local", "migrated_through is not a u64".into()))?,
+        )),
+        None => None,
+    };
+    let mut legacy = Legacy::new(stores, through.map_or(Some(0), |item| item.checked_add(1)))?;
     let mut pending: Vec<ItemState> = Vec::new();
     let mut batch = stores.database.batch();
     let (mut bytes, mut items) = (0usize, 0u64);
@@ -318,8 +325,23 @@ pub fn migrate_legacy(
     }
 }
 
-/// Writes the migrated items of one block (merged into what the block holds, if anything) and
-/// deletes their old entries, in `batch`; returns the bytes written.
+/// Empties the old layout's keyspaces and forgets the migration's progress, once every item is in
+/// a block and the layout is recorded: one clear record per keyspace in fjall's journal. Records
+/// reach the journal in order, so no crash keeps the clear without the layout before it.
+pub fn drop_legacy(stores: &Stores) -> Result<(), Error> {
+    stores.legacy_trending.clear()?;
+    stores.legacy_counters.clear()?;
+    stores.local.remove(keys::LOCAL_MIGRATED_THROUGH)?;
+    Ok(())
+}
+
+/// Whether the old layout's keyspaces still hold anything.
+pub fn holds_legacy(stores: &Stores) -> bool {
+    stores.legacy_trending.first_key_value().is_some() || stores.legacy_counters.first_key_value().is_some()
+}
+
+/// Writes the migrated items of one block (merged into what the block holds, if anything) and the
+/// last item moved, in `batch`; returns the bytes written.
 fn write_migrated(
     stores: &Stores,
     batch: &mut fjall::OwnedWriteBatch,
@@ -331,15 +353,13 @@ fn write_migrated(
         None => Vec::new(),
     };
     for state in pending.drain(..) {
-        batch.remove(&stores.legacy_trending, keys::item_key(state.item));
-        for (kind, _) in &state.counts {
-            batch.remove(&stores.legacy_counters, keys::counter_key(state.item, kind));
-        }
         match items.binary_search_by_key(&state.item, |stored| stored.item) {
             Ok(at) => items[at] = state,
             Err(at) => items.insert(at, state),
         }
     }
+    let last = items.last().map(|state| state.item).expect("a migrated block holds an item");
+    batch.insert(&stores.local, keys::LOCAL_MIGRATED_THROUGH, last.to_le_bytes());
     let value = encode_block(&items);
     let bytes = key.len() + value.len();
     batch.insert(&stores.trend_blocks, key, value);
@@ -357,11 +377,20 @@ struct Legacy<'s> {
 }
 
 impl<'s> Legacy<'s> {
-    fn new(stores: &'s Stores) -> Result<Legacy<'s>, Error> {
+    /// The items from `from` on (none when `from` is `None`: past the last id).
+    fn new(stores: &'s Stores, from: Option<u64>) -> Result<Legacy<'s>, Error> {
+        let Some(from) = from else {
+            return Ok(Legacy {
+                trending: Box::new(std::iter::empty()),
+                counters: Box::new(std::iter::empty()),
+                counter: None,
+            });
+        };
+        let start = keys::item_key(from);
         let mut counters: Entries<'s> =
-            Box::new(stores.legacy_counters.iter().map(|guard| guard.into_inner()));
+            Box::new(stores.legacy_counters.range(start..).map(|guard| guard.into_inner()));
         let counter = counters.next().transpose()?;
-        let trending = Box::new(stores.legacy_trending.iter().map(|guard| guard.into_inner()));
+        let trending = Box::new(stores.legacy_trending.range(start..).map(|guard| guard.into_inner()));
         Ok(Legacy { trending, counters, counter })
     }
 
@@ -576,7 +605,9 @@ mod tests {
     }
 
     /// A migration cut after any batch (a crash: the batch in hand is never committed) goes on at
-    /// the next open and ends with every item in a block, once, and nothing left in the old layout.
+    /// the next open after the last item it recorded, and ends with every item in a block, once.
+    /// It deletes no old entry (each would be a tombstone an open replays): the clear at the end
+    /// empties the old layout and forgets the progress.
     #[test]
     fn a_migration_cut_after_any_batch_ends_the_same() {
         let items: Vec<ItemState> = (0..200u64)
@@ -592,6 +623,7 @@ mod tests {
                 state(item, item as f64 / 3.0, counts)
             })
             .collect();
+        let legacy_entries: usize = items.iter().map(|state| 1 + state.counts.len()).sum();
         let mut cuts = 0;
         for stop_after in 0.. {
             let dir = tempfile::tempdir().unwrap();
@@ -600,7 +632,13 @@ mod tests {
             let first = migrate_legacy(&stores, 300, Some(stop_after)).unwrap();
             let rest = migrate_legacy(&stores, 300, None).unwrap();
             assert_eq!(stored_items(&stores), items, "cut after {stop_after} batches");
-            assert_eq!(stores.legacy_trending.iter().count() + stores.legacy_counters.iter().count(), 0);
+            let old = || stores.legacy_trending.iter().count() + stores.legacy_counters.iter().count();
+            assert_eq!(old(), legacy_entries, "the migration itself deletes nothing");
+            assert!(holds_legacy(&stores));
+            drop_legacy(&stores).unwrap();
+            assert_eq!(old(), 0);
+            assert!(!holds_legacy(&stores));
+            assert!(stores.local.get(keys::LOCAL_MIGRATED_THROUGH).unwrap().is_none());
             assert_eq!(first.items + rest.items, items.len() as u64, "cut after {stop_after} batches");
             assert_eq!(first.batches, stop_after.min(first.batches + rest.batches));
             if rest.items == 0 {

@@ -1,6 +1,7 @@
 //! Trending scores and counters stored one entry per block of 16 item ids (decisions/070): what a
 //! flush stores, that a data dir of the old layout (one entry per score and per counter) opens to
-//! the same state, and that a data dir of a layout this build does not know is refused.
+//! the same state (also after a crash between its migration's last steps), and that a data dir of
+//! a layout this build does not know is refused.
 #![allow(clippy::unwrap_used)] // test helpers outside #[test] functions
 
 mod common;
@@ -63,10 +64,21 @@ fn leb128(value: &[u8], at: &mut usize) -> u64 {
     }
 }
 
+/// Which data dir [`rewrite_as_old_layout`] leaves.
+#[derive(Clone, Copy, PartialEq)]
+enum Rewrite {
+    /// Layout 1: the old entries only, no layout recorded.
+    OldLayout,
+    /// The old entries beside the blocks, layout 2 recorded: a migration that a crash cut after
+    /// it recorded the layout and before it cleared the old keyspaces.
+    ClearNotDone,
+}
+
 /// Rewrites the trend blocks of the closed engine at `path` as the old layout stored them (one
-/// `trending` entry per item, one `counters` entry per item and kind) and forgets the layout.
-/// Decodes the blocks itself, apart from the engine's code. Returns how many blocks there were.
-fn rewrite_as_old_layout(path: &Path) -> usize {
+/// `trending` entry per item, one `counters` entry per item and kind); for [`Rewrite::OldLayout`]
+/// removes the blocks and forgets the layout. Decodes the blocks itself, apart from the engine's
+/// code. Returns how many blocks there were.
+fn rewrite_as_old_layout(path: &Path, rewrite: Rewrite) -> usize {
     let database = fjall::Database::builder(path).open().unwrap();
     let (blocks, trending, counters) = (
         keyspace(&database, "trend_blocks"),
@@ -91,10 +103,14 @@ fn rewrite_as_old_layout(path: &Path) -> usize {
                 batch.insert(&counters, counter, leb128(&value, &mut at).to_le_bytes());
             }
         }
-        batch.remove(&blocks, key);
+        if rewrite == Rewrite::OldLayout {
+            batch.remove(&blocks, key);
+        }
         stored += 1;
     }
-    batch.remove(&keyspace(&database, "local"), "layout");
+    if rewrite == Rewrite::OldLayout {
+        batch.remove(&keyspace(&database, "local"), "layout");
+    }
     batch.commit().unwrap();
     database.persist(fjall::PersistMode::SyncAll).unwrap();
     stored
@@ -131,7 +147,7 @@ fn a_data_dir_of_the_old_layout_opens_to_the_same_state_and_moves_into_blocks() 
     db.checkpoint().unwrap();
     let (digest, scores) = (db.digest().unwrap(), trending(&db));
     drop(db);
-    let blocks = rewrite_as_old_layout(dir.path());
+    let blocks = rewrite_as_old_layout(dir.path(), Rewrite::OldLayout);
     let (left, old) = stored(dir.path());
     assert_eq!(left, 0);
     assert!(old > scores.len(), "the old layout holds the scores and at least one count each: {old}");
@@ -150,6 +166,26 @@ fn a_data_dir_of_the_old_layout_opens_to_the_same_state_and_moves_into_blocks() 
     let (after, old) = stored(dir.path());
     assert_eq!(old, 0, "nothing is left in the old layout");
     assert!(after >= blocks, "{after} blocks after, {blocks} before");
+}
+
+#[test]
+fn an_open_after_a_crash_between_the_layout_and_the_clear_clears_the_old_layout() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = open(dir.path());
+    apply_all(&db, &log().batches);
+    db.checkpoint().unwrap();
+    let (digest, scores) = (db.digest().unwrap(), trending(&db));
+    drop(db);
+    let blocks = rewrite_as_old_layout(dir.path(), Rewrite::ClearNotDone);
+    let (left, old) = stored(dir.path());
+    assert_eq!(left, blocks);
+    assert!(old > scores.len(), "the old entries are back beside the blocks: {old}");
+
+    let db = open(dir.path());
+    assert_eq!(db.digest().unwrap(), digest);
+    assert_eq!(trending(&db), scores);
+    drop(db);
+    assert_eq!(stored(dir.path()), (blocks, 0), "the open cleared the old layout");
 }
 
 #[test]
