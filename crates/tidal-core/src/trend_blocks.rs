@@ -290,13 +290,15 @@ pub fn migrate_legacy(
     stop_after: Option<u64>,
 ) -> Result<Migration, Error> {
     let mut done = Migration::default();
-    let through = match stores.local.get(keys::LOCAL_MIGRATED_THROUGH)? {
-        Some(value) => Some(u64::from_le_bytes(
-            (*value).try_into().map_err(|_| legacy("local", "migrated_through is not a u64".into()))?,
-        )),
-        None => None,
+    let from = match stores.local.get(keys::LOCAL_MIGRATED_THROUGH)? {
+        None => 0,
+        Some(value) => match keys::u64_value(&value) {
+            None => return Err(legacy("local", "migrated_through is not a u64".into())),
+            Some(u64::MAX) => return Ok(done),
+            Some(through) => through + 1,
+        },
     };
-    let mut legacy = Legacy::new(stores, through.map_or(Some(0), |item| item.checked_add(1)))?;
+    let mut legacy = Legacy::new(stores, from)?;
     let mut pending: Vec<ItemState> = Vec::new();
     let mut batch = stores.database.batch();
     let (mut bytes, mut items) = (0usize, 0u64);
@@ -377,15 +379,8 @@ struct Legacy<'s> {
 }
 
 impl<'s> Legacy<'s> {
-    /// The items from `from` on (none when `from` is `None`: past the last id).
-    fn new(stores: &'s Stores, from: Option<u64>) -> Result<Legacy<'s>, Error> {
-        let Some(from) = from else {
-            return Ok(Legacy {
-                trending: Box::new(std::iter::empty()),
-                counters: Box::new(std::iter::empty()),
-                counter: None,
-            });
-        };
+    /// The items from `from` on.
+    fn new(stores: &'s Stores, from: u64) -> Result<Legacy<'s>, Error> {
         let start = keys::item_key(from);
         let mut counters: Entries<'s> =
             Box::new(stores.legacy_counters.range(start..).map(|guard| guard.into_inner()));
