@@ -10,6 +10,8 @@ use std::path::Path;
 
 use common::*;
 use tidal_core::TidalDb;
+use tidal_types::Seqno;
+use tidal_wal::Batch;
 
 const KINDS: [&str; 5] = ["view", "click", "share", "like", "save"];
 
@@ -123,6 +125,17 @@ fn stored(path: &Path) -> (usize, usize) {
     (keyspace(&database, "trend_blocks").iter().count(), old)
 }
 
+/// An engine's digest: (applied seqno, hash).
+type Digest = (Seqno, [u8; 32]);
+
+/// Applies `batches` to a new engine at `path`, checkpoints and closes it; its digest and trending.
+fn applied_and_closed(path: &Path, batches: &[Batch]) -> (Digest, Vec<(u64, f64)>) {
+    let db = open(path);
+    apply_all(&db, batches);
+    db.checkpoint().unwrap();
+    (db.digest().unwrap(), trending(&db))
+}
+
 #[test]
 fn a_flush_stores_one_entry_per_block_of_sixteen_items() {
     let dir = tempfile::tempdir().unwrap();
@@ -142,11 +155,7 @@ fn a_data_dir_of_the_old_layout_opens_to_the_same_state_and_moves_into_blocks() 
     // item again.
     let (half, rest) = log.batches.split_at(95);
     let (dir, reference_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-    let db = open(dir.path());
-    apply_all(&db, half);
-    db.checkpoint().unwrap();
-    let (digest, scores) = (db.digest().unwrap(), trending(&db));
-    drop(db);
+    let (digest, scores) = applied_and_closed(dir.path(), half);
     let blocks = rewrite_as_old_layout(dir.path(), Rewrite::OldLayout);
     let (left, old) = stored(dir.path());
     assert_eq!(left, 0);
@@ -171,11 +180,7 @@ fn a_data_dir_of_the_old_layout_opens_to_the_same_state_and_moves_into_blocks() 
 #[test]
 fn an_open_after_a_crash_between_the_layout_and_the_clear_clears_the_old_layout() {
     let dir = tempfile::tempdir().unwrap();
-    let db = open(dir.path());
-    apply_all(&db, &log().batches);
-    db.checkpoint().unwrap();
-    let (digest, scores) = (db.digest().unwrap(), trending(&db));
-    drop(db);
+    let (digest, scores) = applied_and_closed(dir.path(), &log().batches);
     let blocks = rewrite_as_old_layout(dir.path(), Rewrite::ClearNotDone);
     let (left, old) = stored(dir.path());
     assert_eq!(left, blocks);
