@@ -94,15 +94,25 @@ async fn a_tls_cluster_replicates_verifies_refuses_strangers_and_reloads_on_sigh
         Client::with_ca(format!("https://127.0.0.1:{}", base + id - 1), None, Duration::from_secs(30), &pem)
             .unwrap()
     };
-    // A write through the last node: forwarded to the leader over HTTPS if it follows, replicated
-    // over mutual TLS, then readable on every node.
-    let reply = node(3).put_item(7, serde_json::json!({"over": "tls"}), None).await.unwrap();
-    for id in 1..=3 {
-        let item: tidal_types::ItemView = node(id)
-            .json::<(), _>(reqwest::Method::GET, &format!("/v1/items/7?min_seqno={}", reply.seqno), None)
-            .await
-            .unwrap();
-        assert_eq!(item.seqno, reply.seqno, "node {id}");
+    // A write through every node: two of them follow, so two are forwarded to the leader over
+    // HTTPS; each replicated over mutual TLS, then readable on every node.
+    for writer in 1..=3u16 {
+        let item = u64::from(writer);
+        let reply = node(writer).put_item(item, serde_json::json!({"over": "tls"}), None).await.unwrap();
+        for id in 1..=3 {
+            let read: tidal_types::ItemView = node(id)
+                .json::<(), _>(
+                    reqwest::Method::GET,
+                    &format!("/v1/items/{item}?min_seqno={}", reply.seqno),
+                    None,
+                )
+                .await
+                .unwrap();
+            assert_eq!(
+                read.seqno, reply.seqno,
+                "item {item} written through node {writer}, read on node {id}"
+            );
+        }
     }
     // Cleartext to the HTTPS port, and a client that does not trust the CA, get nothing.
     let plain = Client::new(format!("http://127.0.0.1:{base}"), None);

@@ -29,6 +29,7 @@ use tidal_types::{
 
 mod backup;
 pub mod decode;
+mod forward;
 mod guard;
 pub mod history;
 pub mod inboxes;
@@ -73,37 +74,27 @@ pub struct AppState {
 /// no unauthenticated inter-node writes).
 pub struct Forwarder {
     replica: Option<Arc<tidal_cluster::Replica>>,
-    http: reqwest::Client,
-    scheme: &'static str,
+    conns: forward::LeaderConns,
 }
 
 impl Forwarder {
     /// A forwarder for `node`: forwards only while the node is a follower that knows its leader;
     /// over HTTPS verified by `tls` (the cluster CA) when the nodes serve TLS.
     pub fn new(node: &Node, tls: Option<rustls::ClientConfig>) -> Forwarder {
-        // Pooled connections are dropped before the leader's idle timeout (60 s by default)
-        // closes them, so a forwarded write does not race that close.
-        let builder = reqwest::Client::builder()
-            .timeout(Duration::from_secs(30))
-            .pool_idle_timeout(Duration::from_secs(30));
-        let (builder, scheme) = match tls {
-            Some(tls) => (builder.use_preconfigured_tls(tls), "https"),
-            None => (builder, "http"),
-        };
-        let http = builder.build().expect("a client with a timeout and a rustls configuration always builds");
         let replica = node.replica().filter(|_| node.config().io.forward_writes).cloned();
-        Forwarder { replica, http, scheme }
+        Forwarder { replica, conns: forward::LeaderConns::new(tls) }
     }
 
-    /// Where writes go now: the leader's URL, or None to handle them here (this node leads, takes
-    /// office, or knows no leader: the write path answers 503 `not_ready` then).
-    fn leader_url(&self) -> Option<String> {
+    /// Where writes go now: the leader's HTTP address (`host:port`), or None to handle them here
+    /// (this node leads, takes office, or knows no leader: the write path answers 503 `not_ready`
+    /// then).
+    fn leader(&self) -> Option<String> {
         let replica = self.replica.as_ref()?;
         if replica.is_leader() {
             return None;
         }
         let leader = replica.leader().filter(|leader| *leader != replica.me())?;
-        replica.members().nodes.get(&leader).map(|node| format!("{}://{}", self.scheme, node.http))
+        replica.members().nodes.get(&leader).map(|node| node.http.clone())
     }
 }
 
@@ -323,15 +314,10 @@ async fn body_first(State(state): State<Arc<AppState>>, request: Request, next: 
     }
 }
 
-/// Headers a forwarded request keeps.
-const FORWARDED_HEADERS: [&str; 4] = ["authorization", "idempotency-key", "content-type", "last-event-id"];
-/// Headers of the leader's reply a forwarded request passes back.
-const REPLY_HEADERS: [&str; 2] = ["content-type", "tidal-applied-seqno"];
-
 /// On a follower that knows its leader, sends a request its route serves on the leader there,
 /// with the caller's own credential (there are no unauthenticated inter-node writes).
 async fn forward_to_leader(State(state): State<Arc<AppState>>, request: Request, next: Next) -> Response {
-    let Some(leader_url) = state.forward.leader_url() else {
+    let Some(leader) = state.forward.leader() else {
         return next.run(request).await;
     };
     let serve = request.extensions().get::<Policy>().map_or(Serve::Anywhere, |policy| policy.serve);
@@ -339,56 +325,37 @@ async fn forward_to_leader(State(state): State<Arc<AppState>>, request: Request,
         return next.run(request).await;
     }
     let path = request.uri().path();
-    let url = format!("{leader_url}{}", request.uri().path_and_query().map_or(path, |pq| pq.as_str()));
-    let method = request.method().clone();
-    let headers = request.headers().clone();
-    let body = match read_body(&state, request.into_body()).await {
+    let path_and_query = request.uri().path_and_query().map_or(path, |pq| pq.as_str()).to_string();
+    let (parts, body) = request.into_parts();
+    let body = match read_body(&state, body).await {
         Ok(body) => body,
         Err(error) => return error.into_response(),
     };
-    let mut forwarded = state.forward.http.request(method, &url).body(body);
-    if serve == Serve::LeaderMemberChange {
+    let timeout = match serve {
         // The leader may wait for a learner to catch up (`catch_up_s`).
-        forwarded = forwarded.timeout(Duration::from_secs(MEMBER_CATCH_UP_MAX_S + 60));
-    }
-    if serve == Serve::LeaderLongPoll {
-        forwarded = forwarded.timeout(Duration::from_millis(inboxes::RECEIVE_WAIT_MS_MAX + 30_000));
-    }
-    for name in FORWARDED_HEADERS {
-        if let Some(value) = headers.get(name) {
-            forwarded = forwarded.header(name, value);
+        Serve::LeaderMemberChange => Duration::from_secs(MEMBER_CATCH_UP_MAX_S + 60),
+        Serve::LeaderLongPoll => Duration::from_millis(inboxes::RECEIVE_WAIT_MS_MAX + 30_000),
+        _ => FORWARD_TIMEOUT,
+    };
+    let forwarded = forward::Forwarded { method: parts.method, path_and_query, headers: parts.headers, body };
+    match state.forward.conns.send(&leader, forwarded, timeout).await {
+        Ok(reply) => {
+            let mut response = (reply.status, reply.body).into_response();
+            for (name, value) in reply.headers {
+                response.headers_mut().insert(name, value);
+            }
+            response
         }
-    }
-    match forwarded.send().await {
-        Ok(reply) => leader_reply(reply).await,
         Err(error) => ApiError::unavailable(
             ErrorCode::NotReady,
-            format!("cannot reach the leader at {leader_url}: {error}"),
+            format!("cannot reach the leader at {}://{leader}: {error}", state.forward.conns.scheme()),
         )
         .into_response(),
     }
 }
 
-/// The leader's reply to a forwarded request, as this node's.
-async fn leader_reply(reply: reqwest::Response) -> Response {
-    let status = reply.status();
-    let kept: Vec<_> = REPLY_HEADERS
-        .iter()
-        .filter_map(|name| reply.headers().get(*name).map(|value| (*name, value.clone())))
-        .collect();
-    match reply.bytes().await {
-        Ok(bytes) => {
-            let mut response = (status, bytes).into_response();
-            for (name, value) in kept {
-                response.headers_mut().insert(name, value);
-            }
-            response
-        }
-        Err(error) => {
-            ApiError::unavailable(ErrorCode::NotReady, format!("leader reply lost: {error}")).into_response()
-        }
-    }
-}
+/// How long a forwarded request may take, connecting included (longer for the routes above).
+const FORWARD_TIMEOUT: Duration = Duration::from_secs(30);
 
 type AppResult<T> = Result<T, ApiError>;
 
