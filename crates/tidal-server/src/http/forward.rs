@@ -79,13 +79,42 @@ pub struct Reply {
     pub body: Bytes,
 }
 
+/// Why a forwarded request got no answer from the leader.
+#[derive(Debug, thiserror::Error)]
+pub enum ForwardError {
+    /// No TCP connection to the leader.
+    #[error("connect: {0}")]
+    Connect(std::io::Error),
+    /// The leader's host is not a name TLS can verify.
+    #[error("the leader's host {0:?} is not a TLS server name")]
+    ServerName(String),
+    /// The TLS handshake failed.
+    #[error("TLS: {0}")]
+    Tls(std::io::Error),
+    /// The caller's request cannot be written as an HTTP request.
+    #[error("the forwarded request: {0}")]
+    Request(#[from] axum::http::Error),
+    /// The connection failed, or the leader's answer is not HTTP.
+    #[error("{0}")]
+    Http(#[from] hyper::Error),
+    /// The leader closed the connection before the request went out.
+    #[error("the leader closed the connection")]
+    Closed,
+    /// The leader's answer broke off.
+    #[error("the leader's answer was cut: {0}")]
+    Cut(hyper::Error),
+    /// No answer within the request's time.
+    #[error("no answer within {} ms", .0.as_millis())]
+    Timeout(Duration),
+}
+
 /// What one attempt on one connection came to.
 enum Attempt {
     Reply(Reply),
     /// The request never left: it may go on another connection.
-    NotSent(Box<hyper::Request<Body>>, String),
+    NotSent(Box<hyper::Request<Body>>, ForwardError),
     /// The request may have reached the leader: never sent again.
-    Failed(String),
+    Failed(ForwardError),
 }
 
 /// Connections to the leader (any leader: the pool keeps each one with its address).
@@ -113,13 +142,13 @@ impl LeaderConns {
         authority: &str,
         request: Forwarded,
         timeout: Duration,
-    ) -> Result<Reply, String> {
+    ) -> Result<Reply, ForwardError> {
         tokio::time::timeout(timeout, self.send_untimed(authority, request))
             .await
-            .unwrap_or_else(|_| Err(format!("no answer within {} ms", timeout.as_millis())))
+            .unwrap_or(Err(ForwardError::Timeout(timeout)))
     }
 
-    async fn send_untimed(&self, authority: &str, request: Forwarded) -> Result<Reply, String> {
+    async fn send_untimed(&self, authority: &str, request: Forwarded) -> Result<Reply, ForwardError> {
         let mut request = build(authority, request)?;
         let mut pooled = self.checkout(authority);
         loop {
@@ -161,29 +190,27 @@ impl LeaderConns {
         }
     }
 
-    async fn connect(&self, authority: &str) -> Result<Conn, String> {
-        let tcp = tokio::net::TcpStream::connect(authority).await.map_err(|e| format!("connect: {e}"))?;
+    async fn connect(&self, authority: &str) -> Result<Conn, ForwardError> {
+        let tcp = tokio::net::TcpStream::connect(authority).await.map_err(ForwardError::Connect)?;
         // Small requests and answers: never held back by Nagle's algorithm.
-        tcp.set_nodelay(true).map_err(|e| format!("TCP_NODELAY: {e}"))?;
+        tcp.set_nodelay(true).map_err(ForwardError::Connect)?;
         let stream: Box<dyn Io> = match &self.tls {
             None => Box::new(tcp),
             Some((connector, _)) => {
                 let host = authority.rsplit_once(':').map_or(authority, |(host, _)| host);
                 let host = host.trim_start_matches('[').trim_end_matches(']');
                 let name = rustls_pki_types::ServerName::try_from(host.to_string())
-                    .map_err(|e| format!("the leader's host {host:?}: {e}"))?;
-                Box::new(connector.connect(name, tcp).await.map_err(|e| format!("TLS: {e}"))?)
+                    .map_err(|_| ForwardError::ServerName(host.to_string()))?;
+                Box::new(connector.connect(name, tcp).await.map_err(ForwardError::Tls)?)
             }
         };
-        let (sender, io) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-            .await
-            .map_err(|e| format!("HTTP/1.1 handshake: {e}"))?;
+        let (sender, io) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
         Ok(Conn { authority: authority.to_string(), sender, io: Box::pin(io), idle_since: Instant::now() })
     }
 }
 
 /// The request for the leader: the caller's method, path, kept headers and body, to `authority`.
-fn build(authority: &str, request: Forwarded) -> Result<hyper::Request<Body>, String> {
+fn build(authority: &str, request: Forwarded) -> Result<hyper::Request<Body>, ForwardError> {
     let mut builder = hyper::Request::builder()
         .method(request.method)
         .uri(request.path_and_query)
@@ -193,7 +220,7 @@ fn build(authority: &str, request: Forwarded) -> Result<hyper::Request<Body>, St
             builder = builder.header(name, value);
         }
     }
-    builder.body(Full::new(request.body)).map_err(|e| format!("the forwarded request: {e}"))
+    Ok(builder.body(Full::new(request.body))?)
 }
 
 /// One attempt on `conn`: waits until it can take a request, sends it and reads the whole answer,
@@ -204,7 +231,7 @@ async fn exchange(conn: Conn, request: hyper::Request<Body>) -> (Attempt, Option
     // Until it is ready the request stays ours: a connection the leader closed gives it back.
     let ready = tokio::select! {
         biased;
-        ready = sender.ready() => ready.map_err(|e| e.to_string()),
+        ready = sender.ready() => ready.map_err(ForwardError::Http),
         ended = io.as_mut() => Err(ended_why(ended)),
     };
     if let Err(error) = ready {
@@ -228,8 +255,8 @@ async fn send_on(
             Ok(response) => response,
             Err(mut error) => {
                 return match error.take_message() {
-                    Some(back) => Attempt::NotSent(Box::new(back), error.into_error().to_string()),
-                    None => Attempt::Failed(error.into_error().to_string()),
+                    Some(back) => Attempt::NotSent(Box::new(back), error.into_error().into()),
+                    None => Attempt::Failed(error.into_error().into()),
                 };
             }
         };
@@ -243,7 +270,7 @@ async fn send_on(
                     .collect(),
                 body: body.to_bytes(),
             }),
-            Err(error) => Attempt::Failed(format!("the leader's answer was cut: {error}")),
+            Err(error) => Attempt::Failed(ForwardError::Cut(error)),
         }
     };
     tokio::pin!(work);
@@ -262,8 +289,8 @@ async fn send_on(
     }
 }
 
-fn ended_why(ended: hyper::Result<()>) -> String {
-    ended.map_or_else(|e| e.to_string(), |()| "the leader closed the connection".to_string())
+fn ended_why(ended: hyper::Result<()>) -> ForwardError {
+    ended.map_or_else(ForwardError::Http, |()| ForwardError::Closed)
 }
 
 #[cfg(test)]
@@ -440,14 +467,14 @@ mod tests {
         });
         let conns = LeaderConns::new(None);
         let garbage = conns.send(&authority, request("x"), WAIT).await.expect_err("garbage");
-        assert!(garbage.contains("parse") || garbage.contains("invalid"), "{garbage}");
+        assert!(matches!(&garbage, ForwardError::Http(e) if e.is_parse()), "{garbage}");
         let silent =
             conns.send(&authority, request("y"), Duration::from_millis(200)).await.expect_err("silence");
-        assert_eq!(silent, "no answer within 200 ms");
+        assert_eq!(silent.to_string(), "no answer within 200 ms");
         leader.await.expect("the leader");
         let (gone, authority) = bind_leader().await;
         drop(gone);
         let refused = conns.send(&authority, request("z"), WAIT).await.expect_err("nobody listens");
-        assert!(refused.starts_with("connect:"), "{refused}");
+        assert!(matches!(refused, ForwardError::Connect(_)), "{refused}");
     }
 }
