@@ -273,30 +273,58 @@ fn table_router<S: Clone + Send + Sync + 'static>(
     ROUTES.iter().fold(Router::new(), |router, route| router.route(route.path, handler(route)))
 }
 
-/// Builds the router. Its outermost layer gives every 4xx the JSON error body, including the ones
-/// axum makes before a handler runs (405, a path that is not UTF-8).
+/// Builds the router: every route, and the one layer every request passes ([`admit`]).
 pub fn router(state: Arc<AppState>) -> Router {
     table_router(|route| (route.handler)(route.methods))
         .fallback(fallback)
-        .layer(axum::middleware::from_fn_with_state(state.clone(), forward_to_leader))
-        .layer(axum::middleware::from_fn_with_state(state.clone(), refuse_browsers))
-        .layer(axum::middleware::from_fn_with_state(state.clone(), body_first))
-        .layer(axum::middleware::from_fn_with_state(state.clone(), authenticate))
-        .layer(axum::middleware::from_fn(rejections::json_errors))
+        .layer(axum::middleware::from_fn_with_state(state.clone(), admit))
         .with_state(state)
 }
 
+/// Every request's way to its route, in one layer: [`authenticate`], [`body_first`],
+/// [`refuse_browsers`], then [`forward_to_leader`] or the route; its metrics; and last, every 4xx
+/// given the JSON error body, including the ones axum makes before a handler runs (405, a path that
+/// is not UTF-8). One layer rather than one per step: each layer cost every request a clone of the
+/// route's service, a boxed future and their drops (docs/measurements.md, 2026-12-06 18:34–).
+async fn admit(State(state): State<Arc<AppState>>, request: Request, next: Next) -> Response {
+    let started = Instant::now();
+    let seen = Seen::of(&request);
+    let response = match authenticate(&state, request, &seen) {
+        Err(refused) => refused.into_response(),
+        Ok((request, principal)) => admitted(&state, request, next, &seen, &principal).await,
+    };
+    let status = response.status().as_u16();
+    state.metrics.record(seen.method.as_str(), seen.route, status, started.elapsed().as_secs_f64());
+    rejections::as_json(response).await
+}
+
+/// An authenticated request (by `principal`): its body read, its headers checked against what a
+/// browser could send, then forwarded or served.
+async fn admitted(state: &AppState, request: Request, next: Next, seen: &Seen, principal: &str) -> Response {
+    let response = match body_first(state, request).await.and_then(|r| refuse_browsers(state, r)) {
+        Ok(request) => forward_to_leader(state, request, next).await,
+        Err(refused) => refused.into_response(),
+    };
+    let status = response.status();
+    if status == StatusCode::UNAUTHORIZED || status == StatusCode::FORBIDDEN {
+        // The route itself refused (an inbox owner the token may not reach), or the leader did,
+        // for a forwarded request.
+        log_refusal(state, seen.route, seen.remote, Some(principal), status, "refused by the route");
+    }
+    response
+}
+
 /// Refuses what a web page could make a browser send ([`guard`]), before anything is forwarded.
-async fn refuse_browsers(State(state): State<Arc<AppState>>, request: Request, next: Next) -> Response {
+fn refuse_browsers(state: &AppState, request: Request) -> AppResult<Request> {
     let open = state.tokens.is_none() && !state.node.config().insecure;
     match guard::check(request.method(), request.headers(), open) {
-        Ok(()) => next.run(request).await,
+        Ok(()) => Ok(request),
         Err(refusal) => {
             let code = match refusal {
                 guard::Refusal::NotJson => ErrorCode::UnsupportedMediaType,
                 _ => ErrorCode::Forbidden,
             };
-            ApiError::new(refusal.status(), code, refusal.message()).into_response()
+            Err(ApiError::new(refusal.status(), code, refusal.message()))
         }
     }
 }
@@ -306,17 +334,15 @@ async fn refuse_browsers(State(state): State<Arc<AppState>>, request: Request, n
 /// takes none, a 405) would otherwise answer with the body still unread in the socket, and the reset
 /// that follows the close can discard the answer before the client reads it (see [`read_body`]):
 /// the client saw a broken connection instead of its 4xx. Handlers read the buffered body as before.
-async fn body_first(State(state): State<Arc<AppState>>, request: Request, next: Next) -> Response {
+async fn body_first(state: &AppState, request: Request) -> AppResult<Request> {
     let (parts, body) = request.into_parts();
-    match read_body(&state, body).await {
-        Ok(bytes) => next.run(Request::from_parts(parts, axum::body::Body::from(bytes))).await,
-        Err(error) => error.into_response(),
-    }
+    let bytes = read_body(state, body).await?;
+    Ok(Request::from_parts(parts, axum::body::Body::from(bytes)))
 }
 
 /// On a follower that knows its leader, sends a request its route serves on the leader there,
 /// with the caller's own credential (there are no unauthenticated inter-node writes).
-async fn forward_to_leader(State(state): State<Arc<AppState>>, request: Request, next: Next) -> Response {
+async fn forward_to_leader(state: &AppState, request: Request, next: Next) -> Response {
     let Some(leader) = state.forward.leader() else {
         return next.run(request).await;
     };
@@ -327,7 +353,7 @@ async fn forward_to_leader(State(state): State<Arc<AppState>>, request: Request,
     let path = request.uri().path();
     let path_and_query = request.uri().path_and_query().map_or(path, |pq| pq.as_str()).to_string();
     let (parts, body) = request.into_parts();
-    let body = match read_body(&state, body).await {
+    let body = match read_body(state, body).await {
         Ok(body) => body,
         Err(error) => return error.into_response(),
     };
@@ -359,18 +385,11 @@ const FORWARD_TIMEOUT: Duration = Duration::from_secs(30);
 
 type AppResult<T> = Result<T, ApiError>;
 
-/// Checks the caller's token against the route's access, records the request's metrics, and
-/// hands the route's policy on to [`forward_to_leader`]. Refusals (401, 403) are logged, rate
-/// limited ([`log_refusal`]).
-async fn authenticate(State(state): State<Arc<AppState>>, mut request: Request, next: Next) -> Response {
-    let started = Instant::now();
-    let method = request.method().clone();
-    let matched = request.extensions().get::<MatchedPath>().map(|path| path.as_str().to_string());
-    // A label from the route table, never the request's own text (its cardinality is bounded).
-    let route = matched.as_deref().and_then(Route::template).unwrap_or(UNMATCHED_ROUTE);
-    let remote =
-        request.extensions().get::<axum::extract::ConnectInfo<std::net::SocketAddr>>().map(|info| info.0);
-    let policy = Policy::of(&method, matched.as_deref());
+/// Checks the caller's token against the route's access and puts the principal and the route's
+/// policy (for [`forward_to_leader`]) on the request; the principal's name comes back for the log.
+/// Refusals (401, 403) are logged, rate limited ([`log_refusal`]).
+fn authenticate(state: &AppState, mut request: Request, seen: &Seen) -> AppResult<(Request, String)> {
+    let policy = Policy::of(&seen.method, seen.matched.as_deref());
     let principal: Result<Principal, AuthError> = match (&state.tokens, policy.access) {
         (None, _) | (_, Access::Open) => Ok(Principal::anonymous()),
         (Some(tokens), Access::Needs(scope)) => {
@@ -379,19 +398,12 @@ async fn authenticate(State(state): State<Arc<AppState>>, mut request: Request, 
             tokens.check(header, scope)
         }
     };
-    let response = match principal {
+    match principal {
         Ok(principal) => {
             let name = principal.name.clone();
             request.extensions_mut().insert(principal);
             request.extensions_mut().insert(policy);
-            let response = next.run(request).await;
-            let status = response.status();
-            if status == StatusCode::UNAUTHORIZED || status == StatusCode::FORBIDDEN {
-                // The route itself refused (an inbox owner the token may not reach), or the leader
-                // did, for a forwarded request.
-                log_refusal(&state, route, remote, Some(&name), status, "refused by the route");
-            }
-            response
+            Ok((request, name))
         }
         Err(refusal) => {
             let (status, code, message) = if refusal.unauthorized() {
@@ -399,12 +411,29 @@ async fn authenticate(State(state): State<Arc<AppState>>, mut request: Request, 
             } else {
                 (StatusCode::FORBIDDEN, ErrorCode::Forbidden, "token lacks the scope for this route")
             };
-            log_refusal(&state, route, remote, refusal.token_name(), status, &refusal.reason());
-            ApiError::new(status, code, message).into_response()
+            log_refusal(state, seen.route, seen.remote, refusal.token_name(), status, &refusal.reason());
+            Err(ApiError::new(status, code, message))
         }
-    };
-    state.metrics.record(method.as_str(), route, response.status().as_u16(), started.elapsed().as_secs_f64());
-    response
+    }
+}
+
+/// What [`admit`] notes of a request before it goes on: for its metrics and refusal log lines.
+struct Seen {
+    method: Method,
+    matched: Option<String>,
+    /// A label from the route table, never the request's own text (its cardinality is bounded).
+    route: &'static str,
+    remote: Option<std::net::SocketAddr>,
+}
+
+impl Seen {
+    fn of(request: &Request) -> Seen {
+        let matched = request.extensions().get::<MatchedPath>().map(|path| path.as_str().to_string());
+        let route = matched.as_deref().and_then(Route::template).unwrap_or(UNMATCHED_ROUTE);
+        let remote =
+            request.extensions().get::<axum::extract::ConnectInfo<std::net::SocketAddr>>().map(|info| info.0);
+        Seen { method: request.method().clone(), matched, route, remote }
+    }
 }
 
 /// The route label of a request no route takes.

@@ -3,13 +3,11 @@
 //! The handlers answer their own errors as [`ApiError`]s, but some 4xx are made before a handler
 //! runs, by axum: a 405 for a method the path does not answer, a 400 for a path segment that does
 //! not percent-decode to UTF-8. Those come back as plain text or with no body at all, and a client
-//! that parses every error as JSON fails on them. [`json_errors`], the router's outermost layer,
-//! gives each such answer the JSON body with the code its status implies, keeping its status, its
+//! that parses every error as JSON fails on them. [`as_json`], the last step of the router's one
+//! layer (`admit` in http.rs), gives each such answer the JSON body with the code its status implies, keeping its status, its
 //! other headers (`Allow` on a 405) and its text as the message.
 
-use axum::extract::Request;
 use axum::http::{header, HeaderMap, StatusCode};
-use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use tidal_types::ErrorCode;
 
@@ -19,8 +17,7 @@ use crate::error::ApiError;
 const MESSAGE_BYTES_MAX: usize = 1024;
 
 /// Rewrites a 4xx that is not JSON into the contract's JSON error body; everything else passes.
-pub async fn json_errors(request: Request, next: Next) -> Response {
-    let response = next.run(request).await;
+pub async fn as_json(response: Response) -> Response {
     if !response.status().is_client_error() || is_json(response.headers()) {
         return response;
     }
@@ -68,9 +65,16 @@ fn code_of(status: StatusCode) -> (ErrorCode, &'static str) {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+    use axum::extract::Request;
+    use axum::middleware::Next;
     use axum::routing::get;
     use axum::Router;
     use tower_service::Service as _;
+
+    /// The router's rewriting as a layer of its own, for routes made here.
+    async fn json_errors(request: Request, next: Next) -> Response {
+        as_json(next.run(request).await).await
+    }
 
     async fn call(
         router: &mut Router,
