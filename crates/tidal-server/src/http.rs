@@ -245,7 +245,7 @@ impl Route {
     }
 }
 
-/// What the middleware applies to one request: its route's, or for a request no route takes (a
+/// What [`admit`] applies to one request: its route's, or for a request no route takes (a
 /// 404 or 405 to come) a token with the scope its method implies, so a caller without one learns
 /// nothing of which routes exist; such a request is answered where it arrives.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -302,7 +302,7 @@ async fn admit(State(state): State<Arc<AppState>>, request: Request, next: Next)
 /// browser could send, then forwarded or served.
 async fn admitted(state: &AppState, request: Request, next: Next, seen: &Seen, principal: &str) -> Response {
     let response = match body_first(state, request).await.and_then(|r| refuse_browsers(state, r)) {
-        Ok(request) => forward_to_leader(state, request, next).await,
+        Ok(request) => forward_to_leader(state, request, seen.policy.serve, next).await,
         Err(refused) => refused.into_response(),
     };
     let status = response.status();
@@ -342,11 +342,10 @@ async fn body_first(state: &AppState, request: Request) -> AppResult<Request> {
 
 /// On a follower that knows its leader, sends a request its route serves on the leader there,
 /// with the caller's own credential (there are no unauthenticated inter-node writes).
-async fn forward_to_leader(state: &AppState, request: Request, next: Next) -> Response {
+async fn forward_to_leader(state: &AppState, request: Request, serve: Serve, next: Next) -> Response {
     let Some(leader) = state.forward.leader() else {
         return next.run(request).await;
     };
-    let serve = request.extensions().get::<Policy>().map_or(Serve::Anywhere, |policy| policy.serve);
     if !serve.on_leader(request.uri().query()) {
         return next.run(request).await;
     }
@@ -385,12 +384,11 @@ const FORWARD_TIMEOUT: Duration = Duration::from_secs(30);
 
 type AppResult<T> = Result<T, ApiError>;
 
-/// Checks the caller's token against the route's access and puts the principal and the route's
-/// policy (for [`forward_to_leader`]) on the request; the principal's name comes back for the log.
+/// Checks the caller's token against the route's access and puts the principal on the request (for
+/// the routes that check ownership); the principal's name comes back for the log.
 /// Refusals (401, 403) are logged, rate limited ([`log_refusal`]).
 fn authenticate(state: &AppState, mut request: Request, seen: &Seen) -> AppResult<(Request, String)> {
-    let policy = Policy::of(&seen.method, seen.matched.as_deref());
-    let principal: Result<Principal, AuthError> = match (&state.tokens, policy.access) {
+    let principal: Result<Principal, AuthError> = match (&state.tokens, seen.policy.access) {
         (None, _) | (_, Access::Open) => Ok(Principal::anonymous()),
         (Some(tokens), Access::Needs(scope)) => {
             let header =
@@ -402,7 +400,6 @@ fn authenticate(state: &AppState, mut request: Request, seen: &Seen) -> AppResul
         Ok(principal) => {
             let name = principal.name.clone();
             request.extensions_mut().insert(principal);
-            request.extensions_mut().insert(policy);
             Ok((request, name))
         }
         Err(refusal) => {
@@ -417,10 +414,11 @@ fn authenticate(state: &AppState, mut request: Request, seen: &Seen) -> AppResul
     }
 }
 
-/// What [`admit`] notes of a request before it goes on: for its metrics and refusal log lines.
+/// What [`admit`] notes of a request before it goes on: its route's policy, and for its metrics
+/// and refusal log lines its method, route label and remote address.
 struct Seen {
     method: Method,
-    matched: Option<String>,
+    policy: Policy,
     /// A label from the route table, never the request's own text (its cardinality is bounded).
     route: &'static str,
     remote: Option<std::net::SocketAddr>,
@@ -428,11 +426,12 @@ struct Seen {
 
 impl Seen {
     fn of(request: &Request) -> Seen {
-        let matched = request.extensions().get::<MatchedPath>().map(|path| path.as_str().to_string());
-        let route = matched.as_deref().and_then(Route::template).unwrap_or(UNMATCHED_ROUTE);
+        let matched = request.extensions().get::<MatchedPath>().map(MatchedPath::as_str);
+        let route = matched.and_then(Route::template).unwrap_or(UNMATCHED_ROUTE);
         let remote =
             request.extensions().get::<axum::extract::ConnectInfo<std::net::SocketAddr>>().map(|info| info.0);
-        Seen { method: request.method().clone(), matched, route, remote }
+        let method = request.method().clone();
+        Seen { policy: Policy::of(&method, matched), method, route, remote }
     }
 }
 
