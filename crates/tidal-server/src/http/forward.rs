@@ -119,20 +119,24 @@ enum Attempt {
 
 /// Connections to the leader (any leader: the pool keeps each one with its address).
 pub struct LeaderConns {
-    tls: Option<(tokio_rustls::TlsConnector, &'static str)>,
+    tls: Option<tokio_rustls::TlsConnector>,
     idle: Mutex<Vec<Conn>>,
 }
 
 impl LeaderConns {
     /// Plain HTTP, or HTTPS verified by `tls` (the cluster CA) when the nodes serve TLS.
     pub fn new(tls: Option<rustls::ClientConfig>) -> LeaderConns {
-        let tls = tls.map(|config| (tokio_rustls::TlsConnector::from(Arc::new(config)), "https"));
+        let tls = tls.map(|config| tokio_rustls::TlsConnector::from(Arc::new(config)));
         LeaderConns { tls, idle: Mutex::new(Vec::new()) }
     }
 
     /// `http` or `https`, for messages.
     pub fn scheme(&self) -> &'static str {
-        self.tls.as_ref().map_or("http", |(_, scheme)| scheme)
+        if self.tls.is_some() {
+            "https"
+        } else {
+            "http"
+        }
     }
 
     /// Sends `request` to the leader at `authority` (`host:port`) and reads its whole answer,
@@ -196,7 +200,7 @@ impl LeaderConns {
         tcp.set_nodelay(true).map_err(ForwardError::Connect)?;
         let stream: Box<dyn Io> = match &self.tls {
             None => Box::new(tcp),
-            Some((connector, _)) => {
+            Some(connector) => {
                 let host = authority.rsplit_once(':').map_or(authority, |(host, _)| host);
                 let host = host.trim_start_matches('[').trim_end_matches(']');
                 let name = rustls_pki_types::ServerName::try_from(host.to_string())
