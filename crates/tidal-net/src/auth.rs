@@ -23,11 +23,17 @@ impl SecretCheck {
         SecretCheck { expected: format!("Bearer {secret}") }
     }
 
+    /// Whether `presented` is the `authorization` value a call with the secret carries (constant
+    /// time).
+    pub fn matches(&self, presented: &[u8]) -> bool {
+        constant_time_eq(presented, self.expected.as_bytes())
+    }
+
     /// The interceptor body.
     pub fn check<T>(&self, request: Request<T>) -> Result<Request<T>, Status> {
         let presented =
             request.metadata().get("authorization").map(|value| value.as_bytes()).unwrap_or_default();
-        if constant_time_eq(presented, self.expected.as_bytes()) {
+        if self.matches(presented) {
             Ok(request)
         } else {
             Err(Status::unauthenticated("missing or wrong cluster secret"))

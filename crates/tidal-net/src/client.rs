@@ -7,6 +7,7 @@ use crate::control::{check_raft_payload, Probe, ProbeReply, RaftCall};
 use crate::message::{Chunk, Pull, Ship, ShipAnswer, WireError, MESSAGE_BATCH_BYTES_MAX};
 use crate::pb;
 use crate::pb::replication_client::ReplicationClient;
+use crate::ship_link::Linked;
 use crate::snapshot_message::{SnapshotChunk, SnapshotRequest};
 use crate::stream_path::{Exchanged, NotSent, OneWayPath, StreamPath};
 use std::time::Duration;
@@ -59,7 +60,9 @@ pub struct Peer {
     client: Client,
     cluster_id: String,
     address: String,
-    /// Ships, on one stream shared by clones (decisions/026).
+    /// Ships, on a connection of their own shared by clones (decisions/071).
+    link: std::sync::Arc<crate::ship_link::ShipLink>,
+    /// Ships to a peer that has no ship link, on one stream shared by clones (decisions/026).
     ships: std::sync::Arc<StreamPath<pb::ShipRequest, pb::ShipReply>>,
     /// Commit notices, on another.
     notices: std::sync::Arc<StreamPath<pb::CommitRequest, pb::CommitReply>>,
@@ -107,6 +110,11 @@ impl Peer {
             .max_encoding_message_size(MESSAGE_BATCH_BYTES_MAX + 1024 * 1024);
         Ok(Peer {
             client,
+            link: std::sync::Arc::new(crate::ship_link::ShipLink::new(
+                address,
+                secret,
+                connector.connect_fn(),
+            )),
             cluster_id: cluster_id.to_string(),
             address: address.to_string(),
             ships: std::sync::Arc::new(StreamPath::new()),
@@ -133,14 +141,18 @@ impl Peer {
     }
 
     async fn ship_once(&self, ship: &Ship) -> Result<ShipAnswer, NetError> {
+        let request = pb::ShipRequest::from(ship);
+        if let Linked::Reply(reply) = self.link.exchange(&request, SHIP_TIMEOUT).await? {
+            return Ok(ShipAnswer::try_from(reply)?);
+        }
         if self.ships.unary() {
-            return self.ship_unary(pb::ShipRequest::from(ship)).await;
+            return self.ship_unary(request).await;
         }
         let client = self.client.clone();
         let open = move |requests| async move { client.clone().ship_stream(requests).await };
-        match self.ships.exchange(pb::ShipRequest::from(ship), SHIP_TIMEOUT, open).await? {
+        match self.ships.exchange(request.clone(), SHIP_TIMEOUT, open).await? {
             Exchanged::Reply(reply) => Ok(ShipAnswer::try_from(reply)?),
-            Exchanged::Unary => self.ship_unary(pb::ShipRequest::from(ship)).await,
+            Exchanged::Unary => self.ship_unary(request).await,
         }
     }
 

@@ -17,7 +17,7 @@ impl<T: AsyncRead + AsyncWrite + Send + Unpin + 'static> Stream for T {}
 pub type BoxStream = Box<dyn Stream>;
 /// The future a connect function returns.
 pub type ConnectFuture = Pin<Box<dyn Future<Output = io::Result<BoxStream>> + Send>>;
-type ConnectFn = dyn Fn(String) -> ConnectFuture + Send + Sync;
+pub(crate) type ConnectFn = dyn Fn(String) -> ConnectFuture + Send + Sync;
 
 /// Opens connections to peers.
 #[derive(Clone, Default)]
@@ -123,6 +123,11 @@ impl Connector {
 
     pub(crate) fn control_tap(&self) -> Option<Arc<dyn ControlTap>> {
         self.control_tap.clone()
+    }
+
+    /// The connect function, if not the OS's TCP.
+    pub(crate) fn connect_fn(&self) -> Option<Arc<ConnectFn>> {
+        self.custom.clone()
     }
 
     pub(crate) fn custom(&self) -> Option<Service> {

@@ -12,6 +12,7 @@ pub mod connector;
 pub mod control;
 pub mod message;
 pub mod server;
+mod ship_link;
 pub mod snapshot_message;
 mod stream_path;
 

@@ -361,6 +361,55 @@ impl<S: Stream + Unpin> Stream for UntilClosing<S> {
     }
 }
 
+/// What the server's ship links share (decisions/071).
+struct LinkSide<H> {
+    service: Arc<Service<H>>,
+    check: SecretCheck,
+    log_limit: Arc<tidal_types::LogLimit>,
+}
+
+impl<H> Clone for LinkSide<H> {
+    fn clone(&self) -> LinkSide<H> {
+        LinkSide {
+            service: self.service.clone(),
+            check: self.check.clone(),
+            log_limit: self.log_limit.clone(),
+        }
+    }
+}
+
+impl<H: Handler> LinkSide<H> {
+    /// Serves one ship link: its hello must carry the secret; each ship is decided as on the stream.
+    async fn serve<IO>(self, io: IO)
+    where
+        IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + tonic::transport::server::Connected + Unpin,
+    {
+        let info = io.connect_info();
+        // The RPC port's connections carry a Proof (tidal-server protects proven ones from eviction).
+        let proof = (&info as &dyn std::any::Any).downcast_ref::<crate::Proof>().cloned();
+        let LinkSide { service, check, log_limit } = self;
+        let server = crate::ship_link::LinkServer {
+            check: |authorization: &[u8]| {
+                let matches = check.matches(authorization);
+                if !matches {
+                    if let Some(suppressed) = log_limit.admit(std::time::Instant::now()) {
+                        tracing::warn!(suppressed, "refused a ship link without the cluster secret");
+                    }
+                    service.handler.refused(ServiceRefusal::WrongSecret);
+                }
+                matches
+            },
+            answer: |request| service.ship_one(request),
+        };
+        let proven = || {
+            if let Some(proof) = proof {
+                proof.proven();
+            }
+        };
+        crate::ship_link::serve_link(io, server, proven, service.closing.clone()).await;
+    }
+}
+
 /// Serves `handler` on `incoming` until `shutdown` resolves.
 pub async fn serve<H, I, IO, IE>(
     handler: Arc<H>,
@@ -370,14 +419,14 @@ pub async fn serve<H, I, IO, IE>(
 ) -> Result<(), tonic::transport::Error>
 where
     H: Handler,
-    I: Stream<Item = Result<IO, IE>> + Send,
+    I: Stream<Item = Result<IO, IE>> + Send + 'static,
     IO: tokio::io::AsyncRead
         + tokio::io::AsyncWrite
         + tonic::transport::server::Connected
         + Unpin
         + Send
         + 'static,
-    IE: Into<Box<dyn std::error::Error + Send + Sync>>,
+    IE: Into<Box<dyn std::error::Error + Send + Sync>> + Send + 'static,
 {
     let check = SecretCheck::new(secret);
     let refusals = handler.clone();
@@ -391,6 +440,12 @@ where
     let signal = async move {
         let _ = closed.wait_for(|closing| *closing).await;
     };
+    let links = LinkSide {
+        service: Arc::new(Service { handler: handler.clone(), closing: closing.clone() }),
+        check: check.clone(),
+        log_limit: log_limit.clone(),
+    };
+    let incoming = crate::ship_link::sorted(incoming, move |io: IO| links.clone().serve(io));
     let service = ReplicationServer::new(Service { handler, closing })
         .max_decoding_message_size(MESSAGE_BATCH_BYTES_MAX + 1024 * 1024)
         .max_encoding_message_size(MESSAGE_BATCH_BYTES_MAX + 1024 * 1024);

@@ -1,6 +1,8 @@
-//! Ships on the long-lived `ShipStream` (decisions/026): every ship gets its own reply, in order; a
+//! Ships on a peer's long-lived path, the ship link (decisions/071; the `ShipStream` of
+//! decisions/026 for a peer without it, `t13_ship_link`): every ship gets its own reply, in order; a
 //! ship abandoned between its request and its reply never hands its reply to the next ship; a
-//! refused request ends the stream and the next ship opens another.
+//! refused request ends the link and the next ship opens another; a server that shuts down ends
+//! the links and streams it holds.
 #![allow(clippy::unwrap_used)]
 
 use std::sync::atomic::{AtomicUsize, Ordering};

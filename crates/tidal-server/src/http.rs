@@ -301,8 +301,10 @@ async fn admit(State(state): State<Arc<AppState>>, request: Request, next: Next)
 /// An authenticated request (by `principal`): its body read, its headers checked against what a
 /// browser could send, then forwarded or served.
 async fn admitted(state: &AppState, request: Request, next: Next, seen: &Seen, principal: &str) -> Response {
-    let response = match body_first(state, request).await.and_then(|r| refuse_browsers(state, r)) {
-        Ok(request) => forward_to_leader(state, request, seen.policy.serve, next).await,
+    let read = body_first(state, request).await;
+    let response = match read.and_then(|(parts, body)| refuse_browsers(state, &parts).map(|()| (parts, body)))
+    {
+        Ok((parts, body)) => forward_to_leader(state, parts, body, seen.policy.serve, next).await,
         Err(refused) => refused.into_response(),
     };
     let status = response.status();
@@ -315,10 +317,10 @@ async fn admitted(state: &AppState, request: Request, next: Next, seen: &Seen, p
 }
 
 /// Refuses what a web page could make a browser send ([`guard`]), before anything is forwarded.
-fn refuse_browsers(state: &AppState, request: Request) -> AppResult<Request> {
+fn refuse_browsers(state: &AppState, parts: &axum::http::request::Parts) -> AppResult<()> {
     let open = state.tokens.is_none() && !state.node.config().insecure;
-    match guard::check(request.method(), request.headers(), open) {
-        Ok(()) => Ok(request),
+    match guard::check(&parts.method, &parts.headers, open) {
+        Ok(()) => Ok(()),
         Err(refusal) => {
             let code = match refusal {
                 guard::Refusal::NotJson => ErrorCode::UnsupportedMediaType,
@@ -333,29 +335,31 @@ fn refuse_browsers(state: &AppState, request: Request) -> AppResult<Request> {
 /// handler runs. A handler that refuses a request without reading its body (a bad id, a route that
 /// takes none, a 405) would otherwise answer with the body still unread in the socket, and the reset
 /// that follows the close can discard the answer before the client reads it (see [`read_body`]):
-/// the client saw a broken connection instead of its 4xx. Handlers read the buffered body as before.
-async fn body_first(state: &AppState, request: Request) -> AppResult<Request> {
+/// the client saw a broken connection instead of its 4xx. Handlers read the buffered body as before;
+/// a forwarded request sends these bytes on.
+async fn body_first(
+    state: &AppState,
+    request: Request,
+) -> AppResult<(axum::http::request::Parts, axum::body::Bytes)> {
     let (parts, body) = request.into_parts();
-    let bytes = read_body(state, body).await?;
-    Ok(Request::from_parts(parts, axum::body::Body::from(bytes)))
+    Ok((parts, read_body(state, body).await?))
 }
 
 /// On a follower that knows its leader, sends a request its route serves on the leader there,
 /// with the caller's own credential (there are no unauthenticated inter-node writes).
-async fn forward_to_leader(state: &AppState, request: Request, serve: Serve, next: Next) -> Response {
-    let Some(leader) = state.forward.leader() else {
-        return next.run(request).await;
+async fn forward_to_leader(
+    state: &AppState,
+    parts: axum::http::request::Parts,
+    body: axum::body::Bytes,
+    serve: Serve,
+    next: Next,
+) -> Response {
+    let leader = state.forward.leader().filter(|_| serve.on_leader(parts.uri.query()));
+    let Some(leader) = leader else {
+        return next.run(Request::from_parts(parts, axum::body::Body::from(body))).await;
     };
-    if !serve.on_leader(request.uri().query()) {
-        return next.run(request).await;
-    }
-    let path = request.uri().path();
-    let path_and_query = request.uri().path_and_query().map_or(path, |pq| pq.as_str()).to_string();
-    let (parts, body) = request.into_parts();
-    let body = match read_body(state, body).await {
-        Ok(body) => body,
-        Err(error) => return error.into_response(),
-    };
+    let path = parts.uri.path();
+    let path_and_query = parts.uri.path_and_query().map_or(path, |pq| pq.as_str()).to_string();
     let timeout = match serve {
         // The leader may wait for a learner to catch up (`catch_up_s`).
         Serve::LeaderMemberChange => Duration::from_secs(MEMBER_CATCH_UP_MAX_S + 60),

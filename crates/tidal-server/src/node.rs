@@ -363,17 +363,45 @@ impl Node {
             }
             // The first attempt ended without an outcome (its guard removed the entry): try again.
         };
-        let _guard = InFlightGuard { node: &self, slot: &slot };
+        let mut guard = InFlightGuard { node: &self, slot: &slot, armed: true };
         // Registered first, looked up second: a write that finished before we registered is in the
         // engine's table by now (entries are removed only after apply).
         let result = match self.db.idempotency_lookup(&slot.0, &slot.1) {
             Err(error) => Err(ApiError::from(error)),
             Ok(Some(record)) if record.fingerprint == fingerprint => Ok(record.last_seqno.get()),
             Ok(Some(_)) => Err(idempotency_conflict()),
-            Ok(None) => self.clone().write_inner(request, submitted).await,
+            Ok(None) => match self.clone().write_waiting(request, submitted).await {
+                Ok(last) => Ok(last),
+                Err(Unanswered { error, pending: None }) => Err(error),
+                Err(Unanswered { error, pending: Some(pending) }) => {
+                    // Not committed in time, but still in our log under our office: it may yet
+                    // commit. Until it does (or is cut, or the office ends), the key stays in flight
+                    // and every retry is told the outcome is unknown; a retry that wrote again
+                    // would put the write in the log twice.
+                    guard.armed = false;
+                    self.clone().hold_until_resolved(slot.clone(), pending);
+                    Err(error)
+                }
+            },
         };
         let _ = done_tx.send(Some(result.clone()));
         result
+    }
+
+    /// Keeps `slot` in flight until `pending` resolves: the write is applied or refused, or this
+    /// node's office ends (a retry then goes to the next leader, whose log decides).
+    fn hold_until_resolved(self: Arc<Self>, slot: (String, String), pending: Pending) {
+        let Pending { mut written, office } = pending;
+        tokio::spawn(async move {
+            match office {
+                None => drop((&mut written).await),
+                Some(mut office) => tokio::select! {
+                    _ = &mut written => {}
+                    _ = office.wait_for(|term| term.is_none()) => {}
+                },
+            }
+            drop(InFlightGuard { node: &self, slot: &slot, armed: true });
+        });
     }
 
     /// One write, admitted, appended, committed (in a cluster) and applied, or refused.
@@ -382,17 +410,31 @@ impl Node {
         request: AppendRequest,
         submitted: Option<Submitted>,
     ) -> Result<u64, ApiError> {
-        let _admitted = self.admit(request.payload.len()).await?;
+        self.write_waiting(request, submitted).await.map_err(|unanswered| unanswered.error)
+    }
+
+    /// [`Node::write_inner`], whose error says what still waits for a write not committed in time.
+    async fn write_waiting(
+        self: Arc<Self>,
+        request: AppendRequest,
+        submitted: Option<Submitted>,
+    ) -> Result<u64, Unanswered> {
+        let _admitted = self.admit(request.payload.len()).await.map_err(Unanswered::from)?;
         if let Some(fatal) = self.fatal() {
-            return Err(ApiError::unavailable(ErrorCode::NotReady, fatal.to_string()));
+            return Err(ApiError::unavailable(ErrorCode::NotReady, fatal.to_string()).into());
         }
         let (mut office, ticket) = self.write_office()?;
         let mut written = self.submit(request, ticket)?;
         if let Some(submitted) = submitted {
             submitted();
         }
-        let written = wait_written(&mut written, office.as_mut()).await?;
-        self.answer(written)
+        match wait_written(&mut written, office.as_mut()).await {
+            Ok(written) => Ok(self.answer(written)?),
+            Err(WaitFailed::OfficeLost(error)) => Err(error.into()),
+            Err(WaitFailed::TimedOut(error)) => {
+                Err(Unanswered { error, pending: Some(Pending { written, office }) })
+            }
+        }
     }
 
     /// Waits, within [`WRITE_ADMIT_TIMEOUT`], for room in the in-flight budget: a slot and the
@@ -613,7 +655,7 @@ impl Node {
 async fn wait_written(
     written: &mut oneshot::Receiver<Written>,
     office: Option<&mut Office>,
-) -> Result<Result<Written, oneshot::error::RecvError>, ApiError> {
+) -> Result<Result<Written, oneshot::error::RecvError>, WaitFailed> {
     let waiting = async {
         match office {
             None => Some(written.await),
@@ -630,14 +672,41 @@ async fn wait_written(
     };
     match tokio::time::timeout(WRITE_ANSWER_TIMEOUT, waiting).await {
         Ok(Some(written)) => Ok(written),
-        Ok(None) => Err(ApiError::unavailable(
+        Ok(None) => Err(WaitFailed::OfficeLost(ApiError::unavailable(
             ErrorCode::NotReady,
             "this node lost leadership before the write committed; the outcome is unknown, retry with the same Idempotency-Key",
-        )),
-        Err(_) => Err(ApiError::unavailable(
+        ))),
+        Err(_) => Err(WaitFailed::TimedOut(ApiError::unavailable(
             ErrorCode::NotReady,
             format!("the write was not committed within {WRITE_ANSWER_TIMEOUT:?} (no contact with a majority?); the outcome is unknown, retry with the same Idempotency-Key"),
-        )),
+        ))),
+    }
+}
+
+/// Why [`wait_written`] gave up on a write: either way its outcome is unknown to the client.
+enum WaitFailed {
+    /// This node lost its office first.
+    OfficeLost(ApiError),
+    /// Not committed within [`WRITE_ANSWER_TIMEOUT`]; the write is still in our log.
+    TimedOut(ApiError),
+}
+
+/// What still waits for a write whose answer timed out: its applied notice, and the office it was
+/// written under (None on a single node).
+struct Pending {
+    written: oneshot::Receiver<Written>,
+    office: Option<Office>,
+}
+
+/// A write's error, with what still waits for it when it may yet commit.
+struct Unanswered {
+    error: ApiError,
+    pending: Option<Pending>,
+}
+
+impl From<ApiError> for Unanswered {
+    fn from(error: ApiError) -> Unanswered {
+        Unanswered { error, pending: None }
     }
 }
 
@@ -661,14 +730,18 @@ fn idempotency_conflict() -> ApiError {
     )
 }
 
-/// Removes an idempotency key's in-flight entry however the write ends.
+/// Removes an idempotency key's in-flight entry however the write ends, unless disarmed (the
+/// entry then outlives the request: [`Node::hold_until_resolved`]).
 struct InFlightGuard<'a> {
     node: &'a Node,
     slot: &'a (String, String),
+    armed: bool,
 }
 
 impl Drop for InFlightGuard<'_> {
     fn drop(&mut self) {
-        self.node.inflight.lock().expect("inflight lock is never held across a panic").remove(self.slot);
+        if self.armed {
+            self.node.inflight.lock().expect("inflight lock is never held across a panic").remove(self.slot);
+        }
     }
 }
