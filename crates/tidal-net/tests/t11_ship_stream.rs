@@ -5,92 +5,14 @@
 //! the links and streams it holds.
 #![allow(clippy::unwrap_used)]
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+mod common;
+
+use common::{matched, ship_at, start, start_serving, Matcher};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
-use tidal_net::{ChunkStream, Handler, Peer, Pull, Ship, ShipAnswer, ShipOutcome};
-use tidal_types::{NodeId, RecordKind, Seqno, Term, TermSeqno};
-use tidal_wal::Batch;
-
-/// Answers each ship with the position of its last batch; a ship whose first seqno is `hold_at`
-/// waits until `release` is notified.
-struct Matcher {
-    calls: AtomicUsize,
-    hold_at: u64,
-    release: tokio::sync::Notify,
-}
-
-#[tonic::async_trait]
-impl Handler for Matcher {
-    fn cluster_id(&self) -> &str {
-        "test-cluster"
-    }
-
-    async fn ship(&self, ship: Ship) -> Result<ShipAnswer, tidal_net::ServiceError> {
-        self.calls.fetch_add(1, Ordering::SeqCst);
-        if ship.batches.first().is_some_and(|b| b.first_seqno().get() == self.hold_at) {
-            self.release.notified().await;
-        }
-        let matched =
-            ship.batches.last().map_or(ship.prev, |b| TermSeqno { term: b.term(), seqno: b.last_seqno() });
-        Ok(ShipAnswer {
-            term: ship.term,
-            durable: matched.seqno,
-            applied: ship.commit,
-            outcome: ShipOutcome::Matched(matched),
-        })
-    }
-
-    async fn pull(&self, _pull: Pull) -> Result<ChunkStream, tidal_net::ServiceError> {
-        Err(tidal_net::ServiceError::Unimplemented("no pulls here".into()))
-    }
-
-    async fn nudge(&self, _reason: String) -> Result<bool, tidal_net::ServiceError> {
-        Ok(false)
-    }
-}
-
-async fn start(hold_at: u64) -> (String, Arc<Matcher>, tokio::sync::oneshot::Sender<()>) {
-    let (address, handler, stop, _served) = start_serving(hold_at).await;
-    (address, handler, stop)
-}
-
-async fn start_serving(
-    hold_at: u64,
-) -> (String, Arc<Matcher>, tokio::sync::oneshot::Sender<()>, tokio::task::JoinHandle<()>) {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let address = listener.local_addr().unwrap().to_string();
-    let handler =
-        Arc::new(Matcher { calls: AtomicUsize::new(0), hold_at, release: tokio::sync::Notify::new() });
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let serving = handler.clone();
-    let served = tokio::spawn(async move {
-        let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
-        tidal_net::serve(serving, "secret-secret", incoming, async {
-            let _ = stopped.await;
-        })
-        .await
-        .unwrap();
-    });
-    (address, handler, stop, served)
-}
-
-/// A ship of one batch of 3 events at `first`.
-fn ship_at(first: u64) -> Ship {
-    Ship {
-        cluster_id: "test-cluster".into(),
-        term: Term(1),
-        leader: NodeId(1),
-        prev: TermSeqno { term: Term(1), seqno: Seqno(first - 1) },
-        commit: Seqno(first - 1),
-        baseline: TermSeqno::default(),
-        batches: vec![Batch::new(RecordKind::Signal, Term(1), Seqno(first), 3, &[7u8; 40])],
-    }
-}
-
-fn matched(first: u64) -> ShipOutcome {
-    ShipOutcome::Matched(TermSeqno { term: Term(1), seqno: Seqno(first + 2) })
-}
+use tidal_net::Peer;
+use tidal_types::{NodeId, Seqno, Term};
 
 #[tokio::test]
 async fn every_ship_on_the_stream_gets_its_own_reply_in_order() {
@@ -114,7 +36,7 @@ async fn every_ship_on_the_stream_gets_its_own_reply_in_order() {
         let (first, answer) = done.unwrap();
         assert_eq!(answer.outcome, matched(first));
     }
-    assert_eq!(handler.calls.load(Ordering::SeqCst), 208);
+    assert_eq!(handler.ships.load(Ordering::SeqCst), 208);
 }
 
 /// The leader's queue may drop a ship's future while the follower still works on it (a new term,
@@ -146,7 +68,7 @@ async fn a_refused_ship_ends_the_stream_and_the_next_ship_opens_another() {
         "{error}"
     );
     assert_eq!(peer.ship(&ship_at(4)).await.unwrap().outcome, matched(4));
-    assert_eq!(handler.calls.load(Ordering::SeqCst), 2, "the refused ship never reached the handler");
+    assert_eq!(handler.ships.load(Ordering::SeqCst), 2, "the refused ship never reached the handler");
 }
 
 /// A graceful shutdown waits for every open call, and the leader never ends its streams: the server
@@ -196,8 +118,7 @@ impl tokio_stream::Stream for UntilStop {
 async fn a_server_shuts_down_when_its_incoming_ends_before_the_signal() {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let address = listener.local_addr().unwrap().to_string();
-    let handler =
-        Arc::new(Matcher { calls: AtomicUsize::new(0), hold_at: 0, release: tokio::sync::Notify::new() });
+    let handler = Arc::new(Matcher::default());
     let (stop, stopping) = tokio::sync::watch::channel(false);
     let (ended, incoming_ended) = tokio::sync::oneshot::channel();
     let mut stopping_incoming = stopping.clone();

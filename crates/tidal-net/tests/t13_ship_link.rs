@@ -4,80 +4,16 @@
 //! link with an error and the server goes on serving.
 #![allow(clippy::unwrap_used)]
 
+mod common;
+
+use common::{matched, ship_at, start, SECRET};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
-use tidal_net::{ChunkStream, Handler, Peer, Pull, ServiceRefusal, Ship, ShipAnswer, ShipOutcome};
-use tidal_types::{NodeId, RecordKind, Seqno, Term, TermSeqno};
-use tidal_wal::Batch;
+use tidal_net::Peer;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const PREFACE: &[u8; 16] = b"tidal-ship/1\r\n\r\n";
-const SECRET: &str = "secret-secret";
-
-/// Answers each ship with the position of its last batch, counting ships and refusals; a ship at
-/// `hold_at` waits for `release`.
-#[derive(Default)]
-struct Matcher {
-    ships: AtomicUsize,
-    wrong_secret: AtomicUsize,
-    hold_at: u64,
-    release: tokio::sync::Notify,
-}
-
-#[tonic::async_trait]
-impl Handler for Matcher {
-    fn cluster_id(&self) -> &str {
-        "test-cluster"
-    }
-
-    fn refused(&self, why: ServiceRefusal) {
-        if why == ServiceRefusal::WrongSecret {
-            self.wrong_secret.fetch_add(1, Ordering::SeqCst);
-        }
-    }
-
-    async fn ship(&self, ship: Ship) -> Result<ShipAnswer, tidal_net::ServiceError> {
-        self.ships.fetch_add(1, Ordering::SeqCst);
-        if ship.batches.first().is_some_and(|b| b.first_seqno().get() == self.hold_at) {
-            self.release.notified().await;
-        }
-        let matched =
-            ship.batches.last().map_or(ship.prev, |b| TermSeqno { term: b.term(), seqno: b.last_seqno() });
-        Ok(ShipAnswer {
-            term: ship.term,
-            durable: matched.seqno,
-            applied: ship.commit,
-            outcome: ShipOutcome::Matched(matched),
-        })
-    }
-
-    async fn pull(&self, _pull: Pull) -> Result<ChunkStream, tidal_net::ServiceError> {
-        Err(tidal_net::ServiceError::Unimplemented("no pulls here".into()))
-    }
-
-    async fn nudge(&self, _reason: String) -> Result<bool, tidal_net::ServiceError> {
-        Ok(false)
-    }
-}
-
-/// A server on a fresh port; it stops when the returned sender drops.
-async fn start(hold_at: u64) -> (String, Arc<Matcher>, tokio::sync::oneshot::Sender<()>) {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let address = listener.local_addr().unwrap().to_string();
-    let handler = Arc::new(Matcher { hold_at, ..Matcher::default() });
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let serving = handler.clone();
-    tokio::spawn(async move {
-        let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
-        tidal_net::serve(serving, SECRET, incoming, async {
-            let _ = stopped.await;
-        })
-        .await
-        .unwrap();
-    });
-    (address, handler, stop)
-}
 
 /// How the stand-in for an older peer answers a link's preface.
 #[derive(Clone, Copy)]
@@ -122,22 +58,6 @@ async fn older_peer(server: String, answer: OldPeer) -> (String, Arc<AtomicUsize
         }
     });
     (address, attempts)
-}
-
-fn ship_at(first: u64) -> Ship {
-    Ship {
-        cluster_id: "test-cluster".into(),
-        term: Term(1),
-        leader: NodeId(1),
-        prev: TermSeqno { term: Term(1), seqno: Seqno(first - 1) },
-        commit: Seqno(first - 1),
-        baseline: TermSeqno::default(),
-        batches: vec![Batch::new(RecordKind::Signal, Term(1), Seqno(first), 3, &[7u8; 40])],
-    }
-}
-
-fn matched(first: u64) -> ShipOutcome {
-    ShipOutcome::Matched(TermSeqno { term: Term(1), seqno: Seqno(first + 2) })
 }
 
 #[tokio::test]
