@@ -203,9 +203,11 @@ impl ShipLink {
             unavailable(format!("ship link: no connection to {} within {CONNECT_TIMEOUT:?}", self.address))
         })??;
         let mut conn = BufReader::with_capacity(READ_BUFFER, stream);
-        conn.get_mut().write_all(&hello(&self.authorization)).await?;
+        // A stopped peer's kernel still accepts the connection: its silence must fail the hello
+        // as soon as it would fail a ship, not at the ship's deadline.
+        within_silence(conn.get_mut().write_all(&hello(&self.authorization))).await??;
         let mut answer = [0u8; 16];
-        match conn.read_exact(&mut answer).await {
+        match within_silence(conn.read_exact(&mut answer)).await? {
             Ok(_) if answer == WELCOME => Ok(conn),
             Ok(_) if answer == REFUSED => Err(NetError::from(tonic::Status::unauthenticated(
                 "the peer refused the ship link's cluster secret",

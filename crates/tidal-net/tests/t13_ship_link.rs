@@ -196,3 +196,27 @@ async fn a_slow_answer_keeps_the_link_alive() {
     });
     assert_eq!(peer.ship(&ship_at(4)).await.unwrap().outcome, matched(4));
 }
+
+/// A peer whose kernel accepts the connection but whose process never answers the hello (a stopped
+/// follower) fails the ship within seconds too.
+#[tokio::test]
+async fn a_peer_silent_at_hello_fails_the_ship_within_seconds() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap().to_string();
+    let (held, mut holder) = tokio::sync::mpsc::channel(1);
+    tokio::spawn(async move {
+        let (link, _) = listener.accept().await.unwrap();
+        // Holds the connection open and says nothing.
+        held.send(link).await.unwrap();
+    });
+    let peer = Peer::connect_lazy(&address, SECRET, "test-cluster").unwrap();
+    let started = tokio::time::Instant::now();
+    match peer.ship(&ship_at(1)).await {
+        Err(tidal_net::NetError::Status(status)) => {
+            assert!(status.message().contains("silent"), "{status:?}")
+        }
+        other => panic!("expected the link dropped as dead, got {other:?}"),
+    }
+    assert!(started.elapsed() < Duration::from_secs(9), "took {:?}", started.elapsed());
+    drop(holder.recv().await);
+}
