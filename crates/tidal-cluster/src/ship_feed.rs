@@ -111,6 +111,12 @@ impl ShipFeed {
         self.last_tx.send_replace(last.seqno);
     }
 
+    /// What the tail holds now: (batches, bytes of their encodings).
+    pub fn held(&self) -> (usize, usize) {
+        let tail = self.lock();
+        (tail.batches.len(), tail.bytes)
+    }
+
     /// Last position pushed.
     pub fn last(&self) -> TermSeqno {
         self.lock().last

@@ -322,6 +322,8 @@ pub struct FileConfig {
     checkpoint_engine_bytes_max: Option<u64>,
     checkpoint_wal_bytes_max: Option<u64>,
     engine_overlay_bytes_max: Option<usize>,
+    ship_tail_bytes_max: Option<usize>,
+    ship_tail_batches_max: Option<usize>,
     feed_ann_lists: Option<usize>,
     feed_ann_centroids_at: Option<usize>,
     feed_ann_threshold: Option<usize>,
@@ -400,6 +402,12 @@ pub struct ServeConfig {
     pub handoff_on_stop: bool,
     /// Engine write-back overlay bound (decisions/003): larger = fewer, longer flushes.
     pub engine_overlay_bytes_max: usize,
+    /// A leader's in-memory tail of recent batches, which its ShipQueues ship from: its bounds in
+    /// bytes and in batches (the oldest fall off). A follower that needs what the tail no longer
+    /// holds pulls it from the leader's WAL segments.
+    pub ship_tail_bytes_max: usize,
+    /// See `ship_tail_bytes_max`.
+    pub ship_tail_batches_max: usize,
     /// The approximate feed index (decisions/067): lists (0: off), the catalogue size at which its
     /// centroids are chosen, the size from which feeds and similar items use it, and the lists a
     /// query scores at least. Every node of a cluster must use the same values.
@@ -574,6 +582,12 @@ impl ServeConfig {
                 .engine_overlay_bytes_max
                 .or_else(|| std::env::var("TIDAL_ENGINE_OVERLAY_BYTES_MAX").ok().and_then(|v| v.parse().ok()))
                 .unwrap_or(tidal_core::OVERLAY_BYTES_MAX_DEFAULT),
+            ship_tail_bytes_max: file
+                .ship_tail_bytes_max
+                .unwrap_or(tidal_cluster::ship_feed::TAIL_BYTES_MAX_DEFAULT),
+            ship_tail_batches_max: file
+                .ship_tail_batches_max
+                .unwrap_or(tidal_cluster::ship_feed::TAIL_BATCHES_MAX_DEFAULT),
             embeddings_max: file
                 .embeddings_max
                 .unwrap_or_else(|| embeddings_max_default(machine_memory_bytes(), dimension)),
@@ -638,6 +652,10 @@ impl ServeConfig {
             "stream_event_bytes_max and stream_events_per_request_max must be at least 1"
         );
         anyhow::ensure!(self.stream_subscribers_max >= 1, "stream_subscribers_max must be at least 1");
+        anyhow::ensure!(
+            self.ship_tail_bytes_max >= 1 && self.ship_tail_batches_max >= 1,
+            "ship_tail_bytes_max and ship_tail_batches_max must be at least 1"
+        );
         self.inbox.validate()?;
         Ok(())
     }
@@ -881,5 +899,28 @@ mod tests {
         assert!(ServeConfig::resolve(&args).is_err());
         std::fs::write(&path, "dimension = 0\n").unwrap();
         assert!(ServeConfig::resolve(&args).is_err());
+        for zero in ["ship_tail_bytes_max = 0\n", "ship_tail_batches_max = 0\n"] {
+            std::fs::write(&path, zero).unwrap();
+            let error = ServeConfig::resolve(&args).unwrap_err().to_string();
+            assert!(error.contains("ship_tail"), "{zero}: {error}");
+        }
+    }
+
+    #[test]
+    fn the_ship_tail_bounds_come_from_the_file_or_default() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("tidal.toml");
+        std::fs::write(&path, "ship_tail_bytes_max = 1048576\nship_tail_batches_max = 64\n").unwrap();
+        let args = ServeArgs { config: Some(path), ..Default::default() };
+        let config = ServeConfig::resolve(&args).unwrap();
+        assert_eq!((config.ship_tail_bytes_max, config.ship_tail_batches_max), (1 << 20, 64));
+        let config = ServeConfig::resolve(&ServeArgs::default()).unwrap();
+        assert_eq!(
+            (config.ship_tail_bytes_max, config.ship_tail_batches_max),
+            (
+                tidal_cluster::ship_feed::TAIL_BYTES_MAX_DEFAULT,
+                tidal_cluster::ship_feed::TAIL_BATCHES_MAX_DEFAULT
+            )
+        );
     }
 }

@@ -1490,6 +1490,21 @@ fn render_frontier_metrics(out: &mut String, node: &Node) {
 fn render_replication_metrics(out: &mut String, replica: &tidal_cluster::Replica) {
     render_single(out, "tidal_is_leader", "gauge", "1 on the leader.", f64::from(replica.is_leader()));
     render_single(out, "tidal_term", "gauge", "Current term.", replica.term().get() as f64);
+    let (tail_batches, tail_bytes) = replica.ship_tail_held();
+    render_single(
+        out,
+        "tidal_ship_tail_batches",
+        "gauge",
+        "Batches in the in-memory ship tail (bound: ship_tail_batches_max).",
+        tail_batches as f64,
+    );
+    render_single(
+        out,
+        "tidal_ship_tail_bytes",
+        "gauge",
+        "Bytes of the batches in the in-memory ship tail (bound: ship_tail_bytes_max).",
+        tail_bytes as f64,
+    );
     let installs = replica.install_stats();
     render_single(
         out,

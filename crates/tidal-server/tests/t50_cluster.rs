@@ -80,13 +80,9 @@ async fn writes_on_leader_and_follower_converge_and_a_restarted_follower_catches
         // The restarted follower appended the 20 batches it missed, by its boot-time pull or by the
         // leader's next ship from its tail, whichever reached it first (both are the protocol's;
         // since the ship link, decisions/071, a ship often comes first). What a pull brought is
-        // counted as pulled.
+        // counted as pulled (`a_follower_behind_the_ship_tail_pulls` forces the pull).
         let metrics = metrics_text(&cluster, f2).await;
-        let value = |name: &str| -> f64 {
-            let line = metrics.lines().find(|line| line.starts_with(&format!("{name} ")));
-            line.and_then(|line| line.split(' ').nth(1)?.parse().ok())
-                .unwrap_or_else(|| panic!("no {name} in:\n{metrics}"))
-        };
+        let value = |name: &str| metric_value(&metrics, name);
         let (appended, pulled) = (value("tidal_wal_batches_total"), value("tidal_pull_batches_total"));
         assert!(appended >= 20.0 && pulled <= appended, "{metrics}");
         if pulled > 0.0 {
@@ -181,6 +177,54 @@ async fn failover_keeps_acknowledged_writes_and_the_old_leader_rejoins() {
 
 /// Polls `url` (a node's `/metrics`) until it has exactly `line`; fails after 10 s.
 /// Node `i`'s `/metrics` text.
+/// A follower stopped while the leader wrote more batches than its ship tail holds (4 here) cannot
+/// be served from the tail: whichever path reaches it first (its boot-time pull, a Gap's pull, the
+/// leader's nudge, a ship), at least the batches beyond the tail come by pull, and the pull
+/// counters say so. (With the default tail a ship from it may bring everything and pull nothing,
+/// so `phase 2` above cannot pin these counters.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follower_behind_the_ship_tail_pulls() {
+    const TAIL: usize = 4;
+    const ROUNDS: u64 = 20;
+    common::trace();
+    let root = tempfile::tempdir().unwrap();
+    let mut cluster = Cluster::new(root.path(), 3, Durability::Quorum, |config| {
+        config.ship_tail_batches_max = TAIL;
+    });
+    cluster.start_all().await;
+    let l = cluster.leader().await;
+    let f = cluster.followers_of(l)[0];
+    retrying(|| cluster.client(l).put_item(1, json!({"n": 1}), None)).await;
+    cluster.stop(f).await;
+    let leader = cluster.client(l).clone();
+    let mut last = 0;
+    for round in 0..ROUNDS {
+        last = retrying(|| leader.post_signals(signals(10 + round), None)).await.seqno;
+    }
+    cluster.start(f).await;
+    let digests = cluster.digests_at(last).await;
+    assert!(same(&digests), "replicas differ after catch-up: {digests:?}");
+    let metrics = metrics_text(&cluster, f).await;
+    let value = |name: &str| metric_value(&metrics, name);
+    // At most TAIL of the batches it missed could have come in a ship; the rest came by pull.
+    let missed_beyond_tail = (ROUNDS as usize - TAIL) as f64;
+    assert!(value("tidal_pull_batches_total") >= missed_beyond_tail, "{metrics}");
+    assert!(value("tidal_pulls_total") >= 1.0, "{metrics}");
+    assert!(value("tidal_pull_bytes_total") > 0.0, "{metrics}");
+    // The bound is the node's setting, not the default.
+    let on_leader = metrics_text(&cluster, l).await;
+    assert_eq!(metric_value(&on_leader, "tidal_ship_tail_batches"), TAIL as f64, "{on_leader}");
+    assert!(metric_value(&on_leader, "tidal_ship_tail_bytes") > 0.0, "{on_leader}");
+    cluster.stop_all().await;
+}
+
+/// The value of an unlabelled metric in a Prometheus text page.
+fn metric_value(metrics: &str, name: &str) -> f64 {
+    let line = metrics.lines().find(|line| line.starts_with(&format!("{name} ")));
+    line.and_then(|line| line.split(' ').nth(1)?.parse().ok())
+        .unwrap_or_else(|| panic!("no {name} in:\n{metrics}"))
+}
+
 async fn metrics_text(cluster: &Cluster, i: usize) -> String {
     let url = format!("{}/metrics", cluster.client(i).base());
     reqwest::get(url).await.unwrap().text().await.unwrap()

@@ -155,11 +155,7 @@ pub(super) fn cluster_parts(
         CommitState::new(membership.me, voters, membership.spec.durability, start_applied, applier.clone())
             .with_lease(membership.timing.lease()),
     );
-    let feed = ShipFeed::new(
-        TermSeqno::default(),
-        tidal_cluster::ship_feed::TAIL_BYTES_MAX_DEFAULT,
-        tidal_cluster::ship_feed::TAIL_BATCHES_MAX_DEFAULT,
-    );
+    let feed = ShipFeed::new(TermSeqno::default(), config.ship_tail_bytes_max, config.ship_tail_batches_max);
     Ok(Some(ClusterParts { membership: membership.clone(), commit, feed, applier: applier.clone() }))
 }
 

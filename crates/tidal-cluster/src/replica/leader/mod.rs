@@ -162,6 +162,12 @@ impl Replica {
     pub fn progress(&self) -> BTreeMap<NodeId, FollowerProgress> {
         self.leading.progress.lock().expect("progress lock is never held across a panic").clone()
     }
+
+    /// What the ship tail holds: (batches, bytes). A leader ships from it; every member keeps it
+    /// (its WAL's hook feeds it), bounded by the node's `ship_tail_*` settings.
+    pub fn ship_tail_held(&self) -> (usize, usize) {
+        self.feed.held()
+    }
 }
 
 impl Replica {
