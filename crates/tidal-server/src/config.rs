@@ -8,6 +8,7 @@ use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use tidal_cluster::ship_feed::{TAIL_BATCHES_MAX_DEFAULT, TAIL_BYTES_MAX_DEFAULT};
 
 /// Default signal kinds and weights. Weights are resolved at the API and logged, so changing them
 /// later never changes how existing log entries fold.
@@ -437,6 +438,18 @@ pub struct FeedAnnConfig {
     pub probes: usize,
 }
 
+impl FeedAnnConfig {
+    /// The `feed_ann_*` settings of the file, or their defaults.
+    fn from_file(file: &FileConfig) -> FeedAnnConfig {
+        FeedAnnConfig {
+            lists: file.feed_ann_lists.unwrap_or(tidal_core::ANN_LISTS_DEFAULT),
+            centroids_at: file.feed_ann_centroids_at.unwrap_or(tidal_core::ANN_CENTROIDS_AT_DEFAULT),
+            threshold: file.feed_ann_threshold.unwrap_or(tidal_core::ANN_THRESHOLD_DEFAULT),
+            probes: file.feed_ann_probes.unwrap_or(tidal_core::ANN_PROBES_DEFAULT),
+        }
+    }
+}
+
 impl Default for FeedAnnConfig {
     fn default() -> Self {
         FeedAnnConfig {
@@ -505,6 +518,7 @@ impl ServeConfig {
             None => FileConfig::default(),
         };
         let inbox = InboxConfig::from_file(&file);
+        let feed_ann = FeedAnnConfig::from_file(&file);
         let net = net_config(args, &file)?;
         let signal_kinds = file.signal_kinds.unwrap_or_else(|| {
             DEFAULT_SIGNAL_KINDS.iter().map(|(name, weight)| (name.to_string(), *weight)).collect()
@@ -582,21 +596,12 @@ impl ServeConfig {
                 .engine_overlay_bytes_max
                 .or_else(|| std::env::var("TIDAL_ENGINE_OVERLAY_BYTES_MAX").ok().and_then(|v| v.parse().ok()))
                 .unwrap_or(tidal_core::OVERLAY_BYTES_MAX_DEFAULT),
-            ship_tail_bytes_max: file
-                .ship_tail_bytes_max
-                .unwrap_or(tidal_cluster::ship_feed::TAIL_BYTES_MAX_DEFAULT),
-            ship_tail_batches_max: file
-                .ship_tail_batches_max
-                .unwrap_or(tidal_cluster::ship_feed::TAIL_BATCHES_MAX_DEFAULT),
+            ship_tail_bytes_max: file.ship_tail_bytes_max.unwrap_or(TAIL_BYTES_MAX_DEFAULT),
+            ship_tail_batches_max: file.ship_tail_batches_max.unwrap_or(TAIL_BATCHES_MAX_DEFAULT),
             embeddings_max: file
                 .embeddings_max
                 .unwrap_or_else(|| embeddings_max_default(machine_memory_bytes(), dimension)),
-            feed_ann: FeedAnnConfig {
-                lists: file.feed_ann_lists.unwrap_or(tidal_core::ANN_LISTS_DEFAULT),
-                centroids_at: file.feed_ann_centroids_at.unwrap_or(tidal_core::ANN_CENTROIDS_AT_DEFAULT),
-                threshold: file.feed_ann_threshold.unwrap_or(tidal_core::ANN_THRESHOLD_DEFAULT),
-                probes: file.feed_ann_probes.unwrap_or(tidal_core::ANN_PROBES_DEFAULT),
-            },
+            feed_ann,
             signal_kinds,
             cluster,
             io: NodeIo::default(),
