@@ -922,10 +922,7 @@ mod tests {
         let config = ServeConfig::resolve(&ServeArgs::default()).unwrap();
         assert_eq!(
             (config.ship_tail_bytes_max, config.ship_tail_batches_max),
-            (
-                tidal_cluster::ship_feed::TAIL_BYTES_MAX_DEFAULT,
-                tidal_cluster::ship_feed::TAIL_BATCHES_MAX_DEFAULT
-            )
+            (TAIL_BYTES_MAX_DEFAULT, TAIL_BATCHES_MAX_DEFAULT)
         );
     }
 }

@@ -175,8 +175,6 @@ async fn failover_keeps_acknowledged_writes_and_the_old_leader_rejoins() {
     cluster.stop_all().await;
 }
 
-/// Polls `url` (a node's `/metrics`) until it has exactly `line`; fails after 10 s.
-/// Node `i`'s `/metrics` text.
 /// A follower stopped while the leader wrote more batches than its ship tail holds (4 here) cannot
 /// be served from the tail: whichever path reaches it first (its boot-time pull, a Gap's pull, the
 /// leader's nudge, a ship), at least the batches beyond the tail come by pull, and the pull
@@ -225,11 +223,13 @@ fn metric_value(metrics: &str, name: &str) -> f64 {
         .unwrap_or_else(|| panic!("no {name} in:\n{metrics}"))
 }
 
+/// Node `i`'s `/metrics` text.
 async fn metrics_text(cluster: &Cluster, i: usize) -> String {
     let url = format!("{}/metrics", cluster.client(i).base());
     reqwest::get(url).await.unwrap().text().await.unwrap()
 }
 
+/// Polls `url` (a node's `/metrics`) until it has exactly `line`; fails after 10 s.
 async fn metric_line_appears(url: &str, line: &str) {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     loop {
