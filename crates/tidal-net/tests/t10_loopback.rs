@@ -2,6 +2,8 @@
 //! for another cluster are refused before the handler sees them.
 #![allow(clippy::unwrap_used)]
 
+mod common;
+
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -22,14 +24,7 @@ impl Handler for Echo {
 
     async fn ship(&self, ship: Ship) -> Result<ShipAnswer, tidal_net::ServiceError> {
         self.calls.fetch_add(1, Ordering::SeqCst);
-        let matched =
-            ship.batches.last().map_or(ship.prev, |b| TermSeqno { term: b.term(), seqno: b.last_seqno() });
-        Ok(ShipAnswer {
-            term: ship.term,
-            durable: matched.seqno,
-            applied: ship.commit,
-            outcome: ShipOutcome::Matched(matched),
-        })
+        Ok(common::matched_answer(&ship))
     }
 
     async fn pull(&self, pull: Pull) -> Result<ChunkStream, tidal_net::ServiceError> {

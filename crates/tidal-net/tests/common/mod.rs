@@ -39,14 +39,7 @@ impl Handler for Matcher {
         if ship.batches.first().is_some_and(|b| b.first_seqno().get() == self.hold_at) {
             self.release.notified().await;
         }
-        let matched =
-            ship.batches.last().map_or(ship.prev, |b| TermSeqno { term: b.term(), seqno: b.last_seqno() });
-        Ok(ShipAnswer {
-            term: ship.term,
-            durable: matched.seqno,
-            applied: ship.commit,
-            outcome: ShipOutcome::Matched(matched),
-        })
+        Ok(matched_answer(&ship))
     }
 
     async fn pull(&self, _pull: Pull) -> Result<ChunkStream, tidal_net::ServiceError> {
@@ -100,4 +93,17 @@ pub fn ship_at(first: u64) -> Ship {
 /// What the matcher answers to [`ship_at`]`(first)`.
 pub fn matched(first: u64) -> ShipOutcome {
     ShipOutcome::Matched(TermSeqno { term: Term(1), seqno: Seqno(first + 2) })
+}
+
+/// The answer of a follower that holds everything `ship` brings: matched at its last batch (at its
+/// `prev` for an empty ship), durable there, applied to the ship's commit.
+pub fn matched_answer(ship: &Ship) -> ShipAnswer {
+    let matched =
+        ship.batches.last().map_or(ship.prev, |b| TermSeqno { term: b.term(), seqno: b.last_seqno() });
+    ShipAnswer {
+        term: ship.term,
+        durable: matched.seqno,
+        applied: ship.commit,
+        outcome: ShipOutcome::Matched(matched),
+    }
 }
