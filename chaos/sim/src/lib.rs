@@ -77,6 +77,10 @@ pub struct Scenario {
     pub segment_bytes_max: u64,
     /// Bytes of padding in every item's metadata (bigger batches: more rotation).
     pub item_pad: usize,
+    /// Batches each node's ship tail holds (the `ship_tail_batches_max` knob of `ServeConfig`): a
+    /// follower further behind than this cannot be shipped to from the tail and must pull, as one
+    /// back from a long outage must in production.
+    pub ship_tail_batches: usize,
     /// How long after the heal every node must have converged (simulated).
     pub converge_deadline: Duration,
     /// The heal must go through the log only: no node may install a snapshot (the one path that
@@ -138,6 +142,7 @@ impl Scenario {
             faults: Faults::Classes(Classes { network: false, crashes: false }),
             segment_bytes_max: 16 * 1024,
             item_pad: 0,
+            ship_tail_batches: tidal_cluster::ship_feed::TAIL_BATCHES_MAX_DEFAULT,
             converge_deadline: workload::CONVERGE_DEADLINE,
             heal_via_log: false,
             rotations_min: 0,
@@ -215,13 +220,16 @@ impl Scenario {
                 ..base.clone()
             },
             // One follower down for three quarters of the load phase while the others take many
-            // writes; back before the heal, it catches up through StreamSegments (no snapshot).
+            // writes; back before the heal, it catches up through StreamSegments (no snapshot):
+            // the leader's tail holds 16 batches, far fewer than it missed, so its ShipQueue finds
+            // the follower behind the tail and nudges it to pull, as after a long outage.
             Scenario {
                 name: "follower-outage",
                 faults: swarm(&[Kind::FollowerOutage], (0, 0), false),
                 load: Duration::from_secs(6),
                 writes_max: 300,
                 writers: 3,
+                ship_tail_batches: 16,
                 converge_deadline: Duration::from_secs(30),
                 heal_via_log: true,
                 ..base.clone()
@@ -464,6 +472,8 @@ pub struct SimulatedCluster {
     pub exits: Rc<RefCell<Vec<(usize, String)>>>,
     /// Each node's WAL segment size limit.
     pub segment_bytes_max: u64,
+    /// Each node's ship tail bound in batches.
+    pub ship_tail_batches: usize,
     /// How long each node's process takes to start (drawn from the seed; see [`SimulatedCluster::register`]).
     pub start_delays: Vec<Duration>,
     /// Each node's ship tap (duplicated and reordered delivery), when the run has one.
@@ -519,6 +529,7 @@ impl SimulatedCluster {
                 .collect(),
             exits: Rc::new(RefCell::new(Vec::new())),
             segment_bytes_max: 16 * 1024,
+            ship_tail_batches: tidal_cluster::ship_feed::TAIL_BATCHES_MAX_DEFAULT,
             start_delays: vec![Duration::ZERO; nodes],
             redelivery: vec![None; nodes],
             observers: vec![None; nodes],
@@ -545,6 +556,7 @@ impl SimulatedCluster {
             join: false,
         });
         config.segment_bytes_max = self.segment_bytes_max;
+        config.ship_tail_batches_max = self.ship_tail_batches;
         config.checkpoint_interval_ms = 1000;
         config.read_wait_ms_max = 2000;
         config.io = NodeIo {
@@ -1254,6 +1266,7 @@ pub fn run(seed: u64, scenario: &Scenario) -> anyhow::Result<Outcome> {
     let mut stalls = 0u32;
     let mut cluster = SimulatedCluster::new(scenario.nodes, scenario.durability)?;
     cluster.segment_bytes_max = scenario.segment_bytes_max;
+    cluster.ship_tail_batches = scenario.ship_tail_batches;
     // `TIDAL_SIM_ALIGNED_STARTS=1` starts every node at the same instant (reproduces the
     // lockstep-election finding).
     let aligned = std::env::var_os("TIDAL_SIM_ALIGNED_STARTS").is_some_and(|value| value == "1");
@@ -1639,6 +1652,9 @@ pub fn run(seed: u64, scenario: &Scenario) -> anyhow::Result<Outcome> {
     }
     for _ in 0..shared.counters_stale_source {
         counters.bump("refused_stale_source");
+    }
+    for _ in 0..shared.counters_pulled_batches {
+        counters.bump("pulled_batches");
     }
     for _ in 0..shared.inbox.sent.len() {
         counters.bump("inbox_sends_acked");

@@ -100,6 +100,9 @@ pub struct Shared {
     /// Pulled chunks refused because a source not in office would have replaced batches
     /// (`tidal_replication_refusals_total{reason="stale_source"}`, summed over nodes at the end).
     pub counters_stale_source: u64,
+    /// Batches the nodes' catch-up pulls appended (`tidal_pull_batches_total`, summed over nodes at
+    /// the end): whether a scenario that puts a follower behind the ship tail made it pull.
+    pub counters_pulled_batches: u64,
     /// Feed entries compared (an empty feed compares little).
     pub counters_feed_items: u64,
     /// Offsets a reader read in order while it moved from node to node, resuming after the last
@@ -150,6 +153,7 @@ impl Shared {
             history: Default::default(),
             counters_feeds: 0,
             counters_stale_source: 0,
+            counters_pulled_batches: 0,
             counters_feed_items: 0,
             writes_paused: false,
             burst: None,
@@ -883,6 +887,9 @@ async fn check_converged(workload: &Workload, shared: &Rc<RefCell<Shared>>, posi
         }
         if let Some(count) = metric("tidal_replication_refusals_total{reason=\"stale_source\"} ") {
             shared.borrow_mut().counters_stale_source += count as u64;
+        }
+        if let Some(count) = metric("tidal_pull_batches_total ") {
+            shared.borrow_mut().counters_pulled_batches += count as u64;
         }
         if !workload.heal_via_log {
             continue;
