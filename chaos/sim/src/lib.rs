@@ -221,8 +221,9 @@ impl Scenario {
             },
             // One follower down for three quarters of the load phase while the others take many
             // writes; back before the heal, it catches up through StreamSegments (no snapshot):
-            // the leader's tail holds 16 batches, far fewer than it missed, so its ShipQueue finds
-            // the follower behind the tail and nudges it to pull, as after a long outage.
+            // the leader's tail holds 16 batches, far fewer than it missed, so no ship from the
+            // tail can bring it back, as after a long outage; its boot-time pull or the pull the
+            // leader's queue nudges (when it finds the follower behind the tail) must.
             Scenario {
                 name: "follower-outage",
                 faults: swarm(&[Kind::FollowerOutage], (0, 0), false),
