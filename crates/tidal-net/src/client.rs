@@ -261,15 +261,22 @@ impl Peer {
     }
 
     /// Asks the peer to stand for election, no sooner than `not_before` from now (zero: as soon as
-    /// the lease it grants allows).
+    /// the lease it grants allows), or to release the lease it granted `leader` in `term` (`mode`).
     pub async fn elect(
         &self,
         term: u64,
         leader: u64,
         not_before: Duration,
+        mode: crate::ElectMode,
     ) -> Result<crate::Election, NetError> {
         let not_before_us = u64::try_from(not_before.as_micros()).unwrap_or(u64::MAX);
-        let request = pb::ElectRequest { cluster_id: self.cluster_id.clone(), term, leader, not_before_us };
+        let request = pb::ElectRequest {
+            cluster_id: self.cluster_id.clone(),
+            term,
+            leader,
+            not_before_us,
+            mode: mode.to_wire().into(),
+        };
         let mut request = tonic::Request::new(request);
         request.set_timeout(SHIP_TIMEOUT);
         let reply = self.client.clone().elect(request).await?.into_inner();

@@ -24,8 +24,8 @@ pub use message::{
     MESSAGE_BATCH_BYTES_MAX,
 };
 pub use server::{
-    serve, ChunkStream, Election, Handler, NegativesPage, ServiceError, ServiceRefusal, SnapshotStream,
-    NEGATIVES_PAGE_MAX,
+    serve, ChunkStream, ElectMode, Election, Handler, NegativesPage, ServiceError, ServiceRefusal,
+    SnapshotStream, NEGATIVES_PAGE_MAX,
 };
 pub use snapshot_message::{
     SnapshotChunk, SnapshotRequest, SNAPSHOT_BYTES_MAX, SNAPSHOT_CHUNK_BYTES, SNAPSHOT_CHUNK_BYTES_MAX,

@@ -32,6 +32,38 @@ pub enum Election {
     Refused(String),
 }
 
+/// What a request to stand for election asks of a voter (decisions/068).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ElectMode {
+    /// Stand in the next term, once the leases allow.
+    Stand,
+    /// The asker is the restarted leader of the term and will never serve it again: give up the
+    /// lease granted to it by campaigning now in the next term.
+    Release,
+    /// Release this node's own lease, then stand in the term after that, above the campaigns of
+    /// the voters that released theirs.
+    StandPastReleased,
+}
+
+impl ElectMode {
+    pub(crate) fn to_wire(self) -> pb::ElectMode {
+        match self {
+            ElectMode::Stand => pb::ElectMode::Stand,
+            ElectMode::Release => pb::ElectMode::Release,
+            ElectMode::StandPastReleased => pb::ElectMode::StandPastReleased,
+        }
+    }
+
+    /// An unknown value (a newer sender) is refused by the service, not guessed at.
+    pub(crate) fn from_wire(value: i32) -> Option<ElectMode> {
+        match pb::ElectMode::try_from(value).ok()? {
+            pb::ElectMode::Stand => Some(ElectMode::Stand),
+            pb::ElectMode::Release => Some(ElectMode::Release),
+            pb::ElectMode::StandPastReleased => Some(ElectMode::StandPastReleased),
+        }
+    }
+}
+
 /// Why a node did not serve a replication call at all (a refusal of a ship is an answer, not this).
 /// The service turns it into the RPC's status, so a [`Handler`] never names the transport's types.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -105,8 +137,14 @@ pub trait Handler: Send + Sync + 'static {
         Err(ServiceError::Unimplemented("this node runs no control plane".into()))
     }
     /// The leader asks this node to stand for election (leadership transfer, a restored office's
-    /// hand-over), no sooner than `not_before` from now.
-    async fn elect(&self, _term: u64, _leader: u64, _not_before: Duration) -> Result<Election, ServiceError> {
+    /// hand-over), no sooner than `not_before` from now, or to release the lease it granted (`mode`).
+    async fn elect(
+        &self,
+        _term: u64,
+        _leader: u64,
+        _not_before: Duration,
+        _mode: ElectMode,
+    ) -> Result<Election, ServiceError> {
         Err(ServiceError::Unimplemented("this node runs no control plane".into()))
     }
     /// A page of hard-negatives states for anti-entropy: `(digest, [(user, encoded state)])`.
@@ -299,7 +337,10 @@ impl<H: Handler> Replication for Service<H> {
         let request = request.into_inner();
         self.check_cluster(&request.cluster_id)?;
         let not_before = Duration::from_micros(request.not_before_us);
-        let reply = match self.handler.elect(request.term, request.leader, not_before).await? {
+        let Some(mode) = ElectMode::from_wire(request.mode) else {
+            return Err(Status::invalid_argument(format!("unknown election mode {}", request.mode)));
+        };
+        let reply = match self.handler.elect(request.term, request.leader, not_before, mode).await? {
             Election::Started => pb::ElectReply { started: true, reason: String::new() },
             Election::Refused(reason) => pb::ElectReply { started: false, reason },
         };

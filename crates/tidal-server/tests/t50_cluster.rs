@@ -472,11 +472,15 @@ async fn reconcile_converges_hard_negatives_added_on_different_nodes() {
     assert!(oversize.to_string().contains("limit"), "{oversize}");
     let page = peer.negatives("u1", 10).await.unwrap().1;
     assert_eq!(page.iter().map(|(user, _)| user.as_str()).collect::<Vec<_>>(), vec!["u2"], "page after u1");
-    let refused = peer.elect(u64::MAX, 2, std::time::Duration::ZERO).await.unwrap();
-    assert!(
-        matches!(refused, tidal_net::Election::Refused(_)),
-        "an Elect for a foreign term started an election"
-    );
+    for mode in
+        [tidal_net::ElectMode::Stand, tidal_net::ElectMode::Release, tidal_net::ElectMode::StandPastReleased]
+    {
+        let refused = peer.elect(u64::MAX, 2, std::time::Duration::ZERO, mode).await.unwrap();
+        assert!(
+            matches!(refused, tidal_net::Election::Refused(_)),
+            "an Elect ({mode:?}) for a foreign term started an election"
+        );
+    }
     let same_now = post(0, "/cluster/reconcile".into(), None).await.unwrap();
     assert!(
         same_now["peers"].as_array().unwrap().iter().all(|p| p["differed"] == json!(false)),

@@ -159,8 +159,13 @@ async fn a_stranger_with_the_secret_and_a_member_that_does_not_lead_are_refused(
     };
     assert!(peer.pull(&pull, std::time::Duration::from_secs(5)).await.is_err(), "the stranger pulled");
     assert!(peer.snapshot(stranger, std::time::Duration::from_secs(5)).await.is_err(), "snapshot served");
-    let elected = peer.elect(term.get(), stranger.0, std::time::Duration::ZERO).await.unwrap();
-    assert!(matches!(elected, tidal_net::Election::Refused(_)), "stood for election at a stranger's request");
+    // A stranger may neither ask a voter to stand nor to release the lease it grants (decisions/068).
+    for mode in
+        [tidal_net::ElectMode::Stand, tidal_net::ElectMode::Release, tidal_net::ElectMode::StandPastReleased]
+    {
+        let elected = peer.elect(term.get(), stranger.0, std::time::Duration::ZERO, mode).await.unwrap();
+        assert!(matches!(elected, tidal_net::Election::Refused(_)), "{mode:?} at a stranger's request");
+    }
     let vote = json!({"vote": {"leader_id": {"term": term.get() + 5, "voted_for": 99}, "committed": false},
                       "last_log_id": null});
     let call = tidal_net::RaftCall {
@@ -168,7 +173,7 @@ async fn a_stranger_with_the_secret_and_a_member_that_does_not_lead_are_refused(
         payload: serde_json::to_vec(&vote).unwrap(),
     };
     assert!(peer.raft(call, std::time::Duration::from_secs(5)).await.is_err(), "a stranger's vote request");
-    assert_eq!(refusals(&cluster, target, "not_member").await, counted + 4);
+    assert_eq!(refusals(&cluster, target, "not_member").await, counted + 6);
 
     // Nothing moved: same term, same log, and the cluster still writes.
     assert_eq!(cluster.client(target).status().await.unwrap().term, status.term);

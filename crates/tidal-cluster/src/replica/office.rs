@@ -119,6 +119,14 @@ impl Role {
 /// Name of the stream baseline file in the data directory.
 pub const STREAM_BASELINE_FILE: &str = "stream_baseline";
 
+/// Who hands an office over: a live leader that missed its deadline, or a restarted one whose
+/// restored term will never be served (its voters may release the lease they granted it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Handing {
+    Live,
+    Restored,
+}
+
 impl Replica {
     /// Follows openraft's metrics: takes office when elected, leaves it when not leader any more,
     /// and learns the leader (a follower pulls when the leader changes).
@@ -354,7 +362,7 @@ impl Replica {
                     // Counted here only: a restored office's hand-over (decisions/068) is expected
                     // after every quick restart of a leader, and the metric is alerted on.
                     self.office.handovers.fetch_add(1, Ordering::SeqCst);
-                    let why = match self.hand_over(term).await {
+                    let why = match self.hand_over(term, Handing::Live).await {
                         Ok(target) => {
                             format!("not taken within {OFFICE_DEADLINE:?}; handed it to node {target}")
                         }
@@ -498,19 +506,27 @@ impl Replica {
 
     /// Asks the voter with the greatest log that answers a probe to stand for election (it needs no
     /// pull): the node asked, or why none stands. The caller has switched our heartbeats off, so if
-    /// the request fails the voters' lease runs out and they elect without us.
-    async fn hand_over(&self, term: Term) -> Result<tidal_types::NodeId> {
+    /// the request fails the voters' lease runs out and they elect without us. A restored office
+    /// first has the voters release the lease they granted it (decisions/068, third amendment).
+    async fn hand_over(&self, term: Term, handing: Handing) -> Result<tidal_types::NodeId> {
         let (answers, mut leases) = self.probe_all(term).await;
         let quorum = self.commit.quorum();
         let Some(target) = transfer_target(self.me, &answers, &quorum) else {
             return Err(Error::Unavailable("no voter to hand it to".to_string()));
         };
         // Every voter, this node included, refuses votes while the lease it grants runs: the
-        // target campaigns once enough of them have run out for its majority.
+        // target campaigns once enough of them have run out (or were released) for its majority.
         leases.insert(self.me, self.lease_granted(term));
+        let mode = match handing {
+            Handing::Live => tidal_net::ElectMode::Stand,
+            Handing::Restored => {
+                self.release_leases(term, target, &mut leases).await;
+                tidal_net::ElectMode::StandPastReleased
+            }
+        };
         let not_before = campaign_not_before(target, &leases, &quorum);
         let asked = match self.peer(target) {
-            Some(peer) => match peer.elect(term.get(), self.me.0, not_before).await {
+            Some(peer) => match peer.elect(term.get(), self.me.0, not_before, mode).await {
                 Ok(tidal_net::Election::Started) => Ok(()),
                 Ok(tidal_net::Election::Refused(why)) => Err(why),
                 Err(error) => Err(error.to_string()),
@@ -520,6 +536,33 @@ impl Replica {
         asked
             .map(|()| target)
             .map_err(|why| Error::Unavailable(format!("node {target} did not stand ({why})")))
+    }
+
+    /// Asks every voter other than `target` that still grants this node a lease of `term` to
+    /// release it, and marks those that did as granting none (`leases`). Each answers once its
+    /// release campaign is queued ahead of any vote request it receives later, so the target's
+    /// campaign, asked for after these answers, finds them released.
+    async fn release_leases(&self, term: Term, target: NodeId, leases: &mut BTreeMap<NodeId, Duration>) {
+        let mut calls = tokio::task::JoinSet::new();
+        let holding =
+            leases.iter().filter(|(node, left)| **node != self.me && **node != target && !left.is_zero());
+        for (node, _) in holding {
+            let Some(peer) = self.peer(*node) else { continue };
+            let (node, me) = (*node, self.me.0);
+            calls.spawn(async move {
+                (node, peer.elect(term.get(), me, Duration::ZERO, tidal_net::ElectMode::Release).await)
+            });
+        }
+        while let Some(joined) = calls.join_next().await {
+            let Ok((node, answer)) = joined else { continue };
+            match answer {
+                Ok(tidal_net::Election::Started) => {
+                    leases.insert(node, Duration::ZERO);
+                }
+                Ok(tidal_net::Election::Refused(why)) => tracing::info!(%node, "lease not released: {why}"),
+                Err(error) => tracing::info!(%node, "lease not released: {error}"),
+            }
+        }
     }
 
     /// Hands a restored office over as soon as the voters can elect another node (decisions/068).
@@ -543,7 +586,7 @@ impl Replica {
         if self.still(term, stop).is_err() {
             return;
         }
-        match self.hand_over(term).await {
+        match self.hand_over(term, Handing::Restored).await {
             Ok(target) => tracing::info!(%term, %target, "restored office handed over"),
             Err(why) => tracing::warn!(%term, "restored office not handed over: {why}"),
         }

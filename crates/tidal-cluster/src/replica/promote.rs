@@ -150,7 +150,7 @@ impl Replica {
             return Ok(report);
         }
         self.hand_writes_to(target).await?;
-        match peer.elect(term.get(), self.me.0, Duration::ZERO).await {
+        match peer.elect(term.get(), self.me.0, Duration::ZERO, tidal_net::ElectMode::Stand).await {
             Ok(tidal_net::Election::Started) => {}
             Ok(tidal_net::Election::Refused(why)) => {
                 return Err(Unavailable(format!("node {target} refused to stand for election: {why}")))
@@ -296,21 +296,41 @@ impl Replica {
     /// for election, if the leader's term is ours, once the lease this node granted that leader has
     /// run out (at once after a transfer, whose leader waited it out) and no sooner than
     /// `not_before` (the other voters' leases, as the asker saw them; capped at one lease, so a
-    /// garbled value cannot hold the node back).
+    /// garbled value cannot hold the node back). A restarted leader that will never serve its
+    /// restored term asks instead for the lease to be released (`mode`, third amendment).
     pub async fn stand_for_election(
         self: &Arc<Self>,
         term: u64,
         leader: u64,
         not_before: Duration,
+        mode: tidal_net::ElectMode,
     ) -> Result<()> {
         self.check_standing(term, leader)?;
         let control =
             self.control.get().ok_or(Error::Unavailable("the control plane has not started yet".into()))?;
-        let own = self.lease_granted(Term(term));
-        let wait = crate::control::lease::campaign_wait(own, not_before, self.timing.voters_lease());
+        let raft = control.raft().clone();
+        let lease = self.timing.voters_lease();
+        let (campaign_term, wait) = match mode {
+            tidal_net::ElectMode::Stand => (
+                term,
+                crate::control::lease::campaign_wait(self.lease_granted(Term(term)), not_before, lease),
+            ),
+            tidal_net::ElectMode::Release | tidal_net::ElectMode::StandPastReleased => {
+                // openraft refuses votes while the vote it holds is a committed one granted within
+                // the lease; its only way out is a vote of its own, so the node campaigns in the
+                // next term. The voters still granting the lease refuse that campaign.
+                tracing::info!(term, leader, "releasing the lease granted to a restored office: campaigning");
+                raft.trigger().elect().await.map_err(|e| Error::Control(e.to_string()))?;
+                if mode == tidal_net::ElectMode::Release {
+                    return Ok(());
+                }
+                // Now above the released voters' campaigns: they vote for the term after them.
+                (term + 1, not_before.min(lease))
+            }
+        };
         if wait.is_zero() {
             tracing::info!(term, leader, "standing for election at the leader's request");
-            return control.raft().trigger().elect().await.map_err(|e| Error::Control(e.to_string()));
+            return raft.trigger().elect().await.map_err(|e| Error::Control(e.to_string()));
         }
         // A campaign inside the lease would be refused by every voter that granted it, and its
         // higher term would make the leader's next request stale: campaign once it has run out.
@@ -318,16 +338,16 @@ impl Replica {
             term,
             leader,
             wait_ms = wait.as_millis() as u64,
-            "standing for election at the leader's request once the lease it holds has run out"
+            "standing for election at the leader's request once the leases have run out"
         );
-        let (replica, raft) = (self.clone(), control.raft().clone());
+        let replica = self.clone();
         tokio::spawn(async move {
             tokio::time::sleep(wait).await;
             // Another node may have campaigned or been elected meanwhile: then our term moved on.
             // (Within the term nothing else can change: its vote names one leader, and only that
             // leader could change the membership.)
             let mine = replica.term().get();
-            let outcome = if mine == term {
+            let outcome = if mine == campaign_term {
                 raft.trigger().elect().await.map_err(|e| e.to_string())
             } else {
                 Err(format!("this node moved on to term {mine}"))

@@ -188,9 +188,10 @@ impl tidal_net::Handler for ReplicaService {
         term: u64,
         leader: u64,
         not_before: std::time::Duration,
+        mode: tidal_net::ElectMode,
     ) -> Result<tidal_net::Election, ServiceError> {
         // A refusal to stand is an answer (its reason travels to the leader), not a failed call.
-        Ok(match self.0.stand_for_election(term, leader, not_before).await {
+        Ok(match self.0.stand_for_election(term, leader, not_before, mode).await {
             Ok(()) => tidal_net::Election::Started,
             Err(why) => tidal_net::Election::Refused(why.to_string()),
         })
