@@ -278,6 +278,7 @@ impl Scenario {
             // Its third node stays down 8 s: the step's 6 s window ends before it is back.
             scripted("script-restarted-leader-ahead", script::RESTARTED_LEADER_AHEAD, 12),
             scripted("script-restarted-leader-missed", script::RESTARTED_LEADER_MISSED, 6),
+            scripted("script-restarted-leader-unreleased", script::RESTARTED_LEADER_UNRELEASED, 6),
             scripted("script-short-partition", script::SHORT_PARTITION, 8),
             // Disk faults through SimIo: failed fsyncs (once, or stuck) and writes, a full disk (the
             // node must fail closed; a supervisor restarts it), bit flips and cut segments on a stopped
