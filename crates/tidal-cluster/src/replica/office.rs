@@ -541,7 +541,9 @@ impl Replica {
     /// Asks every voter other than `target` that still grants this node a lease of `term` to
     /// release it, and marks those that did as granting none (`leases`). Each answers once its
     /// release campaign is queued ahead of any vote request it receives later, so the target's
-    /// campaign, asked for after these answers, finds them released.
+    /// campaign, asked for after these answers, finds them released. A voter that has not answered
+    /// within the probe timeout keeps its lease in the count: the target is asked at once and waits
+    /// for that lease instead.
     async fn release_leases(&self, term: Term, target: NodeId, leases: &mut BTreeMap<NodeId, Duration>) {
         let mut calls = tokio::task::JoinSet::new();
         let holding =
@@ -553,7 +555,8 @@ impl Replica {
                 (node, peer.elect(term.get(), me, Duration::ZERO, tidal_net::ElectMode::Release).await)
             });
         }
-        while let Some(joined) = calls.join_next().await {
+        let deadline = tokio::time::Instant::now() + PROBE_TIMEOUT;
+        while let Ok(Some(joined)) = tokio::time::timeout_at(deadline, calls.join_next()).await {
             let Ok((node, answer)) = joined else { continue };
             match answer {
                 Ok(tidal_net::Election::Started) => {
