@@ -347,10 +347,15 @@ impl Replica {
             // (Within the term nothing else can change: its vote names one leader, and only that
             // leader could change the membership.)
             let mine = replica.term().get();
-            let outcome = if mine == campaign_term {
-                raft.trigger().elect().await.map_err(|e| e.to_string())
-            } else {
+            // Past a release the node's vote must still be its own: a node that follows a leader
+            // elected in that term meanwhile would otherwise depose it.
+            let released_to = replica.vote_names(Term(campaign_term));
+            let outcome = if mine != campaign_term {
                 Err(format!("this node moved on to term {mine}"))
+            } else if campaign_term != term && released_to != Some(replica.me) {
+                Err(format!("node {released_to:?} holds our vote in term {mine}"))
+            } else {
+                raft.trigger().elect().await.map_err(|e| e.to_string())
             };
             match outcome {
                 Ok(()) => tracing::info!(term, leader, "standing for election at the leader's request"),
