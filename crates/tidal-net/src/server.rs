@@ -523,3 +523,20 @@ where
     }
     serving.await
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_election_mode_survives_the_wire_and_an_unknown_one_is_refused() {
+        for mode in [ElectMode::Stand, ElectMode::Release, ElectMode::StandPastReleased] {
+            assert_eq!(ElectMode::from_wire(mode.to_wire().into()), Some(mode));
+        }
+        // An older sender leaves the field out: prost reads 0, which is a plain stand.
+        assert_eq!(ElectMode::from_wire(0), Some(ElectMode::Stand));
+        for garbage in [3, -1, i32::MAX, i32::MIN] {
+            assert_eq!(ElectMode::from_wire(garbage), None, "{garbage}");
+        }
+    }
+}

@@ -520,7 +520,7 @@ impl Replica {
         let mode = match handing {
             Handing::Live => tidal_net::ElectMode::Stand,
             Handing::Restored => {
-                self.release_leases(term, target, &mut leases).await;
+                self.release_leases(term, target, &quorum, &mut leases).await;
                 tidal_net::ElectMode::StandPastReleased
             }
         };
@@ -544,10 +544,17 @@ impl Replica {
     /// campaign, asked for after these answers, finds them released. A voter that has not answered
     /// within the probe timeout keeps its lease in the count: the target is asked at once and waits
     /// for that lease instead.
-    async fn release_leases(&self, term: Term, target: NodeId, leases: &mut BTreeMap<NodeId, Duration>) {
+    async fn release_leases(
+        &self,
+        term: Term,
+        target: NodeId,
+        quorum: &tidal_protocol::Quorum,
+        leases: &mut BTreeMap<NodeId, Duration>,
+    ) {
         let mut calls = tokio::task::JoinSet::new();
-        let holding =
-            leases.iter().filter(|(node, left)| **node != self.me && **node != target && !left.is_zero());
+        let holding = leases.iter().filter(|(node, left)| {
+            **node != self.me && **node != target && quorum.is_voter(**node) && !left.is_zero()
+        });
         for (node, _) in holding {
             let Some(peer) = self.peer(*node) else { continue };
             let (node, me) = (*node, self.me.0);
