@@ -884,9 +884,7 @@ impl ScriptRun {
             Step::ExpectReleased { by, released } => self.expect_released(driver, by, released, offset)?,
             Step::ExpectStood { by, above } => {
                 let term = self.term_before + above;
-                let node = self.node(by)?;
-                let observer = driver.cluster.observers[node].as_ref().ok_or("no observer on the node")?;
-                if !observer.stood_in(term) {
+                if !self.stood(driver, by, term)? {
                     return Ok(Progress::Fail(format!("slot {by} did not stand in term {term}")));
                 }
                 window_seen(driver, offset, format!("slot {by} stood in term {term}"));
@@ -922,6 +920,13 @@ impl ScriptRun {
 }
 
 impl ScriptRun {
+    /// Whether the node in `slot` sent vote requests of `term` (stood for election in it).
+    fn stood(&self, driver: &Driver<'_>, slot: Slot, term: u64) -> Result<bool, String> {
+        let node = self.node(slot)?;
+        let observer = driver.cluster.observers[node].as_ref().ok_or("no observer on the node")?;
+        Ok(observer.stood_in(term))
+    }
+
     /// [`Step::ExpectReleased`].
     fn expect_released(
         &mut self,
@@ -931,11 +936,7 @@ impl ScriptRun {
         offset: Duration,
     ) -> Result<Progress, String> {
         let (release, stand) = (self.term_before + 1, self.term_before + 2);
-        let stood = |slot: Slot, term: u64| -> Result<bool, String> {
-            let node = self.node(slot)?;
-            let observer = driver.cluster.observers[node].as_ref().ok_or("no observer on the node")?;
-            Ok(observer.stood_in(term))
-        };
+        let stood = |slot: Slot, term: u64| self.stood(driver, slot, term);
         let shape = (stood(released, release)?, stood(by, stand)?, stood(released, stand)?);
         // A release campaign may win: a voter whose own lease had run out grants it (here `by`,
         // which missed the last heartbeats). That ends the outage as well.
