@@ -18,6 +18,10 @@ pub const QUEUE_BYTES_MAX_DEFAULT: usize = 256 * 1024 * 1024;
 /// not delay the next writers for long.
 pub const DRAIN_BYTES_MAX_DEFAULT: usize = 16 * 1024 * 1024;
 
+/// Default for [`WalConfig::mark_spacing_bytes`]: a reader starting inside a segment walks at most
+/// about 256 KiB of batches before its own (a few hundred µs), and the marks cost 16 bytes per
+/// 256 KiB retained.
+pub const MARK_SPACING_BYTES_DEFAULT: u64 = 256 * 1024;
 /// Default for [`WalConfig::gather_min_requests`]: off. Measured (experiments/021), the gather raised
 /// 64 threads' events/s 2-4x while fdatasync took 4 ms, and lowered them by about a quarter while it
 /// took 70 µs; the 64-in-flight phase never triggers it. 16 is the value those runs used.
@@ -51,6 +55,9 @@ pub struct WalConfig {
     pub gather_min_requests: usize,
     /// Bound on one gather wait.
     pub gather_wait_max: Duration,
+    /// Bytes of a segment between two of the batch index's marks, at least (>= 1): where a reader
+    /// that starts inside a segment can begin instead of the segment's start.
+    pub mark_spacing_bytes: u64,
 }
 
 impl WalConfig {
@@ -65,6 +72,7 @@ impl WalConfig {
             preallocate_bytes: u64::MAX,
             gather_min_requests: GATHER_MIN_REQUESTS_DEFAULT,
             gather_wait_max: GATHER_WAIT_MAX_DEFAULT,
+            mark_spacing_bytes: MARK_SPACING_BYTES_DEFAULT,
         }
     }
 

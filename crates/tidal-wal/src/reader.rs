@@ -21,6 +21,21 @@ use crate::error::Error;
 use crate::segment::SegmentInfo;
 use crate::shared::Shared;
 
+/// What a reader reads, taken under the log lock at once.
+pub(crate) struct ReadPlan {
+    /// The retained segments from the one holding `from`.
+    pub(crate) segments: Vec<SegmentInfo>,
+    /// The first seqno wanted (at least 1).
+    pub(crate) from: Seqno,
+    /// The durable frontier the reader stops at.
+    pub(crate) durable: Seqno,
+    /// `Shared::truncations` when the plan was taken.
+    pub(crate) truncations: u64,
+    /// `(first seqno, offset)` of the batch to start at in the first segment, from the batch index's
+    /// marks; `None`: the segment's start. The reader checks that the batch there starts at it.
+    pub(crate) start: Option<(Seqno, u64)>,
+}
+
 /// Iterator of durable batches, starting with the batch that contains the requested seqno.
 pub struct WalReader {
     shared: Arc<Shared>,
@@ -35,33 +50,32 @@ pub struct WalReader {
     /// Batches up to here were verified by this process's recovery: their seals are not checked
     /// again ([`crate::Wal::read_recovered_from`]; `Seqno::ZERO` checks every seal).
     trusted_through: Seqno,
+    /// Where to start in the first segment ([`ReadPlan::start`]); taken when it is opened.
+    start: Option<(Seqno, u64)>,
 }
 
 struct OpenSegment {
     path: PathBuf,
+    /// The segment's durable bytes from `base` on.
     bytes: Vec<u8>,
+    /// File offset of `bytes[0]`.
+    base: u64,
     offset: usize,
 }
 
 impl WalReader {
-    pub(crate) fn new(
-        shared: Arc<Shared>,
-        segments: Vec<SegmentInfo>,
-        from: Seqno,
-        durable: Seqno,
-        truncations: u64,
-        trusted_through: Seqno,
-    ) -> WalReader {
+    pub(crate) fn new(shared: Arc<Shared>, plan: ReadPlan, trusted_through: Seqno) -> WalReader {
         WalReader {
             shared,
-            segments: segments.into(),
-            from,
-            durable,
+            segments: plan.segments.into(),
+            from: plan.from,
+            durable: plan.durable,
             current: None,
             next_seqno: None,
             done: false,
-            truncations,
+            truncations: plan.truncations,
             trusted_through,
+            start: plan.start,
         }
     }
 
@@ -75,7 +89,12 @@ impl WalReader {
             return Ok(false);
         };
         // Only the durable, logical part: the active segment's file goes on with preallocated zeros.
-        let read = self.shared.io.read_prefix(&segment.path, segment.bytes);
+        let (first, base) = self.start.take().unwrap_or((segment.first_seqno, 0));
+        let read = if base == 0 {
+            self.shared.io.read_prefix(&segment.path, segment.bytes)
+        } else {
+            self.shared.io.read_range(&segment.path, base, segment.bytes.saturating_sub(base))
+        };
         let bytes = checked_read(
             &self.shared,
             self.truncations,
@@ -84,13 +103,14 @@ impl WalReader {
             segment.first_seqno,
             read,
         )?;
-        let durable_len = usize::try_from(segment.bytes).unwrap_or(usize::MAX);
+        let durable_len = usize::try_from(segment.bytes.saturating_sub(base)).unwrap_or(usize::MAX);
         if bytes.len() < durable_len {
-            let reason = format!("segment is {} bytes but {durable_len} were fsynced", bytes.len());
-            return Err(Error::corrupt(&segment.path, bytes.len() as u64, reason));
+            let end = base + bytes.len() as u64;
+            let reason = format!("segment is {end} bytes but {} were fsynced", segment.bytes);
+            return Err(Error::corrupt(&segment.path, end, reason));
         }
-        self.next_seqno = Some(segment.first_seqno);
-        self.current = Some(OpenSegment { path: segment.path, bytes, offset: 0 });
+        self.next_seqno = Some(first);
+        self.current = Some(OpenSegment { path: segment.path, bytes, base, offset: 0 });
         Ok(true)
     }
 
@@ -107,7 +127,8 @@ impl WalReader {
                 }
             };
             let offset = current.offset;
-            let corrupt = |err: DecodeError| Error::corrupt(&current.path, offset as u64, err.to_string());
+            let at = current.base + offset as u64;
+            let corrupt = |err: DecodeError| Error::corrupt(&current.path, at, err.to_string());
             let batch = decode_batch_unsealed(&current.bytes[offset..]).map_err(corrupt)?;
             let header = batch.header;
             // Recovery checked this seal at open (`read_recovered_from`); anything else is checked here.
@@ -118,7 +139,7 @@ impl WalReader {
             if Some(header.first_seqno) != self.next_seqno {
                 let expected = self.next_seqno.map_or_else(String::new, |seqno| seqno.to_string());
                 let reason = format!("batch starts at seqno {}, expected {expected}", header.first_seqno);
-                return Err(Error::corrupt(&current.path, offset as u64, reason));
+                return Err(Error::corrupt(&current.path, at, reason));
             }
             current.offset += batch.encoded.len();
             self.next_seqno = Some(header.last_seqno().next());
@@ -178,6 +199,8 @@ pub struct RawReader {
     current: Option<RawSegment>,
     done: bool,
     truncations: u64,
+    /// Where to start in the first segment ([`ReadPlan::start`]); taken when it is opened.
+    start: Option<(Seqno, u64)>,
 }
 
 struct RawSegment {
@@ -207,21 +230,16 @@ enum Walk {
 }
 
 impl RawReader {
-    pub(crate) fn new(
-        shared: Arc<Shared>,
-        segments: Vec<SegmentInfo>,
-        from: Seqno,
-        durable: Seqno,
-        truncations: u64,
-    ) -> RawReader {
+    pub(crate) fn new(shared: Arc<Shared>, plan: ReadPlan) -> RawReader {
         RawReader {
             shared,
-            segments: segments.into(),
-            from,
-            durable,
+            segments: plan.segments.into(),
+            from: plan.from,
+            durable: plan.durable,
             current: None,
             done: false,
-            truncations,
+            truncations: plan.truncations,
+            start: plan.start,
         }
     }
 
@@ -243,12 +261,8 @@ impl RawReader {
                         self.done = true;
                         break;
                     };
-                    self.current = Some(RawSegment {
-                        path: next.path,
-                        len: next.bytes,
-                        offset: 0,
-                        next_seqno: next.first_seqno,
-                    });
+                    let (next_seqno, offset) = self.start.take().unwrap_or((next.first_seqno, 0));
+                    self.current = Some(RawSegment { path: next.path, len: next.bytes, offset, next_seqno });
                     continue;
                 }
             };

@@ -157,7 +157,7 @@ pub(crate) fn recover(config: &WalConfig, io: &dyn FileIo) -> Result<Recovered, 
     remove_purged_leftovers(io, config, &mut segment_paths, meta.purged.seqno)?;
     check_start(config, &segment_paths, &meta, stored_meta.is_some())?;
 
-    let mut totals = scan_segments(io, &segment_paths, &meta, scan_threads())?;
+    let mut totals = scan_segments(io, &segment_paths, &meta, scan_threads(), config.mark_spacing_bytes)?;
     for (path, len) in &totals.unsealed {
         tracing::warn!(segment = %path.display(), len, "cutting the zeros off a sealed segment");
         let mut file = io.open_append(path).map_err(|err| Error::io("open segment", path, err))?;
@@ -366,6 +366,7 @@ fn scan_segments(
     segment_paths: &[(Seqno, PathBuf)],
     meta: &WalMeta,
     threads: usize,
+    mark_spacing: u64,
 ) -> Result<ScanTotals, Error> {
     let mut totals = ScanTotals {
         segments: Vec::with_capacity(segment_paths.len()),
@@ -375,7 +376,7 @@ fn scan_segments(
         batches: 0,
         term_starts: Vec::new(),
         torn: None,
-        index: BatchIndex::new(meta.purged.seqno.next()),
+        index: BatchIndex::new(meta.purged.seqno.next(), mark_spacing),
         unsealed: Vec::new(),
     };
     let mut prescans = prescan(io, segment_paths, threads);
@@ -420,9 +421,9 @@ fn scan_segments(
             last_seqno,
             bytes: scan.valid_len,
         });
-        for (at, first) in scan.batch_firsts.iter().enumerate() {
-            let next = scan.batch_firsts.get(at + 1).copied().unwrap_or(scan.next_seqno);
-            totals.index.push(*first, Seqno(next.get() - 1));
+        for (at, (first, offset)) in scan.batch_starts.iter().enumerate() {
+            let next = scan.batch_starts.get(at + 1).map_or(scan.next_seqno, |(next, _)| *next);
+            totals.index.push(*first, Seqno(next.get() - 1), *offset);
         }
         totals.next_seqno = scan.next_seqno;
         totals.last_term = scan.last_term;
@@ -637,7 +638,7 @@ mod tests {
         paths: &[(Seqno, PathBuf)],
     ) -> (Result<ScanTotals, Error>, Result<ScanTotals, Error>) {
         let meta = WalMeta::default();
-        (scan_segments(io, paths, &meta, 1), scan_segments(io, paths, &meta, 3))
+        (scan_segments(io, paths, &meta, 1, 64), scan_segments(io, paths, &meta, 3, 64))
     }
 
     #[test]

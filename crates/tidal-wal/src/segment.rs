@@ -159,8 +159,8 @@ pub struct SegmentScan {
     pub last_time_ms: Option<u64>,
     /// First position of every term met that is above the `term` passed in, in order.
     pub term_starts: Vec<TermSeqno>,
-    /// First seqno of every verified batch, in order (for the batch index).
-    pub batch_firsts: Vec<Seqno>,
+    /// First seqno and offset of every verified batch, in order (for the batch index).
+    pub batch_starts: Vec<(Seqno, u64)>,
     /// How the scan ended.
     pub end: ScanEnd,
 }
@@ -177,7 +177,7 @@ pub fn scan_segment(bytes: &[u8], next_seqno: Seqno, term: Term, is_last: bool) 
         first_term: None,
         last_time_ms: None,
         term_starts: Vec::new(),
-        batch_firsts: Vec::new(),
+        batch_starts: Vec::new(),
         end: ScanEnd::Clean,
     };
     let mut offset = 0usize;
@@ -231,7 +231,7 @@ pub fn scan_segment(bytes: &[u8], next_seqno: Seqno, term: Term, is_last: bool) 
         }
         scan.last_term = header.term;
         scan.first_term.get_or_insert(header.term);
-        scan.batch_firsts.push(header.first_seqno);
+        scan.batch_starts.push((header.first_seqno, offset as u64));
         scan.last_time_ms = logged_time_ms(batch.payload).or(scan.last_time_ms);
         scan.next_seqno = header.last_seqno().next();
         scan.batches += 1;

@@ -48,7 +48,7 @@ use crate::config::WalConfig;
 use crate::error::{Error, ReplicatedSubmitError, SubmitError};
 use crate::io::FileIo;
 use crate::quarantine::QuarantineReport;
-use crate::reader::{RawReader, WalReader};
+use crate::reader::{RawReader, ReadPlan, WalReader};
 use crate::recovery::{recover, Recovered, Recovery};
 use crate::segment::SegmentInfo;
 use crate::shared::{Done, LogState, PoisonState, Queue, Queued, Shared, TruncateOp, Work};
@@ -474,7 +474,8 @@ impl Wal {
     }
 
     /// Memory of the batch index's entries: 8 bytes per retained batch (a `VecDeque` may hold up to
-    /// twice that in capacity).
+    /// twice that in capacity). Its marks add 16 bytes per `mark_spacing_bytes` of segment, not
+    /// counted here.
     pub fn index_bytes(&self) -> usize {
         self.indexed_batches() * INDEX_BYTES_PER_BATCH
     }
@@ -493,8 +494,7 @@ impl Wal {
     /// Reads durable batches, starting with the one that contains `from` (seqno 0 reads as 1).
     /// [`Error::Purged`] if `from` is below the retained segments.
     pub fn read_from(&self, from: Seqno) -> Result<WalReader, Error> {
-        let (segments, from, durable, truncations) = self.read_plan(from)?;
-        Ok(WalReader::new(self.inner.shared.clone(), segments, from, durable, truncations, Seqno::ZERO))
+        Ok(WalReader::new(self.inner.shared.clone(), self.read_plan(from)?, Seqno::ZERO))
     }
 
     /// [`Wal::read_from`] for startup replay: the batches that recovery verified when this WAL was
@@ -502,16 +502,15 @@ impl Wal {
     /// chain are still checked, and every batch written since the open is verified as usual. Once a
     /// quarantine or reset has cut the log, nothing is trusted and this is [`Wal::read_from`].
     pub fn read_recovered_from(&self, from: Seqno) -> Result<WalReader, Error> {
-        let (segments, from, durable, truncations) = self.read_plan(from)?;
-        let trusted = if truncations == 0 { self.shared().verified_at_open } else { Seqno::ZERO };
-        Ok(WalReader::new(self.inner.shared.clone(), segments, from, durable, truncations, trusted))
+        let plan = self.read_plan(from)?;
+        let trusted = if plan.truncations == 0 { self.shared().verified_at_open } else { Seqno::ZERO };
+        Ok(WalReader::new(self.inner.shared.clone(), plan, trusted))
     }
 
     /// [`Wal::read_from`] as runs of segment bytes whose seals are not checked ([`RawReader`]): for
     /// serving a pull, whose receiver verifies every batch.
     pub fn read_raw_from(&self, from: Seqno) -> Result<RawReader, Error> {
-        let (segments, from, durable, truncations) = self.read_plan(from)?;
-        Ok(RawReader::new(self.inner.shared.clone(), segments, from, durable, truncations))
+        Ok(RawReader::new(self.inner.shared.clone(), self.read_plan(from)?))
     }
 
     /// [`Wal::read_raw_from`] the seqno after `prev`, once this log is known to hold `prev`
@@ -521,24 +520,19 @@ impl Wal {
     /// replaced it in between (decisions/057). [`Error::NotInLog`] if the log does not hold `prev`;
     /// [`Error::Purged`] if `prev` is below the purge point.
     pub fn read_raw_after(&self, prev: TermSeqno) -> Result<RawReader, Error> {
-        let (segments, from, durable, truncations) = self.read_plan_checked(prev.seqno.next(), Some(prev))?;
-        Ok(RawReader::new(self.inner.shared.clone(), segments, from, durable, truncations))
+        Ok(RawReader::new(self.inner.shared.clone(), self.read_plan_checked(prev.seqno.next(), Some(prev))?))
     }
 
-    /// The segments to read from `from` on, `from` itself (at least 1), the durable frontier and
-    /// the truncation count, taken together.
-    fn read_plan(&self, from: Seqno) -> Result<(Vec<SegmentInfo>, Seqno, Seqno, u64), Error> {
+    /// The segments to read from `from` on, `from` itself (at least 1), the durable frontier, the
+    /// truncation count and the mark to start at, taken together.
+    fn read_plan(&self, from: Seqno) -> Result<ReadPlan, Error> {
         self.read_plan_checked(from, None)
     }
 
     /// [`Wal::read_plan`], checking under the same lock that the log holds `prev` (if given).
-    fn read_plan_checked(
-        &self,
-        from: Seqno,
-        prev: Option<TermSeqno>,
-    ) -> Result<(Vec<SegmentInfo>, Seqno, Seqno, u64), Error> {
+    fn read_plan_checked(&self, from: Seqno, prev: Option<TermSeqno>) -> Result<ReadPlan, Error> {
         let from = from.max(Seqno(1));
-        let (segments, durable, truncations) = {
+        let (segments, durable, truncations, start) = {
             let log = self.shared().lock_log();
             if let Some(prev) = prev {
                 if prev.seqno > Seqno::ZERO && prev.seqno < log.meta.purged.seqno {
@@ -549,10 +543,13 @@ impl Wal {
                     return Err(Error::NotInLog { position: prev });
                 }
             }
+            let holding =
+                log.segments.iter().find(|segment| segment.last_seqno.is_some_and(|last| last >= from));
             (
                 log.segments.clone(),
                 self.shared().durable_seqno(),
                 self.shared().truncations.load(Ordering::SeqCst),
+                holding.and_then(|segment| log.index.start_in(segment.first_seqno, from)),
             )
         };
         let first_retained = segments.first().map_or(durable.next(), |segment| segment.first_seqno);
@@ -563,7 +560,7 @@ impl Wal {
             .into_iter()
             .filter(|segment| segment.last_seqno.is_some_and(|last| last >= from))
             .collect();
-        Ok((segments, from, durable, truncations))
+        Ok(ReadPlan { segments, from, durable, truncations, start })
     }
 
     /// Deletes whole segments whose every seqno is below `horizon`, never the active one, after

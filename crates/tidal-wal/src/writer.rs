@@ -234,6 +234,8 @@ impl Prep {
 /// What one drain wrote, before it is announced.
 struct Flushed {
     batches: Vec<Batch>,
+    /// Offset of each of `batches` in the segment that holds it (for the batch index's marks).
+    offsets: Vec<u64>,
     /// One per request, in order: its outcome, or why it was refused (nothing of it written).
     outcomes: Vec<Result<Outcome, Error>>,
     /// Segments closed by rotations during the drain.
@@ -319,6 +321,7 @@ impl Writer {
                     })
                     .map(|report| Flushed {
                         batches: Vec::new(),
+                        offsets: Vec::new(),
                         outcomes: vec![report.map(Outcome::Truncated)],
                         closed_segments: Vec::new(),
                         term_starts: Vec::new(),
@@ -542,6 +545,7 @@ impl Writer {
         let term = Term(self.shared.term.load(Ordering::SeqCst));
         let mut flushed = Flushed {
             batches: Vec::with_capacity(works.len()),
+            offsets: Vec::with_capacity(works.len()),
             outcomes: Vec::with_capacity(works.len()),
             closed_segments: Vec::new(),
             term_starts: Vec::new(),
@@ -649,7 +653,7 @@ impl Writer {
         encode_batch_into(buf, request.kind, term, first, request.event_count, &request.payload);
         let batch = Batch::from_verified(bytes::Bytes::copy_from_slice(&buf[start..]))
             .map_err(|err| Error::corrupt(&self.active_info.path, self.active_info.bytes, err.to_string()))?;
-        self.account(&batch, flushed);
+        self.account(&batch, start, flushed);
         self.last_time_ms = time_ms;
         Ok(Outcome::Append(Appended { first, last, term, time_ms }))
     }
@@ -672,17 +676,19 @@ impl Writer {
         };
         for batch in batches {
             self.rotate_if_full(buf, flushed)?;
+            let start = buf.len();
             buf.extend_from_slice(batch.encoded());
             if let Some(time_ms) = logged_time_ms(batch.payload()) {
                 self.last_time_ms = self.last_time_ms.max(time_ms);
             }
-            self.account(&batch, flushed);
+            self.account(&batch, start, flushed);
         }
         Ok(Outcome::Replicated(appended))
     }
 
-    /// Advances the writer's view of the log's end past `batch` (already in the drain's buffer).
-    fn account(&mut self, batch: &Batch, flushed: &mut Flushed) {
+    /// Advances the writer's view of the log's end past `batch` (already in the drain's buffer, at
+    /// `start`: the buffer is written at the active segment's logical end).
+    fn account(&mut self, batch: &Batch, start: usize, flushed: &mut Flushed) {
         assert!(
             batch.first_seqno() == self.next_seqno && batch.term() >= self.history_term,
             "log order violated: next={} last_term={} batch={}..={} term {}",
@@ -699,6 +705,7 @@ impl Writer {
         self.next_seqno = batch.last_seqno().next();
         self.active_info.last_seqno = Some(batch.last_seqno());
         flushed.batches.push(batch.clone());
+        flushed.offsets.push(self.active_info.bytes + start as u64);
     }
 
     /// Writes the drain's bytes at the logical end of the active segment (over preallocated zeros),
@@ -846,8 +853,8 @@ impl Writer {
                 _ => log.segments.push(info.clone()),
             }
         }
-        for batch in &flushed.batches {
-            log.index.push(batch.first_seqno(), batch.last_seqno());
+        for (batch, offset) in flushed.batches.iter().zip(&flushed.offsets) {
+            log.index.push(batch.first_seqno(), batch.last_seqno(), *offset);
         }
         let durable = self.next_seqno.get() - 1;
         assert!(

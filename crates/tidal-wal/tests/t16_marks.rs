@@ -1,0 +1,104 @@
+//! The batch index's marks: a read that starts inside a segment begins at the last mark before its
+//! seqno, not at the segment's start, after writes, after a recovery and after a quarantine.
+//!
+//! Each test garbles the first batch of the segment once the log is written: a reader that walked
+//! the segment from its start would report corruption there, so a clean read proves it started at
+//! a mark (and a read from the start proves the garbling is real).
+
+// Test code: a failed unwrap is a failed test.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::sync::Arc;
+
+use common::*;
+use tidal_types::{RecordKind, Seqno};
+use tidal_wal::{Error, ManualClock, SimIo, Wal, WalConfig};
+
+/// One segment for everything written here, a mark every KiB or so.
+fn config() -> WalConfig {
+    let mut config = small_config(1 << 20);
+    config.mark_spacing_bytes = 1024;
+    config
+}
+
+fn write(wal: &Wal, batches: u32, tag: &str) {
+    for index in 0..batches {
+        wal.append_blocking(request(RecordKind::Signal, 1, format!("{tag} {index:04}").as_bytes())).unwrap();
+    }
+}
+
+/// Flips a bit in the header (the term field) of the first segment's first batch.
+fn garble_first_batch(io: &SimIo) {
+    let first = segment_paths(io).into_iter().min().unwrap();
+    io.flip_bit(&first, 20 * 8).unwrap();
+}
+
+/// The batches from `from` through both readers, as bytes; the verifying reader's must be `expected`.
+fn read_both(wal: &Wal, from: u64) -> Result<Vec<Vec<u8>>, Error> {
+    let verified: Vec<Vec<u8>> = wal
+        .read_from(Seqno(from))?
+        .map(|batch| batch.map(|batch| batch.encoded().to_vec()))
+        .collect::<Result<_, _>>()?;
+    let mut raw = Vec::new();
+    let mut reader = wal.read_raw_from(Seqno(from))?;
+    while let Some(run) = reader.next_run(4096)? {
+        raw.extend(run.bytes);
+    }
+    assert_eq!(raw, verified.concat(), "the raw reader returns the verifying reader's bytes from {from}");
+    Ok(verified)
+}
+
+fn bodies(batches: &[Vec<u8>]) -> Vec<String> {
+    batches.iter().map(|batch| String::from_utf8_lossy(&batch[batch.len() - 10..]).into_owned()).collect()
+}
+
+#[test]
+fn a_read_inside_a_segment_starts_at_a_mark() {
+    let io = SimIo::new();
+    let clock = Arc::new(ManualClock::new(5));
+    let (wal, _, _) = open(&io, config(), &clock);
+    write(&wal, 600, "first");
+    let expected = read_both(&wal, 450).unwrap();
+    garble_first_batch(&io);
+    assert_eq!(read_both(&wal, 450).unwrap(), expected);
+    assert!(matches!(read_both(&wal, 1), Err(Error::Corrupt { .. })), "the garbling is real");
+}
+
+#[test]
+fn recovery_rebuilds_the_marks() {
+    let io = SimIo::new();
+    let clock = Arc::new(ManualClock::new(5));
+    let (wal, _, _) = open(&io, config(), &clock);
+    write(&wal, 600, "first");
+    let expected = read_both(&wal, 450).unwrap();
+    wal.shutdown();
+    drop(wal);
+    let (wal, _, _) = open(&io, config(), &clock);
+    garble_first_batch(&io);
+    assert_eq!(read_both(&wal, 450).unwrap(), expected);
+    assert!(matches!(read_both(&wal, 1), Err(Error::Corrupt { .. })), "the garbling is real");
+}
+
+#[test]
+fn a_quarantine_drops_the_marks_past_its_cut() {
+    let io = SimIo::new();
+    let clock = Arc::new(ManualClock::new(5));
+    let (wal, _, _) = open(&io, config(), &clock);
+    write(&wal, 600, "first");
+    // Reopened (the test hook does not follow a cut): the cut also removes the segment the reopen
+    // started, and the log goes on inside the first one.
+    wal.shutdown();
+    drop(wal);
+    let (wal, _, _) = open(&io, config(), &clock);
+    wal.quarantine_from(Seqno(301)).unwrap();
+    // Longer bodies over the cut: a mark left from the first log would point into the middle of one.
+    write(&wal, 300, "again, longer");
+    garble_first_batch(&io);
+    for from in [302, 450, 600] {
+        let got = bodies(&read_both(&wal, from).unwrap());
+        let expected: Vec<String> = (from - 301..300).map(|index| format!("onger {index:04}")).collect();
+        assert_eq!(got, expected, "from {from}");
+    }
+}
