@@ -18,10 +18,10 @@ pub const QUEUE_BYTES_MAX_DEFAULT: usize = 256 * 1024 * 1024;
 /// not delay the next writers for long.
 pub const DRAIN_BYTES_MAX_DEFAULT: usize = 16 * 1024 * 1024;
 
-/// Default for [`WalConfig::mark_spacing_bytes`]: a reader starting inside a segment walks at most
-/// about 256 KiB of batches before its own (a few hundred µs), and the marks cost 16 bytes per
-/// 256 KiB retained.
-pub const MARK_SPACING_BYTES_DEFAULT: u64 = 256 * 1024;
+/// Marks of the batch index per full segment ([`WalConfig::mark_spacing`]): with 64 MiB segments a
+/// reader starting inside one walks at most about 256 KiB of batches before its own (a few hundred
+/// µs), and the marks cost 4 KiB of memory per segment.
+pub const MARKS_PER_SEGMENT: u64 = 256;
 /// Default for [`WalConfig::gather_min_requests`]: off. Measured (experiments/021), the gather raised
 /// 64 threads' events/s 2-4x while fdatasync took 4 ms, and lowered them by about a quarter while it
 /// took 70 µs; the 64-in-flight phase never triggers it. 16 is the value those runs used.
@@ -55,9 +55,6 @@ pub struct WalConfig {
     pub gather_min_requests: usize,
     /// Bound on one gather wait.
     pub gather_wait_max: Duration,
-    /// Bytes of a segment between two of the batch index's marks, at least (>= 1): where a reader
-    /// that starts inside a segment can begin instead of the segment's start.
-    pub mark_spacing_bytes: u64,
 }
 
 impl WalConfig {
@@ -72,7 +69,6 @@ impl WalConfig {
             preallocate_bytes: u64::MAX,
             gather_min_requests: GATHER_MIN_REQUESTS_DEFAULT,
             gather_wait_max: GATHER_WAIT_MAX_DEFAULT,
-            mark_spacing_bytes: MARK_SPACING_BYTES_DEFAULT,
         }
     }
 
@@ -80,5 +76,12 @@ impl WalConfig {
     /// size (0: off).
     pub fn preallocate_len(&self) -> u64 {
         self.preallocate_bytes.min(self.segment_bytes_max)
+    }
+
+    /// Bytes of a segment between two of the batch index's marks, at least: where a reader that
+    /// starts inside a segment can begin instead of the segment's start. A fraction of the segment
+    /// size, so small segments (tests, the simulation) are marked as densely as production's.
+    pub fn mark_spacing(&self) -> u64 {
+        (self.segment_bytes_max / MARKS_PER_SEGMENT).max(1)
     }
 }

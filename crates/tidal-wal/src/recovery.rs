@@ -157,7 +157,7 @@ pub(crate) fn recover(config: &WalConfig, io: &dyn FileIo) -> Result<Recovered, 
     remove_purged_leftovers(io, config, &mut segment_paths, meta.purged.seqno)?;
     check_start(config, &segment_paths, &meta, stored_meta.is_some())?;
 
-    let mut totals = scan_segments(io, &segment_paths, &meta, scan_threads(), config.mark_spacing_bytes)?;
+    let mut totals = scan_segments(io, &segment_paths, &meta, scan_threads(), config.mark_spacing())?;
     for (path, len) in &totals.unsealed {
         tracing::warn!(segment = %path.display(), len, "cutting the zeros off a sealed segment");
         let mut file = io.open_append(path).map_err(|err| Error::io("open segment", path, err))?;

@@ -474,8 +474,8 @@ impl Wal {
     }
 
     /// Memory of the batch index's entries: 8 bytes per retained batch (a `VecDeque` may hold up to
-    /// twice that in capacity). Its marks add 16 bytes per `mark_spacing_bytes` of segment, not
-    /// counted here.
+    /// twice that in capacity). Its marks add 16 bytes per [`WalConfig::mark_spacing`] bytes of
+    /// segment, not counted here.
     pub fn index_bytes(&self) -> usize {
         self.indexed_batches() * INDEX_BYTES_PER_BATCH
     }

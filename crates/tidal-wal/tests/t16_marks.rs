@@ -16,11 +16,9 @@ use common::*;
 use tidal_types::{RecordKind, Seqno};
 use tidal_wal::{Error, ManualClock, SimIo, Wal, WalConfig};
 
-/// One segment for everything written here, a mark every KiB or so.
+/// One segment for everything written here (600 batches of about 80 bytes), a mark every 4 KiB.
 fn config() -> WalConfig {
-    let mut config = small_config(1 << 20);
-    config.mark_spacing_bytes = 1024;
-    config
+    small_config(1 << 20)
 }
 
 fn write(wal: &Wal, batches: u32, tag: &str) {

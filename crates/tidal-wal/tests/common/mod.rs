@@ -19,8 +19,6 @@ pub fn dir() -> PathBuf {
 pub fn small_config(segment_bytes_max: u64) -> WalConfig {
     let mut config = WalConfig::new(dir());
     config.segment_bytes_max = segment_bytes_max;
-    // A few of the batch index's marks per segment: every read from inside a segment goes through one.
-    config.mark_spacing_bytes = (segment_bytes_max / 4).max(1);
     config
 }
 
