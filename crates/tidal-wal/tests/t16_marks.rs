@@ -52,44 +52,48 @@ fn bodies(batches: &[Vec<u8>]) -> Vec<String> {
     batches.iter().map(|batch| String::from_utf8_lossy(&batch[batch.len() - 10..]).into_owned()).collect()
 }
 
+/// A WAL over `io` holding 600 batches ("first 0000" ...), reopened if `reopen` (its marks then
+/// come from recovery's scan).
+fn written(io: &SimIo, reopen: bool) -> Wal {
+    let clock = Arc::new(ManualClock::new(5));
+    let (wal, _, _) = open(io, config(), &clock);
+    write(&wal, 600, "first");
+    if !reopen {
+        return wal;
+    }
+    wal.shutdown();
+    drop(wal);
+    open(io, config(), &clock).0
+}
+
+/// Reads from the middle of the segment, garbles its first batch, reads again.
+fn read_past_garbled_start(io: &SimIo, wal: &Wal) {
+    let expected = read_both(wal, 450).unwrap();
+    garble_first_batch(io);
+    assert_eq!(read_both(wal, 450).unwrap(), expected);
+    assert!(matches!(read_both(wal, 1), Err(Error::Corrupt { .. })), "the garbling is real");
+}
+
 #[test]
 fn a_read_inside_a_segment_starts_at_a_mark() {
     let io = SimIo::new();
-    let clock = Arc::new(ManualClock::new(5));
-    let (wal, _, _) = open(&io, config(), &clock);
-    write(&wal, 600, "first");
-    let expected = read_both(&wal, 450).unwrap();
-    garble_first_batch(&io);
-    assert_eq!(read_both(&wal, 450).unwrap(), expected);
-    assert!(matches!(read_both(&wal, 1), Err(Error::Corrupt { .. })), "the garbling is real");
+    let wal = written(&io, false);
+    read_past_garbled_start(&io, &wal);
 }
 
 #[test]
 fn recovery_rebuilds_the_marks() {
     let io = SimIo::new();
-    let clock = Arc::new(ManualClock::new(5));
-    let (wal, _, _) = open(&io, config(), &clock);
-    write(&wal, 600, "first");
-    let expected = read_both(&wal, 450).unwrap();
-    wal.shutdown();
-    drop(wal);
-    let (wal, _, _) = open(&io, config(), &clock);
-    garble_first_batch(&io);
-    assert_eq!(read_both(&wal, 450).unwrap(), expected);
-    assert!(matches!(read_both(&wal, 1), Err(Error::Corrupt { .. })), "the garbling is real");
+    let wal = written(&io, true);
+    read_past_garbled_start(&io, &wal);
 }
 
 #[test]
 fn a_quarantine_drops_the_marks_past_its_cut() {
     let io = SimIo::new();
-    let clock = Arc::new(ManualClock::new(5));
-    let (wal, _, _) = open(&io, config(), &clock);
-    write(&wal, 600, "first");
     // Reopened (the test hook does not follow a cut): the cut also removes the segment the reopen
     // started, and the log goes on inside the first one.
-    wal.shutdown();
-    drop(wal);
-    let (wal, _, _) = open(&io, config(), &clock);
+    let wal = written(&io, true);
     wal.quarantine_from(Seqno(301)).unwrap();
     // Longer bodies over the cut: a mark left from the first log would point into the middle of one.
     write(&wal, 300, "again, longer");
