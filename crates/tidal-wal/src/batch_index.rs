@@ -7,11 +7,12 @@
 //! 64 MiB segment of 1 KiB batches costs about 512 KiB of index, and purge releases it.
 //!
 //! Beside it, sparse **marks**: a batch's first seqno and its byte offset in the segment holding it,
-//! for one batch in every [`crate::WalConfig::mark_spacing`] bytes of a segment. A reader that starts in the middle of
-//! a segment begins at the last mark at or before its seqno instead of walking every batch from the
-//! segment's start (a startup replay or a pull from the middle of a 64 MiB segment walked up to
-//! 64 MiB of headers first). Where the marks fall is a heuristic; what each one says is exact, and a
-//! reader checks it: the batch it finds at the offset must start at the mark's seqno.
+//! for one batch in every [`crate::WalConfig::mark_spacing`] bytes of a segment. A reader that
+//! starts in the middle of a segment begins at the last mark at or before its seqno instead of
+//! walking every batch from the segment's start (a startup replay or a pull from the middle of a
+//! 64 MiB segment walked up to 64 MiB of headers first). Where the marks fall is a heuristic; what
+//! each one says is exact, and a reader checks it: the batch it finds at the offset must start at
+//! the mark's seqno.
 //!
 //! Delicate: it covers exactly the durable retained range `(purge point, durable]`. The writer pushes
 //! batches after their fsync, purge pops whole segments' batches from the front, and a quarantine or
