@@ -64,6 +64,9 @@ use crate::streams::{StoredEvent, StreamInfo, StreamMeta};
 use crate::trend::Trend;
 use crate::trend_blocks;
 
+/// The name fjall 3 gives its worker threads (its memtable flushes and compactions).
+const FJALL_WORKER_THREAD: &str = "fjall:worker";
+
 mod inbox_io;
 mod snapshot_io;
 
@@ -142,6 +145,8 @@ pub struct TidalDb {
     flush: Arc<FlushShared>,
     /// The flusher thread; joined on drop.
     flusher_thread: Option<JoinHandle<()>>,
+    /// The flusher's kernel thread id (`None` where the platform has none).
+    flusher_tid: Option<i32>,
     /// Serializes read-modify-write of hard negatives.
     negatives_lock: Mutex<()>,
     /// False after [`TidalDb::simulate_crash`]: drop then leaves the overlays unflushed.
@@ -311,10 +316,17 @@ impl TidalDb {
             shared: flush.clone(),
             retire: State::retire,
         };
+        // The flusher tells its kernel thread id first, so the node can lower its priority later
+        // ([`TidalDb::lower_background_priority`]) without guessing which thread is ours.
+        let (tid_tx, tid_rx) = sync_channel(1);
         let flusher_thread = std::thread::Builder::new()
             .name("tidal-flusher".into())
-            .spawn(move || flusher::run(context, receiver))
+            .spawn(move || {
+                let _ = tid_tx.send(crate::priority::this_thread());
+                flusher::run(context, receiver)
+            })
             .map_err(|source| Error::Spawn { name: "tidal-flusher", source })?;
+        let flusher_tid = tid_rx.recv().ok().flatten();
         Ok(TidalDb {
             stores,
             config,
@@ -333,6 +345,7 @@ impl TidalDb {
             }),
             flush,
             flusher_thread: Some(flusher_thread),
+            flusher_tid,
             negatives_lock: Mutex::new(()),
             flush_on_drop: true,
             half_applied: AtomicBool::new(false),
@@ -643,6 +656,26 @@ impl TidalDb {
             }
             std::thread::sleep(FLUSH_TABLES_POLL);
         }
+    }
+
+    /// Raises the nice value of the engine's background threads, the flusher and fjall's workers
+    /// (flushes and compactions), by `by` levels (at most to 19), so the threads that answer requests
+    /// get a core first when both want one (`priority`). Once, when the node starts serving: an
+    /// unprivileged process cannot undo it. Returns how many threads it lowered. fjall's workers
+    /// are found by their thread name, so every fjall database of the process is lowered with them.
+    pub fn lower_background_priority(&self, by: i32) -> Result<usize, Error> {
+        let mut threads = crate::priority::threads_named(FJALL_WORKER_THREAD)
+            .map_err(|source| Error::Priority { thread: 0, source })?;
+        threads.extend(self.flusher_tid);
+        let mut lowered = 0;
+        for thread in threads {
+            match crate::priority::lower(thread, by) {
+                Ok(Some(_)) => lowered += 1,
+                Ok(None) => {}
+                Err(source) => return Err(Error::Priority { thread, source }),
+            }
+        }
+        Ok(lowered)
     }
 
     /// Bytes in fjall's memtables, active and sealed: entries in fjall's journal that no table

@@ -22,6 +22,14 @@ pub enum Error {
         /// What the OS said.
         source: std::io::Error,
     },
+    /// The engine could not change a background thread's CPU priority (`priority`).
+    #[error("set the priority of thread {thread}: {source}")]
+    Priority {
+        /// The kernel's id of the thread (0: while listing the process's threads).
+        thread: i32,
+        /// What the OS said.
+        source: std::io::Error,
+    },
     /// A background flush failed: fjall holds an older prefix, and the engine refuses applies until
     /// the node restarts and replays the WAL from fjall's applied seqno.
     #[error("background flush failed: {reason}")]

@@ -12,7 +12,8 @@
 //! - `fold`: what a batch changes; `overlay`: dirty state not yet in fjall; `flusher`: the thread
 //!   that writes frozen overlays to fjall; `counters`: all per-kind counters; `trend_blocks`: how
 //!   trending scores and counters are stored, 16 items per fjall entry (decisions/070);
-//!   `idempotency`: the replicated idempotency table.
+//!   `idempotency`: the replicated idempotency table; [`priority`]: the background threads' nice
+//!   value.
 //! - `feed_index`, `ranked`: the in-memory ranking index and the feed / similar / trending loops;
 //!   `ann_index`, `trend_order`: the approximate index large catalogues rank with (decisions/067).
 //! - `negatives`: the hard negatives ORSWOT (outside the log); `digest`: state digests.
@@ -44,6 +45,7 @@ mod layers;
 mod negatives;
 mod overlay;
 mod prefetch;
+pub mod priority;
 mod raft_store;
 mod ranked;
 pub mod record;

@@ -27,6 +27,11 @@ pub const CHECKPOINT_WAL_BYTES_MAX_DEFAULT: u64 = 64 * 1024 * 1024;
 /// tick of a busy node and write tables of a few entries.
 pub const CHECKPOINT_BYTES_MIN: u64 = 64 * 1024;
 
+/// Nice levels the engine's background threads run below the node's request path once it serves:
+/// at 10 the scheduler weighs them about a tenth of a request thread; at 5 the ack's p99 at 50
+/// clients did not move (docs/measurements.md, 2026-12-07 10:11 UTC).
+pub const ENGINE_BACKGROUND_NICE_DEFAULT: i32 = 10;
+
 /// Bytes the ranking index takes per embedding and dimension, for [`embeddings_max_default`]: 4 of
 /// the f32 row and 1 of the approximate index's 8-bit copy, doubled for what growing vectors
 /// allocate ahead, plus the per-item fields (ids, norm, row map, list entry) folded in. Measured:
@@ -323,6 +328,7 @@ pub struct FileConfig {
     checkpoint_engine_bytes_max: Option<u64>,
     checkpoint_wal_bytes_max: Option<u64>,
     engine_overlay_bytes_max: Option<usize>,
+    engine_background_nice: Option<i32>,
     ship_tail_bytes_max: Option<usize>,
     ship_tail_batches_max: Option<usize>,
     feed_ann_lists: Option<usize>,
@@ -403,6 +409,9 @@ pub struct ServeConfig {
     pub handoff_on_stop: bool,
     /// Engine write-back overlay bound (decisions/003): larger = fewer, longer flushes.
     pub engine_overlay_bytes_max: usize,
+    /// Nice levels the engine's background threads (the flusher, fjall's flushes and compactions)
+    /// run below the rest of the node once it serves (`tidal_core::priority`); 0 leaves them be.
+    pub engine_background_nice: i32,
     /// A leader's in-memory tail of recent batches, which its ShipQueues ship from: its bounds in
     /// bytes and in batches (the oldest fall off). A follower that needs what the tail no longer
     /// holds pulls it from the leader's WAL segments.
@@ -596,6 +605,7 @@ impl ServeConfig {
                 .engine_overlay_bytes_max
                 .or_else(|| std::env::var("TIDAL_ENGINE_OVERLAY_BYTES_MAX").ok().and_then(|v| v.parse().ok()))
                 .unwrap_or(tidal_core::OVERLAY_BYTES_MAX_DEFAULT),
+            engine_background_nice: file.engine_background_nice.unwrap_or(ENGINE_BACKGROUND_NICE_DEFAULT),
             ship_tail_bytes_max: file.ship_tail_bytes_max.unwrap_or(TAIL_BYTES_MAX_DEFAULT),
             ship_tail_batches_max: file.ship_tail_batches_max.unwrap_or(TAIL_BATCHES_MAX_DEFAULT),
             embeddings_max: file
@@ -657,6 +667,11 @@ impl ServeConfig {
             "stream_event_bytes_max and stream_events_per_request_max must be at least 1"
         );
         anyhow::ensure!(self.stream_subscribers_max >= 1, "stream_subscribers_max must be at least 1");
+        anyhow::ensure!(
+            (0..=tidal_core::priority::NICE_MAX).contains(&self.engine_background_nice),
+            "engine_background_nice must be in 0..={}",
+            tidal_core::priority::NICE_MAX
+        );
         anyhow::ensure!(
             self.ship_tail_bytes_max >= 1 && self.ship_tail_batches_max >= 1,
             "ship_tail_bytes_max and ship_tail_batches_max must be at least 1"
@@ -909,6 +924,13 @@ mod tests {
             let error = ServeConfig::resolve(&args).unwrap_err().to_string();
             assert!(error.contains("ship_tail"), "{zero}: {error}");
         }
+        for bad in ["engine_background_nice = 20\n", "engine_background_nice = -1\n"] {
+            std::fs::write(&path, bad).unwrap();
+            let error = ServeConfig::resolve(&args).unwrap_err().to_string();
+            assert!(error.contains("engine_background_nice must be in 0..=19"), "{bad}: {error}");
+        }
+        std::fs::write(&path, "engine_background_nice = 0\n").unwrap();
+        assert_eq!(ServeConfig::resolve(&args).unwrap().engine_background_nice, 0);
     }
 
     #[test]

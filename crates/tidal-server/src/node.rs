@@ -169,6 +169,7 @@ impl Node {
             .with_faults(config.io.raft_faults.clone());
         let mut replay = open::catch_up_engine(&wal, &db, &sender, &raft_store, cluster.is_some())?;
         (replay.engine_open, replay.wal_recovery) = (engine_open, wal_recovery);
+        open::lower_background_priority(&db, config.engine_background_nice);
         wal.set_term(std::cmp::max(std::cmp::max(recovery.last_term, wal.last_position().term), Term(1)));
         let replica = cluster
             .map(|parts| {

@@ -245,6 +245,19 @@ pub(super) fn catch_up_engine(
     Ok(report)
 }
 
+/// After the replay (which wants the flusher at full speed): the engine's background threads run
+/// `by` nice levels below the request path from now on. A failure costs only tail latency, so it is
+/// logged, not fatal.
+pub(super) fn lower_background_priority(db: &TidalDb, by: i32) {
+    if by == 0 {
+        return;
+    }
+    match db.lower_background_priority(by) {
+        Ok(threads) => tracing::info!(threads, by, "engine background threads lowered"),
+        Err(error) => tracing::warn!("could not lower the engine background threads' priority: {error}"),
+    }
+}
+
 /// The replica of a cluster member, its ship tail and commit bookkeeping set where the log and the
 /// engine now are, its term from the persisted vote.
 pub(super) fn start_replica(
