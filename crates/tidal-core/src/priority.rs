@@ -1,8 +1,9 @@
 //! The CPU priority of the engine's background threads.
 //!
 //! The flusher's commit of a frozen overlay and fjall's memtable flushes and compactions come in
-//! bursts of CPU (a flush took up to 0.1–0.3 s at 25,000 writes/s here). At the priority of the threads that answer writes, a burst takes a
-//! core from them on a small machine, and the writes queued behind it make the ack's tail. A
+//! bursts of CPU (a flush took up to 0.1–0.3 s at 25,000 writes/s here). At the priority of the
+//! threads that answer writes, a burst takes a core from them on a small machine, and the writes
+//! queued behind it make the ack's tail. A
 //! higher nice value on the background threads lets the scheduler prefer the request path whenever
 //! both want a core; the background still gets every idle cycle, and under full load a share (the
 //! scheduler weighs a thread at nice 10 about a tenth of one at nice 0), so it is slowed, never
