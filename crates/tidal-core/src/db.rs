@@ -4,11 +4,13 @@
 //!
 //! Delicate:
 //! - Atomicity: an apply changes only memory (overlay, index, counters, frontier). A flush writes
-//!   every dirty entry of one frozen overlay, its applied seqno and logged time in ONE fjall write
-//!   batch, so fjall always holds a prefix of the log. After any crash, `open` finds fjall's
-//!   applied seqno and the caller replays the WAL from the next one; what the overlays held is
-//!   folded again. No fsync per flush: `checkpoint` flushes and persists, and its return is what
-//!   the WAL may be purged below.
+//!   every dirty entry of one frozen overlay, its applied seqno and logged time as ONE flush
+//!   (`flush_ingest`: one ingested table per keyspace behind an intent file, `meta` last, finished
+//!   by the next open if a crash cut it), so fjall always holds a prefix of the log. After any
+//!   crash, `open` finds fjall's applied seqno and the caller replays the WAL from the next one;
+//!   what the overlays held is folded again. An ingested flush is durable when it ends;
+//!   `checkpoint` flushes and persists fjall's journal (what else writes fjall), and its return is
+//!   what the WAL may be purged below.
 //! - Bounds: once the active overlay exceeds `overlay_bytes_max` or `overlay_batches_max` it is
 //!   frozen (moved, O(1)) and handed to the flusher thread (`flusher.rs`), and a fresh one starts.
 //!   At most one frozen overlay is in flight: if the next one comes due first, apply waits
@@ -43,6 +45,7 @@ use crate::counters::Counters;
 use crate::dirty_set::Mark;
 use crate::error::Error;
 use crate::feed_index::{inverse_norm, FeedIndex};
+use crate::flush_ingest::FlushIngest;
 use crate::flusher::{self, FlushHold, FlushShared, FlushStage, FlushStats, FlusherContext, FrozenOverlay};
 use crate::fold::{self, SignalsFold};
 use crate::idempotency::{self, IdempotencyRecord, NewKey, Window};
@@ -143,6 +146,8 @@ pub struct TidalDb {
     writer: Mutex<Writer>,
     /// Flush progress, fjall's applied seqno and flush counters, shared with the flusher thread.
     flush: Arc<FlushShared>,
+    /// The flushes' intent file and the lock a flush holds while it ingests.
+    ingest: Arc<FlushIngest>,
     /// The flusher thread; joined on drop.
     flusher_thread: Option<JoinHandle<()>>,
     /// The flusher's kernel thread id (`None` where the platform has none).
@@ -268,6 +273,9 @@ impl TidalDb {
         let stores = Stores::open(path)?;
         // Where an open's time goes: fjall replaying its journal, then the index and counters.
         let fjall_seconds = started.elapsed().as_secs_f64();
+        // Before anything reads fjall: a flush a crash cut between two ingestions is finished.
+        let ingest = Arc::new(FlushIngest::new(path));
+        ingest.recover(&stores)?;
         match stores.meta.get(keys::META_DIMENSION)? {
             Some(bytes) => {
                 let persisted = <[u8; 4]>::try_from(&*bytes).map(u32::from_le_bytes).map_err(|_| {
@@ -312,6 +320,7 @@ impl TidalDb {
         let (sender, receiver) = sync_channel(1);
         let context = FlusherContext {
             stores: stores.clone(),
+            ingest: ingest.clone(),
             state: state.clone(),
             shared: flush.clone(),
             retire: State::retire,
@@ -344,6 +353,7 @@ impl TidalDb {
                 inbox_done: None,
             }),
             flush,
+            ingest,
             flusher_thread: Some(flusher_thread),
             flusher_tid,
             negatives_lock: Mutex::new(()),
@@ -1004,10 +1014,13 @@ impl TidalDb {
     ///
     /// Flushes the overlays first, so the digest is the same wherever the state sits. Applies
     /// continue meanwhile; the digest is of the fjall snapshot taken right after the flush, and
-    /// its seqno is the applied seqno in that snapshot (every commit is one whole flush).
+    /// its seqno is the applied seqno in that snapshot (taken between two flushes, never within one).
     pub fn digest(&self) -> Result<(Seqno, [u8; 32]), Error> {
         self.flush_all()?;
-        let snapshot = self.stores.database.snapshot();
+        let snapshot = {
+            let _whole = self.ingest.whole_flushes();
+            self.stores.database.snapshot()
+        };
         crate::digest::state_digest(&self.stores, &snapshot)
     }
 

@@ -100,6 +100,14 @@ pub enum Error {
         /// What is wrong.
         reason: String,
     },
+    /// The flush intent file could not be written or read (issue 43, `flush_ingest`).
+    #[error("flush intent {path}: {source}")]
+    Intent {
+        /// The file.
+        path: String,
+        /// The I/O error.
+        source: std::io::Error,
+    },
     /// A stored value does not decode: the fjall directory is damaged or from another format.
     #[error("corrupt value in keyspace {keyspace}: {reason}")]
     Corrupt {

@@ -1,5 +1,6 @@
 //! The background flusher: a thread that writes frozen overlays ([`FrozenOverlay`]) to fjall, each
-//! in ONE write batch with its applied seqno, while the applier folds into a fresh active overlay.
+//! as ONE flush with its applied seqno (ingested keyspace by keyspace behind an intent file,
+//! `flush_ingest`), while the applier folds into a fresh active overlay.
 //!
 //! ```text
 //! applier:  apply ... overlay full -> freeze F1 (O(1) move) -> apply ... -> full -> wait -> freeze F2
@@ -27,6 +28,7 @@ use tidal_types::Seqno;
 
 use crate::counters::DirtyCounters;
 use crate::error::Error;
+use crate::flush_ingest::{FlushIngest, FlushWrites};
 use crate::keys;
 use crate::overlay::{FrozenDirty, Overlay, SeenWrites};
 use crate::seen;
@@ -78,6 +80,9 @@ pub enum FlushStage {
     /// A startup replay's flush: fjall holds the frozen overlay's seen chunks (ingested), not the
     /// rest of it nor its applied seqno.
     AfterIngest,
+    /// fjall holds every keyspace of the frozen overlay but `meta`, which holds its applied seqno
+    /// (the flush's commit point); the intent file holds all of it (`flush_ingest`).
+    BeforeMarker,
     /// fjall holds the frozen overlay (with its trims' new horizons), not yet the deletes of the
     /// events the trims passed (only a flush with trims stops here).
     BeforeTrimDeletes,
@@ -466,12 +471,12 @@ impl Drop for FlushHold {
 
 impl FrozenOverlay {
     /// Puts everything into `writes`: the data, then the applied seqno and the logged time, and
-    /// the counts an open reads instead of counting (decisions/048), all in one atomic batch.
+    /// the counts an open reads instead of counting (decisions/048), all in one flush (its `meta` writes last).
     /// Reads the trend blocks it changes (only the flusher writes them).
     pub fn flush_into(
         &self,
         stores: &Stores,
-        writes: &mut fjall::OwnedWriteBatch,
+        writes: &mut FlushWrites,
         merges: &[SeenMerge],
     ) -> Result<(), Error> {
         let seen = if self.ingest_seen { SeenWrites::Ingested } else { SeenWrites::Chunks(merges) };
@@ -493,6 +498,8 @@ impl FrozenOverlay {
 pub struct FlusherContext<S> {
     /// fjall handles.
     pub stores: Stores,
+    /// The intent file and the lock of whole flushes.
+    pub ingest: Arc<FlushIngest>,
     /// The engine's read state; the flusher retires the frozen overlay from it.
     pub state: Arc<RwLock<S>>,
     /// Progress and counters.
@@ -504,7 +511,7 @@ pub struct FlusherContext<S> {
 /// The flusher thread's loop: one frozen overlay at a time, until the channel closes. A failed
 /// commit ends it (the failure is sticky).
 pub fn run<S>(context: FlusherContext<S>, frozen_overlays: Receiver<Arc<FrozenOverlay>>) {
-    let FlusherContext { stores, state, shared, retire } = context;
+    let FlusherContext { stores, ingest, state, shared, retire } = context;
     // If this thread panics, waiters must not wait forever.
     let _guard = PanicGuard { shared: &shared };
     for frozen in frozen_overlays {
@@ -553,7 +560,7 @@ pub fn run<S>(context: FlusherContext<S>, frozen_overlays: Receiver<Arc<FrozenOv
             Ok(merges) => merges,
             Err(error) => return fail("a read of the seen entries to merge", &error),
         };
-        let mut writes = stores.database.batch();
+        let mut writes = FlushWrites::default();
         if let Err(error) = frozen.flush_into(&stores, &mut writes, &merges) {
             return fail("a read of the trend blocks to change", &error);
         }
@@ -561,8 +568,13 @@ pub fn run<S>(context: FlusherContext<S>, frozen_overlays: Receiver<Arc<FrozenOv
         if let Some(reason) = shared.take_injected() {
             return fail("commit", &reason);
         }
-        if let Err(error) = writes.commit() {
-            return fail("commit", &error);
+        match ingest.commit(&stores, writes, frozen.applied_seqno, || shared.pass(FlushStage::BeforeMarker)) {
+            Ok(true) => {}
+            Ok(false) => {
+                shared.finish(None);
+                continue;
+            }
+            Err(error) => return fail("commit", &error),
         }
         // The trims' events leave fjall after the batch that recorded their horizons and counts
         // (see `streams`); a crash in between leaves them to the sweep at the next open.

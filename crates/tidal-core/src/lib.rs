@@ -36,6 +36,7 @@ mod dirty_set;
 mod error;
 mod fast_hash;
 mod feed_index;
+mod flush_ingest;
 mod flusher;
 mod fold;
 mod idempotency;

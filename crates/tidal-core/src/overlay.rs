@@ -7,8 +7,9 @@
 //! - Every value a flush writes is held here by value (embedding vectors included), never looked
 //!   up in the [`crate::feed_index::FeedIndex`] at flush time: the flusher encodes a frozen
 //!   overlay on its own thread while the applier keeps changing the index.
-//! - A flush writes every dirty entry, the applied seqno and the logged time in ONE fjall batch,
-//!   so fjall always holds a prefix of the log (a replay's flush ingests its seen chunks first,
+//! - A flush writes every dirty entry, the applied seqno and the logged time as ONE flush
+//!   (`flush_ingest`: ingested behind an intent file, `meta` last), so fjall always holds a prefix
+//!   of the log (a replay's flush ingests its seen chunks first,
 //!   experiments/054: the seen set only gains); a frozen overlay stays visible to reads until
 //!   after that commit.
 
@@ -20,6 +21,7 @@ use tidal_types::Seqno;
 use crate::dirty_set::{last_values, DirtySet};
 use crate::error::Error;
 use crate::fast_hash::FastMap;
+use crate::flush_ingest::FlushWrites;
 use crate::flusher::SeenMerge;
 use crate::idempotency;
 use crate::keys::{self, Profile};
@@ -195,14 +197,7 @@ impl Overlay {
     /// Puts every dirty entry of the overlay into `writes` (the caller adds the rest and commits);
     /// `seen` says how the seen items go in. `chunk` names this flush's seen chunks (its applied
     /// seqno).
-    pub fn flush_into(
-        &self,
-        stores: &Stores,
-        writes: &mut fjall::OwnedWriteBatch,
-        chunk: u64,
-        seen: SeenWrites<'_>,
-    ) {
-        // Key order: fjall's memtable inserts are cheaper in order.
+    pub fn flush_into(&self, stores: &Stores, writes: &mut FlushWrites, chunk: u64, seen: SeenWrites<'_>) {
         let mut items: Vec<_> = self.items.iter().collect();
         items.sort_unstable_by_key(|(item, _)| **item);
         for (&item, value) in items {
@@ -396,7 +391,7 @@ impl FrozenDirty {
 
     /// Puts the LeaderStart and the centroids into `writes` (the trending scores go with the
     /// counters: [`crate::trend_blocks::Changes`]).
-    pub fn flush_into(&self, stores: &Stores, writes: &mut fjall::OwnedWriteBatch) {
+    pub fn flush_into(&self, stores: &Stores, writes: &mut FlushWrites) {
         if let Some(value) = &self.leader_start {
             writes.insert(&stores.meta, keys::META_LEADER_START, value.as_slice());
         }

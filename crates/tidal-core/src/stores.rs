@@ -103,6 +103,28 @@ impl Stores {
         ]
     }
 
+    /// The keyspace fjall names `name` (a flush intent names its keyspaces so).
+    pub fn by_name(&self, name: &str) -> Option<&Keyspace> {
+        [
+            &self.meta,
+            &self.items,
+            &self.embeddings,
+            &self.trend_blocks,
+            &self.legacy_trending,
+            &self.legacy_counters,
+            &self.profiles,
+            &self.seen,
+            &self.idempotency,
+            &self.streams,
+            &self.stream_events,
+            &self.inboxes,
+            &self.negatives,
+            &self.local,
+        ]
+        .into_iter()
+        .find(|keyspace| &**keyspace.name() == name)
+    }
+
     /// Every fjall keyspace that stores log-derived state, each once.
     pub fn log_derived_stored(&self) -> impl Iterator<Item = &Keyspace> {
         self.log_derived().into_iter().filter(|(name, _)| *name != "counters").map(|(_, keyspace)| keyspace)

@@ -26,6 +26,7 @@
 
 use crate::counters::CountChange;
 use crate::error::Error;
+use crate::flush_ingest::FlushWrites;
 use crate::keys;
 use crate::stores::Stores;
 use crate::trend::{Trend, TREND_LEN};
@@ -203,7 +204,7 @@ pub struct Changes<'a> {
 impl Changes<'_> {
     /// Reads each changed block, applies its changes, and puts the result (or its removal) into
     /// `writes`, in key order. Reads the latest committed blocks: only the flusher writes them.
-    pub fn flush_into(&self, stores: &Stores, writes: &mut fjall::OwnedWriteBatch) -> Result<(), Error> {
+    pub fn flush_into(&self, stores: &Stores, writes: &mut FlushWrites) -> Result<(), Error> {
         debug_assert!(self.trends.windows(2).all(|w| w[0].0 < w[1].0), "trend changes ascending");
         debug_assert!(self.counts.windows(2).all(|w| w[0].0 < w[1].0), "counter changes ascending");
         let (mut trends, mut counts) = (self.trends, self.counts);
@@ -551,9 +552,9 @@ mod tests {
         let trends = [(17, Some(moved)), (33, Some(moved)), (35, Some(moved)), (47, None), (48, None)];
         let counts =
             [((17, 1), Some(2)), ((33, 0), Some(1)), ((35, 0), Some(5)), ((40, 2), None), ((47, 0), None)];
-        let mut writes = stores.database.batch();
+        let mut writes = FlushWrites::default();
         Changes { trends: &trends, counts: &counts, kinds: &kinds }.flush_into(&stores, &mut writes).unwrap();
-        writes.commit().unwrap();
+        writes.commit_as_batch(&stores).unwrap();
         let read = |block| stores.trend_blocks.get(block_key(block)).unwrap();
         let block = |block| decode_block(&block_key(block), &read(block).unwrap()).unwrap();
         assert_eq!(block(1), vec![ItemState { trend: moved, ..state(17, 0.0, &[("view", 2)]) }]);
@@ -572,7 +573,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let stores = Stores::open(dir.path()).unwrap();
         let kinds: Vec<Box<str>> = vec!["click".into()];
-        let mut writes = stores.database.batch();
+        let mut writes = FlushWrites::default();
         let counts = [((5, 0), Some(1))];
         let _ = Changes { trends: &[], counts: &counts, kinds: &kinds }.flush_into(&stores, &mut writes);
     }

@@ -67,7 +67,7 @@ impl TidalDb {
             return Err(incomplete());
         }
         // The same complete flush `digest()` takes (applies continue meanwhile), then ONE fjall
-        // snapshot: every fjall commit is one whole flush, so the snapshot holds the state at the
+        // snapshot, taken between two flushes' ingestions, so the snapshot holds the state at the
         // applied seqno it records. The snapshot is taken under the applier's lock, which an install
         // holds from start to end, so it never sees a half-replaced state.
         self.flush_all()?;
@@ -76,6 +76,7 @@ impl TidalDb {
             if self.install_incomplete() {
                 return Err(incomplete());
             }
+            let _whole = self.ingest.whole_flushes();
             self.stores.database.snapshot()
         };
         let seqno = match snapshot.get(&self.stores.meta, keys::META_APPLIED_SEQNO)? {
@@ -157,6 +158,9 @@ impl TidalDb {
         self.flush.wait_idle(false)?;
         let mut state = self.write_state();
         debug_assert!(state.frozen.is_none(), "a frozen overlay survived the flush before an install");
+        // An intent the last flush left (emptied, but not durably) must never be finished over
+        // the installed state, whose applied seqno may be below it.
+        self.ingest.discard()?;
         self.import_incomplete.store(true, Ordering::Release);
         let mut marker = self.stores.database.batch();
         marker.insert(&self.stores.meta, META_IMPORT_PENDING, info.position.seqno.0.to_le_bytes());
