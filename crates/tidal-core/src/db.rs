@@ -1024,6 +1024,18 @@ impl TidalDb {
         crate::digest::state_digest(&self.stores, &snapshot)
     }
 
+    /// [`TidalDb::digest`] of what fjall holds now, without flushing first, from a snapshot taken
+    /// between two flushes as `digest` takes its own; `None` while a flush is between its first
+    /// ingestion and its last. For tests of what a digest or snapshot can see mid-flush.
+    #[doc(hidden)]
+    pub fn try_digest_between_flushes(&self) -> Result<Option<(Seqno, [u8; 32])>, Error> {
+        let Some(_whole) = self.ingest.try_whole_flushes() else {
+            return Ok(None);
+        };
+        let snapshot = self.stores.database.snapshot();
+        crate::digest::state_digest(&self.stores, &snapshot).map(Some)
+    }
+
     /// [`TidalDb::digest`] of what fjall holds now, without flushing first (a flush may be in
     /// flight). For tests of what a digest or snapshot sees mid-flush.
     #[doc(hidden)]

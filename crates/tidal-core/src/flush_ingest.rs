@@ -138,6 +138,16 @@ impl FlushIngest {
         self.committing.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
+    /// [`FlushIngest::whole_flushes`], or `None` while a flush is between its first ingestion and
+    /// its last.
+    pub fn try_whole_flushes(&self) -> Option<MutexGuard<'_, ()>> {
+        match self.committing.try_lock() {
+            Ok(guard) => Some(guard),
+            Err(std::sync::TryLockError::Poisoned(poisoned)) => Some(poisoned.into_inner()),
+            Err(std::sync::TryLockError::WouldBlock) => None,
+        }
+    }
+
     /// Writes `writes` (the flush of the overlay frozen at `applied`, whose `meta` writes include
     /// that applied seqno) into fjall. `before_marker` runs once every keyspace but `meta` holds
     /// the flush; `false` from it stops there (a test's simulated crash). Returns whether it went

@@ -149,6 +149,32 @@ fn a_crash_with_a_frozen_overlay_in_flight_recovers_by_replay_to_the_same_digest
     }
 }
 
+/// fjall's ingestion is atomic per keyspace only: held before its marker, a flush has put every
+/// keyspace but `meta` into fjall, so a snapshot taken then would pair the previous applied seqno
+/// with the new data. A snapshot taken between flushes (digest, export) waits instead.
+#[test]
+fn a_snapshot_between_flushes_never_sees_half_of_one() {
+    let log = workload();
+    let checkpointed = log.batches[CHECKPOINTED - 1].last_seqno();
+    let at_checkpoint = {
+        let dir = tempfile::tempdir().unwrap();
+        let db = open_with(dir.path(), never_flush());
+        apply_all(&db, &log.batches[..CHECKPOINTED]);
+        db.digest().unwrap()
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let db = open_with(dir.path(), flush_window());
+    let (hold, _) = freeze_one_held(&db, &log, FlushStage::BeforeMarker);
+    let torn = db.digest_of_storage().unwrap();
+    assert_eq!(torn.0, checkpointed, "meta still holds the previous flush's seqno");
+    assert_ne!(torn, at_checkpoint, "fjall holds the new flush's data under the previous seqno");
+    assert_eq!(db.try_digest_between_flushes().unwrap(), None, "a snapshot waits for the marker");
+    drop(hold);
+    let whole = db.digest().unwrap();
+    assert_eq!(whole.0, db.applied_seqno());
+    assert_eq!(db.try_digest_between_flushes().unwrap(), Some(whole));
+}
+
 const CHILD_DIR_ENV: &str = "TIDAL_CORE_FLUSH_CRASH_DIR";
 const CHILD_STAGE_ENV: &str = "TIDAL_CORE_FLUSH_CRASH_STAGE";
 
