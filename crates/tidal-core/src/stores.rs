@@ -55,12 +55,13 @@ pub struct Stores {
 impl Stores {
     /// Opens (or creates) the database at `path`.
     pub fn open(path: &Path) -> Result<Stores, Error> {
-        // Commits (overlay flushes) reach OS buffers (a process crash loses nothing committed); fsync
-        // happens only in checkpoint() and for negatives: the WAL is the source of truth and startup
-        // replays it from the applied seqno, so a power loss costing fjall a tail is repaired by replay.
-        // fjall's journal is replayed entry by entry at every open, at about 15 MB/s here for our
-        // small entries: its default bound (512 MiB) let a node that crashed after a few minutes of
-        // ingest spend tens of seconds opening. 64 MiB is the least fjall allows (experiments/034).
+        // Overlay flushes do not use the journal: they are ingested, each table fsynced
+        // (`flush_ingest`, decisions/072). What still goes through it (hard negatives, fsynced per
+        // change; the raft store; trims' deletes; migrations) reaches OS buffers, and fsync happens in
+        // checkpoint(). fjall's journal is replayed entry by entry at every open, at about 15 MB/s
+        // here for small entries: its default bound (512 MiB) let a node that crashed after a few
+        // minutes of ingest spend tens of seconds opening when flushes went through it. 64 MiB is the
+        // least fjall allows (experiments/034).
         let database = Database::builder(path)
             .manual_journal_persist(false)
             .max_journaling_size(JOURNAL_BYTES_MAX)
