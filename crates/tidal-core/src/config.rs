@@ -24,6 +24,10 @@ pub const IDEMPOTENCY_KEYS_MAX_DEFAULT: usize = 100_000;
 /// and of one flush's fjall batch modest, and a flush rare enough (tens of thousands of signal
 /// batches) that its per-key cost is spread over many applies.
 pub const OVERLAY_BYTES_MAX_DEFAULT: usize = 64 * 1024 * 1024;
+/// Default of [`EngineConfig::flush_ingest_bytes_min`]: a flush this large would cost a crashed
+/// node's open tens of milliseconds in fjall's journal; a smaller one costs less as a batch than an
+/// ingestion's fsyncs (about six per keyspace).
+pub const FLUSH_INGEST_BYTES_MIN_DEFAULT: usize = 1024 * 1024;
 /// Default bound on applies held in the overlay: bounds the WAL replay after a crash (replay
 /// re-folds at most twice this many batches past fjall's applied seqno: the overlay being flushed
 /// and the active one) even when batches are tiny. A startup replay does not count it (only the
@@ -75,6 +79,9 @@ pub struct EngineConfig {
     /// Flush the write-back overlay to fjall once it holds this many applies (>= 1; 1 flushes every
     /// apply, in the background: fjall trails the applied frontier by at most two applies).
     pub overlay_batches_max: usize,
+    /// A flush of at least this many bytes (keys and values) reaches fjall by ingestion, behind an
+    /// intent file; a smaller one as one fjall write batch (decisions/072). Not log-derived.
+    pub flush_ingest_bytes_min: usize,
     /// Lists of the approximate feed index (decisions/067); 0: no approximate index, every query
     /// scans. Log-shaping: the centroids are log-derived state.
     pub ann_lists: usize,
@@ -100,6 +107,7 @@ impl Default for EngineConfig {
             node_actor: (0, 0),
             overlay_bytes_max: OVERLAY_BYTES_MAX_DEFAULT,
             overlay_batches_max: OVERLAY_BATCHES_MAX_DEFAULT,
+            flush_ingest_bytes_min: FLUSH_INGEST_BYTES_MIN_DEFAULT,
             ann_lists: ANN_LISTS_DEFAULT,
             ann_centroids_at: ANN_CENTROIDS_AT_DEFAULT,
             ann_threshold: ANN_THRESHOLD_DEFAULT,

@@ -274,7 +274,7 @@ impl TidalDb {
         // Where an open's time goes: fjall replaying its journal, then the index and counters.
         let fjall_seconds = started.elapsed().as_secs_f64();
         // Before anything reads fjall: a flush a crash cut between two ingestions is finished.
-        let ingest = Arc::new(FlushIngest::new(path));
+        let ingest = Arc::new(FlushIngest::new(path, config.flush_ingest_bytes_min));
         ingest.recover(&stores)?;
         match stores.meta.get(keys::META_DIMENSION)? {
             Some(bytes) => {

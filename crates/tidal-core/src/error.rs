@@ -108,6 +108,12 @@ pub enum Error {
         /// The I/O error.
         source: std::io::Error,
     },
+    /// A flush intent file does not decode: cut short while it was written (`flush_ingest`).
+    #[error("flush intent: {reason}")]
+    IntentCorrupt {
+        /// What is wrong.
+        reason: String,
+    },
     /// A stored value does not decode: the fjall directory is damaged or from another format.
     #[error("corrupt value in keyspace {keyspace}: {reason}")]
     Corrupt {

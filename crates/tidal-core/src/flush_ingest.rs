@@ -49,19 +49,26 @@ type Entry = (Slice, Option<Slice>);
 pub struct FlushWrites {
     keyspaces: Vec<(Keyspace, Vec<Entry>)>,
     len: usize,
+    bytes: usize,
 }
 
 impl FlushWrites {
     /// Puts `value` under `key`.
     pub fn insert<K: Into<Slice>, V: Into<Slice>>(&mut self, keyspace: &Keyspace, key: K, value: V) {
-        self.entries(keyspace).push((key.into(), Some(value.into())));
-        self.len += 1;
+        let (key, value) = (key.into(), value.into());
+        self.push(keyspace, key.len() + value.len(), (key, Some(value)));
     }
 
     /// Removes `key`.
     pub fn remove<K: Into<Slice>>(&mut self, keyspace: &Keyspace, key: K) {
-        self.entries(keyspace).push((key.into(), None));
+        let key = key.into();
+        self.push(keyspace, key.len(), (key, None));
+    }
+
+    fn push(&mut self, keyspace: &Keyspace, bytes: usize, entry: Entry) {
+        self.entries(keyspace).push(entry);
         self.len += 1;
+        self.bytes += bytes;
     }
 
     /// Writes put so far (a key written twice counts twice).
@@ -69,9 +76,8 @@ impl FlushWrites {
         self.len
     }
 
-    /// Commits the writes in one fjall batch, without an intent (for unit tests of what a flush
-    /// writes).
-    #[cfg(test)]
+    /// Commits the writes in one fjall write batch: atomic across keyspaces through fjall's
+    /// journal, no intent needed.
     pub fn commit_as_batch(self, stores: &Stores) -> Result<(), Error> {
         let mut batch = stores.database.batch();
         for (keyspace, entries) in self.into_sorted(stores) {
@@ -124,12 +130,15 @@ impl FlushWrites {
 pub struct FlushIngest {
     path: PathBuf,
     committing: Mutex<()>,
+    /// Smaller flushes go in one write batch.
+    bytes_min: usize,
 }
 
 impl FlushIngest {
-    /// The intent file of the engine whose fjall directory is `dir`.
-    pub fn new(dir: &Path) -> FlushIngest {
-        FlushIngest { path: dir.join(INTENT_FILE), committing: Mutex::new(()) }
+    /// The intent file of the engine whose fjall directory is `dir`; flushes of at least
+    /// `bytes_min` bytes are ingested.
+    pub fn new(dir: &Path, bytes_min: usize) -> FlushIngest {
+        FlushIngest { path: dir.join(INTENT_FILE), committing: Mutex::new(()), bytes_min }
     }
 
     /// Held while no flush is between its first ingestion and its last: a fjall snapshot taken
@@ -149,9 +158,9 @@ impl FlushIngest {
     }
 
     /// Writes `writes` (the flush of the overlay frozen at `applied`, whose `meta` writes include
-    /// that applied seqno) into fjall. `before_marker` runs once every keyspace but `meta` holds
-    /// the flush; `false` from it stops there (a test's simulated crash). Returns whether it went
-    /// to the end.
+    /// that applied seqno) into fjall: under `bytes_min` as one write batch, else by ingestion.
+    /// `before_marker` runs once an ingestion has put every keyspace but `meta`; `false` from it
+    /// stops there (a test's simulated crash). Returns whether it went to the end.
     pub fn commit(
         &self,
         stores: &Stores,
@@ -159,6 +168,14 @@ impl FlushIngest {
         applied: Seqno,
         before_marker: impl FnOnce() -> bool,
     ) -> Result<bool, Error> {
+        if writes.bytes < self.bytes_min {
+            writes.commit_as_batch(stores)?;
+            return Ok(true);
+        }
+        // Earlier flushes that went in batches sit in fjall's journal, maybe only in OS buffers:
+        // durable first, or a power loss could keep this flush's tables (and applied seqno) and
+        // lose them.
+        stores.database.persist(fjall::PersistMode::SyncAll)?;
         let keyspaces = writes.into_sorted(stores);
         debug_assert!(
             keyspaces.last().is_some_and(|(keyspace, _)| *keyspace == stores.meta),
@@ -317,25 +334,26 @@ struct Intent {
 }
 
 /// Decodes an intent file, checking its hash first. Any error means the file was cut short.
-fn decode_intent(bytes: &[u8], stores: &Stores) -> Result<Intent, String> {
+fn decode_intent(bytes: &[u8], stores: &Stores) -> Result<Intent, Error> {
     if bytes.len() < MAGIC.len() + 8 + 4 + 32 {
-        return Err(format!("{} bytes is shorter than an empty intent", bytes.len()));
+        return Err(bad(format!("{} bytes is shorter than an empty intent", bytes.len())));
     }
     let (body, hash) = bytes.split_at(bytes.len() - 32);
     if blake3::hash(body).as_bytes() != hash {
-        return Err("its checksum does not match".into());
+        return Err(bad("its checksum does not match"));
     }
     let mut reader = Cursor { bytes: body, at: 0 };
     if reader.take(MAGIC.len())? != MAGIC {
-        return Err("bad magic".into());
+        return Err(bad("bad magic"));
     }
     let applied = Seqno(reader.u64()?);
     let count = reader.u32()? as usize;
     let mut keyspaces = Vec::new();
     for _ in 0..count {
         let name_len = reader.u32()? as usize;
-        let name = std::str::from_utf8(reader.take(name_len)?).map_err(|_| "a keyspace name is not UTF-8")?;
-        let keyspace = stores.by_name(name).ok_or_else(|| format!("unknown keyspace {name:?}"))?.clone();
+        let name =
+            std::str::from_utf8(reader.take(name_len)?).map_err(|_| bad("a keyspace name is not UTF-8"))?;
+        let keyspace = stores.by_name(name).ok_or_else(|| bad(format!("unknown keyspace {name:?}")))?.clone();
         let entries_len = reader.u64()?;
         let mut entries = Vec::new();
         for _ in 0..entries_len {
@@ -347,20 +365,20 @@ fn decode_intent(bytes: &[u8], stores: &Stores) -> Result<Intent, String> {
                     let value_len = reader.u32()? as usize;
                     Some(Slice::from(reader.take(value_len)?))
                 }
-                other => return Err(format!("entry tag {other}")),
+                other => return Err(bad(format!("entry tag {other}"))),
             };
             entries.push((key, value));
         }
         if !entries.windows(2).all(|pair| pair[0].0 < pair[1].0) {
-            return Err(format!("keys of {name} do not ascend"));
+            return Err(bad(format!("keys of {name} do not ascend")));
         }
         keyspaces.push((keyspace, entries));
     }
     if reader.at != body.len() {
-        return Err(format!("{} bytes after the last keyspace", body.len() - reader.at));
+        return Err(bad(format!("{} bytes after the last keyspace", body.len() - reader.at)));
     }
     if keyspaces.last().is_none_or(|(keyspace, _)| *keyspace != stores.meta) {
-        return Err("meta is not the last keyspace".into());
+        return Err(bad("meta is not the last keyspace"));
     }
     Ok(Intent { applied, keyspaces })
 }
@@ -371,21 +389,26 @@ struct Cursor<'a> {
 }
 
 impl<'a> Cursor<'a> {
-    fn take(&mut self, len: usize) -> Result<&'a [u8], String> {
+    fn take(&mut self, len: usize) -> Result<&'a [u8], Error> {
         let end = self.at.checked_add(len).filter(|end| *end <= self.bytes.len());
-        let end = end.ok_or_else(|| format!("{len} bytes wanted at {} of {}", self.at, self.bytes.len()))?;
+        let end =
+            end.ok_or_else(|| bad(format!("{len} bytes wanted at {} of {}", self.at, self.bytes.len())))?;
         let taken = &self.bytes[self.at..end];
         self.at = end;
         Ok(taken)
     }
 
-    fn u32(&mut self) -> Result<u32, String> {
+    fn u32(&mut self) -> Result<u32, Error> {
         Ok(u32::from_le_bytes(self.take(4)?.try_into().expect("4 bytes")))
     }
 
-    fn u64(&mut self) -> Result<u64, String> {
+    fn u64(&mut self) -> Result<u64, Error> {
         Ok(u64::from_le_bytes(self.take(8)?.try_into().expect("8 bytes")))
     }
+}
+
+fn bad(reason: impl Into<String>) -> Error {
+    Error::IntentCorrupt { reason: reason.into() }
 }
 
 struct HashingWriter<W> {
@@ -505,14 +528,14 @@ mod tests {
         ] {
             let error =
                 decode_intent(&rehashed(bytes), &stores).err().unwrap_or_else(|| panic!("{case} decoded"));
-            assert!(error.contains(reason), "{case}: {error}");
+            assert!(error.to_string().contains(reason), "{case}: {error}");
         }
     }
 
     #[test]
     fn an_open_finishes_a_flush_cut_before_its_marker_and_ignores_a_stale_or_torn_intent() {
         let (dir, stores) = stores();
-        let ingest = FlushIngest::new(dir.path());
+        let ingest = FlushIngest::new(dir.path(), 0);
         let finished = ingest.commit(&stores, sample(&stores), Seqno(7), || false).unwrap();
         assert!(!finished, "stopped before the marker");
         assert_eq!(&*stores.items.get(b"b").unwrap().unwrap(), b"second");

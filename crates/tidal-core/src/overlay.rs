@@ -198,17 +198,14 @@ impl Overlay {
     /// `seen` says how the seen items go in. `chunk` names this flush's seen chunks (its applied
     /// seqno).
     pub fn flush_into(&self, stores: &Stores, writes: &mut FlushWrites, chunk: u64, seen: SeenWrites<'_>) {
-        let mut items: Vec<_> = self.items.iter().collect();
-        items.sort_unstable_by_key(|(item, _)| **item);
-        for (&item, value) in items {
+        // In any order: `FlushWrites` sorts each keyspace's writes once.
+        for (&item, value) in &self.items {
             match value {
                 Some(value) => writes.insert(&stores.items, keys::item_key(item), value.as_slice()),
                 None => writes.remove(&stores.items, keys::item_key(item)),
             }
         }
-        let mut embeddings: Vec<_> = self.embeddings.iter().collect();
-        embeddings.sort_unstable_by_key(|(item, _)| **item);
-        for (&item, entry) in embeddings {
+        for (&item, entry) in &self.embeddings {
             match entry {
                 Some((seqno, vector)) => {
                     let mut value = Vec::with_capacity(8 + vector.len() * 4);

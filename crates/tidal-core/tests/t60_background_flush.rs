@@ -68,8 +68,10 @@ fn freeze_one_held(db: &TidalDb, log: &Log, stage: FlushStage) -> (tidal_core::F
     (hold, log.batches[frozen_at - 1].last_seqno())
 }
 
+/// Flushes every `FLUSH_EVERY` applies, each by ingestion behind an intent file however small
+/// (decisions/072): the stages these tests hold the flusher at are the ingestion's.
 fn flush_window() -> EngineConfig {
-    EngineConfig { overlay_batches_max: FLUSH_EVERY, ..config() }
+    EngineConfig { overlay_batches_max: FLUSH_EVERY, flush_ingest_bytes_min: 0, ..config() }
 }
 
 #[test]

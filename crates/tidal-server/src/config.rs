@@ -20,6 +20,8 @@ pub const DEFAULT_SIGNAL_KINDS: [(&str, f64); 6] =
 /// others at about 40 MB/s: 16 MiB keeps the inserted part under about a second. It does not bound
 /// the journal file itself, which fjall rotates only past 64 MB (docs/measurements.md, issue 43).
 pub const CHECKPOINT_ENGINE_BYTES_MAX_DEFAULT: u64 = 16 * 1024 * 1024;
+/// Default of `engine_flush_ingest_bytes_min`.
+const FLUSH_INGEST_MIN: usize = tidal_core::FLUSH_INGEST_BYTES_MIN_DEFAULT;
 /// Default of `checkpoint_wal_bytes_max`: a startup replays the WAL at 80-100 MB/s here, so the
 /// WAL past an fsynced checkpoint stays under a second of replay.
 pub const CHECKPOINT_WAL_BYTES_MAX_DEFAULT: u64 = 64 * 1024 * 1024;
@@ -329,6 +331,7 @@ pub struct FileConfig {
     checkpoint_wal_bytes_max: Option<u64>,
     engine_overlay_bytes_max: Option<usize>,
     engine_background_nice: Option<i32>,
+    engine_flush_ingest_bytes_min: Option<usize>,
     ship_tail_bytes_max: Option<usize>,
     ship_tail_batches_max: Option<usize>,
     feed_ann_lists: Option<usize>,
@@ -412,6 +415,9 @@ pub struct ServeConfig {
     /// Nice levels the engine's background threads (the flusher, fjall's flushes and compactions)
     /// run below the rest of the node once it serves (`tidal_core::priority`); 0 leaves them be.
     pub engine_background_nice: i32,
+    /// Engine flushes of at least this many bytes reach fjall by ingestion behind an intent file,
+    /// smaller ones as one write batch (decisions/072).
+    pub engine_flush_ingest_bytes_min: usize,
     /// A leader's in-memory tail of recent batches, which its ShipQueues ship from: its bounds in
     /// bytes and in batches (the oldest fall off). A follower that needs what the tail no longer
     /// holds pulls it from the leader's WAL segments.
@@ -606,6 +612,7 @@ impl ServeConfig {
                 .or_else(|| std::env::var("TIDAL_ENGINE_OVERLAY_BYTES_MAX").ok().and_then(|v| v.parse().ok()))
                 .unwrap_or(tidal_core::OVERLAY_BYTES_MAX_DEFAULT),
             engine_background_nice: file.engine_background_nice.unwrap_or(ENGINE_BACKGROUND_NICE_DEFAULT),
+            engine_flush_ingest_bytes_min: file.engine_flush_ingest_bytes_min.unwrap_or(FLUSH_INGEST_MIN),
             ship_tail_bytes_max: file.ship_tail_bytes_max.unwrap_or(TAIL_BYTES_MAX_DEFAULT),
             ship_tail_batches_max: file.ship_tail_batches_max.unwrap_or(TAIL_BATCHES_MAX_DEFAULT),
             embeddings_max: file

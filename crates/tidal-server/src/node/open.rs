@@ -87,6 +87,7 @@ fn engine_config(config: &ServeConfig) -> EngineConfig {
         similarity_weight: config.similarity_weight,
         trending_weight: config.trending_weight,
         overlay_bytes_max: config.engine_overlay_bytes_max,
+        flush_ingest_bytes_min: config.engine_flush_ingest_bytes_min,
         ann_lists: config.feed_ann.lists,
         ann_centroids_at: config.feed_ann.centroids_at,
         ann_threshold: config.feed_ann.threshold,
