@@ -477,6 +477,32 @@ mod tests {
     }
 
     #[test]
+    fn a_flush_under_the_threshold_is_one_batch_and_one_at_it_is_ingested() {
+        let (dir, stores) = stores();
+        let path = dir.path().join(INTENT_FILE);
+        let bytes = sample(&stores).bytes;
+        let batched = FlushIngest::new(dir.path(), bytes + 1);
+        assert!(batched.commit(&stores, sample(&stores), Seqno(7), || unreachable!()).unwrap());
+        assert!(!path.exists(), "a batch writes no intent");
+        assert!(stores.items.approximate_len() > 0 && stores.items.table_count() == 0, "in the memtable");
+        let ingested = FlushIngest::new(dir.path(), bytes);
+        let mut reached_marker = false;
+        assert!(ingested
+            .commit(&stores, sample(&stores), Seqno(7), || {
+                reached_marker = true;
+                true
+            })
+            .unwrap());
+        assert!(reached_marker && path.exists(), "an ingestion goes through its intent");
+        assert_eq!(
+            stores.items.table_count(),
+            2,
+            "the memtable written as a table first, then the ingested one"
+        );
+        assert_eq!(&*stores.items.get(b"b").unwrap().unwrap(), b"second");
+    }
+
+    #[test]
     fn an_intent_decodes_to_what_was_encoded() {
         let (_dir, stores) = stores();
         let bytes = encoded(&stores, sample(&stores));
