@@ -1,8 +1,10 @@
-//! How a flush reaches fjall: by ingestion, one new table per keyspace it touches, never through
-//! fjall's journal (issue 43, decisions/072).
+//! How a flush reaches fjall: from `flush_ingest_bytes_min` (1 MiB) on by ingestion, one new table
+//! per keyspace it touches, not through fjall's journal; a smaller one as one write batch (issue 43,
+//! decisions/072).
 //!
 //! ```text
-//! flusher:  collect writes -> sort per keyspace -> intent file (fsync) -> ingest each keyspace
+//! flusher:  collect writes -> sort per keyspace -> small? one write batch, done
+//!           -> fsync fjall's journal -> intent file (fsync) -> ingest each keyspace
 //!           -> ingest meta (the applied seqno: the commit point) -> empty the intent file
 //! open:     intent file complete and past fjall's applied seqno?  ingest it again, meta last
 //! ```
