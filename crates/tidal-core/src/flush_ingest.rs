@@ -184,7 +184,7 @@ impl FlushIngest {
             "a flush of {applied} writes its applied seqno to meta, last"
         );
         write_intent(&self.path, applied, &keyspaces)?;
-        let _whole = self.whole_flushes();
+        let whole = self.whole_flushes();
         let (marker, data) = keyspaces.split_last().expect("meta is in every flush");
         for (keyspace, entries) in data {
             ingest(keyspace, entries)?;
@@ -193,7 +193,7 @@ impl FlushIngest {
             return Ok(false);
         }
         ingest(&marker.0, &marker.1)?;
-        drop(_whole);
+        drop(whole);
         self.clear();
         Ok(true)
     }

@@ -471,7 +471,8 @@ impl Drop for FlushHold {
 
 impl FrozenOverlay {
     /// Puts everything into `writes`: the data, then the applied seqno and the logged time, and
-    /// the counts an open reads instead of counting (decisions/048), all in one flush (its `meta` writes last).
+    /// the counts an open reads instead of counting (decisions/048), all in one flush (its `meta`
+    /// writes last).
     /// Reads the trend blocks it changes (only the flusher writes them).
     pub fn flush_into(
         &self,
