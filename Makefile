@@ -151,6 +151,9 @@ demo: build
 # Tidal's cluster and the peers (Redis, PostgreSQL, NATS JetStream, etcd) in the same sitting, then
 # $(REPORT_DIR)/REPORT.md (table of ratios) and ratios.svg: writes, lag, catch-up, and the stream
 # rows (publish, delivery to a follower's subscriber, reads). About 25 min; apt/pip installs the peers.
+# Tidal's single-record writes go out on write links (decisions/073), as an application with many
+# writers would send them through tidal-client's `Link`; LINKS=0 sends them over HTTP/1.1 instead.
+LINKS ?= 2
 bench-peers: build peers-work
 	mkdir -p $(REPORT_DIR)
 	$(TIDAL) cluster down --dir $(REPORT_DIR)/cluster 2>/dev/null || true
@@ -158,12 +161,12 @@ bench-peers: build peers-work
 	$(TIDAL) cluster up --dir $(REPORT_DIR)/cluster --port-base 27070
 	: > $(REPORT_DIR)/tidal-bench.md
 	for c in 1 16 50; do \
-	  $(TIDAL) bench --url http://127.0.0.1:27070 --workload items --concurrency $$c --seconds $(BENCH_SECONDS) | tee -a $(REPORT_DIR)/tidal-bench.md || exit 1; \
+	  $(TIDAL) bench --url http://127.0.0.1:27070 --workload items --links $(LINKS) --concurrency $$c --seconds $(BENCH_SECONDS) | tee -a $(REPORT_DIR)/tidal-bench.md || exit 1; \
 	done
 	$(TIDAL) bench --url http://127.0.0.1:27070 --workload signals --batch 100 --concurrency 16 --seconds $(BENCH_SECONDS) | tee -a $(REPORT_DIR)/tidal-bench.md
 	# Streams (issue 39), set against Redis XADD/XREAD BLOCK/XRANGE and NATS JetStream R3.
 	for c in 1 16 50; do \
-	  $(TIDAL) bench --url http://127.0.0.1:27070 --workload publish --batch 1 --concurrency $$c --seconds $(BENCH_SECONDS) | tee -a $(REPORT_DIR)/tidal-bench.md || exit 1; \
+	  $(TIDAL) bench --url http://127.0.0.1:27070 --workload publish --batch 1 --links $(LINKS) --concurrency $$c --seconds $(BENCH_SECONDS) | tee -a $(REPORT_DIR)/tidal-bench.md || exit 1; \
 	done
 	$(TIDAL) bench --url http://127.0.0.1:27070 --workload publish --batch 100 --concurrency 16 --seconds $(BENCH_SECONDS) | tee -a $(REPORT_DIR)/tidal-bench.md
 	$(TIDAL) bench --url http://127.0.0.1:27070 --workload stream-lag --concurrency 4 --seconds $(BENCH_SECONDS) | tee -a $(REPORT_DIR)/tidal-bench.md
@@ -179,7 +182,7 @@ bench-peers: build peers-work
 	$(TIDAL) cluster down --dir $(REPORT_DIR)/cluster-leader 2>/dev/null || true
 	rm -rf $(REPORT_DIR)/cluster-leader
 	$(TIDAL) cluster up --dir $(REPORT_DIR)/cluster-leader --port-base 27070 --durability leader
-	$(TIDAL) bench --url http://127.0.0.1:27070 --workload items --concurrency 50 --seconds $(BENCH_SECONDS) | tee $(REPORT_DIR)/tidal-bench-leader.md
+	$(TIDAL) bench --url http://127.0.0.1:27070 --workload items --links $(LINKS) --concurrency 50 --seconds $(BENCH_SECONDS) | tee $(REPORT_DIR)/tidal-bench-leader.md
 	$(TIDAL) cluster down --dir $(REPORT_DIR)/cluster-leader
 	-GATES=replication-lag,heal-100k GATE_DOWN_SECONDS=0 $(TIDAL) gates --anchors $(ANCHORS) --anchors-work $(ANCHORS_WORK) --results $(REPORT_DIR)/tidal-gates.txt
 	# A peer that fails leaves "-" in the report; its output is in the results folder.

@@ -125,6 +125,10 @@ pub struct BenchArgs {
     /// not overwrite each other's items pick disjoint ranges).
     #[arg(long, default_value_t = 0)]
     pub id_base: u64,
+    /// Send the items, signals and publish writes on this many write links (`GET /v1/link`,
+    /// shared by the workers) instead of one HTTP/1.1 connection per worker (0).
+    #[arg(long, default_value_t = 0)]
+    pub links: usize,
     /// No progress line on stderr.
     #[arg(long)]
     pub quiet: bool,
@@ -185,6 +189,7 @@ impl Default for BenchArgs {
             followers: Vec::new(),
             rate: 0,
             id_base: 0,
+            links: 0,
             quiet: false,
             through_follower: false,
             payload_bytes: 64,
@@ -556,8 +561,19 @@ async fn drive(client: &Client, args: &BenchArgs) -> anyhow::Result<Report> {
     let everyone: Arc<Vec<Client>> =
         Arc::new(std::iter::once(client.clone()).chain(followers.clone()).collect());
     let followers = Arc::new(followers);
+    // A link is served where it is opened, never forwarded (decisions/073).
+    anyhow::ensure!(
+        args.links == 0 || !args.through_follower,
+        "--links writes on the leader; --through-follower needs HTTP (--links 0)"
+    );
+    let mut links = Vec::with_capacity(args.links);
+    for _ in 0..args.links {
+        links.push(tidal_client::Link::connect(client.base(), client.token()).await?);
+    }
     let workers: Vec<_> = (0..args.concurrency as u64)
         .map(|index| {
+            let mut conn = LeanConn::new(target.clone());
+            conn.link = links.get(index as usize % links.len().max(1)).cloned();
             let worker = Worker {
                 index,
                 client: client.clone(),
@@ -567,7 +583,7 @@ async fn drive(client: &Client, args: &BenchArgs) -> anyhow::Result<Report> {
                 bodies: bodies.clone(),
                 board: board.clone(),
                 inbox: inbox.clone(),
-                conn: LeanConn::new(target.clone()),
+                conn,
                 counters: counters.clone(),
                 started,
                 deadline,
@@ -807,13 +823,19 @@ async fn one_request(
     let id = args.id_base + request.n;
     match args.workload {
         Workload::Signals => {
-            conn.send(Method::POST, "/v1/signals", request.body()).await?;
+            match &conn.link {
+                Some(link) => drop(link.post_signals(&request.body(), None).await?),
+                None => drop(conn.send(Method::POST, "/v1/signals", request.body()).await?),
+            }
             Ok(args.batch as u64)
         }
         Workload::Items => {
             let body =
                 format!(r#"{{"metadata":{{"title":"item {}","worker":{}}}}}"#, request.n, request.worker);
-            conn.send(Method::PUT, &format!("/v1/items/{id}"), body.into()).await?;
+            match &conn.link {
+                Some(link) => drop(link.put_item(id, body.as_bytes(), None).await?),
+                None => drop(conn.send(Method::PUT, &format!("/v1/items/{id}"), body.into()).await?),
+            }
             Ok(1)
         }
         Workload::Embeddings => {
@@ -829,7 +851,14 @@ async fn one_request(
             Ok(1)
         }
         Workload::Publish => {
-            conn.send(Method::POST, crate::bench_streams::PUBLISH_PATH, request.body()).await?;
+            match &conn.link {
+                Some(link) => {
+                    drop(link.publish(crate::bench_streams::PUBLISH_STREAM, &request.body(), None).await?)
+                }
+                None => {
+                    drop(conn.send(Method::POST, crate::bench_streams::PUBLISH_PATH, request.body()).await?)
+                }
+            }
             Ok(args.batch as u64)
         }
         Workload::StreamRead => crate::bench_streams::read_page(conn, args, request.n).await,
@@ -933,6 +962,10 @@ impl Summary {
             self.p99_ms,
             self.max_ms,
         );
+        if args.links > 0 && matches!(args.workload, Workload::Items | Workload::Signals | Workload::Publish)
+        {
+            println!("\nWrites sent on {} write link(s) (GET /v1/link), shared by the workers.", args.links);
+        }
         if let Some(fsync) = self.fsync {
             let (p50, p99) = (fsync.p50_ms, fsync.p99_ms);
             let ratio = |bound: f64| {

@@ -68,11 +68,13 @@ pub(crate) struct LeanConn {
     target: Target,
     open: Option<Open>,
     timeout: Duration,
+    /// The write link this worker sends its writes on instead (`--links`).
+    pub(crate) link: Option<tidal_client::Link>,
 }
 
 impl LeanConn {
     pub(crate) fn new(target: Target) -> LeanConn {
-        LeanConn { target, open: None, timeout: REQUEST_TIMEOUT }
+        LeanConn { target, open: None, timeout: REQUEST_TIMEOUT, link: None }
     }
 
     async fn connect(&self) -> anyhow::Result<Open> {

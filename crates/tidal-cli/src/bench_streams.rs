@@ -15,6 +15,8 @@ use crate::bench_conn::LeanConn;
 
 /// Where the publish workload writes.
 pub const PUBLISH_PATH: &str = "/v1/streams/bench/events";
+/// The stream of [`PUBLISH_PATH`], for the write link.
+pub const PUBLISH_STREAM: &str = "bench";
 /// Events a stream-read request asks for.
 const READ_PAGE: u64 = 1000;
 /// Distinct pre-encoded publish bodies.

@@ -417,7 +417,7 @@ async fn send_membership_verb(
 fn retryable_verb_error(error: &tidal_client::Error) -> bool {
     match error {
         tidal_client::Error::Api { status, .. } => matches!(status, 503 | 504),
-        tidal_client::Error::Transport(_) => true,
+        tidal_client::Error::Transport(_) | tidal_client::Error::Link(_) => true,
     }
 }
 

@@ -6,7 +6,9 @@
 #![deny(missing_docs)]
 
 mod inboxes;
+mod link;
 pub mod node_log;
+pub use link::Link;
 mod streams;
 
 pub use streams::{segment, Delivery, Publish, Subscription};
@@ -35,6 +37,9 @@ pub enum Error {
     /// Transport failure or undecodable reply; the outcome of a write is unknown.
     #[error(transparent)]
     Transport(#[from] reqwest::Error),
+    /// The write link failed or ended ([`Link`]); the outcome of a write it carried is unknown.
+    #[error("write link: {0}")]
+    Link(String),
 }
 
 impl Error {
@@ -52,7 +57,7 @@ impl Error {
     pub fn code(&self) -> Option<&str> {
         match self {
             Error::Api { code, .. } => Some(code),
-            Error::Transport(_) => None,
+            Error::Transport(_) | Error::Link(_) => None,
         }
     }
 }

@@ -33,6 +33,7 @@ mod forward;
 mod guard;
 pub mod history;
 pub mod inboxes;
+pub mod link;
 pub mod openapi;
 mod rejections;
 mod streams;
@@ -68,6 +69,8 @@ pub struct AppState {
     pub net: Arc<crate::transport::NetState>,
     /// Recent status samples and events (`GET /cluster/history`, the `/ui` page).
     pub history: Arc<history::History>,
+    /// Open write links (`GET /v1/link`).
+    pub links: Arc<link::Links>,
 }
 
 /// Forwards writes from a follower to the leader, carrying the caller's own credential (there are
@@ -200,6 +203,9 @@ pub static ROUTES: &[Route] = {
         route!(GET, "/v1/streams/{stream}/consumers/{name}", streams::get_consumer, READ, LeaderIfAsked),
         route!(POST, "/v1/streams/{stream}/trim", streams::trim, WRITE, Leader),
         route!(POST, "/v1/tx", tx::post_tx, WRITE, Leader),
+        // Not forwarded (an upgraded connection cannot be): on a follower each write is refused
+        // with not_leader, as a client should connect to the leader.
+        route!(GET, "/v1/link", link::open, WRITE, Anywhere),
         route!(POST, "/v1/inboxes/{owner}/messages", inboxes::send, WRITE, Leader),
         route!(POST, "/v1/inboxes/{owner}/receive", inboxes::receive, RECEIVE, LeaderLongPoll),
         route!(POST, "/v1/inboxes/{owner}/ack", inboxes::ack, RECEIVE, Leader),
@@ -688,12 +694,21 @@ fn idempotency_key(headers: &HeaderMap) -> AppResult<Option<String>> {
         return Ok(None);
     };
     let key = value.to_str().map_err(|_| ApiError::invalid("Idempotency-Key must be visible ASCII"))?;
+    check_idempotency_key(key).map(Some)
+}
+
+/// An Idempotency-Key as a header may carry it (visible ASCII, spaces and tabs) and within
+/// [`IDEMPOTENCY_KEY_BYTES_MAX`]: the same rule for a header and for a write link's frame.
+fn check_idempotency_key(key: &str) -> AppResult<String> {
+    if !key.bytes().all(|b| b == b'\t' || (0x20..0x7f).contains(&b)) {
+        return Err(ApiError::invalid("Idempotency-Key must be visible ASCII"));
+    }
     if key.is_empty() || key.len() > IDEMPOTENCY_KEY_BYTES_MAX {
         return Err(ApiError::invalid(format!(
             "Idempotency-Key must be 1..={IDEMPOTENCY_KEY_BYTES_MAX} bytes"
         )));
     }
-    Ok(Some(key.to_string()))
+    Ok(key.to_string())
 }
 
 async fn post_signals(
@@ -703,9 +718,19 @@ async fn post_signals(
     body: axum::body::Body,
 ) -> AppResult<Json<WriteReply>> {
     let key = idempotency_key(&headers)?;
-    let events = decode::signals(&read_body(&state, body).await?, &decode::Limits::of(state.node.config()))?;
-    let seqno = state.node.write(&principal, key, Records::Signals(events)).await?;
-    Ok(Json(WriteReply { seqno }))
+    Ok(Json(write_signals(&state, &principal, key, &read_body(&state, body).await?).await?))
+}
+
+/// `POST /v1/signals` once its body is read (for HTTP and for the write link).
+async fn write_signals(
+    state: &AppState,
+    principal: &Principal,
+    key: Option<String>,
+    body: &[u8],
+) -> AppResult<WriteReply> {
+    let events = decode::signals(body, &decode::Limits::of(state.node.config()))?;
+    let seqno = state.node.write(principal, key, Records::Signals(events)).await?;
+    Ok(WriteReply { seqno })
 }
 
 /// A signal's weight is finite and at most [`SIGNAL_WEIGHT_MAX`] in absolute value; its `ts`, if
@@ -747,11 +772,28 @@ async fn put_item(
 ) -> AppResult<Json<WriteReply>> {
     let item = parse_item_id(&id)?;
     let key = idempotency_key(&headers)?;
-    // Compact metadata is at most METADATA_BYTES_MAX; allow as much again for whitespace.
-    let metadata =
-        decode::item_metadata(&read_body_within(&state, body, 2 * METADATA_BYTES_MAX + 1024).await?)?;
-    let seqno = state.node.write(&principal, key, Records::ItemMetadata { item, metadata }).await?;
-    Ok(Json(WriteReply { seqno }))
+    let body = read_body_within(&state, body, ITEM_BODY_BYTES_MAX).await?;
+    Ok(Json(write_item(&state, &principal, item, key, &body).await?))
+}
+
+/// Compact metadata is at most [`METADATA_BYTES_MAX`]; an item's body may have as much again in
+/// whitespace.
+const ITEM_BODY_BYTES_MAX: usize = 2 * METADATA_BYTES_MAX + 1024;
+
+/// `PUT /v1/items/{id}` once its body is read (for HTTP and for the write link).
+async fn write_item(
+    state: &AppState,
+    principal: &Principal,
+    item: u64,
+    key: Option<String>,
+    body: &[u8],
+) -> AppResult<WriteReply> {
+    if body.len() > ITEM_BODY_BYTES_MAX {
+        return Err(ApiError::too_large(format!("request body over {ITEM_BODY_BYTES_MAX} bytes")));
+    }
+    let metadata = decode::item_metadata(body)?;
+    let seqno = state.node.write(principal, key, Records::ItemMetadata { item, metadata }).await?;
+    Ok(WriteReply { seqno })
 }
 
 /// An item's metadata as stored: compact JSON of at most [`METADATA_BYTES_MAX`] bytes.

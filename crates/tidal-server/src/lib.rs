@@ -109,6 +109,7 @@ where
         inboxes: Default::default(),
         net,
         history: Default::default(),
+        links: Default::default(),
     });
     let inboxes = state.inboxes.clone();
     node.db().set_inbox_listener(Arc::new(move |owner: &str| inboxes.changed(owner)));
@@ -121,6 +122,7 @@ where
             shutdown.await;
             hand_off_leadership(&state.node).await;
             state.streams.close();
+            state.links.close();
         }
     };
     let background = Background::start(&node, &state.history);
@@ -132,7 +134,10 @@ where
         tls: tls.http.clone(),
     };
     let reload = tls.spawn_reload();
+    let links = state.links.clone();
     let served = serve_http(listener, http::router(state), port, node.fatal_state(), grace, shutdown).await;
+    // Also after a fatal fault, where the shutdown above does not run.
+    links.close();
     if let Some((stop, task)) = reload {
         let _ = stop.send(true);
         let _ = task.await;

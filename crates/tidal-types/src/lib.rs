@@ -10,6 +10,7 @@ mod api;
 mod history_api;
 mod inbox_api;
 mod kind;
+pub mod link;
 mod log_limit;
 mod position;
 mod verbs_api;

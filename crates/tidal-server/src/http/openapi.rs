@@ -34,6 +34,8 @@ pub(crate) enum Reply {
     Binary,
     /// `text/html` (the live page).
     Html,
+    /// 101 Switching Protocols to the write link's frames (decisions/073).
+    Upgrade,
 }
 
 /// The documentation of one route beyond what [`ROUTES`] says.
@@ -109,6 +111,7 @@ pub(crate) static OPS: &[Op] = {
         op!("put" "/v1/streams/{stream}/consumers/{name}", "Save a consumer's offset (never moves back)", query: &[], body: Some(schema::<OffsetBody>), reply: J(schema::<ConsumerOffset>), errors: &[InvalidName, InvalidOffset]),
         op!("get" "/v1/streams/{stream}/consumers/{name}", "A consumer's saved offset", query: READ, body: None, reply: J(schema::<ConsumerOffset>), errors: &[InvalidName, NotFound]),
         op!("post" "/v1/streams/{stream}/trim", "Delete a stream's events through an offset", query: &[], body: Some(schema::<TrimBody>), reply: J(schema::<Trimmed>), errors: &[InvalidName, NotFound]),
+        op!("get" "/v1/link", "Upgrade to the write link: many single-record writes in flight on one connection (decisions/073)", query: &[], body: None, reply: Reply::Upgrade, errors: NONE),
         op!("post" "/v1/tx", "Write several ops in one batch, all or none", query: &[], body: Some(schema::<TxBody>), reply: J(schema::<TxReply>), errors: &[InvalidName, InvalidOffset, UnknownSignalKind, NonFiniteNumber, DimensionMismatch, InvalidVector, IndexFull]),
         op!("post" "/v1/inboxes/{owner}/messages", "Send a message to an inbox topic", query: &[], body: Some(schema::<InboxSend>), reply: J(schema::<InboxSent>), errors: &[InvalidName, InboxClosed, InboxFull, TooManyTopics]),
         op!("post" "/v1/inboxes/{owner}/receive", "Receive messages under a lease (long poll)", query: &[], body: Some(schema::<InboxReceive>), reply: Reply::JsonOrNothing(schema::<InboxReceived>), errors: INBOX),
@@ -220,7 +223,8 @@ fn operation(route: &Route, op: &Op, generator: &mut SchemaGenerator, error: &Sc
             "schema": {"type": "string"}}));
     }
     let mut responses = Map::new();
-    responses.insert("200".into(), success(op.reply, generator));
+    let ok = if let Reply::Upgrade = op.reply { "101" } else { "200" };
+    responses.insert(ok.into(), success(op.reply, generator));
     if let Reply::JsonOrNothing(_) = op.reply {
         responses.insert("204".into(), json!({"description": "Nothing arrived within the wait"}));
     }
@@ -269,6 +273,9 @@ fn success(reply: Reply, generator: &mut SchemaGenerator) -> Value {
             json!({"description": "OK", "content": {"text/plain": {"schema": {"type": "string"}}}})
         }
         Reply::Html => json!({"description": "OK", "content": {"text/html": {"schema": {"type": "string"}}}}),
+        Reply::Upgrade => {
+            json!({"description": "Switching Protocols (`Upgrade: tidal-link/1`): the connection now carries the write link's frames"})
+        }
         Reply::Binary => {
             json!({"description": "The backup file; its seqno, term and checksum in Tidal-Backup-* headers", "content": {"application/octet-stream": {"schema": {"type": "string", "contentEncoding": "binary"}}}})
         }

@@ -172,12 +172,24 @@ pub async fn publish(
 ) -> AppResult<Json<Published>> {
     check_stream_name("stream", &stream)?;
     let key = idempotency_key(&headers)?;
-    let events = super::decode::publish(&read_body(&state, body).await?, &Limits::of(state.node.config()))?;
+    let body = read_body(&state, body).await?;
+    Ok(Json(write_publish(&state, &principal, stream, key, &body).await?))
+}
+
+/// A publish once its stream name is checked and its body read (for HTTP and for the write link).
+pub(crate) async fn write_publish(
+    state: &AppState,
+    principal: &Principal,
+    stream: String,
+    key: Option<String>,
+    body: &[u8],
+) -> AppResult<Published> {
+    let events = super::decode::publish(body, &Limits::of(state.node.config()))?;
     let count = events.len() as u64;
-    let seqno = state.node.write(&principal, key, Records::StreamEvents { stream, events }).await?;
+    let seqno = state.node.write(principal, key, Records::StreamEvents { stream, events }).await?;
     state.streams.published.fetch_add(count, Ordering::Relaxed);
     // One batch: its events hold consecutive seqnos ending at the write's last.
-    Ok(Json(Published { offsets: (seqno + 1 - count..=seqno).collect(), seqno }))
+    Ok(Published { offsets: (seqno + 1 - count..=seqno).collect(), seqno })
 }
 
 /// One event as JSON text: `{"offset","stream","key","payload","created_at"}`.

@@ -88,12 +88,20 @@ impl Connection {
                 Err(_) => return,
             },
         };
-        let slot = self.admitted.slot.clone();
+        let admitted = Arc::new(self.admitted);
+        let slot = admitted.slot.clone();
         let remote = self.remote;
+        let held = admitted.clone();
         let service =
             hyper::service::service_fn(move |mut request: axum::http::Request<hyper::body::Incoming>| {
                 let busy = slot.begin();
                 request.extensions_mut().insert(ConnectInfo(remote));
+                if request.uri().path() == tidal_types::link::LINK_PATH {
+                    // A write link outlives the HTTP connection it upgrades: it keeps its place in
+                    // the port's table, busy, until it ends.
+                    let hold = (held.clone(), slot.begin());
+                    request.extensions_mut().insert(crate::http::link::ConnHold(Arc::new(hold)));
+                }
                 let mut router = router.clone();
                 async move {
                     let response = router.call(request).await?;
@@ -102,7 +110,7 @@ impl Connection {
             });
         let mut builder = hyper::server::conn::http1::Builder::new();
         builder.timer(hyper_util::rt::TokioTimer::new()).header_read_timeout(self.port.idle_timeout);
-        let conn = builder.serve_connection(hyper_util::rt::TokioIo::new(io), service);
+        let conn = builder.serve_connection(hyper_util::rt::TokioIo::new(io), service).with_upgrades();
         tokio::pin!(conn);
         let mut closing = self.closing;
         let mut asked_to_close = false;
@@ -114,7 +122,7 @@ impl Connection {
                     }
                     return;
                 }
-                () = self.admitted.slot.evicted(), if !asked_to_close => {
+                () = admitted.slot.evicted(), if !asked_to_close => {
                     asked_to_close = true;
                     conn.as_mut().graceful_shutdown();
                 }
