@@ -14,8 +14,9 @@ use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, oneshot};
 
-/// The longest reply frame a client reads: a write's reply or error body is small.
-const REPLY_FRAME_MAX: usize = 1024 * 1024;
+/// The longest reply frame a client reads. Most replies are a few dozen bytes, but a publish's
+/// lists every offset it assigned: up to about 21 bytes per event of a body of up to 16 MiB.
+const REPLY_FRAME_MAX: usize = 64 * 1024 * 1024;
 
 /// The longest answer head to the upgrade a client reads.
 const UPGRADE_HEAD_MAX: usize = 16 * 1024;
@@ -189,6 +190,9 @@ async fn send_frames<W: tokio::io::AsyncWrite + Unpin>(
             return;
         }
     }
+    // Every clone of the Link is gone: tell the node, which answers nothing more and closes, and
+    // the reading half ends with it.
+    let _ = write.shutdown().await;
 }
 
 /// Reads replies and hands each to its waiter until the link ends, then fails every write still

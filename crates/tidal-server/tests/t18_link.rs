@@ -182,7 +182,10 @@ async fn a_malformed_frame_ends_the_link_with_the_reason() {
     stream.get_mut().write_all(&u32::MAX.to_be_bytes()).await.unwrap();
     let (id, status, body) = next_reply(&mut stream).await;
     assert_eq!((id, status), (link::NODE_REPLY_ID, 400), "{body}");
-    assert!(body["error"]["message"].as_str().unwrap().contains("over"), "{body}");
+    assert!(
+        body["error"]["message"].as_str().unwrap().contains("a link frame of 4294967295 bytes"),
+        "{body}"
+    );
     assert!(closed(&mut stream).await);
 
     // Request id 0 is the node's own.
@@ -221,4 +224,45 @@ async fn a_follower_refuses_link_writes_naming_the_leader() {
     let written = on_leader.put_item(1, br#"{"metadata":{"x":1}}"#, None).await.unwrap();
     assert!(written.seqno >= 1);
     cluster.stop_all().await;
+}
+
+/// Whether a fresh connection to the HTTP port is admitted and answered.
+async fn answered(url: &str) -> bool {
+    let authority = url.strip_prefix("http://").unwrap();
+    let mut stream = tokio::net::TcpStream::connect(authority).await.unwrap();
+    let request = format!("GET /healthz HTTP/1.1\r\nHost: {authority}\r\nConnection: close\r\n\r\n");
+    if stream.write_all(request.as_bytes()).await.is_err() {
+        return false;
+    }
+    let mut answer = Vec::new();
+    let _ = stream.read_to_end(&mut answer).await;
+    answer.starts_with(b"HTTP/1.1 200")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_link_keeps_its_place_in_the_port_and_an_idle_one_is_closed() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = config(&dir.path().join("data"), 2);
+    config.net.http_connections_max = 2;
+    config.net.idle_timeout = std::time::Duration::from_millis(500);
+    let node = TestNode::start(config).await;
+    // Two links fill the port: they are busy, so a new connection evicts neither and is refused.
+    let first = Link::connect(&node.url, None).await.unwrap();
+    let second = Link::connect(&node.url, None).await.unwrap();
+    assert!(!answered(&node.url).await, "a third connection was served beside two links, cap 2");
+    assert!(first.put_item(1, br#"{"metadata":{}}"#, None).await.is_ok());
+    assert!(second.put_item(2, br#"{"metadata":{}}"#, None).await.is_ok());
+    // A link dropped by its client frees its place.
+    drop(first);
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !answered(&node.url).await {
+        assert!(tokio::time::Instant::now() < deadline, "the dropped link's place was never freed");
+        tokio::task::yield_now().await;
+    }
+    // A link with nothing in flight that sends nothing for the idle timeout is closed.
+    drop(second);
+    let mut idle = raw_link(&node.url).await;
+    let waited = tokio::time::timeout(std::time::Duration::from_secs(10), closed(&mut idle)).await;
+    assert_eq!(waited, Ok(true), "an idle link stayed open");
+    node.stop().await;
 }

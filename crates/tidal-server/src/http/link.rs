@@ -150,6 +150,8 @@ async fn read_frames<R: AsyncRead + Unpin>(
         }
         let (state, principal, replies) = (state.clone(), principal.clone(), replies.clone());
         tokio::spawn(async move {
+            // Decoded again here: the borrowed request cannot cross the spawn, and decoding reads
+            // four fixed fields.
             let request = link::decode_request(&frame).expect("decoded above");
             let started = Instant::now();
             let (status, body) = match serve(&state, &principal, &request).await {
