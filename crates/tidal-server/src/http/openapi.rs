@@ -111,7 +111,7 @@ pub(crate) static OPS: &[Op] = {
         op!("put" "/v1/streams/{stream}/consumers/{name}", "Save a consumer's offset (never moves back)", query: &[], body: Some(schema::<OffsetBody>), reply: J(schema::<ConsumerOffset>), errors: &[InvalidName, InvalidOffset]),
         op!("get" "/v1/streams/{stream}/consumers/{name}", "A consumer's saved offset", query: READ, body: None, reply: J(schema::<ConsumerOffset>), errors: &[InvalidName, NotFound]),
         op!("post" "/v1/streams/{stream}/trim", "Delete a stream's events through an offset", query: &[], body: Some(schema::<TrimBody>), reply: J(schema::<Trimmed>), errors: &[InvalidName, NotFound]),
-        op!("get" "/v1/link", "Upgrade to the write link: many single-record writes in flight on one connection (decisions/073)", query: &[], body: None, reply: Reply::Upgrade, errors: NONE),
+        op!("get" "/v1/link", "Upgrade to the write link: many single-record writes in flight on one connection (decisions/073)", query: &[], body: None, reply: Reply::Upgrade, errors: &[InvalidArgument]),
         op!("post" "/v1/tx", "Write several ops in one batch, all or none", query: &[], body: Some(schema::<TxBody>), reply: J(schema::<TxReply>), errors: &[InvalidName, InvalidOffset, UnknownSignalKind, NonFiniteNumber, DimensionMismatch, InvalidVector, IndexFull]),
         op!("post" "/v1/inboxes/{owner}/messages", "Send a message to an inbox topic", query: &[], body: Some(schema::<InboxSend>), reply: J(schema::<InboxSent>), errors: &[InvalidName, InboxClosed, InboxFull, TooManyTopics]),
         op!("post" "/v1/inboxes/{owner}/receive", "Receive messages under a lease (long poll)", query: &[], body: Some(schema::<InboxReceive>), reply: Reply::JsonOrNothing(schema::<InboxReceived>), errors: INBOX),
