@@ -154,17 +154,24 @@ demo: build
 # Tidal's single-record writes go out on write links (decisions/073), as an application with many
 # writers would send them through tidal-client's `Link`; LINKS=0 sends them over HTTP/1.1 instead.
 LINKS ?= 2
+# Each group of Tidal rows (writes, streams, inboxes) starts on a fresh cluster, as each peer
+# script's phase starts on emptied data (Redis: FLUSHALL and rewritten AOFs): a group that ran
+# after the others measured their background work too (2026-12-08: publishes at 0.6x their rate
+# on a fresh cluster). `sync` first, so that the build's dirty pages are not written back under
+# the first row's fsyncs.
+FRESH_CLUSTER = $(TIDAL) cluster down --dir $(REPORT_DIR)/cluster 2>/dev/null || true; \
+	rm -rf $(REPORT_DIR)/cluster; sync; \
+	$(TIDAL) cluster up --dir $(REPORT_DIR)/cluster --port-base 27070
 bench-peers: build peers-work
 	mkdir -p $(REPORT_DIR)
-	$(TIDAL) cluster down --dir $(REPORT_DIR)/cluster 2>/dev/null || true
-	rm -rf $(REPORT_DIR)/cluster
-	$(TIDAL) cluster up --dir $(REPORT_DIR)/cluster --port-base 27070
+	$(FRESH_CLUSTER)
 	: > $(REPORT_DIR)/tidal-bench.md
 	for c in 1 16 50; do \
 	  $(TIDAL) bench --url http://127.0.0.1:27070 --workload items --links $(LINKS) --concurrency $$c --seconds $(BENCH_SECONDS) | tee -a $(REPORT_DIR)/tidal-bench.md || exit 1; \
 	done
 	$(TIDAL) bench --url http://127.0.0.1:27070 --workload signals --batch 100 --concurrency 16 --seconds $(BENCH_SECONDS) | tee -a $(REPORT_DIR)/tidal-bench.md
 	# Streams (issue 39), set against Redis XADD/XREAD BLOCK/XRANGE and NATS JetStream R3.
+	$(FRESH_CLUSTER)
 	for c in 1 16 50; do \
 	  $(TIDAL) bench --url http://127.0.0.1:27070 --workload publish --batch 1 --links $(LINKS) --concurrency $$c --seconds $(BENCH_SECONDS) | tee -a $(REPORT_DIR)/tidal-bench.md || exit 1; \
 	done
@@ -172,6 +179,7 @@ bench-peers: build peers-work
 	$(TIDAL) bench --url http://127.0.0.1:27070 --workload stream-lag --concurrency 4 --seconds $(BENCH_SECONDS) | tee -a $(REPORT_DIR)/tidal-bench.md
 	$(TIDAL) bench --url http://127.0.0.1:27070 --workload stream-read --concurrency 2 --seconds $(BENCH_SECONDS) | tee -a $(REPORT_DIR)/tidal-bench.md
 	# Inboxes (issue 40), set against Redis XADD/XREADGROUP/XACK and a NATS JetStream work queue.
+	$(FRESH_CLUSTER)
 	for c in 1 16; do \
 	  $(TIDAL) bench --url http://127.0.0.1:27070 --workload inbox-roundtrip --concurrency $$c --seconds $(BENCH_SECONDS) | tee -a $(REPORT_DIR)/tidal-bench.md || exit 1; \
 	done

@@ -114,6 +114,28 @@ async fn a_tls_cluster_replicates_verifies_refuses_strangers_and_reloads_on_sigh
             );
         }
     }
+    // The write link over TLS: opened on every node, it writes on the leader alone (the others
+    // refuse each write, naming it); a link that trusts no CA of this cluster is not opened.
+    let mut linked = Vec::new();
+    for id in 1..=3u16 {
+        let url = format!("https://127.0.0.1:{}", base + id - 1);
+        let link = tidal_client::Link::connect_with_ca(&url, None, &pem).await.unwrap();
+        linked.push(link.put_item(40 + u64::from(id), br#"{"metadata":{"over":"a tls link"}}"#, None).await);
+    }
+    let written: Vec<_> = linked.iter().filter_map(|reply| reply.as_ref().ok()).collect();
+    assert_eq!(written.len(), 1, "exactly the leader writes on a link: {linked:?}");
+    for refused in linked.iter().filter_map(|reply| reply.as_ref().err()) {
+        assert_eq!(refused.code(), Some("not_ready"), "{refused:?}");
+    }
+    let other_ca = tidal_procs::TestDir::new().unwrap();
+    tidal_cli::local_tls::ensure(other_ca.path(), &[1]).unwrap();
+    let stranger_pem = std::fs::read(other_ca.path().join("tls").join("ca.pem")).unwrap();
+    let refused =
+        tidal_client::Link::connect_with_ca(&format!("https://127.0.0.1:{base}"), None, &stranger_pem)
+            .await
+            .err()
+            .expect("a link that trusts another CA was opened");
+    assert!(refused.to_string().contains("TLS"), "{refused}");
     // Cleartext to the HTTPS port, and a client that does not trust the CA, get nothing.
     let plain = Client::new(format!("http://127.0.0.1:{base}"), None);
     assert!(plain.status().await.is_err(), "cleartext HTTP was answered");

@@ -2,7 +2,8 @@
 //! single-record writes at once, each answered as soon as it commits. Share one [`Link`] among the
 //! tasks that write (it is cheap to clone); a write's reply or refusal is exactly its HTTP route's.
 //!
-//! The link speaks plain `http://` only; against a node with TLS use the HTTP routes.
+//! [`Link::connect`] opens it on `http://`; [`Link::connect_with_ca`] on `https://`, verifying the
+//! node's certificate against a CA, as [`crate::Client::with_ca`] does for the HTTP routes.
 
 use crate::Error;
 use std::collections::HashMap;
@@ -10,7 +11,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use tidal_types::link::{self, LinkOp, LinkRequest};
 use tidal_types::WriteReply;
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, oneshot};
 
@@ -38,20 +39,36 @@ pub struct Link {
     next_id: Arc<AtomicU64>,
 }
 
+/// What a link runs on: a TCP connection, or TLS over one.
+trait LinkStream: AsyncRead + AsyncWrite + Unpin + Send + 'static {}
+impl<S: AsyncRead + AsyncWrite + Unpin + Send + 'static> LinkStream for S {}
+
 impl Link {
     /// Opens a link to the node at `base` (`http://host:port`) with `token`.
     pub async fn connect(base: &str, token: Option<&str>) -> Result<Link, Error> {
-        let authority = base
-            .strip_prefix("http://")
-            .map(|rest| rest.trim_end_matches('/'))
-            .filter(|authority| !authority.is_empty() && !authority.contains('/'))
-            .ok_or_else(|| {
-                Error::Link(format!("the write link needs an http://host:port base URL, not {base}"))
-            })?;
-        let stream = TcpStream::connect(authority)
+        let authority = authority(base, "http://")?;
+        let stream = connect_tcp(authority).await?;
+        Link::start(stream, authority, token).await
+    }
+
+    /// Opens a link to the node at `base` (`https://host:port`) with `token`, over TLS: the node's
+    /// certificate must chain to a CA in `ca_pem` (PEM) alone and name the host in `base`.
+    pub async fn connect_with_ca(base: &str, token: Option<&str>, ca_pem: &[u8]) -> Result<Link, Error> {
+        let authority = authority(base, "https://")?;
+        let config = tls_config(ca_pem)?;
+        let host = host_of(authority);
+        let name = rustls_pki_types::ServerName::try_from(host.to_string())
+            .map_err(|e| Error::Link(format!("{host} is not a name a certificate can carry: {e}")))?;
+        let tcp = connect_tcp(authority).await?;
+        let stream = tokio_rustls::TlsConnector::from(config)
+            .connect(name, tcp)
             .await
-            .map_err(|e| Error::Link(format!("connect {authority}: {e}")))?;
-        stream.set_nodelay(true).map_err(|e| Error::Link(format!("TCP_NODELAY: {e}")))?;
+            .map_err(|e| Error::Link(format!("TLS with {authority}: {e}")))?;
+        Link::start(stream, authority, token).await
+    }
+
+    /// Upgrades `stream` to a link and starts its writing and reading halves.
+    async fn start(stream: impl LinkStream, authority: &str, token: Option<&str>) -> Result<Link, Error> {
         let mut stream = BufReader::new(stream);
         upgrade(&mut stream, authority, token).await?;
         let (read, write) = tokio::io::split(stream);
@@ -135,7 +152,7 @@ impl Link {
 
 /// Sends `GET /v1/link` with the upgrade and reads the answer's head; `Ok` on 101.
 async fn upgrade(
-    stream: &mut BufReader<TcpStream>,
+    stream: &mut BufReader<impl LinkStream>,
     authority: &str,
     token: Option<&str>,
 ) -> Result<(), Error> {
@@ -170,6 +187,55 @@ async fn upgrade(
     let mut body = vec![0; length];
     stream.read_exact(&mut body).await.map_err(failed)?;
     Err(Error::from_reply(status, &body))
+}
+
+/// The `host:port` of `base`, which must start with `scheme` and name nothing after the port.
+fn authority<'a>(base: &'a str, scheme: &str) -> Result<&'a str, Error> {
+    base.strip_prefix(scheme)
+        .map(|rest| rest.trim_end_matches('/'))
+        .filter(|authority| !authority.is_empty() && !authority.contains('/'))
+        .ok_or_else(|| Error::Link(format!("this write link needs a {scheme}host:port base URL, not {base}")))
+}
+
+/// The host of `host:port` (`[::1]:7070` gives `::1`).
+fn host_of(authority: &str) -> &str {
+    let host = authority.rsplit_once(':').map_or(authority, |(host, _)| host);
+    host.trim_start_matches('[').trim_end_matches(']')
+}
+
+async fn connect_tcp(authority: &str) -> Result<TcpStream, Error> {
+    let stream =
+        TcpStream::connect(authority).await.map_err(|e| Error::Link(format!("connect {authority}: {e}")))?;
+    stream.set_nodelay(true).map_err(|e| Error::Link(format!("TCP_NODELAY: {e}")))?;
+    Ok(stream)
+}
+
+/// A TLS client configuration trusting only the CAs in `ca_pem`, offering HTTP/1.1 (the upgrade
+/// is an HTTP/1.1 request; the node's HTTP port agrees to nothing else).
+fn tls_config(ca_pem: &[u8]) -> Result<Arc<rustls::ClientConfig>, Error> {
+    use rustls_pki_types::pem::PemObject as _;
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in rustls_pki_types::CertificateDer::pem_slice_iter(ca_pem) {
+        let cert = cert.map_err(|e| Error::Link(format!("the CA file: {e}")))?;
+        roots.add(cert).map_err(|e| Error::Link(format!("the CA file: {e}")))?;
+    }
+    if roots.is_empty() {
+        return Err(Error::Link("the CA file holds no certificate".into()));
+    }
+    let mut config = rustls::ClientConfig::builder_with_provider(ring_provider())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| Error::Link(format!("TLS: {e}")))?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(Arc::new(config))
+}
+
+/// ring, as the node uses (it builds with the C compiler alone); rustls deprecates it for lacking
+/// post-quantum key exchange, which the node's ports do not offer either.
+#[allow(deprecated)]
+fn ring_provider() -> Arc<rustls::crypto::CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
 }
 
 /// Sends queued frames, all that are ready in one write.
@@ -239,4 +305,39 @@ fn close(waiting: &Waiters, why: String) {
         let _ = waiter.send(Err(Error::Link(why.clone())));
     }
     waiting.closed.get_or_insert(why);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_base_url_gives_its_authority_and_host_or_a_clear_error() {
+        assert_eq!(authority("http://127.0.0.1:7070/", "http://").unwrap(), "127.0.0.1:7070");
+        assert_eq!(authority("https://node-1:7443", "https://").unwrap(), "node-1:7443");
+        for (base, scheme) in [
+            ("https://127.0.0.1:7070", "http://"),
+            ("http://127.0.0.1:7070", "https://"),
+            ("http://", "http://"),
+            ("http://127.0.0.1:7070/v1", "http://"),
+        ] {
+            let error = authority(base, scheme).unwrap_err().to_string();
+            assert!(error.contains(scheme) && error.contains(base), "{base} as {scheme}: {error}");
+        }
+        assert_eq!(host_of("127.0.0.1:7070"), "127.0.0.1");
+        assert_eq!(host_of("[::1]:7070"), "::1");
+        assert_eq!(host_of("node-1"), "node-1");
+    }
+
+    #[test]
+    fn a_ca_file_without_a_certificate_is_refused() {
+        for pem in [
+            &b""[..],
+            b"not a certificate",
+            b"-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n",
+        ] {
+            let error = tls_config(pem).expect_err("a CA file without a certificate was taken").to_string();
+            assert!(error.contains("CA file"), "{error}");
+        }
+    }
 }
