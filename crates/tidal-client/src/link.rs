@@ -194,7 +194,9 @@ fn authority<'a>(base: &'a str, scheme: &str) -> Result<&'a str, Error> {
     base.strip_prefix(scheme)
         .map(|rest| rest.trim_end_matches('/'))
         .filter(|authority| !authority.is_empty() && !authority.contains('/'))
-        .ok_or_else(|| Error::Link(format!("this write link needs a {scheme}host:port base URL, not {base}")))
+        .ok_or_else(|| {
+            Error::Link(format!("the write link needs a base URL of the form {scheme}host:port, not {base}"))
+        })
 }
 
 /// The host of `host:port` (`[::1]:7070` gives `::1`).
